@@ -337,6 +337,11 @@ class HfBertPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _no_split_modules = ["HfBertEmbeddings", "HfBertLayer"]
 
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        # The backend is looked up in ATTENTION_BACKENDS at every forward, so set_attn_implementation() is safe.
+        return True
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's init: N(0, initializer_range) matrices and embeddings, zero biases and [PAD] row, unit LayerNorm."""
@@ -344,7 +349,7 @@ class HfBertPreTrainedModel(PreTrainedModel):
         if isinstance(module, HfBertLMPredictionHead):
             init.zeros_(module.bias)
 
-    def save_pretrained(self, save_directory, *args, **kwargs):  # noqa: D102 - same as PreTrainedModel's
+    def save_pretrained(self, save_directory, *args, **kwargs):
         # Every Auto class, not only the one this head is registered for, must load the folder remotely.
         self.config.auto_map = {**AUTO_MAP, **(getattr(self.config, "auto_map", None) or {})}
         return super().save_pretrained(save_directory, *args, **kwargs)

@@ -1,0 +1,111 @@
+"""Move checkpoints between hfbert and `transformers`' own BERT.
+
+Parameter names are identical on both sides, so a conversion is: load with one library's `from_pretrained`
+(which understands every layout it ever wrote: legacy gamma/beta names, .bin, shards), load the state dict
+strictly into the twin class of the other library, and save. The head is kept: BertForMaskedLM <->
+HfBertForMaskedLM, BertForPreTraining <-> HfBertForPreTraining, and so on.
+
+    python -m hfbert.convert to-transformers runs/hfbert-tiny exported/bert-tiny
+    python -m hfbert.convert from-transformers path/to/bert-base-uncased converted/hfbert-base
+"""
+
+import argparse
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import transformers
+from transformers import AutoTokenizer, BertConfig, PreTrainedModel
+
+import hfbert
+from hfbert.configuration_hfbert import HfBertConfig
+
+# Fields one config class has and the other lacks; they are dropped when crossing over.
+_HFBERT_ONLY_FIELDS = {f.name for f in dataclasses.fields(HfBertConfig)} - {
+    f.name for f in dataclasses.fields(BertConfig)
+}
+_BOOKKEEPING_KEYS = {"model_type", "architectures", "auto_map", "transformers_version", "dtype"}
+
+
+def _convert_config(config_dict: dict, target: type) -> transformers.PretrainedConfig:
+    shared = {
+        key: value
+        for key, value in config_dict.items()
+        if key not in _BOOKKEEPING_KEYS and key not in _HFBERT_ONLY_FIELDS
+    }
+    return target(**shared)
+
+
+def _architecture(config: transformers.PretrainedConfig, source: str) -> str:
+    architectures = getattr(config, "architectures", None) or []
+    if len(architectures) != 1:
+        raise ValueError(
+            f"{source}/config.json must name exactly one architecture, got {architectures}; "
+            "re-save the model with save_pretrained so it is recorded."
+        )
+    return architectures[0]
+
+
+def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> Path:
+    """Save model and the source's tokenizer (if any) into a temporary folder, then rename it into place."""
+    if output_dir.exists() and any(output_dir.iterdir()):
+        raise FileExistsError(f"{output_dir} exists and is not empty; choose a new output folder.")
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=output_dir.parent))
+    try:
+        model.save_pretrained(staging)
+        if (source / "tokenizer_config.json").exists() or (source / "vocab.txt").exists():
+            AutoTokenizer.from_pretrained(source).save_pretrained(staging)
+        if output_dir.exists():
+            output_dir.rmdir()
+        os.replace(staging, output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output_dir
+
+
+def to_transformers(hfbert_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
+    """Write an hfbert checkpoint as a stock BERT folder that `transformers.BertFor...` loads without
+    `trust_remote_code` (weights, config with model_type "bert", tokenizer if present)."""
+    source = Path(hfbert_dir)
+    config = HfBertConfig.from_pretrained(source)
+    hfbert_architecture = _architecture(config, str(source))
+    model = getattr(hfbert, hfbert_architecture).from_pretrained(source)
+    bert_class = getattr(transformers, hfbert_architecture.replace("HfBert", "Bert", 1))
+    bert = bert_class(_convert_config(config.to_dict(), BertConfig))
+    bert.load_state_dict(model.state_dict(), strict=True)
+    return _save_atomically(bert, source, Path(output_dir))
+
+
+def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
+    """Write a stock BERT folder (as `BertForPreTraining.save_pretrained` writes it, or bert-base-uncased's
+    layout) as an hfbert checkpoint, keeping its head."""
+    source = Path(bert_dir)
+    config = BertConfig.from_pretrained(source)
+    bert_architecture = _architecture(config, str(source))
+    if not bert_architecture.startswith("Bert"):
+        raise ValueError(f"{source} holds a {bert_architecture}, not a BERT model.")
+    bert = getattr(transformers, bert_architecture).from_pretrained(source)
+    model_class = getattr(hfbert, bert_architecture.replace("Bert", "HfBert", 1))
+    model = model_class(_convert_config(config.to_dict(), HfBertConfig))
+    model.load_state_dict(bert.state_dict(), strict=True)
+    return _save_atomically(model, source, Path(output_dir))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("direction", choices=["to-transformers", "from-transformers"])
+    parser.add_argument("source", help="checkpoint folder to read")
+    parser.add_argument("output_dir", help="new folder to write (must not exist or be empty)")
+    args = parser.parse_args(argv)
+    convert = to_transformers if args.direction == "to-transformers" else from_transformers
+    print(f"wrote {convert(args.source, args.output_dir)}")
+
+
+if __name__ == "__main__":
+    main()

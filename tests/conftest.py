@@ -1,0 +1,50 @@
+"""Shared fixtures. Every test is offline: the Hub is never contacted."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from hfbert import HfBertConfig  # noqa: E402
+
+TINY_VOCAB_SIZE = 1000
+
+
+def tiny_config(**overrides) -> HfBertConfig:
+    """The test model size: 2 layers, hidden 32, 4 heads, vocabulary 1000."""
+    sizes = dict(
+        vocab_size=TINY_VOCAB_SIZE,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    return HfBertConfig(**{**sizes, **overrides})
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def sample_documents():
+    """The shipped WikiText sample as documents (train + validation)."""
+    from hfbert.corpus import CorpusArguments, load_documents
+
+    return load_documents(CorpusArguments())
+
+
+@pytest.fixture(scope="session")
+def sample_tokenizer(sample_documents):
+    """A WordPiece tokenizer with a 1000-token vocabulary trained on the shipped sample."""
+    from hfbert.tokenization import train_tokenizer
+
+    return train_tokenizer(
+        sample_documents["train"], vocab_size=TINY_VOCAB_SIZE, min_frequency=2, show_progress=False
+    )

@@ -1,0 +1,67 @@
+"""Checkpoints move between hfbert and stock transformers BERT, both ways, outputs unchanged."""
+
+import json
+
+import pytest
+import torch
+import transformers
+from conftest import tiny_config
+from test_modeling_hfbert import padded_batch
+from torch.testing import assert_close
+
+from hfbert import HfBertForMaskedLM, HfBertForPreTraining
+from hfbert.convert import from_transformers, main, to_transformers
+
+
+@pytest.mark.parametrize("model_class", [HfBertForPreTraining, HfBertForMaskedLM], ids=lambda c: c.__name__)
+def test_export_to_stock_bert_and_back_keeps_outputs(tmp_path, model_class):
+    model = model_class(tiny_config()).eval()
+    model.save_pretrained(tmp_path / "hfbert")
+    batch = padded_batch()
+    with torch.no_grad():
+        expected = (
+            model(**batch).logits if model_class is HfBertForMaskedLM else model(**batch).prediction_logits
+        )
+
+    stock_dir = to_transformers(tmp_path / "hfbert", tmp_path / "stock")
+    config = json.loads((stock_dir / "config.json").read_text())
+    assert (
+        config["model_type"] == "bert" and "auto_map" not in config and "mlm_masked_rows_only" not in config
+    )
+    assert not list(stock_dir.glob("*.py"))
+    stock_class = getattr(transformers, model_class.__name__.replace("HfBert", "Bert"))
+    stock, info = stock_class.from_pretrained(stock_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        stock_out = stock.eval()(**batch)
+    stock_logits = stock_out.logits if model_class is HfBertForMaskedLM else stock_out.prediction_logits
+    assert_close(stock_logits, expected, atol=1e-5, rtol=1e-5)
+
+    back_dir = from_transformers(stock_dir, tmp_path / "back")
+    back = model_class.from_pretrained(back_dir).eval()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+
+
+def test_import_a_folder_written_by_bert_for_pretraining(tmp_path):
+    config = transformers.BertConfig(
+        vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    stock = transformers.BertForPreTraining(config).eval()
+    stock.save_pretrained(tmp_path / "stock")
+    ours = HfBertForPreTraining.from_pretrained(
+        from_transformers(tmp_path / "stock", tmp_path / "ours")
+    ).eval()
+    batch = padded_batch()
+    with torch.no_grad():
+        assert_close(ours(**batch).prediction_logits, stock(**batch).prediction_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_conversion_refuses_a_non_empty_output_folder_and_leaves_it_alone(tmp_path):
+    HfBertForPreTraining(tiny_config()).save_pretrained(tmp_path / "hfbert")
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not empty"):
+        main(["to-transformers", str(tmp_path / "hfbert"), str(occupied)])
+    assert [p.name for p in occupied.iterdir()] == ["keep.txt"]

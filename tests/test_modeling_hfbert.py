@@ -1,0 +1,477 @@
+"""hfbert's model against transformers' own BERT, and its behaviour on its own."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import transformers
+from conftest import tiny_config
+from torch.testing import assert_close
+from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, BertConfig
+
+import hfbert
+from hfbert import (
+    HfBertConfig,
+    HfBertForMaskedLM,
+    HfBertForNextSentencePrediction,
+    HfBertForPreTraining,
+    HfBertForQuestionAnswering,
+    HfBertForSequenceClassification,
+    HfBertForTokenClassification,
+    HfBertModel,
+)
+
+HEADS = [
+    HfBertModel,
+    HfBertForPreTraining,
+    HfBertForMaskedLM,
+    HfBertForNextSentencePrediction,
+    HfBertForSequenceClassification,
+    HfBertForTokenClassification,
+    HfBertForQuestionAnswering,
+]
+TIGHT = dict(atol=1e-5, rtol=1e-5)
+
+
+def twin_of(model_class: type) -> type:
+    """transformers' class for the same head: HfBertForMaskedLM -> BertForMaskedLM."""
+    return getattr(transformers, model_class.__name__.replace("HfBert", "Bert", 1))
+
+
+def bert_config(config: HfBertConfig) -> BertConfig:
+    fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    return BertConfig(
+        **{name: getattr(config, name) for name in fields},
+        max_position_embeddings=config.max_position_embeddings,
+        attn_implementation=config._attn_implementation,
+    )
+
+
+def padded_batch(vocab_size: int = 1000, batch: int = 3, seq_len: int = 16) -> dict[str, torch.Tensor]:
+    """Sentence pairs with both token types; row 1 and row 2 are padded."""
+    generator = torch.Generator().manual_seed(1234)
+    input_ids = torch.randint(5, vocab_size, (batch, seq_len), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 11:] = 0
+    attention_mask[2, 5:] = 0
+    input_ids[attention_mask == 0] = 0
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq_len // 2 :] = 1
+    token_type_ids[attention_mask == 0] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+
+
+def labels_for(model_class: type, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    input_ids = batch["input_ids"]
+    mlm_labels = torch.full_like(input_ids, -100)
+    mlm_labels[:, 2] = input_ids[:, 2]
+    mlm_labels[0, 9] = 17
+    sentence_labels = torch.tensor([0, 1, 0])
+    token_labels = (input_ids % 2).masked_fill(batch["attention_mask"] == 0, -100)
+    return {
+        HfBertModel: {},
+        HfBertForPreTraining: {"labels": mlm_labels, "next_sentence_label": sentence_labels},
+        HfBertForMaskedLM: {"labels": mlm_labels},
+        HfBertForNextSentencePrediction: {"labels": sentence_labels},
+        HfBertForSequenceClassification: {"labels": sentence_labels},
+        HfBertForTokenClassification: {"labels": token_labels},
+        HfBertForQuestionAnswering: {
+            "start_positions": torch.tensor([1, 3, 2]),
+            "end_positions": torch.tensor([4, 9, 3]),
+        },
+    }[model_class]
+
+
+def twins(model_class: type, **config_overrides) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A randomly initialised transformers model and the hfbert model holding a copy of its weights."""
+    config = tiny_config(**config_overrides)
+    reference = twin_of(model_class)(bert_config(config)).eval()
+    ours = model_class(config).eval()
+    ours.load_state_dict(reference.state_dict(), strict=True)
+    return reference, ours
+
+
+# ------------------------------------------------------------------------------------------- parity
+
+
+@pytest.mark.parametrize("model_class", HEADS, ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_outputs_match_transformers(model_class, attn_implementation):
+    reference, ours = twins(model_class, attn_implementation=attn_implementation)
+    batch = padded_batch()
+    output_attentions = attn_implementation == "eager"
+    with torch.no_grad():
+        expected = reference(**batch, output_hidden_states=True, output_attentions=output_attentions)
+        actual = ours(**batch, output_hidden_states=True, output_attentions=output_attentions)
+    # transformers' encoder-only BertModel also fills `cross_attentions`; hfbert has no cross-attention.
+    compared = [key for key in expected if key not in ("loss", "cross_attentions")]
+    assert {"hidden_states"} < set(compared)
+    assert output_attentions == ("attentions" in compared)
+    for key in compared:
+        assert_close(actual[key], expected[key], **TIGHT, msg=f"{model_class.__name__}.{key}")
+
+
+@pytest.mark.parametrize(
+    "model_class", [head for head in HEADS if head is not HfBertModel], ids=lambda c: c.__name__
+)
+def test_loss_matches_transformers(model_class):
+    reference, ours = twins(model_class)
+    batch = padded_batch()
+    labels = labels_for(model_class, batch)
+    expected = reference(**batch, **labels)
+    actual = ours(**batch, **labels)
+    assert_close(actual.loss, expected.loss, **TIGHT)
+    expected.loss.backward()
+    actual.loss.backward()
+    reference_grads = dict(reference.named_parameters())
+    for name, parameter in ours.named_parameters():
+        assert_close(parameter.grad, reference_grads[name].grad, **TIGHT, msg=name)
+
+
+@pytest.mark.parametrize("model_class", [HfBertForPreTraining, HfBertForMaskedLM], ids=lambda c: c.__name__)
+def test_masked_rows_logits_are_the_dense_logits_at_masked_positions(model_class):
+    reference, ours = twins(model_class)
+    batch = padded_batch()
+    labels = labels_for(model_class, batch)
+    with torch.no_grad():
+        expected = reference(**batch, **labels)
+        actual = ours(**batch, **labels)
+    key = "prediction_logits" if model_class is HfBertForPreTraining else "logits"
+    masked = labels["labels"] != -100
+    assert actual[key].shape == (int(masked.sum()), ours.config.vocab_size)
+    assert_close(actual[key], expected[key][masked], **TIGHT)
+
+
+def test_weights_copy_back_into_transformers_unchanged():
+    reference, ours = twins(HfBertForPreTraining)
+    back = twin_of(HfBertForPreTraining)(bert_config(ours.config))
+    back.load_state_dict(ours.state_dict(), strict=True)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+
+
+def test_masked_rows_head_gives_the_dense_loss_and_gradients():
+    _, sparse = twins(HfBertForPreTraining, mlm_masked_rows_only=True)
+    _, dense = twins(HfBertForPreTraining, mlm_masked_rows_only=False)
+    dense.load_state_dict(sparse.state_dict())
+    batch = padded_batch()
+    labels = labels_for(HfBertForPreTraining, batch)
+    sparse_out, dense_out = sparse(**batch, **labels), dense(**batch, **labels)
+    assert dense_out.prediction_logits.shape == (3, 16, 1000)
+    assert_close(sparse_out.loss, dense_out.loss, atol=1e-6, rtol=1e-6)
+    sparse_out.loss.backward()
+    dense_out.loss.backward()
+    dense_grads = dict(dense.named_parameters())
+    for name, parameter in sparse.named_parameters():
+        assert_close(parameter.grad, dense_grads[name].grad, atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_pretraining_loss_is_the_part_whose_labels_are_given():
+    _, model = twins(HfBertForPreTraining)
+    batch = padded_batch()
+    labels = labels_for(HfBertForPreTraining, batch)
+    both = model(**batch, **labels)
+    mlm_only = model(**batch, labels=labels["labels"])
+    nsp_only = model(**batch, next_sentence_label=labels["next_sentence_label"])
+    assert_close(both.loss, both.mlm_loss + both.nsp_loss)
+    assert_close(mlm_only.loss, both.mlm_loss)
+    assert_close(nsp_only.loss, both.nsp_loss)
+    assert model(**batch).loss is None
+
+
+# ------------------------------------------------------------------------------------------- save / load
+
+
+def test_save_load_round_trip_twice(tmp_path):
+    _, model = twins(HfBertForPreTraining)
+    batch = padded_batch()
+    with torch.no_grad():
+        expected = model(**batch).prediction_logits
+    current = model
+    for round_trip in range(2):
+        folder = tmp_path / f"round-{round_trip}"
+        current.save_pretrained(folder)
+        assert (folder / "model.safetensors").exists()
+        current, info = HfBertForPreTraining.from_pretrained(folder, output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+        embeddings = current.bert.embeddings.word_embeddings.weight
+        assert current.cls.predictions.decoder.weight.data_ptr() == embeddings.data_ptr()
+        assert current.cls.predictions.decoder.bias.data_ptr() == current.cls.predictions.bias.data_ptr()
+        with torch.no_grad():
+            assert_close(current.eval()(**batch).prediction_logits, expected, **TIGHT)
+
+
+def test_saved_folder_loads_through_every_auto_class(tmp_path):
+    _, model = twins(HfBertForPreTraining)
+    model.save_pretrained(tmp_path)
+    assert {"configuration_hfbert.py", "modeling_hfbert.py"} <= {p.name for p in tmp_path.iterdir()}
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert set(config.auto_map) >= {
+        "AutoConfig",
+        "AutoModel",
+        "AutoModelForMaskedLM",
+        "AutoModelForPreTraining",
+    }
+    assert type(AutoModel.from_pretrained(tmp_path)) is HfBertModel
+    assert type(AutoModelForMaskedLM.from_pretrained(tmp_path)) is HfBertForMaskedLM
+    assert type(AutoModelForPreTraining.from_pretrained(tmp_path)) is HfBertForPreTraining
+
+
+@pytest.mark.slow
+def test_fresh_process_loads_with_trust_remote_code_without_hfbert(tmp_path):
+    _, model = twins(HfBertForPreTraining)
+    model.save_pretrained(tmp_path)
+    batch = padded_batch()
+    with torch.no_grad():
+        expected = model(**batch).prediction_logits
+    torch.save({"batch": batch, "expected": expected}, tmp_path / "expected.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys
+
+        class BlockHfbert:  # hfbert must not be importable: only the code copied into the folder may run
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "hfbert":
+                    raise ModuleNotFoundError(name)
+
+        sys.meta_path.insert(0, BlockHfbert())
+        try:
+            import hfbert
+            sys.exit("hfbert was importable")
+        except ModuleNotFoundError:
+            pass
+        import torch
+        from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining
+
+        data = torch.load({str(tmp_path / "expected.pt")!r})
+        for auto_class in (AutoModel, AutoModelForMaskedLM):
+            auto_class.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)
+        model = AutoModelForPreTraining.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
+        assert "transformers_modules" in type(model).__module__, type(model).__module__
+        with torch.no_grad():
+            torch.testing.assert_close(model(**data["batch"]).prediction_logits, data["expected"])
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def test_resize_token_embeddings_keeps_the_tie():
+    _, model = twins(HfBertForPreTraining)
+    model.resize_token_embeddings(1010)
+    embeddings = model.bert.embeddings.word_embeddings.weight
+    assert embeddings.shape == (1010, 32) and model.config.vocab_size == 1010
+    assert model.cls.predictions.decoder.weight is embeddings
+    assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
+    assert model.cls.predictions.bias.shape == (1010,)
+    batch = padded_batch(vocab_size=1010)
+    assert model(**batch).prediction_logits.shape == (3, 16, 1010)
+
+
+# ------------------------------------------------------------------------------------------- behaviour
+
+
+def test_eager_and_sdpa_agree_in_fp32_and_bf16():
+    _, sdpa = twins(HfBertForPreTraining, attn_implementation="sdpa")
+    eager = HfBertForPreTraining(tiny_config(attn_implementation="eager")).eval()
+    eager.load_state_dict(sdpa.state_dict())
+    batch = padded_batch()
+    with torch.no_grad():
+        assert_close(eager(**batch).prediction_logits, sdpa(**batch).prediction_logits, **TIGHT)
+        eager, sdpa = eager.to(torch.bfloat16), sdpa.to(torch.bfloat16)
+        assert_close(
+            eager(**batch).prediction_logits.float(),
+            sdpa(**batch).prediction_logits.float(),
+            atol=0.05,
+            rtol=0.05,
+        )
+
+
+def test_a_row_alone_equals_the_row_inside_a_padded_batch():
+    _, model = twins(HfBertModel)
+    batch = padded_batch()
+    with torch.no_grad():
+        in_batch = model(**batch).last_hidden_state[2, :5]
+        alone = model(**{key: value[2:3, :5] for key, value in batch.items()}).last_hidden_state[0]
+    assert_close(alone, in_batch, **TIGHT)
+
+
+def test_eval_is_deterministic_and_dropout_is_active_in_training():
+    _, model = twins(HfBertForPreTraining)
+    batch = padded_batch()
+    with torch.no_grad():
+        assert torch.equal(model(**batch).prediction_logits, model(**batch).prediction_logits)
+        model.train()
+        assert not torch.equal(model(**batch).prediction_logits, model(**batch).prediction_logits)
+
+
+def test_every_parameter_receives_a_gradient_from_the_pretraining_loss():
+    _, model = twins(HfBertForPreTraining)
+    batch = padded_batch()
+    model(**batch, **labels_for(HfBertForPreTraining, batch)).loss.backward()
+    no_gradient = [
+        name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0
+    ]
+    assert no_gradient == []
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    _, plain = twins(HfBertForPreTraining, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    checkpointed = HfBertForPreTraining(plain.config)
+    checkpointed.load_state_dict(plain.state_dict())
+    checkpointed.activation_checkpointing_enable()
+    assert checkpointed.is_activation_checkpointing
+    batch = padded_batch()
+    labels = labels_for(HfBertForPreTraining, batch)
+    for model in (plain.train(), checkpointed.train()):
+        model(**batch, **labels).loss.backward()
+    plain_grads = dict(plain.named_parameters())
+    for name, parameter in checkpointed.named_parameters():
+        assert_close(parameter.grad, plain_grads[name].grad, **TIGHT, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_with_padding_and_an_all_padding_row_gives_no_nan(dtype):
+    _, model = twins(HfBertForPreTraining)
+    model = model.to(dtype)
+    batch = padded_batch()
+    batch["attention_mask"][1] = 0
+    with torch.no_grad():
+        output = model(**batch, output_hidden_states=True)
+    for tensor in (output.prediction_logits, output.seq_relationship_logits, *output.hidden_states):
+        assert torch.isfinite(tensor).all()
+
+
+def test_output_attentions_needs_the_eager_backend():
+    _, model = twins(HfBertModel, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        model(**padded_batch(), output_attentions=True)
+    model.set_attn_implementation("eager")
+    attentions = model(**padded_batch(), output_attentions=True).attentions
+    assert len(attentions) == 2 and attentions[0].shape == (3, 4, 16, 16)
+
+
+def test_return_dict_false_gives_a_tuple():
+    _, model = twins(HfBertForPreTraining)
+    batch = padded_batch()
+    with torch.no_grad():
+        as_tuple = model(**batch, return_dict=False)
+        as_output = model(**batch)
+    assert isinstance(as_tuple, tuple)
+    assert torch.equal(as_tuple[0], as_output.prediction_logits)
+
+
+# ------------------------------------------------------------------------------------------- bad input
+
+
+def bad_input_cases() -> list[tuple[str, dict, str]]:
+    batch = padded_batch()
+    too_large = batch["input_ids"].clone()
+    too_large[0, 3] = 1000
+    negative = batch["input_ids"].clone()
+    negative[1, 0] = -1
+    bad_types = batch["token_type_ids"].clone()
+    bad_types[0, 0] = 2
+    return [
+        (
+            "id >= vocab_size",
+            {**batch, "input_ids": too_large},
+            r"input_ids contains 1000, outside \[0, vocab_size=1000\)",
+        ),
+        ("negative id", {**batch, "input_ids": negative}, r"input_ids contains -1"),
+        (
+            "too long",
+            {"input_ids": torch.ones(1, 129, dtype=torch.long)},
+            r"Sequence length 129 exceeds max_position_embeddings=128",
+        ),
+        (
+            "token type >= type_vocab_size",
+            {**batch, "token_type_ids": bad_types},
+            r"token_type_ids contains 2",
+        ),
+        (
+            "mask shape",
+            {**batch, "attention_mask": batch["attention_mask"][:, :8]},
+            r"attention_mask has shape \(3, 8\)",
+        ),
+        (
+            "type shape",
+            {**batch, "token_type_ids": batch["token_type_ids"][:2]},
+            r"token_type_ids has shape \(2, 16\)",
+        ),
+        ("1-D ids", {"input_ids": batch["input_ids"][0]}, r"shape \(batch, seq_len\)"),
+        ("no ids", {"attention_mask": batch["attention_mask"]}, r"exactly one of input_ids or inputs_embeds"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("case", "inputs", "message"), bad_input_cases(), ids=[c[0] for c in bad_input_cases()]
+)
+def test_bad_input_raises_a_clear_error(case, inputs, message):
+    _, model = twins(HfBertForPreTraining)
+    with pytest.raises(ValueError, match=message):
+        model(**inputs)
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("preset", "layers", "hidden", "heads"),
+    [
+        ("tiny", 2, 128, 2),
+        ("mini", 4, 256, 4),
+        ("small", 4, 512, 8),
+        ("medium", 8, 512, 8),
+        ("base", 12, 768, 12),
+        ("large", 24, 1024, 16),
+    ],
+)
+def test_presets_follow_the_google_bert_grid(preset, layers, hidden, heads):
+    config = HfBertConfig.from_preset(preset, vocab_size=500)
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (
+        layers,
+        hidden,
+        heads,
+    )
+    assert config.intermediate_size == 4 * hidden and config.vocab_size == 500
+
+
+def test_defaults_are_bert_base():
+    ours, theirs = HfBertConfig().to_dict(), BertConfig().to_dict()
+    shared = set(ours) & set(theirs) - {"model_type", "transformers_version"}
+    assert {key: ours[key] for key in shared} == {key: theirs[key] for key in shared}
+    assert "vocab_size" in shared and "layer_norm_eps" in shared
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"hidden_size": 30, "num_attention_heads": 4},
+            "hidden_size \\(30\\) must be divisible by num_attention_heads",
+        ),
+        ({"vocab_size": 0}, "vocab_size must be >= 1"),
+        ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob must be in"),
+        ({"hidden_act": "swish2"}, "hidden_act must be one of"),
+        ({"pad_token_id": 40000}, "pad_token_id \\(40000\\) must be in"),
+    ],
+)
+def test_invalid_config_fails_at_construction_naming_the_field(overrides, message):
+    with pytest.raises(Exception, match=message):
+        HfBertConfig(**overrides)
+
+
+def test_unknown_preset_lists_the_choices():
+    with pytest.raises(ValueError, match="choose one of"):
+        HfBertConfig.from_preset("huge")
+
+
+def test_import_registers_every_auto_class():
+    config = tiny_config()
+    assert type(transformers.AutoConfig.for_model("hfbert")) is HfBertConfig
+    for auto_class, model_class in hfbert._AUTO_CLASSES.items():
+        assert type(auto_class.from_config(config)) is model_class
