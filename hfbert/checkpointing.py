@@ -1,0 +1,350 @@
+"""Crash-safe training checkpoints on top of `accelerate`'s `save_state` / `load_state`.
+
+A checkpoint is a folder `checkpoint-<completed_steps>` holding what `Accelerator.save_state` writes (model
+weights as safetensors, optimizer, scheduler, grad scaler, one RNG file per process, registered objects such
+as `TrainingProgress`) plus `checkpoint_manifest.json` (size and sha256 of every file). The state is first
+written to `.tmp-checkpoint-<step>`; the manifest is written last and only then is the folder renamed into
+place, so a folder named `checkpoint-<step>` with a manifest is complete by construction. A killed save
+leaves only a temporary folder, which every reader ignores and the next save removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+CHECKPOINT_PREFIX = "checkpoint-"
+TEMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
+# A checkpoint being replaced by a save at the same step is parked under this prefix until the new one is in place.
+REPLACED_CHECKPOINT_PREFIX = ".replaced-checkpoint-"
+MANIFEST_NAME = "checkpoint_manifest.json"
+MANIFEST_FORMAT_VERSION = 1
+# Files of a finished run (written by the training loop next to the checkpoints).
+FINAL_MODEL_FILES = ("model.safetensors", "config.json")
+
+_CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or output folder that cannot be used as asked; the message names the problem and the fix."""
+
+
+@dataclass
+class TrainingProgress:
+    """Where training stands, saved with every checkpoint so that a resume continues at the exact batch.
+
+    Register it once with `accelerator.register_for_checkpointing(progress)`; `save_state` / `load_state`
+    then store and restore it with the model, optimizer and RNG states.
+    """
+
+    completed_steps: int = 0  # optimizer updates done
+    epoch: int = 0  # epoch in progress (or the next one, once an epoch has ended)
+    batch_in_epoch: int = 0  # batches of `epoch` already consumed (micro-batches, per process)
+    log_history: list[dict[str, Any]] = field(default_factory=list)  # train/eval log rows, for the curves
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data copy of the progress (what accelerate pickles into `custom_checkpoint_<i>.pkl`)."""
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the progress saved by `state_dict`."""
+        self.completed_steps = int(state["completed_steps"])
+        self.epoch = int(state["epoch"])
+        self.batch_in_epoch = int(state["batch_in_epoch"])
+        self.log_history = list(state["log_history"])
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; once the block succeeds, rename it onto `path` (os.replace), so
+    a crash never leaves a half-written file. The temporary name is hidden (leading dot), so it is never
+    uploaded."""
+    path = Path(path)
+    temp_path = path.with_name(f".{path.name}.tmp")
+    try:
+        yield temp_path
+        os.replace(temp_path, path)
+    finally:
+        temp_path.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
+    """Write `obj` as indented JSON to `path` atomically (see `atomic_path`)."""
+    with atomic_path(path) as temp_path:
+        temp_path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step number in a `checkpoint-<step>` folder name."""
+    match = _CHECKPOINT_NAME.match(Path(path).name)
+    if match is None:
+        raise CheckpointError(
+            f"{path} is not a checkpoint folder: its name must be '{CHECKPOINT_PREFIX}<step>', e.g. "
+            f"'{CHECKPOINT_PREFIX}500'; pass a folder written by this training script"
+        )
+    return int(match.group(1))
+
+
+def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints (`checkpoint-<step>` with a manifest) in `output_dir`, oldest step first."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    complete = [
+        path
+        for path in output_dir.iterdir()
+        if path.is_dir() and _CHECKPOINT_NAME.match(path.name) and (path / MANIFEST_NAME).is_file()
+    ]
+    return sorted(complete, key=checkpoint_step)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: Path, step: int, num_processes: int) -> None:
+    files = {
+        path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+    manifest = {
+        "format_version": MANIFEST_FORMAT_VERSION,
+        "step": step,
+        "num_processes": num_processes,
+        "files": files,
+    }
+    write_json_atomic(folder / MANIFEST_NAME, manifest)
+
+
+def _earlier_checkpoints_hint(checkpoint: Path) -> str:
+    step = checkpoint_step(checkpoint) if _CHECKPOINT_NAME.match(checkpoint.name) else None
+    earlier = [
+        path for path in find_checkpoints(checkpoint.parent) if step is None or checkpoint_step(path) < step
+    ]
+    if not earlier:
+        return (
+            "no earlier complete checkpoint exists next to it; start a fresh run with --overwrite_output_dir "
+            "or a new --output_dir"
+        )
+    return (
+        f"resume from an earlier checkpoint instead, e.g. --resume_from_checkpoint {earlier[-1]} "
+        f"(complete checkpoints: {', '.join(path.name for path in earlier)})"
+    )
+
+
+def read_manifest(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """The parsed manifest of a checkpoint folder; raises `CheckpointError` if it is missing or unreadable."""
+    checkpoint = Path(checkpoint)
+    manifest_path = checkpoint / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} is incomplete: {MANIFEST_NAME} is missing (the save was interrupted or "
+            f"the folder was not written by this script); {_earlier_checkpoints_hint(checkpoint)}"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        int(manifest["num_processes"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} is corrupted: {manifest_path} cannot be parsed ({error}); "
+            f"{_earlier_checkpoints_hint(checkpoint)}"
+        ) from error
+    if manifest.get("format_version") != MANIFEST_FORMAT_VERSION or not isinstance(files, dict):
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} has an unknown manifest format (format_version "
+            f"{manifest.get('format_version')!r}, expected {MANIFEST_FORMAT_VERSION}); resume it with the "
+            f"hfbert version that wrote it, or {_earlier_checkpoints_hint(checkpoint)}"
+        )
+    return manifest
+
+
+def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
+    """Check every file listed in the checkpoint's manifest: present, of the recorded size, same sha256.
+
+    Raises `CheckpointError` naming the first bad file and the fix (an earlier checkpoint, listed by name).
+    """
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise CheckpointError(
+            f"--resume_from_checkpoint {checkpoint}: no such folder; pass an existing '{CHECKPOINT_PREFIX}<step>' "
+            "folder or 'latest'"
+        )
+    manifest = read_manifest(checkpoint)
+    for name, expected in manifest["files"].items():
+        path = checkpoint / name
+        if not path.is_file():
+            problem = f"{name} is missing"
+        elif path.stat().st_size != expected["size"]:
+            problem = f"{name} is truncated or overwritten ({path.stat().st_size} bytes, expected {expected['size']})"
+        elif _sha256(path) != expected["sha256"]:
+            problem = f"{name} is corrupted (sha256 differs from the one recorded at save time)"
+        else:
+            continue
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} is damaged: {problem}; {_earlier_checkpoints_hint(checkpoint)}"
+        )
+
+
+def _check_no_automatic_naming(accelerator: Accelerator) -> None:
+    # With automatic_checkpoint_naming, save_state ignores its output_dir and prunes by
+    # ProjectConfiguration.total_limit itself, which would bypass the temp-folder-and-rename protocol.
+    if accelerator.project_configuration.automatic_checkpoint_naming:
+        raise CheckpointError(
+            "Accelerator was built with ProjectConfiguration(automatic_checkpoint_naming=True); hfbert names, "
+            "writes and prunes checkpoints itself: build the Accelerator without automatic_checkpoint_naming "
+            "and total_limit"
+        )
+
+
+def _remove_leftover_temp_folders(output_dir: Path) -> None:
+    for path in output_dir.iterdir():
+        if path.is_dir() and path.name.startswith((TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX)):
+            shutil.rmtree(path)
+
+
+def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
+    for path in find_checkpoints(output_dir)[:-total_limit]:
+        # Rename first so a crash mid-delete leaves a temp folder (ignored) rather than a damaged checkpoint.
+        doomed = path.with_name(f"{REPLACED_CHECKPOINT_PREFIX}{checkpoint_step(path)}")
+        os.replace(path, doomed)
+        shutil.rmtree(doomed)
+
+
+def save_checkpoint(
+    accelerator: Accelerator, output_dir: str | os.PathLike, step: int, total_limit: int | None = None
+) -> Path:
+    """Save the full training state to `output_dir/checkpoint-<step>`, crash-safely. Call on EVERY process.
+
+    The state goes to `.tmp-checkpoint-<step>` (accelerate writes the shared files from the main process and
+    one RNG file per process), then the main process writes the manifest, renames the folder into place and
+    only then removes the oldest checkpoints beyond `total_limit`. Returns the checkpoint folder.
+    """
+    _check_no_automatic_naming(accelerator)
+    if total_limit is not None and total_limit < 1:
+        raise CheckpointError(f"--checkpoints_total_limit {total_limit} must be >= 1 (or unset to keep all)")
+    output_dir = Path(output_dir)
+    temp_folder = output_dir / f"{TEMP_CHECKPOINT_PREFIX}{step}"
+    final_folder = output_dir / f"{CHECKPOINT_PREFIX}{step}"
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        _remove_leftover_temp_folders(output_dir)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(temp_folder), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _write_manifest(temp_folder, step, accelerator.num_processes)
+        if final_folder.exists():
+            # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
+            replaced = output_dir / f"{REPLACED_CHECKPOINT_PREFIX}{step}"
+            os.replace(final_folder, replaced)
+            os.replace(temp_folder, final_folder)
+            shutil.rmtree(replaced)
+        else:
+            os.replace(temp_folder, final_folder)
+        if total_limit is not None:
+            _prune_checkpoints(output_dir, total_limit)
+    accelerator.wait_for_everyone()
+    return final_folder
+
+
+def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> None:
+    """Verify `checkpoint` and restore it with `accelerator.load_state` (model, optimizer, scheduler, scaler,
+    RNG, registered objects such as `TrainingProgress`). Call on every process, after `accelerator.prepare`
+    and `register_for_checkpointing`."""
+    checkpoint = Path(checkpoint)
+    verify_checkpoint(checkpoint)
+    saved_processes = int(read_manifest(checkpoint)["num_processes"])
+    # Per-process RNG files and data sharding only line up with the same number of processes
+    # (accelerate itself silently skips a missing RNG file).
+    if saved_processes != accelerator.num_processes:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} was saved by {saved_processes} processes but this run has "
+            f"{accelerator.num_processes}; relaunch with `accelerate launch --num_processes {saved_processes}` "
+            "to resume it exactly"
+        )
+    accelerator.load_state(str(checkpoint))
+
+
+def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpoint: str) -> Path:
+    """The verified checkpoint folder meant by `--resume_from_checkpoint` ('latest' = newest complete
+    checkpoint in `output_dir`, else a folder path). Raises `CheckpointError` before anything is written."""
+    output_dir = Path(output_dir)
+    if resume_from_checkpoint == "latest":
+        checkpoints = find_checkpoints(output_dir)
+        if not checkpoints:
+            raise CheckpointError(
+                f"--resume_from_checkpoint latest: {output_dir} holds no complete checkpoint; start without "
+                "--resume_from_checkpoint, or pass the --output_dir of the run to continue"
+            )
+        checkpoint = checkpoints[-1]
+    else:
+        checkpoint = Path(resume_from_checkpoint)
+        checkpoint_step(checkpoint)
+    verify_checkpoint(checkpoint)
+    return checkpoint
+
+
+def check_output_dir(
+    output_dir: str | os.PathLike, *, resume_from_checkpoint: str | None, overwrite_output_dir: bool
+) -> None:
+    """Refuse to start a fresh run in a folder holding another run's checkpoints or final model.
+
+    Never deletes anything: with `overwrite_output_dir` the caller removes the old run (see
+    `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
+    """
+    if resume_from_checkpoint is not None and overwrite_output_dir:
+        raise CheckpointError(
+            "--resume_from_checkpoint and --overwrite_output_dir contradict each other (overwriting removes the "
+            "checkpoints to resume from); pass only one of them"
+        )
+    output_dir = Path(output_dir)
+    if resume_from_checkpoint is not None or overwrite_output_dir or not output_dir.is_dir():
+        return
+    previous_run = sorted(
+        path.name
+        for path in output_dir.iterdir()
+        if path.name.startswith((CHECKPOINT_PREFIX, TEMP_CHECKPOINT_PREFIX)) or path.name in FINAL_MODEL_FILES
+    )
+    if previous_run:
+        raise CheckpointError(
+            f"--output_dir {output_dir} already holds another run's output ({', '.join(previous_run)}); pass "
+            "--resume_from_checkpoint latest to continue that run, --overwrite_output_dir to replace it, or a "
+            "new --output_dir"
+        )
+
+
+def remove_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Delete every checkpoint and leftover temporary checkpoint folder in `output_dir` (for
+    `--overwrite_output_dir`; main process only). Returns what was removed."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    removed = sorted(
+        path
+        for path in output_dir.iterdir()
+        if path.is_dir()
+        and (
+            _CHECKPOINT_NAME.match(path.name)
+            or path.name.startswith((TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX))
+        )
+    )
+    for path in removed:
+        shutil.rmtree(path)
+    return removed

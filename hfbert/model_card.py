@@ -1,0 +1,202 @@
+"""Model card (README.md with Hub YAML metadata) for a finished run, and the upload of the run folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
+
+from hfbert.checkpointing import CHECKPOINT_PREFIX, atomic_path
+
+MODEL_CARD_NAME = "README.md"
+CURVES_NAME = "training_curves.png"
+CARD_TAGS = ["hfbert", "bert", "fill-mask", "pretraining"]
+# Without these the uploaded folder is not a loadable model; checked before anything touches the network.
+REQUIRED_UPLOAD_FILES = ("config.json", "model.safetensors", MODEL_CARD_NAME)
+
+_EVAL_PREFIX = "eval_"
+
+
+def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
+    def cell(value: Any) -> str:
+        text = f"{value:.4f}" if isinstance(value, float) else str(value)
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
+    lines += [f"| {cell(key)} | {cell(value)} |" for key, value in rows.items()]
+    return "\n".join(lines)
+
+
+def _metric_values(eval_results: dict[str, Any]) -> dict[str, float]:
+    return {
+        key.removeprefix(_EVAL_PREFIX): float(value)
+        for key, value in eval_results.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "epoch")
+    }
+
+
+def build_model_card(
+    *,
+    model_name: str,
+    training_config: dict[str, Any],
+    eval_results: dict[str, Any],
+    dataset_name: str | None,
+    dataset_config_name: str | None,
+    license: str = "apache-2.0",
+) -> ModelCard:
+    """The model card of a pretrained hfbert model: Hub metadata, training configuration, evaluation numbers,
+    how to load it and the training curves."""
+    metrics = _metric_values(eval_results)
+    card_data = ModelCardData(
+        library_name="transformers",
+        license=license,
+        datasets=[dataset_name] if dataset_name else None,
+        tags=CARD_TAGS,
+        pipeline_tag="fill-mask",
+        model_name=model_name,
+        # model-index needs a dataset id; runs on local files keep their numbers in the body table only.
+        eval_results=[
+            EvalResult(
+                task_type="fill-mask",
+                dataset_type=dataset_name,
+                dataset_name=dataset_name,
+                dataset_config=dataset_config_name,
+                dataset_split="validation",
+                metric_type=metric,
+                metric_value=value,
+            )
+            for metric, value in metrics.items()
+        ]
+        if dataset_name and metrics
+        else None,
+    )
+    if dataset_name:
+        data_source = (
+            f"the Hub dataset [`{dataset_name}`](https://huggingface.co/datasets/{dataset_name})"
+            + (f" (configuration `{dataset_config_name}`)" if dataset_config_name else "")
+        )
+    else:
+        data_source = "local text files (see `train_file` in the training configuration)"
+    eval_section = (
+        _table(metrics, ("metric", "value")) if metrics else "No evaluation was run (no validation split)."
+    )
+    body = f"""
+# {model_name}
+
+A BERT model pretrained from scratch with `hfbert` on the masked language modelling
+(MLM) and next sentence prediction (NSP) objectives, trained on {data_source}. It is a native Hugging Face
+model: the weights are in `model.safetensors`, and `config.json` maps the Auto classes (`auto_map`) to the
+model code shipped in this folder.
+
+## How to load it
+
+With the `hfbert` package installed, importing it registers the model with the Auto classes:
+
+```python
+import hfbert  # registers the "hfbert" model type with transformers' Auto classes
+from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+
+tokenizer = AutoTokenizer.from_pretrained("{model_name}")
+model = AutoModelForMaskedLM.from_pretrained("{model_name}")
+fill_mask = pipeline("fill-mask", model=model, tokenizer=tokenizer)
+print(fill_mask("The capital of France is [MASK]."))
+```
+
+Without `hfbert` installed, let transformers use the model code stored next to the weights:
+
+```python
+from transformers import AutoModelForMaskedLM, pipeline
+
+model = AutoModelForMaskedLM.from_pretrained("{model_name}", trust_remote_code=True)
+fill_mask = pipeline("fill-mask", model="{model_name}", trust_remote_code=True)
+```
+
+## Evaluation
+
+Measured on the validation split at the end of training (`eval_results.json`):
+
+{eval_section}
+
+## Training curves
+
+![Training loss, learning rate and evaluation metrics over optimizer steps]({CURVES_NAME})
+
+## Training configuration
+
+{_table(training_config, ("parameter", "value"))}
+"""
+    return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
+
+
+def write_model_card(
+    output_dir: str | os.PathLike,
+    *,
+    model_name: str,
+    training_config: dict[str, Any],
+    eval_results: dict[str, Any],
+    dataset_name: str | None,
+    dataset_config_name: str | None,
+    license: str = "apache-2.0",
+) -> Path:
+    """Write `output_dir/README.md` (see `build_model_card`) atomically and return its path."""
+    card = build_model_card(
+        model_name=model_name,
+        training_config=training_config,
+        eval_results=eval_results,
+        dataset_name=dataset_name,
+        dataset_config_name=dataset_config_name,
+        license=license,
+    )
+    path = Path(output_dir) / MODEL_CARD_NAME
+    with atomic_path(path) as temp_path:
+        temp_path.write_text(str(card), encoding="utf-8")
+    return path
+
+
+def _is_uploaded(relative: Path) -> bool:
+    hidden = any(part.startswith(".") for part in relative.parts)  # temp files, .tmp-checkpoint-*, caches
+    checkpoint = relative.parts[0].startswith(CHECKPOINT_PREFIX)
+    bytecode = "__pycache__" in relative.parts
+    return not (hidden or checkpoint or bytecode)
+
+
+def upload_file_set(folder: str | os.PathLike) -> list[str]:
+    """The files of a run folder that `push_to_hub` uploads (relative POSIX paths, sorted): the final model,
+    tokenizer, model card, eval results and curves; never checkpoints, temporary or hidden files."""
+    folder = Path(folder)
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if path.is_file() and _is_uploaded(path.relative_to(folder))
+    )
+
+
+def push_to_hub(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool = False,
+    commit_message: str = "Upload hfbert model",
+) -> str:
+    """Create `repo_id` on the Hub if needed and upload exactly `upload_file_set(folder)` in one commit.
+
+    Returns the commit URL.
+    """
+    folder = Path(folder)
+    files = upload_file_set(folder)
+    missing = [name for name in REQUIRED_UPLOAD_FILES if name not in files]
+    if missing:
+        raise ValueError(
+            f"--push_to_hub: {folder} lacks {', '.join(missing)}; push only a finished run's output folder "
+            "(training writes these files at the end)"
+        )
+    api = HfApi(token=token)
+    repo_url = api.create_repo(repo_id, private=private, exist_ok=True)
+    # create_commit with our own list (rather than upload_folder's patterns) keeps upload_file_set the single
+    # definition of what is uploaded.
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=folder / name) for name in files]
+    commit = api.create_commit(repo_url.repo_id, operations=operations, commit_message=commit_message)
+    return commit.commit_url

@@ -1,0 +1,295 @@
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import ProjectConfiguration, set_seed
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hfbert.checkpointing import (
+    MANIFEST_NAME,
+    CheckpointError,
+    TrainingProgress,
+    check_output_dir,
+    find_checkpoints,
+    load_checkpoint,
+    remove_checkpoints,
+    resolve_resume_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+    write_json_atomic,
+)
+
+SEED = 1234
+BATCHES_PER_EPOCH = 10
+TOTAL_STEPS = 25
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    # Each test (and each simulated process restart) builds its own Accelerator.
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def build_run(**accelerator_kwargs):
+    """A tiny training setup built the way hfbert's loop builds it (seed, seedable sampler, own generator)."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    accelerator = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True), **accelerator_kwargs
+    )
+    set_seed(SEED)
+    features = torch.randn(BATCHES_PER_EPOCH * 4, 6)
+    targets = torch.randn(BATCHES_PER_EPOCH * 4, 1)
+    # The loader's own generator keeps DataLoader.__iter__ from drawing its base seed from the global RNG,
+    # which would shift the RNG stream when a resumed run starts iterating mid-epoch.
+    dataloader = DataLoader(
+        TensorDataset(features, targets),
+        batch_size=4,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(SEED),
+    )
+    # Dropout consumes the global RNG, so the test also proves that the RNG state is restored.
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.2), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / (TOTAL_STEPS + 1))
+    model, optimizer, dataloader, scheduler = accelerator.prepare(model, optimizer, dataloader, scheduler)
+    progress = TrainingProgress()
+    accelerator.register_for_checkpointing(progress)
+    return accelerator, model, optimizer, scheduler, dataloader, progress
+
+
+def train(run, stop_at_step: int) -> None:
+    """The resume-aware loop pattern: set_epoch every epoch, skip the consumed batches of the resumed one."""
+    accelerator, model, optimizer, scheduler, dataloader, progress = run
+    model.train()
+    num_epochs = -(-TOTAL_STEPS // BATCHES_PER_EPOCH)
+    for epoch in range(progress.epoch, num_epochs):
+        dataloader.set_epoch(epoch)
+        batches = (
+            accelerator.skip_first_batches(dataloader, progress.batch_in_epoch)
+            if progress.batch_in_epoch
+            else dataloader
+        )
+        for features, targets in batches:
+            loss = nn.functional.mse_loss(model(features), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            progress.batch_in_epoch += 1
+            progress.completed_steps += 1
+            progress.log_history.append({"step": progress.completed_steps, "loss": loss.item()})
+            if progress.completed_steps == stop_at_step:
+                return
+        progress.epoch += 1
+        progress.batch_in_epoch = 0
+
+
+def parameters(model) -> list[torch.Tensor]:
+    return [parameter.detach().clone() for parameter in model.parameters()]
+
+
+@pytest.mark.parametrize("split_step", [13, BATCHES_PER_EPOCH])  # mid-epoch and exactly at an epoch's end
+def test_resume_reproduces_uninterrupted_training(tmp_path, split_step):
+    straight = build_run()
+    train(straight, TOTAL_STEPS)
+    expected = parameters(straight[1])
+    expected_history = straight[5].log_history
+
+    first_half = build_run()
+    train(first_half, split_step)
+    checkpoint = save_checkpoint(first_half[0], tmp_path, first_half[5].completed_steps)
+    assert checkpoint == tmp_path / f"checkpoint-{split_step}"
+
+    resumed = build_run()  # a fresh process: new Accelerator, freshly initialised model
+    load_checkpoint(resumed[0], resolve_resume_checkpoint(tmp_path, "latest"))
+    assert resumed[5].completed_steps == split_step
+    train(resumed, TOTAL_STEPS)
+
+    for got, want in zip(parameters(resumed[1]), expected, strict=True):
+        assert torch.equal(got, want)
+    assert resumed[5].log_history == expected_history
+
+
+def save_steps(tmp_path, steps, total_limit=None):
+    run = build_run()
+    for step in steps:
+        run[5].completed_steps = step
+        save_checkpoint(run[0], tmp_path, step, total_limit=total_limit)
+    return run
+
+
+def test_checkpoint_holds_accelerate_state_and_manifest(tmp_path):
+    checkpoint = save_checkpoint(build_run()[0], tmp_path, 7)
+    names = {path.name for path in checkpoint.iterdir()}
+    assert names == {
+        "model.safetensors",
+        "optimizer.bin",
+        "scheduler.bin",
+        "random_states_0.pkl",
+        "custom_checkpoint_0.pkl",
+        MANIFEST_NAME,
+    }
+    manifest = json.loads((checkpoint / MANIFEST_NAME).read_text())
+    assert manifest["step"] == 7
+    assert manifest["num_processes"] == 1
+    assert set(manifest["files"]) == names - {MANIFEST_NAME}
+    assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-7"]  # no temp folder left
+
+
+def test_total_limit_keeps_newest_checkpoints(tmp_path):
+    save_steps(tmp_path, [2, 4, 6, 8], total_limit=2)
+    assert [path.name for path in find_checkpoints(tmp_path)] == ["checkpoint-6", "checkpoint-8"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-6", "checkpoint-8"]
+
+
+def test_steps_order_numerically_not_alphabetically(tmp_path):
+    save_steps(tmp_path, [9, 10, 100])
+    assert [path.name for path in find_checkpoints(tmp_path)] == [
+        "checkpoint-9",
+        "checkpoint-10",
+        "checkpoint-100",
+    ]
+    assert resolve_resume_checkpoint(tmp_path, "latest").name == "checkpoint-100"
+
+
+def test_saving_the_same_step_twice_replaces_it(tmp_path):
+    run = save_steps(tmp_path, [5])
+    run[5].log_history.append({"step": 5, "loss": 1.0})
+    save_checkpoint(run[0], tmp_path, 5)
+    assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-5"]
+    reloaded = build_run()
+    load_checkpoint(reloaded[0], tmp_path / "checkpoint-5")
+    assert reloaded[5].log_history == [{"step": 5, "loss": 1.0}]
+
+
+def test_interrupted_save_leaves_previous_checkpoint_latest(tmp_path):
+    run = save_steps(tmp_path, [3])
+    # A process killed during save_state of step 6: temp folder with partial files, never renamed.
+    interrupted = tmp_path / ".tmp-checkpoint-6"
+    interrupted.mkdir()
+    (interrupted / "model.safetensors").write_bytes(b"\x00" * 10)
+    assert find_checkpoints(tmp_path) == [tmp_path / "checkpoint-3"]
+    assert resolve_resume_checkpoint(tmp_path, "latest") == tmp_path / "checkpoint-3"
+    load_checkpoint(build_run()[0], tmp_path / "checkpoint-3")
+    # A process killed after the rename but before the manifest cannot happen (manifest is written first);
+    # a folder without one is treated as incomplete anyway.
+    (tmp_path / "checkpoint-9").mkdir()
+    assert resolve_resume_checkpoint(tmp_path, "latest") == tmp_path / "checkpoint-3"
+    shutil.rmtree(tmp_path / "checkpoint-9")
+    # The next save cleans the leftover temp folder.
+    save_checkpoint(run[0], tmp_path, 6)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-6"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected_problem"),
+    [
+        (lambda path: path.write_bytes(path.read_bytes()[:-5]), "optimizer.bin is truncated"),
+        (
+            lambda path: path.write_bytes(bytes([path.read_bytes()[0] ^ 1]) + path.read_bytes()[1:]),
+            "optimizer.bin is corrupted",
+        ),
+        (os.remove, "optimizer.bin is missing"),
+    ],
+)
+def test_damaged_checkpoint_is_refused_with_the_fix(tmp_path, damage, expected_problem):
+    save_steps(tmp_path, [4, 8])
+    damage(tmp_path / "checkpoint-8" / "optimizer.bin")
+    with pytest.raises(CheckpointError) as raised:
+        resolve_resume_checkpoint(tmp_path, "latest")
+    message = str(raised.value)
+    assert expected_problem in message
+    assert f"--resume_from_checkpoint {tmp_path / 'checkpoint-4'}" in message
+    verify_checkpoint(tmp_path / "checkpoint-4")  # the earlier one is intact
+    with pytest.raises(CheckpointError, match=expected_problem):
+        load_checkpoint(build_run()[0], tmp_path / "checkpoint-8")
+
+
+def test_missing_or_garbled_manifest_is_refused(tmp_path):
+    save_steps(tmp_path, [4])
+    (tmp_path / "checkpoint-4" / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint_manifest\.json cannot be parsed.*--overwrite_output_dir"
+    ):
+        verify_checkpoint(tmp_path / "checkpoint-4")
+    os.remove(tmp_path / "checkpoint-4" / MANIFEST_NAME)
+    with pytest.raises(CheckpointError, match=r"is incomplete: checkpoint_manifest\.json is missing"):
+        verify_checkpoint(tmp_path / "checkpoint-4")
+
+
+def test_resume_argument_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
+        resolve_resume_checkpoint(tmp_path, "latest")
+    with pytest.raises(CheckpointError, match="no such folder"):
+        resolve_resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-3"))
+    with pytest.raises(CheckpointError, match="is not a checkpoint folder"):
+        resolve_resume_checkpoint(tmp_path, str(tmp_path))
+
+
+def test_process_count_mismatch_is_refused(tmp_path):
+    save_steps(tmp_path, [2])
+    manifest_path = tmp_path / "checkpoint-2" / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    manifest["num_processes"] = 4
+    write_json_atomic(manifest_path, manifest)
+    with pytest.raises(CheckpointError, match="saved by 4 processes but this run has 1"):
+        load_checkpoint(build_run()[0], tmp_path / "checkpoint-2")
+
+
+def test_automatic_checkpoint_naming_is_refused(tmp_path):
+    accelerator = build_run(
+        project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    )[0]
+    with pytest.raises(CheckpointError, match="without automatic_checkpoint_naming"):
+        save_checkpoint(accelerator, tmp_path, 1)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "previous_output", ["checkpoint-5", ".tmp-checkpoint-5", "model.safetensors", "config.json"]
+)
+def test_output_dir_of_another_run_is_refused(tmp_path, previous_output):
+    (tmp_path / previous_output).mkdir()
+    before = sorted(Path(tmp_path).rglob("*"))
+    with pytest.raises(
+        CheckpointError,
+        match=rf"already holds another run's output \({previous_output}\).*--overwrite_output_dir",
+    ):
+        check_output_dir(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+    check_output_dir(tmp_path, resume_from_checkpoint="latest", overwrite_output_dir=False)
+    check_output_dir(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
+    assert sorted(Path(tmp_path).rglob("*")) == before  # nothing deleted
+
+
+def test_output_dir_checks_that_pass(tmp_path):
+    check_output_dir(tmp_path / "new", resume_from_checkpoint=None, overwrite_output_dir=False)
+    (tmp_path / "notes.txt").write_text("unrelated")
+    check_output_dir(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+    with pytest.raises(CheckpointError, match="pass only one of them"):
+        check_output_dir(tmp_path, resume_from_checkpoint="latest", overwrite_output_dir=True)
+
+
+def test_remove_checkpoints_for_overwrite(tmp_path):
+    save_steps(tmp_path, [1, 2])
+    (tmp_path / ".tmp-checkpoint-3").mkdir()
+    (tmp_path / "notes.txt").write_text("kept")
+    removed = remove_checkpoints(tmp_path)
+    assert [path.name for path in removed] == [".tmp-checkpoint-3", "checkpoint-1", "checkpoint-2"]
+    assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_write_json_atomic(tmp_path):
+    path = write_json_atomic(tmp_path / "eval_results.json", {"b": 1.5, "a": [1, 2]})
+    assert json.loads(path.read_text()) == {"a": [1, 2], "b": 1.5}
+    assert [p.name for p in tmp_path.iterdir()] == ["eval_results.json"]

@@ -1,0 +1,137 @@
+from unittest import mock
+
+import pytest
+import yaml
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
+
+from hfbert.model_card import push_to_hub, upload_file_set, write_model_card
+
+TRAINING_CONFIG = {"preset": "tiny", "learning_rate": 1e-4, "max_seq_length": 128, "train_file": None}
+EVAL_RESULTS = {
+    "eval_mlm_loss": 6.5,
+    "eval_mlm_accuracy": 0.12,
+    "eval_perplexity": 665.14,
+    "eval_nsp_loss": 0.69,
+    "eval_nsp_accuracy": 0.51,
+    "step": 200,
+}
+FINAL_FILES = [
+    "config.json",
+    "configuration_hfbert.py",
+    "eval_results.json",
+    "model.safetensors",
+    "modeling_hfbert.py",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "training_curves.png",
+]
+
+
+def write_card(folder, **overrides):
+    arguments = {
+        "model_name": "someone/hfbert-tiny",
+        "training_config": TRAINING_CONFIG,
+        "eval_results": EVAL_RESULTS,
+        "dataset_name": "Salesforce/wikitext",
+        "dataset_config_name": "wikitext-2-raw-v1",
+    } | overrides
+    return write_model_card(folder, **arguments)
+
+
+def test_card_metadata_parses_back(tmp_path):
+    path = write_card(tmp_path)
+    assert path == tmp_path / "README.md"
+    card = ModelCard.load(path)
+    data = card.data.to_dict()
+    assert data["library_name"] == "transformers"
+    assert data["license"] == "apache-2.0"
+    assert data["datasets"] == ["Salesforce/wikitext"]
+    assert data["tags"] == ["hfbert", "bert", "fill-mask", "pretraining"]
+    assert data["pipeline_tag"] == "fill-mask"
+    metrics = {result.metric_type: result.metric_value for result in card.data.eval_results}
+    assert metrics == {
+        "mlm_loss": 6.5,
+        "mlm_accuracy": 0.12,
+        "perplexity": 665.14,
+        "nsp_loss": 0.69,
+        "nsp_accuracy": 0.51,
+    }
+    assert {result.dataset_config for result in card.data.eval_results} == {"wikitext-2-raw-v1"}
+    assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # no temp file left
+
+
+def test_card_body_has_config_eval_loading_and_curves(tmp_path):
+    text = ModelCard.load(write_card(tmp_path)).text
+    assert "| learning_rate | 0.0001 |" in text
+    assert "| train_file | None |" in text
+    assert "| mlm_accuracy | 0.1200 |" in text
+    assert "| perplexity | 665.1400 |" in text
+    assert "import hfbert" in text
+    assert 'AutoModelForMaskedLM.from_pretrained("someone/hfbert-tiny", trust_remote_code=True)' in text
+    assert 'pipeline("fill-mask"' in text
+    assert "(training_curves.png)" in text
+
+
+def test_card_for_local_files_without_eval(tmp_path):
+    path = write_card(tmp_path, dataset_name=None, dataset_config_name=None, eval_results={}, license="mit")
+    card = ModelCard.load(path)
+    assert card.data.license == "mit"
+    assert card.data.datasets is None
+    assert card.data.eval_results is None
+    assert "No evaluation was run" in card.text
+    assert "local text files" in card.text
+    # The header is plain YAML (what the Hub parses), not just something huggingface_hub accepts.
+    header = path.read_text().split("---\n")[1]
+    assert yaml.safe_load(header)["library_name"] == "transformers"
+
+
+def make_run_folder(tmp_path):
+    for name in FINAL_FILES:
+        (tmp_path / name).write_bytes(b"x")
+    write_card(tmp_path)
+    # What must never be uploaded: checkpoints, interrupted saves, temp files, hidden files, bytecode.
+    for name in [
+        "checkpoint-100/model.safetensors",
+        "checkpoint-100/checkpoint_manifest.json",
+        ".tmp-checkpoint-200/optimizer.bin",
+        ".replaced-checkpoint-50/optimizer.bin",
+        ".README.md.tmp",
+        ".cache/huggingface/upload.lock",
+        "__pycache__/modeling_hfbert.cpython-311.pyc",
+    ]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"y")
+    return tmp_path
+
+
+def test_upload_file_set_is_the_final_model_only(tmp_path):
+    assert upload_file_set(make_run_folder(tmp_path)) == sorted([*FINAL_FILES, "README.md"])
+
+
+def test_push_to_hub_uploads_exactly_the_file_set(tmp_path):
+    folder = make_run_folder(tmp_path)
+    with (
+        mock.patch.object(HfApi, "create_repo") as create_repo,
+        mock.patch.object(HfApi, "create_commit") as create_commit,
+    ):
+        create_repo.return_value.repo_id = "someone/hfbert-tiny"
+        create_commit.return_value.commit_url = "https://huggingface.co/someone/hfbert-tiny/commit/abc"
+        url = push_to_hub(folder, "someone/hfbert-tiny", private=True)
+    assert url == "https://huggingface.co/someone/hfbert-tiny/commit/abc"
+    create_repo.assert_called_once_with("someone/hfbert-tiny", private=True, exist_ok=True)
+    operations = create_commit.call_args.kwargs["operations"]
+    assert all(isinstance(operation, CommitOperationAdd) for operation in operations)
+    assert {operation.path_in_repo for operation in operations} == {*FINAL_FILES, "README.md"}
+    for operation in operations:
+        assert operation.path_or_fileobj == str(folder / operation.path_in_repo)
+
+
+def test_push_to_hub_refuses_an_unfinished_folder(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with (
+        mock.patch.object(HfApi, "create_repo") as create_repo,
+        pytest.raises(ValueError, match=r"lacks model\.safetensors, README\.md"),
+    ):
+        push_to_hub(tmp_path, "someone/hfbert-tiny")
+    create_repo.assert_not_called()
