@@ -1,0 +1,357 @@
+"""Corpus loading: any text source -> documents made of cleaned paragraphs.
+
+Every source goes through `datasets.load_dataset`:
+
+* a Hub dataset (or a local folder laid out like a Hub dataset repo): ``--dataset_name`` and
+  ``--dataset_config_name``, optionally ``--streaming``;
+* local files: ``--train_file`` / ``--validation_file`` — parquet, json/jsonl and csv through their
+  ``datasets`` builders (text in ``--text_column``), every other extension (``.txt``, WikiText's ``.raw``,
+  ...) as plain text, one row per line;
+* nothing named: the WikiText-2 raw sample shipped inside this package (``hfbert/data/``).
+
+The rows are then grouped into documents (pretraining needs document boundaries for next-sentence
+prediction) according to ``--document_boundary``:
+
+* ``heading``: WikiText layout, see "WikiText" below;
+* ``blank_line``: one paragraph per line, documents separated by blank lines (the original BERT format);
+* ``row``: every row is one document, its non-blank lines are its paragraphs.
+
+The result has one column ``paragraphs`` (``list[str]``) per split ``train`` and, when the source has one,
+``validation``. Without ``--streaming`` it is cached by `datasets` fingerprint, so a second load of the
+same source reads the cache instead of regrouping.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import datasets
+from datasets.fingerprint import Hasher
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+DocumentBoundary = Literal["heading", "blank_line", "row"]
+
+SPLITS = ("train", "validation")
+SHIPPED_SAMPLE_DIR = Path(__file__).parent / "data" / "wikitext-2-raw-sample"
+SHIPPED_SAMPLE_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw"}
+# Extensions with a structured `datasets` builder; every other extension is read as plain text.
+_BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+DOCUMENT_FEATURES = datasets.Features({"paragraphs": datasets.List(datasets.Value("string"))})
+_ROWS_PER_READ = 1000
+_HUB_PROBE_TIMEOUT_S = 10
+
+
+class CorpusError(ValueError):
+    """A corpus cannot be loaded: missing file, empty corpus, unreachable Hub dataset, bad column ..."""
+
+
+@dataclass
+class CorpusArguments:
+    """Where the text comes from (command-line flags through `transformers.HfArgumentParser`)."""
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
+            "repo. Without it and without --train_file, the WikiText-2 sample shipped with hfbert is used."
+        },
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "Configuration of --dataset_name (e.g. wikitext-103-raw-v1)."}
+    )
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local training text: plain text of any extension (.txt, .raw, ...), or parquet/json/csv."
+        },
+    )
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Local validation text, same formats as --train_file."}
+    )
+    text_column: str = field(
+        default="text",
+        metadata={"help": "Column holding the text in parquet/json/csv files and Hub datasets."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk)."
+        },
+    )
+    document_boundary: DocumentBoundary | None = field(
+        default=None,
+        metadata={
+            "help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
+            "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
+            "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
+            "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files, "
+            "blank_line for other text files."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.dataset_name is not None and self.train_file is not None:
+            raise CorpusError(
+                f"both --dataset_name {self.dataset_name} and --train_file {self.train_file} were given; "
+                "pass only one of them"
+            )
+        if self.validation_file is not None and self.train_file is None:
+            raise CorpusError(
+                f"--validation_file {self.validation_file} was given without --train_file; pass --train_file too"
+            )
+        if self.dataset_config_name is not None and self.dataset_name is None:
+            raise CorpusError(
+                f"--dataset_config_name {self.dataset_config_name} was given without --dataset_name; "
+                "pass --dataset_name too"
+            )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# WikiText: everything specific to its markup lives here.
+#
+# WikiText (Merity et al. 2016) has one paragraph or heading per line. Lines begin and end with a space.
+# Articles start at a heading with one "=" on each side (" = Title = "); sections and subsections are
+# " = = Section = = ", " = = = Sub = = = ". Headings are structure, not training text. Blank lines (empty, or
+# a single space in the Hub's copy) carry no text. Tokens are separated by spaces, and hyphens, commas and
+# points inside a word were escaped as " @-@ ", " @,@ ", " @.@ " ("1 @,@ 000" is "1,000").
+# ---------------------------------------------------------------------------------------------------------
+WIKITEXT_ESCAPES = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+
+
+def is_wikitext_heading(line: str) -> bool:
+    """True for any WikiText heading line (article, section or subsection)."""
+    stripped = line.strip()
+    return stripped.startswith("= ") and stripped.endswith(" =")
+
+
+def is_wikitext_article_heading(line: str) -> bool:
+    """True for a heading that starts a new article: ``" = Title = "`` (one ``=`` on each side)."""
+    return is_wikitext_heading(line) and not line.strip().startswith("= =")
+
+
+def clean_wikitext_line(line: str) -> str:
+    """The paragraph text of a WikiText line: ``""`` for blank and heading lines, escapes restored."""
+    if is_wikitext_heading(line):
+        return ""
+    paragraph = line.strip()
+    for escaped, plain in WIKITEXT_ESCAPES:
+        paragraph = paragraph.replace(escaped, plain)
+    return paragraph
+
+
+def _is_wikitext_source(args: CorpusArguments) -> bool:
+    if args.dataset_name is not None:
+        return "wikitext" in args.dataset_name.lower()
+    return args.train_file is None or Path(args.train_file).suffix == ".raw"
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def resolve_document_boundary(args: CorpusArguments) -> DocumentBoundary:
+    """The document boundary rule for ``args``: the explicit flag, else the default for its source."""
+    if args.document_boundary is not None:
+        return args.document_boundary
+    if _is_wikitext_source(args):
+        return "heading"
+    if args.train_file is not None and Path(args.train_file).suffix not in _BUILDER_BY_EXTENSION:
+        return "blank_line"
+    return "row"
+
+
+def _iter_texts(rows: datasets.Dataset | datasets.IterableDataset, text_column: str) -> Iterator[str]:
+    for batch in rows.iter(batch_size=_ROWS_PER_READ):
+        yield from batch[text_column]
+
+
+def _clean_paragraphs(lines: Iterable[str], boundary: DocumentBoundary) -> Iterator[str]:
+    for line in lines:
+        paragraph = clean_wikitext_line(line) if boundary == "heading" else line.strip()
+        if paragraph:
+            yield paragraph
+
+
+def _starts_document(line: str, boundary: DocumentBoundary) -> bool:
+    if boundary == "heading":
+        return is_wikitext_article_heading(line)
+    return not line.strip()
+
+
+def iter_documents(
+    rows: datasets.Dataset | datasets.IterableDataset, text_column: str, boundary: DocumentBoundary
+) -> Iterator[dict[str, list[str]]]:
+    """Group rows of text into documents ``{"paragraphs": [...]}``, in order.
+
+    Sequential on purpose: a document may span any number of rows, so grouping cannot be split into
+    independent `map` batches. Documents without any paragraph are dropped.
+    """
+    if boundary == "row":
+        for text in _iter_texts(rows, text_column):
+            paragraphs = list(_clean_paragraphs(text.splitlines(), boundary))
+            if paragraphs:
+                yield {"paragraphs": paragraphs}
+        return
+    paragraphs: list[str] = []
+    for text in _iter_texts(rows, text_column):
+        # An empty row is a blank line; a row may also hold several lines.
+        for line in text.splitlines() or [""]:
+            if _starts_document(line, boundary) and paragraphs:
+                yield {"paragraphs": paragraphs}
+                paragraphs = []
+            paragraphs.extend(_clean_paragraphs([line], boundary))
+    if paragraphs:
+        yield {"paragraphs": paragraphs}
+
+
+def _check_hub_reachable(dataset_name: str) -> None:
+    """Fail in seconds when the Hub cannot be reached (datasets itself retries for ~25 s, then fails vaguely)."""
+    local_files_hint = (
+        "pass local files with --train_file/--validation_file, or a local folder laid out like the Hub repo "
+        "with --dataset_name PATH"
+    )
+    if datasets.config.HF_HUB_OFFLINE:
+        return  # load_dataset then uses the local cache, or raises ConnectionError at once
+    try:
+        HfApi().dataset_info(dataset_name, timeout=_HUB_PROBE_TIMEOUT_S)
+    except RepositoryNotFoundError as error:
+        raise CorpusError(
+            f"--dataset_name {dataset_name} is neither a local folder nor a dataset on the Hub you can access "
+            f"(check the spelling, or log in with `hf auth login` for a gated or private dataset); "
+            f"or {local_files_hint}"
+        ) from error
+    except HfHubHTTPError:
+        raise
+    # Network failures surface as the HTTP client's own exception types, which have no stable import path.
+    except Exception as error:
+        raise CorpusError(
+            f"cannot reach the Hugging Face Hub to load --dataset_name {dataset_name} ({error!r}); "
+            f"{local_files_hint}, or set HF_DATASETS_OFFLINE=1 to use a copy already in the datasets cache"
+        ) from error
+
+
+def _load_hub_dataset(
+    args: CorpusArguments, num_proc: int | None
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
+    assert args.dataset_name is not None
+    is_local_folder = os.path.isdir(args.dataset_name)
+    if not is_local_folder:
+        _check_hub_reachable(args.dataset_name)
+    try:
+        return datasets.load_dataset(
+            args.dataset_name,
+            args.dataset_config_name,
+            streaming=args.streaming,
+            num_proc=None if args.streaming else num_proc,
+        )
+    except ConnectionError as error:  # raised at once in offline mode when the dataset is not cached
+        raise CorpusError(
+            f"--dataset_name {args.dataset_name} is not in the local datasets cache and the Hub is offline "
+            f"(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); pass local files with --train_file/--validation_file, "
+            f"or a local folder laid out like the Hub repo with --dataset_name PATH"
+        ) from error
+    except FileNotFoundError as error:
+        raise CorpusError(f"--dataset_name {args.dataset_name}: {error}") from error
+
+
+def _load_local_files(
+    args: CorpusArguments, num_proc: int | None
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
+    if args.train_file is None:
+        files = {split: SHIPPED_SAMPLE_DIR / name for split, name in SHIPPED_SAMPLE_FILES.items()}
+    else:
+        files = {"train": Path(args.train_file)}
+        if args.validation_file is not None:
+            files["validation"] = Path(args.validation_file)
+    for split, path in files.items():
+        flag = "--train_file" if split == "train" else "--validation_file"
+        if not path.is_file():
+            raise CorpusError(f"{flag} {path} does not exist or is not a file; pass the path of a text file")
+        if path.stat().st_size == 0:
+            raise CorpusError(f"{flag} {path} is empty; pass a file with text")
+    extensions = {path.suffix for path in files.values()}
+    builders = {_BUILDER_BY_EXTENSION.get(extension, "text") for extension in extensions}
+    if len(builders) > 1:
+        raise CorpusError(
+            f"--train_file and --validation_file have different formats ({', '.join(sorted(extensions))}); "
+            "pass files of the same format"
+        )
+    return datasets.load_dataset(
+        builders.pop(),
+        data_files={split: str(path) for split, path in files.items()},
+        streaming=args.streaming,
+        num_proc=None if args.streaming else num_proc,
+    )
+
+
+def _describe_source(args: CorpusArguments) -> str:
+    if args.dataset_name is not None:
+        return f"--dataset_name {args.dataset_name} --dataset_config_name {args.dataset_config_name}"
+    if args.train_file is not None:
+        return f"--train_file {args.train_file}"
+    return f"the shipped sample {SHIPPED_SAMPLE_DIR}"
+
+
+def _group_split(
+    rows: datasets.Dataset | datasets.IterableDataset,
+    split: str,
+    text_column: str,
+    boundary: DocumentBoundary,
+) -> datasets.Dataset | datasets.IterableDataset:
+    gen_kwargs = {"rows": rows, "text_column": text_column, "boundary": boundary}
+    if isinstance(rows, datasets.IterableDataset):
+        return datasets.IterableDataset.from_generator(
+            iter_documents, features=DOCUMENT_FEATURES, gen_kwargs=gen_kwargs
+        )
+    return datasets.Dataset.from_generator(
+        iter_documents,
+        features=DOCUMENT_FEATURES,
+        gen_kwargs=gen_kwargs,
+        split=datasets.NamedSplit(split),
+        # The source's fingerprint names its content; hashing the Dataset object itself would be slow.
+        fingerprint=Hasher.hash(["hfbert.corpus.iter_documents", rows._fingerprint, text_column, boundary]),
+    )
+
+
+def load_documents(
+    args: CorpusArguments, num_proc: int | None = None
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
+    """Load the corpus named by ``args`` as documents.
+
+    Returns splits ``train`` and, when the source has one, ``validation``, each with a single column
+    ``paragraphs`` (``list[str]``, cleaned: blank lines dropped, WikiText headings removed and escapes
+    restored). A `datasets.IterableDatasetDict` with ``args.streaming``, else a cached `datasets.DatasetDict`.
+    ``num_proc`` parallelises the source download/preparation. Raises `CorpusError` for a missing file,
+    an unreachable Hub dataset, a missing text column or an empty training split.
+    """
+    source = (
+        _load_hub_dataset(args, num_proc)
+        if args.dataset_name is not None
+        else _load_local_files(args, num_proc)
+    )
+    if "train" not in source:
+        raise CorpusError(f"{_describe_source(args)} has no 'train' split (it has {list(source)})")
+    boundary = resolve_document_boundary(args)
+    dict_class = datasets.IterableDatasetDict if args.streaming else datasets.DatasetDict
+    documents = dict_class()
+    for split in SPLITS:
+        if split not in source:
+            continue
+        rows = source[split]
+        if rows.column_names is not None and args.text_column not in rows.column_names:
+            raise CorpusError(
+                f"--text_column {args.text_column} is not a column of {_describe_source(args)} "
+                f"(columns: {rows.column_names}); pass --text_column with one of them"
+            )
+        # Checked on the rows (reads only up to the first document): datasets cannot build an empty split.
+        if next(iter_documents(rows, args.text_column, boundary), None) is None:
+            raise CorpusError(
+                f"{_describe_source(args)} has no text in its {split} split (document_boundary={boundary}); "
+                "pass a corpus with text"
+            )
+        documents[split] = _group_split(rows, split, args.text_column, boundary)
+    return documents

@@ -1,0 +1,328 @@
+"""WordPiece tokenizer training, and the link between a tokenizer and the model config built for it.
+
+The tokenizer is a stock `transformers.BertTokenizer` (backed by the `tokenizers` library: BERT normalizer
+with clean-text, CJK spacing and accent stripping tied to lower-casing; BERT pre-tokenizer; WordPiece with
+``##`` continuations; ``[CLS] A [SEP]`` / ``[CLS] A [SEP] B [SEP]`` post-processor with token type ids 0/1;
+WordPiece decoder). Its vocabulary is trained with ``train_new_from_iterator``, fed batches of paragraphs
+streamed from the documents, so the corpus is never held in memory as one string.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import datasets
+from tqdm.auto import tqdm
+from transformers import BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
+
+from hfbert.corpus import CorpusArguments, load_documents
+
+if TYPE_CHECKING:
+    from hfbert.configuration_hfbert import HfBertConfig
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+"""BERT's special tokens; their position is their id, as in Hugging Face's BERT checkpoints."""
+PAD_TOKEN, UNK_TOKEN, CLS_TOKEN, SEP_TOKEN, MASK_TOKEN = SPECIAL_TOKENS
+_PARAGRAPHS_PER_BATCH = 1000
+_DOCUMENTS_PER_READ = 256
+# Files that make a folder a saved tokenizer (overwriting one needs no --overwrite_output_dir).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+class ParagraphBatches:
+    """Iterates over lists of paragraphs of ``documents``, counting the UTF-8 bytes it has handed out.
+
+    A re-iterable object rather than a generator so `train_tokenizer` callers can read ``bytes_read``
+    (input throughput) after training.
+    """
+
+    def __init__(
+        self,
+        documents: datasets.Dataset | datasets.IterableDataset,
+        batch_size: int = _PARAGRAPHS_PER_BATCH,
+        show_progress: bool = True,
+    ) -> None:
+        self.documents = documents
+        self.batch_size = batch_size
+        self.show_progress = show_progress
+        self.bytes_read = 0
+
+    def __iter__(self) -> Iterator[list[str]]:
+        total = len(self.documents) if isinstance(self.documents, datasets.Dataset) else None
+        batch: list[str] = []
+        with tqdm(
+            total=total, unit="doc", desc="Reading documents", disable=not self.show_progress
+        ) as progress:
+            for rows in self.documents.iter(batch_size=_DOCUMENTS_PER_READ):
+                for paragraphs in rows["paragraphs"]:
+                    batch.extend(paragraphs)
+                progress.update(len(rows["paragraphs"]))
+                if len(batch) >= self.batch_size:
+                    self.bytes_read += sum(len(paragraph.encode()) for paragraph in batch)
+                    yield batch
+                    batch = []
+        if batch:
+            self.bytes_read += sum(len(paragraph.encode()) for paragraph in batch)
+            yield batch
+
+
+def _untrained_bert_tokenizer(lowercase: bool, model_max_length: int) -> BertTokenizer:
+    return BertTokenizer(
+        vocab={token: token_id for token_id, token in enumerate(SPECIAL_TOKENS)},
+        do_lower_case=lowercase,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
+        cls_token=CLS_TOKEN,
+        sep_token=SEP_TOKEN,
+        mask_token=MASK_TOKEN,
+        model_max_length=model_max_length,
+    )
+
+
+def check_special_token_ids(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raise ValueError unless ``tokenizer`` maps `SPECIAL_TOKENS` to ids 0, 1, 2, ... in that order."""
+    ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
+    if ids != list(range(len(SPECIAL_TOKENS))):
+        raise ValueError(
+            f"tokenizer special token ids {dict(zip(SPECIAL_TOKENS, ids, strict=True))} differ from BERT's "
+            f"ids 0-{len(SPECIAL_TOKENS) - 1} in the order {SPECIAL_TOKENS}; train a new tokenizer with "
+            "hfbert's train_tokenizer.py"
+        )
+
+
+def train_tokenizer_from_batches(
+    batches: ParagraphBatches,
+    *,
+    vocab_size: int = 30522,
+    min_frequency: int = 2,
+    lowercase: bool = True,
+    model_max_length: int = 512,
+    show_progress: bool = True,
+) -> BertTokenizer:
+    """`train_tokenizer` on an explicit `ParagraphBatches`, whose ``bytes_read`` then holds the input size."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"--vocab_size {vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
+            "pass a larger --vocab_size (e.g. 30522)"
+        )
+    tokenizer = _untrained_bert_tokenizer(lowercase, model_max_length).train_new_from_iterator(
+        batches,
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        continuing_subword_prefix="##",
+        show_progress=show_progress,
+    )
+    if len(tokenizer) <= len(SPECIAL_TOKENS):
+        raise ValueError("the corpus gave the tokenizer trainer no text; pass a corpus with text")
+    if len(tokenizer) > vocab_size:
+        # The trainer always keeps every character of the corpus (and its ## form) even past vocab_size.
+        raise ValueError(
+            f"--vocab_size {vocab_size} is smaller than the {len(SPECIAL_TOKENS)} special tokens plus the "
+            f"{len(tokenizer) - len(SPECIAL_TOKENS)} single characters (and their ## forms) of this corpus; "
+            f"pass --vocab_size well above {len(tokenizer)} so that words can be learned"
+        )
+    check_special_token_ids(tokenizer)
+    return tokenizer
+
+
+def train_tokenizer(
+    documents: datasets.Dataset | datasets.IterableDataset,
+    *,
+    vocab_size: int = 30522,
+    min_frequency: int = 2,
+    lowercase: bool = True,
+    model_max_length: int = 512,
+    show_progress: bool = True,
+) -> BertTokenizer:
+    """Train a BERT WordPiece tokenizer on the paragraphs of ``documents`` (column ``paragraphs``).
+
+    Returns a fast `transformers.BertTokenizer` whose vocabulary holds `SPECIAL_TOKENS` at ids 0-4 and at
+    most ``vocab_size`` entries in all. ``lowercase`` also strips accents, as BERT's uncased models do.
+    Raises ValueError when ``vocab_size`` cannot hold the special tokens plus the corpus' characters.
+    """
+    return train_tokenizer_from_batches(
+        ParagraphBatches(documents, show_progress=show_progress),
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        lowercase=lowercase,
+        model_max_length=model_max_length,
+        show_progress=show_progress,
+    )
+
+
+@dataclass
+class TokenizerQuality:
+    """How a tokenizer splits a corpus."""
+
+    words: int
+    tokens: int
+    unknown_tokens: int
+
+    @property
+    def unk_rate(self) -> float:
+        """Fraction of tokens that are [UNK]."""
+        return self.unknown_tokens / max(self.tokens, 1)
+
+    @property
+    def tokens_per_word(self) -> float:
+        """Average WordPiece tokens per pre-tokenized word (punctuation marks count as words)."""
+        return self.tokens / max(self.words, 1)
+
+
+def measure_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, documents: datasets.Dataset | datasets.IterableDataset
+) -> TokenizerQuality:
+    """Count words, tokens and [UNK] tokens of ``tokenizer`` over the paragraphs of ``documents``."""
+    quality = TokenizerQuality(words=0, tokens=0, unknown_tokens=0)
+    for batch in ParagraphBatches(documents, show_progress=False):
+        for encoding in tokenizer.backend_tokenizer.encode_batch(batch, add_special_tokens=False):
+            quality.tokens += len(encoding.ids)
+            quality.unknown_tokens += encoding.ids.count(tokenizer.unk_token_id)
+            quality.words += len({word_id for word_id in encoding.word_ids if word_id is not None})
+    return quality
+
+
+def model_config_for_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, preset: str = "base", **overrides: object
+) -> HfBertConfig:
+    """The model config for ``tokenizer``: preset ``preset`` with the tokenizer's vocab size and pad id.
+
+    The one place a config is derived from a tokenizer. ``overrides`` may change any field, including
+    ``vocab_size`` (e.g. rounded up to a multiple of 8), as long as the tokenizer still fits.
+    """
+    from hfbert.configuration_hfbert import HfBertConfig
+
+    config_fields = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, **overrides}
+    config = HfBertConfig.from_preset(preset, **config_fields)
+    check_tokenizer_matches_config(tokenizer, config)
+    return config
+
+
+def check_tokenizer_matches_config(tokenizer: PreTrainedTokenizerBase, config: HfBertConfig) -> None:
+    """Raise ValueError when ``tokenizer`` produces ids the model of ``config`` cannot embed or pads wrongly."""
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model config's vocab_size is {config.vocab_size}; "
+            f"build the config with hfbert.tokenization.model_config_for_tokenizer (or vocab_size >= {len(tokenizer)})"
+        )
+    if tokenizer.pad_token_id != config.pad_token_id:
+        raise ValueError(
+            f"the tokenizer's pad_token_id {tokenizer.pad_token_id} differs from the model config's "
+            f"pad_token_id {config.pad_token_id}; build the config with "
+            f"hfbert.tokenization.model_config_for_tokenizer (or pad_token_id={tokenizer.pad_token_id})"
+        )
+
+
+def _is_saved_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in _TOKENIZER_FILES)
+
+
+def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) -> None:
+    """Refuse a non-empty ``output_dir`` that is not a saved tokenizer unless ``overwrite_output_dir``."""
+    folder = Path(output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--output_dir {folder} is a file; pass a folder path")
+    if (
+        folder.is_dir()
+        and any(folder.iterdir())
+        and not _is_saved_tokenizer(folder)
+        and not overwrite_output_dir
+    ):
+        raise ValueError(
+            f"--output_dir {folder} is not empty and holds no tokenizer; pass an empty or new folder, "
+            "or --overwrite_output_dir to write the tokenizer files into it"
+        )
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike) -> None:
+    """``save_pretrained`` into a temp folder beside ``output_dir``, then move the files into place.
+
+    A crash never leaves a half-written tokenizer: a new folder appears whole (one rename); into an
+    existing folder each file is replaced whole (os.replace) and other files are kept.
+    """
+    folder = Path(output_dir)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Not tempfile.mkdtemp: its 0700 mode would become the output folder's mode.
+    staging = folder.parent / f".{folder.name}.tmp-{secrets.token_hex(4)}"
+    staging.mkdir()
+    try:
+        tokenizer.save_pretrained(staging)
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        if not folder.exists():
+            os.replace(staging, folder)
+            return
+        for saved in staging.iterdir():
+            os.replace(saved, folder / saved.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@dataclass
+class TokenizerTrainingArguments:
+    """Tokenizer training options (command-line flags of train_tokenizer.py)."""
+
+    output_dir: str = field(
+        metadata={"help": "Folder to save the tokenizer in (AutoTokenizer.from_pretrained loads it)."}
+    )
+    vocab_size: int = field(default=30522, metadata={"help": "Vocabulary size, special tokens included."})
+    min_frequency: int = field(
+        default=2, metadata={"help": "Minimum count for a merge to enter the vocabulary."}
+    )
+    lowercase: bool = field(
+        default=True,
+        metadata={"help": "Lower-case and strip accents (uncased BERT); --no_lowercase keeps case."},
+    )
+    model_max_length: int = field(
+        default=512,
+        metadata={"help": "Longest sequence the model will take, saved as tokenizer.model_max_length."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Write into a non-empty --output_dir that does not hold a tokenizer (its files are kept)."
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: train a tokenizer on a corpus, save it, print a summary."""
+    parser = HfArgumentParser((CorpusArguments, TokenizerTrainingArguments))
+    corpus_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
+    documents = load_documents(corpus_args)
+
+    started = time.perf_counter()
+    batches = ParagraphBatches(documents["train"])
+    tokenizer = train_tokenizer_from_batches(
+        batches,
+        vocab_size=training_args.vocab_size,
+        min_frequency=training_args.min_frequency,
+        lowercase=training_args.lowercase,
+        model_max_length=training_args.model_max_length,
+    )
+    seconds = time.perf_counter() - started
+    save_tokenizer(tokenizer, training_args.output_dir)
+
+    megabytes = batches.bytes_read / 1e6
+    lines = [
+        f"Saved tokenizer to {training_args.output_dir}",
+        f"  vocabulary size:  {len(tokenizer)}",
+        f"  training time:    {seconds:.2f} s on {megabytes:.1f} MB ({megabytes / seconds:.1f} MB/s)",
+    ]
+    if "validation" in documents:
+        quality = measure_tokenizer(tokenizer, documents["validation"])
+        lines += [
+            f"  validation [UNK]: {quality.unk_rate:.4%} of {quality.tokens} tokens",
+            f"  tokens per word:  {quality.tokens_per_word:.3f}",
+        ]
+    else:
+        lines.append("  no validation split: pass --validation_file for [UNK] rate and tokens per word")
+    print("\n".join(lines))

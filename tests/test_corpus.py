@@ -1,0 +1,292 @@
+"""hfbert.corpus: every source gives cleaned documents; bad input gives one clear CorpusError."""
+
+import csv
+import json
+import shutil
+import time
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from transformers import HfArgumentParser
+
+import hfbert.corpus
+from hfbert.corpus import (
+    SHIPPED_SAMPLE_DIR,
+    SHIPPED_SAMPLE_FILES,
+    CorpusArguments,
+    CorpusError,
+    clean_wikitext_line,
+    is_wikitext_article_heading,
+    iter_documents,
+    load_documents,
+    resolve_document_boundary,
+)
+
+HUB_CONFIG = "wikitext-2-raw-v1"
+# The README front matter of the Hub's Salesforce/wikitext repo, reduced to one configuration.
+HUB_README = f"""---
+configs:
+- config_name: {HUB_CONFIG}
+  data_files:
+  - split: train
+    path: {HUB_CONFIG}/train-*
+  - split: validation
+    path: {HUB_CONFIG}/validation-*
+  - split: test
+    path: {HUB_CONFIG}/test-*
+---
+"""
+
+
+def paragraphs_of(documents) -> list[list[str]]:
+    return [document["paragraphs"] for document in documents]
+
+
+def sample_lines(split: str) -> list[str]:
+    return (SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES[split]).read_text(encoding="utf-8").splitlines()
+
+
+def test_shipped_sample_is_cleaned_articles(sample_documents):
+    assert set(sample_documents) == {"train", "validation"}
+    assert sample_documents["train"].column_names == ["paragraphs"]
+    assert (len(sample_documents["train"]), len(sample_documents["validation"])) == (33, 6)
+    first = sample_documents["train"][0]["paragraphs"]
+    assert first[0].startswith("Robert Boulter is an English film , television and theatre actor .")
+    assert "guest-starring role" in first[0]  # " @-@ " restored
+    for document in sample_documents["train"]:
+        for paragraph in document["paragraphs"]:
+            assert paragraph == paragraph.strip() and paragraph
+            assert not paragraph.startswith("= ")
+            assert "@-@" not in paragraph and "@,@" not in paragraph and "@.@" not in paragraph
+
+
+@pytest.mark.parametrize(
+    ("line", "paragraph", "starts_article"),
+    [
+        (" = Robert Boulter = ", "", True),
+        (" = = Career = = ", "", False),
+        (" = = = 2000 – 2005 = = = ", "", False),
+        (" ", "", False),
+        ("", "", False),
+        (
+            " a guest @-@ starring role in 1 @,@ 000 films , 2 @.@ 5 hours . ",
+            "a guest-starring role in 1,000 films , 2.5 hours .",
+            False,
+        ),
+        (" x = y is an equation = ", "x = y is an equation =", False),
+    ],
+)
+def test_wikitext_line_rules(line, paragraph, starts_article):
+    assert clean_wikitext_line(line) == paragraph
+    assert is_wikitext_article_heading(line) == starts_article
+
+
+@pytest.mark.parametrize(
+    ("arguments", "boundary"),
+    [
+        (CorpusArguments(), "heading"),
+        (CorpusArguments(dataset_name="Salesforce/wikitext", dataset_config_name=HUB_CONFIG), "heading"),
+        (CorpusArguments(dataset_name="someone/books"), "row"),
+        (CorpusArguments(train_file="wiki.train.raw"), "heading"),
+        (CorpusArguments(train_file="books.txt"), "blank_line"),
+        (CorpusArguments(train_file="books"), "blank_line"),
+        (CorpusArguments(train_file="rows.parquet"), "row"),
+        (CorpusArguments(train_file="rows.jsonl"), "row"),
+        (CorpusArguments(train_file="rows.csv"), "row"),
+        (CorpusArguments(train_file="books.txt", document_boundary="row"), "row"),
+    ],
+)
+def test_document_boundary_defaults(arguments, boundary):
+    assert resolve_document_boundary(arguments) == boundary
+
+
+def test_grouping_does_not_depend_on_read_batches(monkeypatch):
+    rows = datasets.Dataset.from_dict({"text": sample_lines("train")})
+    whole = list(iter_documents(rows, "text", "heading"))
+    monkeypatch.setattr(hfbert.corpus, "_ROWS_PER_READ", 7)
+    assert list(iter_documents(rows, "text", "heading")) == whole
+    assert len(whole) == 33
+
+
+def test_second_load_reads_the_cache(sample_documents, monkeypatch):
+    yielded = []
+    regroup = hfbert.corpus.iter_documents
+
+    def counting_iter_documents(*args, **kwargs):
+        for document in regroup(*args, **kwargs):
+            yielded.append(document)
+            yield document
+
+    monkeypatch.setattr(hfbert.corpus, "iter_documents", counting_iter_documents)
+    again = load_documents(CorpusArguments())
+    assert len(yielded) == 2  # only the emptiness check's first document of each split, no regrouping
+    assert again["train"]._fingerprint == sample_documents["train"]._fingerprint
+    assert paragraphs_of(again["train"]) == paragraphs_of(sample_documents["train"])
+
+
+def test_streaming_gives_the_same_documents(sample_documents):
+    streamed = load_documents(CorpusArguments(streaming=True))
+    assert isinstance(streamed, datasets.IterableDatasetDict)
+    for split in ("train", "validation"):
+        assert paragraphs_of(streamed[split]) == paragraphs_of(sample_documents[split])
+
+
+def test_local_raw_files_match_the_shipped_sample(tmp_path, sample_documents):
+    for name in SHIPPED_SAMPLE_FILES.values():
+        shutil.copy(SHIPPED_SAMPLE_DIR / name, tmp_path / name)
+    documents = load_documents(
+        CorpusArguments(
+            train_file=str(tmp_path / "wiki.train.raw"), validation_file=str(tmp_path / "wiki.valid.raw")
+        )
+    )
+    for split in ("train", "validation"):
+        assert paragraphs_of(documents[split]) == paragraphs_of(sample_documents[split])
+
+
+def test_local_text_file_splits_documents_at_blank_lines(tmp_path):
+    path = tmp_path / "books.txt"
+    path.write_text(
+        "First line of book one.\n  Second line @-@ kept as is.  \n\n\nBook two.\n\n", encoding="utf-8"
+    )
+    documents = load_documents(CorpusArguments(train_file=str(path)))
+    assert list(documents) == ["train"]
+    assert paragraphs_of(documents["train"]) == [
+        ["First line of book one.", "Second line @-@ kept as is."],
+        ["Book two."],
+    ]
+
+
+ROW_TEXTS = ["Title one\n\nFirst paragraph.\nSecond paragraph.\n", "  \n", "Only paragraph of two."]
+ROW_DOCUMENTS = [["Title one", "First paragraph.", "Second paragraph."], ["Only paragraph of two."]]
+
+
+def write_rows(path, column: str, texts: list[str]) -> None:
+    if path.suffix == ".parquet":
+        pq.write_table(pa.table({column: texts, "id": list(range(len(texts)))}), path)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({column: text, "id": i}) + "\n" for i, text in enumerate(texts)))
+    else:
+        with path.open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow([column, "id"])
+            writer.writerows([text, i] for i, text in enumerate(texts))
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl", ".csv"])
+def test_local_structured_files_give_one_document_per_row(tmp_path, suffix):
+    train, validation = tmp_path / f"train{suffix}", tmp_path / f"validation{suffix}"
+    write_rows(train, "body", ROW_TEXTS)
+    write_rows(validation, "body", ROW_TEXTS[:1])
+    documents = load_documents(
+        CorpusArguments(train_file=str(train), validation_file=str(validation), text_column="body")
+    )
+    assert paragraphs_of(documents["train"]) == ROW_DOCUMENTS
+    assert paragraphs_of(documents["validation"]) == ROW_DOCUMENTS[:1]
+
+
+def hub_rows(lines: list[str]) -> list[str]:
+    """The Hub copy's layout: rows end with a newline; blank rows ("" or " ") between paragraphs."""
+    rows = [""]
+    for index, line in enumerate(lines):
+        rows += [line + "\n", " \n" if index % 2 else ""]
+    return rows
+
+
+@pytest.fixture
+def hub_layout_folder(tmp_path):
+    """A local folder laid out like the Hub's Salesforce/wikitext repo, holding the shipped sample."""
+    folder = tmp_path / "wikitext"
+    (folder / HUB_CONFIG).mkdir(parents=True)
+    (folder / "README.md").write_text(HUB_README, encoding="utf-8")
+    for split, source in (("train", "train"), ("validation", "validation"), ("test", "validation")):
+        table = pa.table({"text": hub_rows(sample_lines(source))})
+        pq.write_table(table, folder / HUB_CONFIG / f"{split}-00000-of-00001.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_layout_folder_matches_the_shipped_sample(hub_layout_folder, sample_documents, streaming):
+    arguments = CorpusArguments(
+        dataset_name=str(hub_layout_folder), dataset_config_name=HUB_CONFIG, streaming=streaming
+    )
+    documents = load_documents(arguments)
+    assert set(documents) == {"train", "validation"}  # the test split is not used
+    for split in ("train", "validation"):
+        assert paragraphs_of(documents[split]) == paragraphs_of(sample_documents[split])
+
+
+def test_corpus_flags_parse():
+    (arguments,) = HfArgumentParser(CorpusArguments).parse_args_into_dataclasses(
+        ["--dataset_name", "Salesforce/wikitext", "--dataset_config_name", HUB_CONFIG, "--streaming"]
+    )
+    assert arguments == CorpusArguments(
+        dataset_name="Salesforce/wikitext", dataset_config_name=HUB_CONFIG, streaming=True
+    )
+
+
+def test_offline_hub_id_is_one_quick_error():
+    started = time.perf_counter()
+    with pytest.raises(CorpusError, match=r"Salesforce/wikitext.*--train_file/--validation_file"):
+        load_documents(CorpusArguments(dataset_name="Salesforce/wikitext", dataset_config_name=HUB_CONFIG))
+    assert time.perf_counter() - started < 5
+
+
+def test_unreachable_hub_is_one_quick_error(monkeypatch):
+    class UnreachableHub:
+        def dataset_info(self, repo_id, timeout=None):
+            raise OSError("[Errno -2] Name or service not known")
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("load_dataset would retry for ~25 s against an unreachable Hub")
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hfbert.corpus, "HfApi", UnreachableHub)
+    monkeypatch.setattr(datasets, "load_dataset", must_not_load)
+    with pytest.raises(
+        CorpusError, match=r"cannot reach the Hugging Face Hub.*--train_file/--validation_file"
+    ):
+        load_documents(CorpusArguments(dataset_name="Salesforce/wikitext", dataset_config_name=HUB_CONFIG))
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(CorpusError, match=r"--train_file .*missing\.raw does not exist"):
+        load_documents(CorpusArguments(train_file=str(tmp_path / "missing.raw")))
+
+
+@pytest.mark.parametrize("text", ["", "\n \n\n", " = Title = \n = = Section = = \n \n"])
+def test_empty_corpus_is_a_clear_error(tmp_path, text):
+    path = tmp_path / "empty.raw"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"empty\.raw (is empty|has no text in its train split)"):
+        load_documents(CorpusArguments(train_file=str(path)))
+
+
+def test_validation_file_without_text_is_reported(tmp_path):
+    train = tmp_path / "train.raw"
+    shutil.copy(SHIPPED_SAMPLE_DIR / "wiki.train.raw", train)
+    validation = tmp_path / "valid.raw"
+    validation.write_text(" \n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"has no text in its validation split"):
+        load_documents(CorpusArguments(train_file=str(train), validation_file=str(validation)))
+
+
+def test_missing_text_column_is_a_clear_error(tmp_path):
+    path = tmp_path / "rows.parquet"
+    write_rows(path, "body", ROW_TEXTS)
+    with pytest.raises(CorpusError, match=r"--text_column text is not a column .*'body'"):
+        load_documents(CorpusArguments(train_file=str(path)))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"dataset_name": "Salesforce/wikitext", "train_file": "a.txt"}, "pass only one of them"),
+        ({"validation_file": "b.txt"}, "without --train_file"),
+        ({"dataset_config_name": HUB_CONFIG}, "without --dataset_name"),
+    ],
+)
+def test_contradictory_flags_are_a_clear_error(fields, message):
+    with pytest.raises(CorpusError, match=message):
+        CorpusArguments(**fields)

@@ -1,0 +1,6 @@
+"""Train a BERT WordPiece tokenizer: `python train_tokenizer.py --help`."""
+
+from hfbert.tokenization import main
+
+if __name__ == "__main__":
+    main()
