@@ -1,0 +1,294 @@
+"""Documents -> tokenized sentences -> BERT sentence-pair (NSP) instances.
+
+The instance builder follows google-research/bert's ``create_instances_from_document``
+(create_pretraining_data.py): fill a chunk of whole sentences up to a target length, split it into A and B at a
+random sentence boundary, replace B by a span of another document half of the time, and trim the longer side.
+Instances are neither padded nor masked; :mod:`hfbert.collator` does both per batch.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset, Features, List, Value
+from datasets.fingerprint import Hasher
+from transformers import PreTrainedTokenizerBase
+
+# NLTK/punkt is not in the dependency stack; a regex is enough to find NSP segment boundaries.
+# A boundary is whitespace after . ! ? (optionally followed by a closing quote or bracket) and before an
+# uppercase letter or digit (optionally after an opening quote or bracket). It covers WikiText's
+# space-tokenised text ("release . It was") and ordinary text ("release. It was"), and skips initials
+# ("J. R. Tolkien") and a few titles ("Mr. Smith").
+_SENTENCE_BOUNDARY = re.compile(
+    r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))"
+    r"(?<!\b[A-Z]\.)(?<!\b(?:Mr|Ms|Dr|St|Jr|Sr)\.)(?<!\bMrs\.)"
+    r"\s+"
+    r"(?=[\"'(\[]?[A-Z0-9])"
+)
+
+TOKENIZED_FEATURES = Features({"sentences": List(List(Value("int32")))})
+INSTANCE_FEATURES = Features(
+    {
+        "input_ids": List(Value("int32")),
+        "token_type_ids": List(Value("int8")),
+        "next_sentence_label": Value("int8"),
+    }
+)
+
+# datasets hashes module-level functions by qualified name, not by code, so without this an edited hfbert
+# would silently reuse caches built by the old code. It is passed to every map below as part of the cache key.
+_SOURCE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Split a paragraph into sentences with a small regex (see ``_SENTENCE_BOUNDARY``).
+
+    Works on WikiText's space-tokenised paragraphs as well as on ordinary prose. Empty pieces are dropped.
+    """
+    return [sentence for sentence in (s.strip() for s in _SENTENCE_BOUNDARY.split(paragraph)) if sentence]
+
+
+def tokenize_documents(
+    documents: Dataset, tokenizer: PreTrainedTokenizerBase, num_proc: int | None = None
+) -> Dataset:
+    """Split every paragraph into sentences and tokenize them (no special tokens).
+
+    Args:
+        documents: dataset with a ``"paragraphs"`` column (``list[str]`` per document), as returned by
+            :func:`hfbert.corpus.load_documents`.
+        tokenizer: a fast tokenizer; sentences are tokenized in batches.
+        num_proc: worker processes for ``datasets.map``.
+
+    Returns:
+        A dataset with one column ``"sentences"``: ``list[list[int]]`` per document, one list of token ids per
+        sentence. Sentences that tokenize to nothing and documents left without sentences are dropped.
+        Cached by the datasets fingerprint when ``documents`` is backed by cache files.
+    """
+    if "paragraphs" not in documents.column_names:
+        raise ValueError(
+            f"tokenize_documents expects a 'paragraphs' column, got columns {documents.column_names}; "
+            "pass the output of hfbert.corpus.load_documents"
+        )
+    return documents.map(
+        _tokenize_batch,
+        batched=True,
+        num_proc=num_proc,
+        remove_columns=documents.column_names,
+        features=TOKENIZED_FEATURES,
+        fn_kwargs={"tokenizer": tokenizer, "source_fingerprint": _SOURCE_FINGERPRINT},
+        desc="Tokenizing sentences",
+    )
+
+
+def _tokenize_batch(
+    batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, source_fingerprint: str
+) -> dict[str, list]:
+    del source_fingerprint  # only part of the datasets cache key
+    sentences_per_document = [
+        [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
+        for paragraphs in batch["paragraphs"]
+    ]
+    flat_sentences = [sentence for sentences in sentences_per_document for sentence in sentences]
+    # The tokenizer rejects an empty list, which a batch of empty documents would give.
+    flat_ids = (
+        tokenizer(
+            flat_sentences, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
+        )["input_ids"]
+        if flat_sentences
+        else []
+    )
+    tokenized_documents = []
+    start = 0
+    for sentences in sentences_per_document:
+        document = [ids for ids in flat_ids[start : start + len(sentences)] if ids]
+        start += len(sentences)
+        if document:
+            tokenized_documents.append(document)
+    return {"sentences": tokenized_documents}
+
+
+def build_nsp_instances(
+    tokenized: Dataset,
+    *,
+    cls_token_id: int,
+    sep_token_id: int,
+    max_seq_length: int,
+    short_seq_prob: float = 0.1,
+    seed: int = 42,
+    pass_index: int = 0,
+    num_proc: int | None = None,
+) -> Dataset:
+    """Build ``[CLS] A [SEP] B [SEP]`` next-sentence-prediction instances from tokenized documents.
+
+    Follows google-research/bert's ``create_instances_from_document``: per document a target length of
+    ``max_seq_length - 3`` (with probability ``short_seq_prob`` a random one in ``[2, max_seq_length - 3]``),
+    whole sentences accumulated into a chunk up to that target, A/B split at a random sentence boundary, B
+    replaced by a span of a different document with probability 0.5 (always when the chunk is one sentence),
+    and the longer side trimmed from the front or back at random until the pair fits.
+
+    The random stream is seeded per ``(seed, pass_index, document index)``, so the result does not depend on
+    ``num_proc`` or the batch size, and another ``pass_index`` gives fresh pairings (google's ``dupe_factor``,
+    or one pass per epoch).
+
+    Args:
+        tokenized: output of :func:`tokenize_documents` (column ``"sentences"``).
+        cls_token_id: id of ``[CLS]``.
+        sep_token_id: id of ``[SEP]``.
+        max_seq_length: maximum instance length including the three special tokens.
+        short_seq_prob: probability that a document uses a shorter random target length.
+        seed: base seed.
+        pass_index: which pass over the corpus this is.
+        num_proc: worker processes for ``datasets.map``.
+
+    Returns:
+        Dataset with ``input_ids``, ``token_type_ids`` (0 for ``[CLS] A [SEP]``, 1 for ``B [SEP]``) and
+        ``next_sentence_label`` (0 = B really follows A, 1 = B comes from another document). Not padded, not
+        masked. Cached by the datasets fingerprint when ``tokenized`` is backed by cache files.
+    """
+    if max_seq_length < 5:
+        raise ValueError(
+            f"max_seq_length {max_seq_length} leaves no room for two segments besides [CLS] [SEP] [SEP]; "
+            "pass max_seq_length >= 5"
+        )
+    if not 0.0 <= short_seq_prob <= 1.0:
+        raise ValueError(f"short_seq_prob {short_seq_prob} is not a probability; pass a value in [0, 1]")
+    if len(tokenized) < 2:
+        raise ValueError(
+            f"Next-sentence prediction needs at least 2 documents to draw random next segments from, but the "
+            f"corpus has {len(tokenized)} non-empty document(s); use a larger corpus or check the "
+            "document boundary setting (--document_boundary)"
+        )
+    return tokenized.map(
+        _build_instances_batch,
+        batched=True,
+        with_indices=True,
+        num_proc=num_proc,
+        remove_columns=tokenized.column_names,
+        features=INSTANCE_FEATURES,
+        fn_kwargs={
+            # Arrow rows let a random span be read sentence by sentence instead of converting whole documents.
+            "all_documents": tokenized.with_format("arrow"),
+            "cls_token_id": cls_token_id,
+            "sep_token_id": sep_token_id,
+            "max_num_tokens": max_seq_length - 3,
+            "short_seq_prob": short_seq_prob,
+            "seed": seed,
+            "pass_index": pass_index,
+            "source_fingerprint": _SOURCE_FINGERPRINT,
+        },
+        desc=f"Building NSP instances (pass {pass_index})",
+    )
+
+
+def _build_instances_batch(
+    batch: dict[str, list],
+    indices: list[int],
+    *,
+    all_documents: Dataset,
+    cls_token_id: int,
+    sep_token_id: int,
+    max_num_tokens: int,
+    short_seq_prob: float,
+    seed: int,
+    pass_index: int,
+    source_fingerprint: str,
+) -> dict[str, list]:
+    del source_fingerprint  # only part of the datasets cache key
+    output: dict[str, list[Any]] = {name: [] for name in INSTANCE_FEATURES}
+    for document, document_index in zip(batch["sentences"], indices, strict=True):
+        # A string seed is hashed with SHA-512 by random.Random, so it is stable across processes and runs.
+        rng = random.Random(f"{seed}-{pass_index}-{document_index}")
+        for tokens_a, tokens_b, is_random_next in _create_pairs_from_document(
+            document, document_index, all_documents, max_num_tokens, short_seq_prob, rng
+        ):
+            output["input_ids"].append([cls_token_id, *tokens_a, sep_token_id, *tokens_b, sep_token_id])
+            output["token_type_ids"].append([0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1))
+            output["next_sentence_label"].append(int(is_random_next))
+    return output
+
+
+def _create_pairs_from_document(
+    document: list[list[int]],
+    document_index: int,
+    all_documents: Dataset,
+    max_num_tokens: int,
+    short_seq_prob: float,
+    rng: random.Random,
+) -> list[tuple[list[int], list[int], bool]]:
+    """google-research/bert ``create_instances_from_document``, returning (A, B, is_random_next) triples."""
+    target_seq_length = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target_seq_length = rng.randint(2, max_num_tokens)
+
+    pairs = []
+    current_chunk: list[list[int]] = []
+    current_length = 0
+    i = 0
+    while i < len(document):
+        segment = document[i]
+        current_chunk.append(segment)
+        current_length += len(segment)
+        if i == len(document) - 1 or current_length >= target_seq_length:
+            # How many sentences of the chunk go into A.
+            a_end = rng.randint(1, len(current_chunk) - 1) if len(current_chunk) >= 2 else 1
+            tokens_a = [token for sentence in current_chunk[:a_end] for token in sentence]
+            is_random_next = len(current_chunk) == 1 or rng.random() < 0.5
+            if is_random_next:
+                target_b_length = target_seq_length - len(tokens_a)
+                random_index = _other_document_index(document_index, len(all_documents), rng)
+                random_document = all_documents[random_index]["sentences"][0]
+                tokens_b = []
+                for j in range(rng.randint(0, len(random_document) - 1), len(random_document)):
+                    tokens_b.extend(random_document[j].as_py())
+                    if len(tokens_b) >= target_b_length:
+                        break
+                # The chunk's unused sentences go back to the document for the next instance.
+                i -= len(current_chunk) - a_end
+            else:
+                tokens_b = [token for sentence in current_chunk[a_end:] for token in sentence]
+            _truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+            pairs.append((tokens_a, tokens_b, is_random_next))
+            current_chunk = []
+            current_length = 0
+        i += 1
+    return pairs
+
+
+def _other_document_index(document_index: int, num_documents: int, rng: random.Random) -> int:
+    # google retries randint up to 10 times and may still return the same document; drawing uniformly among
+    # the other documents gives the distribution it aims for and never the same one.
+    other_index = rng.randint(0, num_documents - 2)
+    return other_index + 1 if other_index >= document_index else other_index
+
+
+def _truncate_seq_pair(
+    tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
+) -> None:
+    """Trim the longer list, from the front or the back at random, until both fit into max_num_tokens."""
+    while len(tokens_a) + len(tokens_b) > max_num_tokens:
+        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def padding_fraction(lengths: list[int], batch_size: int, pad_to_multiple_of: int | None = None) -> float:
+    """Fraction of padded positions when ``lengths`` are batched in order and padded per batch.
+
+    Each batch of ``batch_size`` consecutive rows is padded to its longest row, rounded up to
+    ``pad_to_multiple_of`` when given (what :class:`hfbert.collator.DataCollatorForPretraining` does).
+    Shuffle ``lengths`` first to measure a shuffled loader.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size {batch_size} must be >= 1")
+    multiple = pad_to_multiple_of or 1
+    padded_positions = 0
+    for start in range(0, len(lengths), batch_size):
+        batch_lengths = lengths[start : start + batch_size]
+        padded_length = -(-max(batch_lengths) // multiple) * multiple
+        padded_positions += padded_length * len(batch_lengths)
+    return 1.0 - sum(lengths) / padded_positions if padded_positions else 0.0

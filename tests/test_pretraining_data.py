@@ -1,0 +1,222 @@
+from collections import defaultdict
+
+import pytest
+from datasets import Dataset, load_from_disk
+
+import hfbert.pretraining_data as pretraining_data
+from hfbert.pretraining_data import build_nsp_instances, padding_fraction, split_sentences, tokenize_documents
+
+MAX_SEQ_LENGTH = 128
+
+
+@pytest.fixture(scope="module")
+def train_documents(sample_documents, tmp_path_factory):
+    """The sample's train documents, file-backed under tmp so every cache file of these tests lands there."""
+    path = tmp_path_factory.mktemp("documents")
+    sample_documents["train"].save_to_disk(path)
+    return load_from_disk(path)
+
+
+@pytest.fixture(scope="module")
+def tokenized(train_documents, sample_tokenizer):
+    return tokenize_documents(train_documents, sample_tokenizer)
+
+
+def build(tokenized, tokenizer, **kwargs):
+    return build_nsp_instances(
+        tokenized,
+        cls_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+        max_seq_length=kwargs.pop("max_seq_length", MAX_SEQ_LENGTH),
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def instances(tokenized, sample_tokenizer):
+    return build(tokenized, sample_tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("paragraph", "expected"),
+    [
+        # WikiText: punctuation is space-separated.
+        ("The game 's release . It was good ! Why ?", ["The game 's release .", "It was good !", "Why ?"]),
+        ("He went home. Then he slept.", ["He went home.", "Then he slept."]),
+        ('She said "Go." Then she left.', ['She said "Go."', "Then she left."]),
+        ("It ended in 1937 . 1938 was calm .", ["It ended in 1937 .", "1938 was calm ."]),
+        # Initials, titles and lowercase continuations are not boundaries.
+        ("J. R. R. Tolkien met Mr. Smith . He left", ["J. R. R. Tolkien met Mr. Smith .", "He left"]),
+        ("Apples, pears, etc. and more.", ["Apples, pears, etc. and more."]),
+        ("   ", []),
+    ],
+)
+def test_split_sentences(paragraph, expected):
+    assert split_sentences(paragraph) == expected
+
+
+def test_tokenize_documents_splits_sentences_and_drops_empty(sample_tokenizer):
+    documents = Dataset.from_dict(
+        {"paragraphs": [["The cat sat . It slept .", "A dog barked ."], [], ["   "], ["Rain fell ."]]}
+    )
+    tokenized = tokenize_documents(documents, sample_tokenizer)
+    assert tokenized.column_names == ["sentences"]
+    assert len(tokenized) == 2
+    expected = [
+        sample_tokenizer(sentence, add_special_tokens=False)["input_ids"]
+        for sentence in ["The cat sat .", "It slept .", "A dog barked ."]
+    ]
+    assert tokenized[0]["sentences"] == expected
+
+
+def test_tokenize_documents_needs_paragraphs(sample_tokenizer):
+    with pytest.raises(ValueError, match="'paragraphs' column"):
+        tokenize_documents(Dataset.from_dict({"text": ["a"]}), sample_tokenizer)
+
+
+def test_tokenized_sample_has_no_special_tokens(tokenized, sample_tokenizer):
+    special_ids = set(sample_tokenizer.all_special_ids) - {sample_tokenizer.unk_token_id}
+    sentences = [sentence for document in tokenized["sentences"] for sentence in document]
+    assert len(sentences) > 1000
+    assert all(sentence and not special_ids.intersection(sentence) for sentence in sentences)
+
+
+def test_instance_layout(instances, sample_tokenizer):
+    cls_id, sep_id = sample_tokenizer.cls_token_id, sample_tokenizer.sep_token_id
+    assert len(instances) > 1000
+    lengths = []
+    for row in instances:
+        input_ids, token_type_ids = row["input_ids"], row["token_type_ids"]
+        lengths.append(len(input_ids))
+        assert len(input_ids) <= MAX_SEQ_LENGTH
+        assert len(token_type_ids) == len(input_ids)
+        sep_positions = [i for i, token in enumerate(input_ids) if token == sep_id]
+        assert input_ids[0] == cls_id and cls_id not in input_ids[1:]
+        assert len(sep_positions) == 2 and sep_positions[1] == len(input_ids) - 1
+        first_sep = sep_positions[0]
+        assert first_sep >= 2 and first_sep <= len(input_ids) - 3  # A and B are both non-empty
+        assert token_type_ids == [0] * (first_sep + 1) + [1] * (len(input_ids) - first_sep - 1)
+        assert row["next_sentence_label"] in (0, 1)
+    # Chunks are filled up to the target length, so most instances are (nearly) full.
+    assert sum(lengths) / len(lengths) > 0.85 * MAX_SEQ_LENGTH
+
+
+def _token_string(ids):
+    return "," + ",".join(map(str, ids)) + ","
+
+
+MIN_IDENTIFYING_TOKENS = 8
+
+
+def test_segment_b_source(instances, tokenized, sample_tokenizer):
+    """Label 0: B follows A in the same document. Label 1: B comes from a different document."""
+    token_streams = [[t for sentence in doc for t in sentence] for doc in tokenized["sentences"]]
+    documents = [_token_string(stream) for stream in token_streams]
+    # Which documents hold each 8-gram, to find a segment's document without scanning all of them.
+    documents_by_ngram = defaultdict(set)
+    for index, stream in enumerate(token_streams):
+        for start in range(len(stream) - MIN_IDENTIFYING_TOKENS + 1):
+            documents_by_ngram[tuple(stream[start : start + MIN_IDENTIFYING_TOKENS])].add(index)
+
+    def documents_containing(segment):
+        candidates = documents_by_ngram[tuple(segment[:MIN_IDENTIFYING_TOKENS])]
+        return {index for index in candidates if _token_string(segment) in documents[index]}
+
+    sep_id = sample_tokenizer.sep_token_id
+    checked = {0: 0, 1: 0}
+    for row in instances:
+        input_ids = row["input_ids"]
+        first_sep = input_ids.index(sep_id)
+        tokens_a, tokens_b = input_ids[1:first_sep], input_ids[first_sep + 1 : -1]
+        # Short segments can occur in several documents; long ones identify their document.
+        if min(len(tokens_a), len(tokens_b)) < MIN_IDENTIFYING_TOKENS:
+            continue
+        a_documents, b_documents = documents_containing(tokens_a), documents_containing(tokens_b)
+        assert len(a_documents) == 1 and b_documents
+        if row["next_sentence_label"] == 0:
+            (document_index,) = a_documents
+            assert document_index in b_documents
+            doc, a_string = documents[document_index], _token_string(tokens_a)
+            a_end = doc.index(a_string) + len(a_string) - 1
+            assert _token_string(tokens_b) in doc[a_end:]
+        else:
+            assert not a_documents & b_documents
+        checked[row["next_sentence_label"]] += 1
+    assert min(checked.values()) > 300
+
+
+def test_label_balance(tokenized, sample_tokenizer):
+    """With full-length targets, each multi-sentence chunk is a fair coin; single-sentence chunks are always
+    random, which adds a few points. ~2000 instances: binomial sd ~0.011, so +-0.05 cannot flake."""
+    labels = build(tokenized, sample_tokenizer, short_seq_prob=0.0)["next_sentence_label"]
+    assert len(labels) > 1500
+    assert abs(sum(labels) / len(labels) - 0.5) < 0.05
+
+
+def test_short_seq_prob_draws_shorter_targets(tokenized, sample_tokenizer):
+    """Targets drawn in [2, 125] instead of 125: chunks still end on a sentence boundary past the target, so
+    the instances get only moderately shorter (106 vs 127 tokens on the sample), and more numerous."""
+    full = build(tokenized, sample_tokenizer, short_seq_prob=0.0)
+    short = build(tokenized, sample_tokenizer, short_seq_prob=1.0)
+
+    def mean_length(dataset):
+        return sum(map(len, dataset["input_ids"])) / len(dataset)
+
+    assert mean_length(short) < 0.9 * mean_length(full)
+    assert len(short) > len(full)
+
+
+def test_reproducible_and_independent_of_num_proc(tokenized, sample_tokenizer):
+    # In memory, so nothing comes from a cache and both runs really compute.
+    in_memory = Dataset.from_dict(tokenized.to_dict(), features=tokenized.features)
+    one = build(in_memory, sample_tokenizer, num_proc=1)
+    two = build(in_memory, sample_tokenizer, num_proc=2)
+    assert one.to_dict() == two.to_dict()
+    other_pass = build(in_memory, sample_tokenizer, num_proc=1, pass_index=1)
+    assert other_pass["input_ids"] != one["input_ids"]
+
+
+def fail(*args, **kwargs):
+    raise RuntimeError("rebuilt instead of loading from cache")
+
+
+def test_second_tokenize_comes_from_cache(train_documents, tokenized, sample_tokenizer, monkeypatch):
+    assert tokenized.cache_files
+    monkeypatch.setattr(pretraining_data, "split_sentences", fail)
+    again = tokenize_documents(train_documents, sample_tokenizer)
+    assert again.cache_files == tokenized.cache_files
+
+
+def test_second_build_comes_from_cache(tokenized, sample_tokenizer, monkeypatch):
+    first = build(tokenized, sample_tokenizer, seed=7)
+    assert first.cache_files
+
+    monkeypatch.setattr(pretraining_data, "_create_pairs_from_document", fail)
+    second = build(tokenized, sample_tokenizer, seed=7)
+    assert second.cache_files == first.cache_files
+    assert second["input_ids"] == first["input_ids"]
+    # Other parameters are a different cache key.
+    with pytest.raises(RuntimeError, match="rebuilt"):
+        build(tokenized, sample_tokenizer, seed=7, pass_index=1)
+
+
+def test_fewer_than_two_documents_is_an_error():
+    single = Dataset.from_dict({"sentences": [[[5, 6, 7], [8, 9]]]})
+    with pytest.raises(ValueError, match="at least 2 documents"):
+        build_nsp_instances(single, cls_token_id=2, sep_token_id=3, max_seq_length=16)
+
+
+def test_max_seq_length_too_small_is_an_error(tokenized):
+    with pytest.raises(ValueError, match="max_seq_length 4"):
+        build_nsp_instances(tokenized, cls_token_id=2, sep_token_id=3, max_seq_length=4)
+
+
+def test_padding_fraction():
+    lengths = [5, 7, 3, 9]
+    # Batches [5, 7] -> 2 x 7 and [3, 9] -> 2 x 9: 32 positions for 24 tokens.
+    assert padding_fraction(lengths, batch_size=2) == pytest.approx(0.25)
+    # Rounded up to 8: 2 x 8 + 2 x 16 = 48 positions.
+    assert padding_fraction(lengths, batch_size=2, pad_to_multiple_of=8) == pytest.approx(0.5)
+    assert padding_fraction([4, 4], batch_size=1) == 0.0
+    with pytest.raises(ValueError, match="batch_size 0"):
+        padding_fraction(lengths, batch_size=0)
