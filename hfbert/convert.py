@@ -29,13 +29,18 @@ _HFBERT_ONLY_FIELDS = {f.name for f in dataclasses.fields(HfBertConfig)} - {
 _BOOKKEEPING_KEYS = {"model_type", "architectures", "auto_map", "transformers_version", "dtype"}
 
 
-def _convert_config(config_dict: dict, target: type) -> transformers.PretrainedConfig:
+def _convert_config(config: transformers.PretrainedConfig, target: type) -> transformers.PretrainedConfig:
     shared = {
         key: value
-        for key, value in config_dict.items()
+        for key, value in config.to_dict().items()
         if key not in _BOOKKEEPING_KEYS and key not in _HFBERT_ONLY_FIELDS
     }
-    return target(**shared)
+    return target(**shared, attn_implementation=config._attn_implementation)
+
+
+def bert_config_for(config: HfBertConfig) -> BertConfig:
+    """The stock `transformers.BertConfig` of the same architecture (hfbert-only fields dropped)."""
+    return _convert_config(config, BertConfig)
 
 
 def _architecture(config: transformers.PretrainedConfig, source: str) -> str:
@@ -75,7 +80,7 @@ def to_transformers(hfbert_dir: str | os.PathLike, output_dir: str | os.PathLike
     hfbert_architecture = _architecture(config, str(source))
     model = getattr(hfbert, hfbert_architecture).from_pretrained(source)
     bert_class = getattr(transformers, hfbert_architecture.replace("HfBert", "Bert", 1))
-    bert = bert_class(_convert_config(config.to_dict(), BertConfig))
+    bert = bert_class(bert_config_for(config))
     bert.load_state_dict(model.state_dict(), strict=True)
     return _save_atomically(bert, source, Path(output_dir))
 
@@ -90,7 +95,7 @@ def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike
         raise ValueError(f"{source} holds a {bert_architecture}, not a BERT model.")
     bert = getattr(transformers, bert_architecture).from_pretrained(source)
     model_class = getattr(hfbert, bert_architecture.replace("Bert", "HfBert", 1))
-    model = model_class(_convert_config(config.to_dict(), HfBertConfig))
+    model = model_class(_convert_config(config, HfBertConfig))
     model.load_state_dict(bert.state_dict(), strict=True)
     return _save_atomically(model, source, Path(output_dir))
 

@@ -78,7 +78,7 @@ def build_model_card(
             + (f" (configuration `{dataset_config_name}`)" if dataset_config_name else "")
         )
     else:
-        data_source = "local text files (see `train_file` in the training configuration)"
+        data_source = "the corpus named `corpus` in the training configuration below"
     eval_section = (
         _table(metrics, ("metric", "value")) if metrics else "No evaluation was run (no validation split)."
     )

@@ -1,15 +1,18 @@
 """Shared fixtures. Every test is offline: the Hub is never contacted."""
 
 import os
+import tempfile
 
+# Hermetic: no Hub, and a datasets cache of this session's own (subprocesses inherit it).
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="hfbert-tests-datasets-")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from hfbert import HfBertConfig  # noqa: E402
+from hfbert import HfBertConfig
 
 TINY_VOCAB_SIZE = 1000
 

@@ -1,0 +1,11 @@
+"""Pretrain BERT (masked LM + next sentence prediction) with accelerate.
+
+    accelerate launch run_pretraining.py --model_size tiny --max_train_steps 300 --output_dir runs/hfbert-tiny
+
+Run with --help for every flag; the library behind it is hfbert.training.
+"""
+
+from hfbert.training import main
+
+if __name__ == "__main__":
+    main()

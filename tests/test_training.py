@@ -1,0 +1,400 @@
+"""run_pretraining.py end to end: output folder, resume, kill-and-resume, two processes, push, bad input."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from conftest import tiny_config
+from safetensors.torch import load_file
+
+from hfbert.checkpointing import CheckpointError
+from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.training import (
+    check_loss_is_finite,
+    main,
+    optimizer_parameter_groups,
+    resolve_mixed_precision,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+FINAL_FILES = {
+    "README.md",
+    "config.json",
+    "configuration_hfbert.py",
+    "eval_results.json",
+    "model.safetensors",
+    "modeling_hfbert.py",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "training_args.json",
+    "training_curves.png",
+}
+
+
+@pytest.fixture(scope="module")
+def run_inputs(tmp_path_factory, sample_tokenizer) -> dict[str, Path]:
+    """A saved tokenizer and a tiny model config for it, shared by every run in this module."""
+    folder = tmp_path_factory.mktemp("inputs")
+    sample_tokenizer.save_pretrained(folder / "tokenizer")
+    tiny_config(vocab_size=len(sample_tokenizer)).save_pretrained(folder / "model-config")
+    return {"tokenizer": folder / "tokenizer", "config": folder / "model-config" / "config.json"}
+
+
+def run_args(run_inputs: dict[str, Path], output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--tokenizer_name",
+        str(run_inputs["tokenizer"]),
+        "--config_name",
+        str(run_inputs["config"]),
+        "--output_dir",
+        str(output_dir),
+        "--per_device_train_batch_size",
+        "8",
+        "--per_device_eval_batch_size",
+        "32",
+        "--max_eval_samples",
+        "64",
+        "--learning_rate",
+        "1e-3",
+        "--mixed_precision",
+        "no",
+        "--logging_steps",
+        "2",
+        *extra,
+    ]
+
+
+def train_in_process(args: list[str]) -> None:
+    """main() in this process; accelerate's singletons are reset so the next run starts clean."""
+    try:
+        main(args)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def subprocess_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def listing(folder: Path) -> dict[str, float]:
+    return {str(path.relative_to(folder)): path.stat().st_mtime_ns for path in folder.rglob("*")}
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_accelerate_launch_produces_a_folder_that_loads_everywhere(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        str(REPO / "run_pretraining.py"),
+        *run_args(run_inputs, output_dir, "--max_train_steps", "24", "--eval_steps", "12", "--checkpointing_steps", "12"),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert f"Model, tokenizer, model card and curves: {output_dir.resolve()}" in result.stdout
+    assert 'pipeline("fill-mask"' in result.stdout
+
+    assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES
+    assert {path.name for path in output_dir.glob("checkpoint-*")} == {"checkpoint-12", "checkpoint-24"}
+    eval_results = json.loads((output_dir / "eval_results.json").read_text())
+    assert eval_results["step"] == 24
+    assert set(eval_results) >= {
+        "eval_mlm_loss", "eval_mlm_accuracy", "eval_perplexity", "eval_nsp_loss", "eval_nsp_accuracy",
+    }  # fmt: skip
+    assert (output_dir / "training_curves.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((output_dir / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"]
+    card = (output_dir / "README.md").read_text()
+    assert card.startswith("---\n") and "library_name: transformers" in card and "eval" in card.lower()
+
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer, pipeline
+
+    import hfbert
+
+    assert type(AutoModel.from_pretrained(output_dir)) is hfbert.HfBertModel
+    assert type(AutoModelForPreTraining.from_pretrained(output_dir)) is hfbert.HfBertForPreTraining
+    assert type(AutoModelForMaskedLM.from_pretrained(output_dir)) is hfbert.HfBertForMaskedLM
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    assert tokenizer.is_fast and tokenizer.pad_token_id == 0
+    predictions = pipeline("fill-mask", model=str(output_dir))(
+        f"the game was {tokenizer.mask_token} in 1994 ."
+    )
+    assert len(predictions) == 5 and all("sequence" in p and "score" in p for p in predictions)
+    assert_loads_without_hfbert(output_dir)
+
+
+def assert_loads_without_hfbert(folder: Path) -> None:
+    """A fresh process that cannot import hfbert loads the folder with trust_remote_code=True."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+
+        class BlockHfbert:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "hfbert":
+                    raise ModuleNotFoundError(name)
+
+        sys.meta_path.insert(0, BlockHfbert())
+        from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer,
+                                  pipeline)
+
+        folder = {str(folder)!r}
+        for auto_class in (AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining):
+            model = auto_class.from_pretrained(folder, trust_remote_code=True)
+            assert "transformers_modules" in type(model).__module__
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        fill_mask = pipeline("fill-mask", model=folder, trust_remote_code=True)
+        print(len(fill_mask("the game was " + tokenizer.mask_token + " .")))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=folder.parent)
+    assert result.returncode == 0 and result.stdout.strip() == "5", result.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------- resume
+
+
+def final_weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_half_then_resume_then_half_equals_straight_training(tmp_path, run_inputs):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train_in_process(run_args(run_inputs, straight, "--max_train_steps", "10", "--checkpointing_steps", "5"))
+    # The second run starts from the straight run's mid-epoch checkpoint at step 5, in a fresh output folder.
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-5", resumed / "checkpoint-5")
+    train_in_process(
+        run_args(run_inputs, resumed, "--max_train_steps", "10", "--resume_from_checkpoint", "latest")
+    )
+    expected, actual = final_weights(straight), final_weights(resumed)
+    assert expected.keys() == actual.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+    straight_log = json.loads((straight / "training_args.json").read_text())
+    assert straight_log["max_train_steps"] == 10
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "400", "--checkpointing_steps", "3")
+    args += ["--checkpoints_total_limit", "2", "--eval_steps", "1000"]
+    command = [sys.executable, str(REPO / "run_pretraining.py"), *args]
+    process = subprocess.Popen(
+        command, env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 240
+    while not (output_dir / "checkpoint-6").exists():
+        assert process.poll() is None, process.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint-6 within 240 s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (output_dir / "model.safetensors").exists()
+
+    resume = [*args, "--resume_from_checkpoint", "latest"]
+    resume[resume.index("400")] = "12"  # finish soon after the checkpoint it resumes from
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run_pretraining.py"), *resume],
+        capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Resuming from" in result.stderr
+    assert json.loads((output_dir / "eval_results.json").read_text())["step"] == 12
+    assert len(list(output_dir.glob("checkpoint-*"))) <= 2
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_with_torchrun(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+        str(REPO / "run_pretraining.py"),
+        *run_args(run_inputs, output_dir, "--max_train_steps", "6", "--checkpointing_steps", "3"),
+    ]  # fmt: skip
+    env = {**subprocess_env(), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert json.loads((output_dir / "training_args.json").read_text())["num_processes"] == 2
+    manifest = json.loads((output_dir / "checkpoint-6" / "checkpoint_manifest.json").read_text())
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(manifest["files"])
+    assert result.stdout.count("Model, tokenizer, model card and curves") == 1  # only the main process
+
+
+# ----------------------------------------------------------------------------------------------- hub
+
+
+@pytest.mark.slow
+def test_push_to_hub_uploads_exactly_the_final_folder(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    commit = mock.Mock(commit_url="https://huggingface.co/me/hfbert-tiny/commit/1")
+    with (
+        mock.patch(
+            "huggingface_hub.HfApi.create_repo", return_value=mock.Mock(repo_id="me/m")
+        ) as create_repo,
+        mock.patch("huggingface_hub.HfApi.create_commit", return_value=commit) as create_commit,
+    ):
+        push = [
+            "--max_train_steps",
+            "4",
+            "--checkpointing_steps",
+            "2",
+            "--push_to_hub",
+            "--hub_model_id",
+            "me/m",
+        ]
+        train_in_process(run_args(run_inputs, output_dir, *push))
+    assert create_repo.call_args.args[0] == "me/m"
+    assert create_commit.call_args.args[0] == "me/m"
+    operations = create_commit.call_args.kwargs["operations"]
+    uploaded = {operation.path_in_repo for operation in operations}
+    assert uploaded == FINAL_FILES  # no checkpoints, no hidden tokenizer/staging folders
+    upload_copy = tmp_path / "as-uploaded"
+    upload_copy.mkdir()
+    for operation in operations:
+        shutil.copy(operation.path_or_fileobj, upload_copy / operation.path_in_repo)
+    assert_loads_without_hfbert(upload_copy)
+
+
+# ----------------------------------------------------------------------------------------------- comparison mode
+
+
+@pytest.mark.slow
+def test_transformers_implementation_trains_a_stock_bert_from_the_same_weights(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    train_in_process(
+        run_args(run_inputs, output_dir, "--max_train_steps", "2", "--model_implementation", "transformers")
+    )
+    import transformers
+
+    config = json.loads((output_dir / "config.json").read_text())
+    assert config["model_type"] == "bert" and config["architectures"] == ["BertForPreTraining"]
+    transformers.BertForPreTraining.from_pretrained(output_dir)
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+
+
+def write_config(folder: Path, **overrides) -> Path:
+    tiny_config(**overrides).save_pretrained(folder)
+    return folder / "config.json"
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("vocab too small", r"the tokenizer has \d+ tokens but the model config's vocab_size is 500"),
+        ("pad id differs", r"pad_token_id 0 differs from the model config's pad_token_id 1"),
+        ("sequence too long", r"--max_seq_length 256 exceeds the model's max_position_embeddings 128"),
+    ],
+)
+def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, run_inputs, case, message):
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    (output_dir / "notes.txt").write_text("keep")
+    config = {
+        "vocab too small": lambda: write_config(tmp_path / "c", vocab_size=500),
+        "pad id differs": lambda: write_config(tmp_path / "c", pad_token_id=1),
+        "sequence too long": lambda: run_inputs["config"],
+    }[case]()
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2")
+    args[args.index("--config_name") + 1] = str(config)
+    if case == "sequence too long":
+        args += ["--max_seq_length", "256"]
+    with pytest.raises(ValueError, match=message):
+        train_in_process(args)
+    assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
+
+
+def test_output_dir_of_another_run_is_refused_untouched(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    (output_dir / "checkpoint-4").mkdir(parents=True)
+    (output_dir / "model.safetensors").write_bytes(b"previous run")
+    before = listing(output_dir)
+    with pytest.raises(CheckpointError, match=r"--resume_from_checkpoint latest.*--overwrite_output_dir"):
+        train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"))
+    assert listing(output_dir) == before
+
+
+@pytest.mark.slow
+def test_truncated_checkpoint_is_refused_on_resume(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "2"))
+    weights = output_dir / "checkpoint-4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    before = listing(output_dir)
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--resume_from_checkpoint", "latest")
+    with pytest.raises(CheckpointError, match=r"model.safetensors is truncated.*checkpoint-2"):
+        train_in_process(args)
+    assert listing(output_dir) == before
+
+
+def test_streaming_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="drop --streaming"):
+        train_in_process(["--output_dir", "unused", "--streaming", "--dataset_name", "Salesforce/wikitext"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--checkpointing_steps", "often"], "must be a positive number of updates or 'epoch'"),
+        (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
+        (["--mlm_probability", "1.5"], "must be in (0, 1)"),
+        (["--model_size", "huge"], "invalid choice"),
+    ],
+)
+def test_bad_flags_are_refused(flags, message, capsys):
+    with pytest.raises((ValueError, SystemExit)) as error:
+        main(["--output_dir", "unused", *flags])
+    assert message in str(error.value) + capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- units
+
+
+def test_precision_choice(caplog):
+    native = "bf16" if resolve_mixed_precision("auto", None, cuda=False)[0] == "bf16" else "no"
+    assert resolve_mixed_precision("auto", None, cuda=True)[0] == "fp16"
+    assert resolve_mixed_precision("auto", "no", cuda=True)[0] == "fp16"  # 'no' is accelerate's default
+    assert resolve_mixed_precision("auto", "bf16", cuda=True)[0] == "bf16"
+    assert resolve_mixed_precision("no", "fp16", cuda=True)[0] == "no"
+    assert resolve_mixed_precision("fp16", None, cuda=False) == (
+        native,
+        f"fp16 unavailable on CPU, fell back to {native}",
+    )
+
+
+def test_non_finite_loss_is_an_error_except_under_fp16():
+    with pytest.raises(FloatingPointError, match=r"loss became nan at step 7.*--learning_rate"):
+        check_loss_is_finite(torch.tensor(float("nan")), "no", 7, 1e-3)
+    check_loss_is_finite(torch.tensor(float("inf")), "fp16", 7, 1e-3)  # the grad scaler skips it
+    check_loss_is_finite(torch.tensor(2.0), "bf16", 7, 1e-3)
+
+
+def test_no_weight_decay_on_biases_and_layer_norm():
+    model = HfBertForPreTraining(tiny_config())
+    decay, no_decay = optimizer_parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(names[id(p)].endswith("weight") and "LayerNorm" not in names[id(p)] for p in decay["params"])
+    assert {names[id(p)] for p in no_decay["params"]} >= {
+        "bert.embeddings.LayerNorm.weight",
+        "cls.predictions.bias",
+        "bert.encoder.layer.0.attention.self.query.bias",
+    }
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
