@@ -145,10 +145,12 @@ def test_segment_b_source(instances, tokenized, sample_tokenizer):
     assert min(checked.values()) > 300
 
 
-def test_label_balance(tokenized, sample_tokenizer):
-    """With full-length targets, each multi-sentence chunk is a fair coin; single-sentence chunks are always
-    random, which adds a few points. ~2000 instances: binomial sd ~0.011, so +-0.05 cannot flake."""
-    labels = build(tokenized, sample_tokenizer, short_seq_prob=0.0)["next_sentence_label"]
+@pytest.mark.parametrize("short_seq_prob", [0.0, 0.1])
+def test_label_balance(tokenized, sample_tokenizer, short_seq_prob):
+    """Each multi-sentence chunk is a fair coin; single-sentence chunks are always random, which adds a few
+    points. The default short_seq_prob (0.1) must not skew it (targets are drawn per chunk). ~2000 instances:
+    binomial sd ~0.011, so +-0.05 cannot flake."""
+    labels = build(tokenized, sample_tokenizer, short_seq_prob=short_seq_prob)["next_sentence_label"]
     assert len(labels) > 1500
     assert abs(sum(labels) / len(labels) - 0.5) < 0.05
 
