@@ -26,7 +26,9 @@ class DataCollatorForPretraining(DataCollatorForLanguageModeling):
     Padding and argument checks come from :class:`transformers.DataCollatorForLanguageModeling`; only the
     masking is replaced, because the parent draws random replacements from the whole vocabulary (special
     tokens included). All randomness comes from torch's global RNG, so restoring the RNG state (as accelerate
-    does on resume) reproduces the masks exactly.
+    does on resume) reproduces the masks exactly, provided the masks are drawn at step time: a DataLoader that
+    prefetches batches would draw them ahead of a checkpoint. The training loop therefore pads in the loader
+    and calls `torch_mask_tokens` itself (`hfbert.training.masked_batch`).
     """
 
     mlm_probability: float = 0.15

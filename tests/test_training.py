@@ -1,6 +1,7 @@
 """run_pretraining.py end to end: output folder, resume, kill-and-resume, two processes, push, bad input."""
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -285,6 +286,33 @@ def test_transformers_implementation_trains_a_stock_bert_from_the_same_weights(t
     config = json.loads((output_dir / "config.json").read_text())
     assert config["model_type"] == "bert" and config["architectures"] == ["BertForPreTraining"]
     transformers.BertForPreTraining.from_pretrained(output_dir)
+
+
+@pytest.mark.slow
+def test_bf16_autocast_training(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "3")
+    args[args.index("--mixed_precision") + 1] = "bf16"
+    train_in_process(args)
+    assert json.loads((output_dir / "training_args.json").read_text())["precision"] == "bf16"
+    results = json.loads((output_dir / "eval_results.json").read_text())
+    assert all(math.isfinite(value) for value in results.values())
+    weights = final_weights(output_dir)
+    assert all(tensor.dtype == torch.float32 for tensor in weights.values())  # autocast keeps fp32 masters
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_defaults_to_fp16_with_loss_scaling(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "4")
+    args[args.index("--mixed_precision") + 1] = "auto"
+    train_in_process(args)
+    assert json.loads((output_dir / "training_args.json").read_text())["precision"] == "fp16"
+    assert (
+        "scaler.pt"
+        in json.loads((output_dir / "checkpoint-4" / "checkpoint_manifest.json").read_text())["files"]
+    )
 
 
 # ----------------------------------------------------------------------------------------------- bad input
