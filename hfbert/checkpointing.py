@@ -51,6 +51,7 @@ class TrainingProgress:
     epoch: int = 0  # epoch in progress (or the next one, once an epoch has ended)
     batch_in_epoch: int = 0  # batches of `epoch` already consumed (micro-batches, per process)
     log_history: list[dict[str, Any]] = field(default_factory=list)  # train/eval log rows, for the curves
+    train_seconds: float = 0.0  # wall-clock time spent training (evaluation and saving excluded)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-data copy of the progress (what accelerate pickles into `custom_checkpoint_<i>.pkl`)."""
@@ -62,6 +63,7 @@ class TrainingProgress:
         self.epoch = int(state["epoch"])
         self.batch_in_epoch = int(state["batch_in_epoch"])
         self.log_history = list(state["log_history"])
+        self.train_seconds = float(state["train_seconds"])
 
 
 @contextmanager

@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 CURVES_NAME = "training_curves.png"
 EVAL_RESULTS_NAME = "eval_results.json"
 TRAINING_ARGS_NAME = "training_args.json"
+LOG_HISTORY_NAME = "log_history.json"
 FILL_MASK_EXAMPLE = "The game was released in [MASK] ."
 
 
@@ -124,6 +125,13 @@ class PretrainingArguments:
     num_train_epochs: int = field(default=3, metadata={"help": "Epochs, unless --max_train_steps is given."})
     max_train_steps: int | None = field(
         default=None, metadata={"help": "Optimizer updates; overrides epochs."}
+    )
+    max_train_seconds: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop after this much training time (evaluation and saving excluded), e.g. 3600; pair it "
+            "with a schedule that does not depend on the end, e.g. constant_with_warmup."
+        },
     )
     lr_scheduler_type: str = field(
         default="linear",
@@ -446,6 +454,7 @@ def save_final_folder(
     tokenizer.save_pretrained(staging)
     write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)
     write_json_atomic(staging / TRAINING_ARGS_NAME, training_config)
+    write_json_atomic(staging / LOG_HISTORY_NAME, log_history)
     plot_training_curves(log_history, staging / CURVES_NAME, title=f"{model_name} pretraining")
     write_model_card(
         staging,
@@ -605,7 +614,7 @@ def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
 
     def run_evaluation() -> dict[str, float]:
         metrics = evaluate(model, eval_loader, collator, accelerator, seed=args.seed)
-        log({"step": progress.completed_steps, **metrics})
+        log({"step": progress.completed_steps, "train_seconds": progress.train_seconds, **metrics})
         logger.info(
             f"step {progress.completed_steps}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         )
@@ -619,13 +628,26 @@ def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
         unit="step",
         dynamic_ncols=True,
     )
+
+    def out_of_budget() -> bool:
+        if progress.completed_steps >= max_train_steps:
+            return True
+        if args.max_train_seconds is None:
+            return False
+        # Every process must stop at the same step, so the slowest clock decides.
+        over = torch.tensor(
+            float(progress.train_seconds >= args.max_train_seconds), device=accelerator.device
+        )
+        return accelerator.reduce(over, "max").item() > 0
+
     window_loss = torch.zeros((), device=accelerator.device)
     window_tokens = torch.zeros((), device=accelerator.device)
-    window_batches, window_start = 0, time.perf_counter()
+    window_batches, window_seconds = 0, progress.train_seconds
+    clock = time.perf_counter()  # start of the current stretch of training time
     metrics: dict[str, float] | None = None
     model.train()
     for epoch in range(progress.epoch, num_epochs):
-        if progress.completed_steps >= max_train_steps:
+        if out_of_budget():
             break
         train_loader.set_epoch(epoch)
         batches = (
@@ -654,12 +676,16 @@ def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
                 continue
             progress.completed_steps += 1
             step = progress.completed_steps
+            now = time.perf_counter()
+            progress.train_seconds += now - clock
+            clock = now
             bar.update(1)
             if step % args.logging_steps == 0 or step == max_train_steps:
-                seconds = time.perf_counter() - window_start
+                seconds = progress.train_seconds - window_seconds
                 row = {
                     "step": step,
                     "epoch": epoch,
+                    "train_seconds": progress.train_seconds,
                     "loss": accelerator.reduce(window_loss, "mean").item() / window_batches,
                     "learning_rate": scheduler.get_last_lr()[0],
                     "tokens_per_second": accelerator.reduce(window_tokens, "sum").item() / seconds,
@@ -672,16 +698,13 @@ def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
                 )
                 window_loss.zero_()
                 window_tokens.zero_()
-                window_batches, window_start = 0, time.perf_counter()
-            paused = time.perf_counter()
+                window_batches, window_seconds = 0, progress.train_seconds
             if args.eval_steps and step % args.eval_steps == 0:
                 metrics = run_evaluation()
             if args.checkpointing_steps not in (None, "epoch") and step % int(args.checkpointing_steps) == 0:
                 save_checkpoint(accelerator, output_dir, step, args.checkpoints_total_limit)
-            window_start += (
-                time.perf_counter() - paused
-            )  # tokens/s measures training, not evaluation or saving
-            if step >= max_train_steps:
+            clock = time.perf_counter()  # evaluation and saving are not training time
+            if out_of_budget():
                 break
         else:  # the epoch ran to its end
             progress.epoch += 1
@@ -705,7 +728,11 @@ def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
             tokenizer,
             output_dir,
             training_config=training_config,
-            eval_results={"step": progress.completed_steps, **metrics},
+            eval_results={
+                "step": progress.completed_steps,
+                "train_seconds": progress.train_seconds,
+                **metrics,
+            },
             log_history=progress.log_history,
             corpus_args=corpus_args,
             model_name=model_name,

@@ -80,7 +80,7 @@ def test_card_for_local_files_without_eval(tmp_path):
     assert card.data.datasets is None
     assert card.data.eval_results is None
     assert "No evaluation was run" in card.text
-    assert "local text files" in card.text
+    assert "the corpus named `corpus` in the training configuration" in card.text
     # The header is plain YAML (what the Hub parses), not just something huggingface_hub accepts.
     header = path.read_text().split("---\n")[1]
     assert yaml.safe_load(header)["library_name"] == "transformers"

@@ -33,6 +33,7 @@ FINAL_FILES = {
     "config.json",
     "configuration_hfbert.py",
     "eval_results.json",
+    "log_history.json",
     "model.safetensors",
     "modeling_hfbert.py",
     "tokenizer.json",
@@ -299,6 +300,20 @@ def test_bf16_autocast_training(tmp_path, run_inputs):
     assert all(math.isfinite(value) for value in results.values())
     weights = final_weights(output_dir)
     assert all(tensor.dtype == torch.float32 for tensor in weights.values())  # autocast keeps fp32 masters
+
+
+@pytest.mark.slow
+def test_max_train_seconds_stops_on_training_time(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    budget = ["--max_train_steps", "100000", "--max_train_seconds", "1.0", "--eval_steps", "5"]
+    train_in_process(run_args(run_inputs, output_dir, *budget, "--lr_scheduler_type", "constant"))
+    results = json.loads((output_dir / "eval_results.json").read_text())
+    assert 1.0 <= results["train_seconds"] < 10.0 and 0 < results["step"] < 100000
+    history = json.loads((output_dir / "log_history.json").read_text())
+    eval_rows = [row for row in history if "eval_mlm_loss" in row]
+    assert len(eval_rows) >= 2 and eval_rows[-1]["step"] == results["step"]
+    seconds = [row["train_seconds"] for row in history]
+    assert seconds == sorted(seconds)  # training time only grows, evaluation time is not counted
 
 
 @pytest.mark.gpu
