@@ -95,7 +95,11 @@ def _tokenize_batch(
     # The tokenizer rejects an empty list, which a batch of empty documents would give.
     flat_ids = (
         tokenizer(
-            flat_sentences, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
+            flat_sentences,
+            add_special_tokens=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            verbose=False,  # sentences longer than model_max_length are expected; instances truncate later
         )["input_ids"]
         if flat_sentences
         else []

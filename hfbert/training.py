@@ -411,9 +411,7 @@ def prepare_tokenizer(
             f"No --tokenizer_name given: training a WordPiece tokenizer (vocab_size={args.vocab_size}) on the "
             f"training corpus first; it is saved with the model."
         )
-        tokenizer = train_tokenizer(
-            train_documents, vocab_size=args.vocab_size, model_max_length=args.max_seq_length
-        )
+        tokenizer = train_tokenizer(train_documents, vocab_size=args.vocab_size)
         save_tokenizer(tokenizer, trained)
     accelerator.wait_for_everyone()
     return AutoTokenizer.from_pretrained(trained)
@@ -528,6 +526,7 @@ def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
         documents = load_documents(corpus_args, num_proc=args.preprocessing_num_workers)
     tokenizer = prepare_tokenizer(args, documents["train"], accelerator, output_dir)
     config = build_model_config(args, tokenizer)
+    tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
     with accelerator.main_process_first():
         train_instances, eval_instances = build_instances(documents, tokenizer, args)
     if accelerator.is_main_process and args.overwrite_output_dir:
