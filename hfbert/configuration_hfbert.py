@@ -46,7 +46,9 @@ class HfBertConfig(PretrainedConfig):
         tie_word_embeddings: The MLM decoder shares its weight with the word embeddings.
         mlm_masked_rows_only: When MLM labels are given, apply the MLM head only to the positions whose
             label is not -100 (loss and gradients are those of the dense head; `prediction_logits` then has
-            shape (num_masked, vocab_size)). Calls without labels always get logits at every position.
+            shape (num_masked, vocab_size)), and run the last encoder layer only at [CLS] and those positions
+            (same math; off when hidden states or attentions are asked for). Calls without labels always get
+            logits at every position.
 
     Example:
         >>> config = HfBertConfig.from_preset("mini", vocab_size=30522)

@@ -554,6 +554,7 @@ def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_epsilon,
+        fused=accelerator.device.type in ("cpu", "cuda"),  # one kernel for all parameters: measured faster
     )
     updates_per_epoch = math.ceil(
         math.ceil(len(train_loader) / accelerator.num_processes) / args.gradient_accumulation_steps
