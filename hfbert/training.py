@@ -435,6 +435,7 @@ def check_loss_is_finite(loss: torch.Tensor, precision: str, step: int, learning
 
 def save_final_folder(
     model: torch.nn.Module,
+    state_dict: dict[str, torch.Tensor],
     tokenizer: Any,
     output_dir: Path,
     *,
@@ -448,7 +449,7 @@ def save_final_folder(
     folder, then move each file into `output_dir` whole (os.replace): a crash never leaves a torn file."""
     staging = output_dir / ".tmp-final"
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
+    model.save_pretrained(staging, state_dict=state_dict)
     tokenizer.save_pretrained(staging)
     write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)
     write_json_atomic(staging / TRAINING_ARGS_NAME, training_config)
@@ -722,9 +723,11 @@ def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
 
     accelerator.wait_for_everyone()
     model_name = (args.hub_model_id or output_dir.name).split("/")[-1]
+    state_dict = accelerator.get_state_dict(model)  # on every process: gathers FSDP shards
     if accelerator.is_main_process:
         save_final_folder(
             accelerator.unwrap_model(model, keep_torch_compile=False),
+            state_dict,
             tokenizer,
             output_dir,
             training_config=training_config,
