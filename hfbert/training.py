@@ -299,7 +299,9 @@ def build_instances(
     return train, evaluation
 
 
-def masked_batch(batch: dict[str, torch.Tensor], collator: DataCollatorForPretraining, device: torch.device):
+def masked_batch(
+    batch: dict[str, torch.Tensor], collator: DataCollatorForPretraining, device: torch.device
+) -> dict[str, torch.Tensor]:
     """Mask a padded CPU batch for MLM and move it to `device`.
 
     Masking happens here, in the loop, rather than in the DataLoader's collate_fn: accelerate's loader
@@ -622,7 +624,7 @@ def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
         return metrics
 
     bar = tqdm(
-        total=max_train_steps,
+        total=None if args.max_train_seconds else max_train_steps,  # a time budget ends at an unknown step
         initial=progress.completed_steps,
         disable=not accelerator.is_local_main_process,
         desc="pretraining",
