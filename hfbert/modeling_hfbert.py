@@ -522,18 +522,43 @@ class HfBertMaskedLMMixin:
         return torch.argsort((~needed).int(), dim=1, stable=True)[:, :longest]  # needed ones first, in order
 
     def masked_lm(
-        self, sequence_output: torch.Tensor, labels: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """MLM logits and loss. With labels and `mlm_masked_rows_only`, the head runs on the masked rows alone:
-        the dense head spends most of a small model's FLOPs on positions whose loss is ignored."""
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        output_attentions: bool | None,
+        output_hidden_states: bool | None,
+    ) -> tuple[BaseModelOutputWithPooling, torch.Tensor, torch.Tensor | None]:
+        """Encode, then MLM logits and loss: (encoder outputs, logits, loss).
+
+        With labels and `mlm_masked_rows_only`, the last layer and the head run on the masked rows alone: the
+        dense head spends most of a small model's FLOPs on positions whose loss is ignored.
+        """
+        positions = self.last_layer_positions(labels, output_attentions, output_hidden_states)
+        outputs = self.bert.encode(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            last_layer_positions=positions,
+        )
+        sequence_output = outputs.last_hidden_state
         if labels is None:
-            return self.cls.predictions(sequence_output), None  # (B, T, V)
+            return outputs, self.cls.predictions(sequence_output), None  # (B, T, V)
+        if positions is not None:
+            labels = labels.gather(1, positions)  # (B, m), the labels of the rows the last layer computed
         if self.config.mlm_masked_rows_only:
-            masked = labels != IGNORE_INDEX  # (B, T)
+            masked = labels != IGNORE_INDEX
             sequence_output, labels = sequence_output[masked], labels[masked]  # (M, d), (M,)
         logits = self.cls.predictions(sequence_output)  # (M, V) or (B, T, V)
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1))
-        return logits, loss
+        return outputs, logits, loss
 
 
 def return_as(output: ModelOutput, return_dict: bool | None, config: HfBertConfig) -> ModelOutput | tuple:
@@ -571,20 +596,16 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
             next_sentence_label: (B,) 0 if segment B follows segment A, 1 if B is random.
             Other arguments: see `HfBertModel.forward`.
         """
-        positions = self.last_layer_positions(labels, output_attentions, output_hidden_states)
-        outputs = self.bert.encode(
+        outputs, prediction_logits, mlm_loss = self.masked_lm(
             input_ids,
             attention_mask,
             token_type_ids,
             position_ids,
             inputs_embeds,
+            labels,
             output_attentions,
             output_hidden_states,
-            last_layer_positions=positions,
         )
-        if positions is not None:
-            labels = labels.gather(1, positions)  # (B, m), the labels of the rows the last layer computed
-        prediction_logits, mlm_loss = self.masked_lm(outputs.last_hidden_state, labels)
         seq_relationship_logits = self.cls.seq_relationship(outputs.pooler_output)  # (B, 2)
         nsp_loss = None
         if next_sentence_label is not None:
@@ -625,20 +646,16 @@ class HfBertForMaskedLM(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         **kwargs,
     ) -> MaskedLMOutput | tuple:
         """Masked-LM forward pass; `logits` are (B, T, V), or (M, V) as in HfBertForPreTraining with labels."""
-        positions = self.last_layer_positions(labels, output_attentions, output_hidden_states)
-        outputs = self.bert.encode(
+        outputs, logits, loss = self.masked_lm(
             input_ids,
             attention_mask,
             token_type_ids,
             position_ids,
             inputs_embeds,
+            labels,
             output_attentions,
             output_hidden_states,
-            last_layer_positions=positions,
         )
-        if positions is not None:
-            labels = labels.gather(1, positions)  # (B, m), the labels of the rows the last layer computed
-        logits, loss = self.masked_lm(outputs.last_hidden_state, labels)
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
