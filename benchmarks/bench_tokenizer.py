@@ -63,7 +63,7 @@ def write_generated_corpus(path: Path, size_mb: float, sample_words: list[str]) 
 
 def measure(corpus: str, train_file: Path | None, vocab_size: int, encode_mb: float) -> Measurement:
     from hfbert.corpus import CorpusArguments, load_documents
-    from hfbert.tokenization import ParagraphBatches, train_tokenizer_from_batches
+    from hfbert.tokenization import ParagraphBatches, train_tokenizer
 
     started = time.perf_counter()
     documents = load_documents(CorpusArguments(train_file=None if train_file is None else str(train_file)))
@@ -71,7 +71,7 @@ def measure(corpus: str, train_file: Path | None, vocab_size: int, encode_mb: fl
 
     batches = ParagraphBatches(documents["train"], show_progress=False)
     started = time.perf_counter()
-    tokenizer = train_tokenizer_from_batches(batches, vocab_size=vocab_size, show_progress=False)
+    tokenizer = train_tokenizer(batches, vocab_size=vocab_size, show_progress=False)
     train_seconds = time.perf_counter() - started
 
     tokens = 0

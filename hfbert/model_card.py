@@ -130,25 +130,8 @@ Measured on the validation split at the end of training (`eval_results.json`):
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
 
 
-def write_model_card(
-    output_dir: str | os.PathLike,
-    *,
-    model_name: str,
-    training_config: dict[str, Any],
-    eval_results: dict[str, Any],
-    dataset_name: str | None,
-    dataset_config_name: str | None,
-    license: str = "apache-2.0",
-) -> Path:
-    """Write `output_dir/README.md` (see `build_model_card`) atomically and return its path."""
-    card = build_model_card(
-        model_name=model_name,
-        training_config=training_config,
-        eval_results=eval_results,
-        dataset_name=dataset_name,
-        dataset_config_name=dataset_config_name,
-        license=license,
-    )
+def write_model_card(output_dir: str | os.PathLike, card: ModelCard) -> Path:
+    """Write `card` (see `build_model_card`) to `output_dir/README.md` atomically and return its path."""
     path = Path(output_dir) / MODEL_CARD_NAME
     with atomic_path(path) as temp_path:
         temp_path.write_text(str(card), encoding="utf-8")

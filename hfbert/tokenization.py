@@ -97,8 +97,8 @@ def check_special_token_ids(tokenizer: PreTrainedTokenizerBase) -> None:
         )
 
 
-def train_tokenizer_from_batches(
-    batches: ParagraphBatches,
+def train_tokenizer(
+    documents: datasets.Dataset | datasets.IterableDataset | ParagraphBatches,
     *,
     vocab_size: int = 30522,
     min_frequency: int = 2,
@@ -106,12 +106,23 @@ def train_tokenizer_from_batches(
     model_max_length: int = 512,
     show_progress: bool = True,
 ) -> BertTokenizer:
-    """`train_tokenizer` on an explicit `ParagraphBatches`, whose ``bytes_read`` then holds the input size."""
+    """Train a BERT WordPiece tokenizer on the paragraphs of ``documents`` (column ``paragraphs``).
+
+    Pass a `ParagraphBatches` over the documents instead to read its ``bytes_read`` (input size) afterwards.
+    Returns a fast `transformers.BertTokenizer` whose vocabulary holds `SPECIAL_TOKENS` at ids 0-4 and at
+    most ``vocab_size`` entries in all. ``lowercase`` also strips accents, as BERT's uncased models do.
+    Raises ValueError when ``vocab_size`` cannot hold the special tokens plus the corpus' characters.
+    """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(
             f"--vocab_size {vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
             "pass a larger --vocab_size (e.g. 30522)"
         )
+    batches = (
+        documents
+        if isinstance(documents, ParagraphBatches)
+        else ParagraphBatches(documents, show_progress=show_progress)
+    )
     tokenizer = _untrained_bert_tokenizer(lowercase, model_max_length).train_new_from_iterator(
         batches,
         vocab_size=vocab_size,
@@ -130,31 +141,6 @@ def train_tokenizer_from_batches(
         )
     check_special_token_ids(tokenizer)
     return tokenizer
-
-
-def train_tokenizer(
-    documents: datasets.Dataset | datasets.IterableDataset,
-    *,
-    vocab_size: int = 30522,
-    min_frequency: int = 2,
-    lowercase: bool = True,
-    model_max_length: int = 512,
-    show_progress: bool = True,
-) -> BertTokenizer:
-    """Train a BERT WordPiece tokenizer on the paragraphs of ``documents`` (column ``paragraphs``).
-
-    Returns a fast `transformers.BertTokenizer` whose vocabulary holds `SPECIAL_TOKENS` at ids 0-4 and at
-    most ``vocab_size`` entries in all. ``lowercase`` also strips accents, as BERT's uncased models do.
-    Raises ValueError when ``vocab_size`` cannot hold the special tokens plus the corpus' characters.
-    """
-    return train_tokenizer_from_batches(
-        ParagraphBatches(documents, show_progress=show_progress),
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        lowercase=lowercase,
-        model_max_length=model_max_length,
-        show_progress=show_progress,
-    )
 
 
 @dataclass
@@ -301,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
 
     started = time.perf_counter()
     batches = ParagraphBatches(documents["train"])
-    tokenizer = train_tokenizer_from_batches(
+    tokenizer = train_tokenizer(
         batches,
         vocab_size=training_args.vocab_size,
         min_frequency=training_args.min_frequency,

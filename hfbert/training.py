@@ -40,7 +40,7 @@ from hfbert.collator import DataCollatorForPretraining
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for
 from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.model_card import push_to_hub, write_model_card
+from hfbert.model_card import build_model_card, push_to_hub, write_model_card
 from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining_data import build_nsp_instances, tokenize_documents
@@ -457,14 +457,14 @@ def save_final_folder(
     write_json_atomic(staging / TRAINING_ARGS_NAME, training_config)
     write_json_atomic(staging / LOG_HISTORY_NAME, log_history)
     plot_training_curves(log_history, staging / CURVES_NAME, title=f"{model_name} pretraining")
-    write_model_card(
-        staging,
+    card = build_model_card(
         model_name=model_name,
         training_config=training_config,
         eval_results=eval_results,
         dataset_name=corpus_args.dataset_name,
         dataset_config_name=corpus_args.dataset_config_name,
     )
+    write_model_card(staging, card)
     for path in staging.iterdir():
         os.replace(path, output_dir / path.name)
     staging.rmdir()

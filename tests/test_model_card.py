@@ -4,7 +4,7 @@ import pytest
 import yaml
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 
-from hfbert.model_card import push_to_hub, upload_file_set, write_model_card
+from hfbert.model_card import build_model_card, push_to_hub, upload_file_set, write_model_card
 
 TRAINING_CONFIG = {"preset": "tiny", "learning_rate": 1e-4, "max_seq_length": 128, "train_file": None}
 EVAL_RESULTS = {
@@ -36,7 +36,7 @@ def write_card(folder, **overrides):
         "dataset_name": "Salesforce/wikitext",
         "dataset_config_name": "wikitext-2-raw-v1",
     } | overrides
-    return write_model_card(folder, **arguments)
+    return write_model_card(folder, build_model_card(**arguments))
 
 
 def test_card_metadata_parses_back(tmp_path):
