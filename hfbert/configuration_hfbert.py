@@ -44,11 +44,6 @@ class HfBertConfig(PretrainedConfig):
         pad_token_id: Id of [PAD]; its embedding row is kept at zero and receives no gradient.
         classifier_dropout: Dropout before the classification heads (None: `hidden_dropout_prob`).
         tie_word_embeddings: The MLM decoder shares its weight with the word embeddings.
-        mlm_masked_rows_only: When MLM labels are given, apply the MLM head only to the positions whose
-            label is not -100 (loss and gradients are those of the dense head; `prediction_logits` then has
-            shape (num_masked, vocab_size)), and run the last encoder layer only at [CLS] and those positions
-            (same math; off when hidden states or attentions are asked for). Calls without labels always get
-            logits at every position.
 
     Example:
         >>> config = HfBertConfig.from_preset("mini", vocab_size=30522)
@@ -72,7 +67,14 @@ class HfBertConfig(PretrainedConfig):
     pad_token_id: int | None = 0
     classifier_dropout: float | int | None = None
     tie_word_embeddings: bool = True
-    mlm_masked_rows_only: bool = True
+
+    # Fields of older hfbert versions, dropped quietly when an old config.json is loaded.
+    removed_fields: ClassVar[tuple[str, ...]] = ("mlm_masked_rows_only",)
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        for name in self.removed_fields:  # was a config field; now a forward argument of the MLM heads
+            kwargs.pop(name, None)
+        super().__post_init__(**kwargs)
 
     def validate_architecture(self) -> None:
         """Fail at construction, naming the field, for combinations the model cannot be built from."""

@@ -7,7 +7,7 @@ between the two without renaming. This file and `configuration_hfbert.py` are co
 for `trust_remote_code`: they import only each other.
 
 Shapes in comments: B batch, T sequence length, d hidden size, nh heads, hs head size (d / nh), V vocab,
-M number of masked positions.
+M number of masked positions in the batch, P masked slots per row (the static path).
 """
 
 from collections.abc import Callable
@@ -19,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
@@ -29,8 +30,19 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, logging
+from transformers.utils.generic import can_return_tuple
+
+try:  # transformers >= 5.x names it capture_outputs; earlier 5.x releases check_model_inputs
+    from transformers.utils.output_capturing import capture_outputs
+except ImportError:  # pragma: no cover
+    from transformers.utils.generic import check_model_inputs as capture_outputs
 
 from .configuration_hfbert import HfBertConfig
+
+logger = logging.get_logger(__name__)
 
 IGNORE_INDEX = -100  # label of positions that carry no MLM loss, as everywhere in transformers
 
@@ -47,10 +59,37 @@ AUTO_MAP = {
     "AutoModelForQuestionAnswering": "modeling_hfbert.HfBertForQuestionAnswering",
 }
 
+# Backends whose mask is the boolean (B, 1, 1, T) one and that accept fewer queries than keys, so the last
+# layer may run at [CLS] and the masked rows only. Others (flash, flex, hub kernels) get every position.
+ROW_SUBSET_BACKENDS = ("eager", "sdpa")
+
 
 # ----------------------------------------------------------------------------------------------------------
 # Input checks: bad input gets a message naming the value, not a device-side assert or an IndexError.
 # ----------------------------------------------------------------------------------------------------------
+
+
+def check_range(name: str, tensor: torch.Tensor | None, limit: int, field: str) -> None:
+    """Raise ValueError unless every value of `tensor` lies in [0, limit).
+
+    Host-sync policy: CPU tensors are checked eagerly (.item() on a CPU tensor costs no device sync); CUDA
+    tensors with torch._assert_async (a device-side assert, no host sync); skipped under torch.compile and on
+    other devices (the embedding lookup still fails there, with a less helpful message).
+    """
+    if tensor is None or tensor.numel() == 0 or torch.compiler.is_compiling():
+        return
+    message = (
+        "{name} contains {value}, outside [0, {field}={limit}); check that the tokenizer matches the "
+        "model (len(tokenizer) <= config.{field})."
+    )
+    if tensor.device.type == "cuda":
+        in_range = ((tensor >= 0) & (tensor < limit)).all()
+        torch._assert_async(in_range, message.format(name=name, value="a value", field=field, limit=limit))
+    elif tensor.device.type == "cpu":
+        low, high = (value.item() for value in tensor.aminmax())
+        if low < 0 or high >= limit:
+            bad = low if low < 0 else high
+            raise ValueError(message.format(name=name, value=bad, field=field, limit=limit))
 
 
 def check_inputs(
@@ -61,7 +100,7 @@ def check_inputs(
     position_ids: torch.Tensor | None,
     inputs_embeds: torch.Tensor | None,
 ) -> None:
-    """Raise ValueError for inputs the model cannot embed; runs eagerly (skipped inside torch.compile)."""
+    """Raise ValueError for inputs the model cannot embed (shapes always; values, see `check_range`)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
     shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
@@ -83,36 +122,27 @@ def check_inputs(
             f"Sequence length {shape[1]} exceeds max_position_embeddings={config.max_position_embeddings}; "
             f"truncate the input (tokenizer(..., truncation=True, max_length={config.max_position_embeddings}))."
         )
-    if torch.compiler.is_compiling():  # data-dependent checks would break the graph; eager calls check
-        return
-    ranges = (
-        ("input_ids", input_ids, config.vocab_size, "vocab_size"),
-        ("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size"),
-        ("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings"),
-    )
-    for name, tensor, limit, field in ranges:
-        if tensor is None or tensor.numel() == 0:
-            continue
-        low, high = tensor.min().item(), tensor.max().item()
-        if low < 0 or high >= limit:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"{name} contains {bad}, outside [0, {field}={limit}); check that the tokenizer matches the "
-                f"model (len(tokenizer) <= config.{field})."
-            )
+    check_range("input_ids", input_ids, config.vocab_size, "vocab_size")
+    check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
+    check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
 
 
-def expand_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, T) with 1 = token, 0 = padding -> boolean (B, 1, 1, T), True where a key may be attended to.
-
-    Boolean rather than an additive -inf/-1e4 mask: nothing can overflow in fp16/bf16. A row that is all
-    padding attends to every position instead of none, so its (meaningless) output stays finite, never NaN.
-    """
-    if attention_mask is None:
-        return None
-    keep = attention_mask.bool()
-    keep = keep | ~keep.any(dim=-1, keepdim=True)
-    return keep[:, None, None, :]
+def check_masked_positions(
+    masked_positions: torch.Tensor, labels: torch.Tensor | None, input_shape: torch.Size
+) -> None:
+    """The static path's (B, P) positions and labels: shapes always, values as in `check_range`."""
+    batch, seq_len = input_shape
+    if masked_positions.dim() != 2 or masked_positions.size(0) != batch:
+        raise ValueError(
+            f"masked_positions must have shape (batch={batch}, max_predictions_per_seq), "
+            f"got {tuple(masked_positions.shape)}"
+        )
+    if labels is not None and labels.shape != masked_positions.shape:
+        raise ValueError(
+            f"With masked_positions {tuple(masked_positions.shape)}, labels must have the same shape (one label "
+            f"per slot, -100 on empty slots), got {tuple(labels.shape)}; see masked_positions_from_labels()."
+        )
+    check_range("masked_positions", masked_positions, seq_len, "seq_len")
 
 
 def gather_positions(hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -120,34 +150,96 @@ def gather_positions(hidden_states: torch.Tensor, positions: torch.Tensor) -> to
     return hidden_states.gather(1, positions[..., None].expand(-1, -1, hidden_states.size(-1)))
 
 
+def masked_positions_from_labels(
+    labels: torch.Tensor,
+    max_predictions_per_seq: int,
+    input_ids: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(B, T) MLM labels -> the static-shape form of google-research/bert's `max_predictions_per_seq`.
+
+    Returns `(masked_positions, masked_labels, input_ids)`: (B, P) positions of the labelled tokens in
+    ascending order, their (B, P) labels, empty slots holding position 0 and label -100; P is
+    `max_predictions_per_seq`. A row with more than P labelled tokens keeps a uniformly random P of them
+    (drawn from `generator`, or torch's global RNG: B x T uniforms per call, whatever the masks); the others
+    are unmasked, as google never masks more than P: their label is dropped and, when `input_ids` is given,
+    the original token (the label) is written back into a copy of `input_ids`, so the model sees it unchanged.
+    Feed the result to the model as `model(input_ids=..., masked_positions=..., labels=masked_labels, ...)`.
+    """
+    if max_predictions_per_seq < 1:
+        raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
+    seq_len = labels.size(1)
+    masked = labels != IGNORE_INDEX
+    slots = min(max_predictions_per_seq, seq_len)
+    priority = torch.rand(labels.shape, generator=generator, device=labels.device)
+    keep = priority.masked_fill(~masked, -1.0).topk(slots, dim=1).indices  # the (at most) P to predict
+    chosen = torch.zeros_like(masked).scatter_(1, keep, True) & masked
+    if input_ids is not None:
+        input_ids = torch.where(masked & ~chosen, labels, input_ids)
+    order = torch.argsort((~chosen).int(), dim=1, stable=True)[:, :slots]  # chosen first, ascending
+    filled = chosen.gather(1, order)
+    positions = order.masked_fill(~filled, 0)
+    masked_labels = labels.gather(1, order).masked_fill(~filled, IGNORE_INDEX)
+    if slots < max_predictions_per_seq:  # P > T: pad with empty slots
+        extra = max_predictions_per_seq - slots
+        positions = F.pad(positions, (0, extra), value=0)
+        masked_labels = F.pad(masked_labels, (0, extra), value=IGNORE_INDEX)
+    return positions, masked_labels, input_ids
+
+
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) with 1 = token, 0 = padding -> boolean (B, T), True where a key may be attended to.
+
+    Boolean rather than an additive -inf/-1e4 mask: nothing can overflow in fp16/bf16. A row that is all
+    padding attends to every position instead of none, so its (meaningless) output stays finite, never NaN.
+    """
+    if attention_mask is None:
+        return None
+    keep = attention_mask.bool()
+    return keep | ~keep.any(dim=-1, keepdim=True)
+
+
+def attention_mask_for(
+    config: HfBertConfig, implementation: str, attention_mask: torch.Tensor | None, embeddings: torch.Tensor
+) -> torch.Tensor | None:
+    """The mask in the form the attention backend takes: boolean (B, 1, 1, T) for eager and sdpa (no
+    host sync), otherwise whatever transformers builds for that backend (2-D for flash, a BlockMask for flex)."""
+    keep = padding_mask(attention_mask)
+    if keep is None or implementation in ROW_SUBSET_BACKENDS:
+        return None if keep is None else keep[:, None, None, :]
+    return create_bidirectional_mask(config=config, inputs_embeds=embeddings, attention_mask=keep)
+
+
 # ----------------------------------------------------------------------------------------------------------
-# Attention backends, chosen by config._attn_implementation.
+# Attention: transformers' ALL_ATTENTION_FUNCTIONS (sdpa, flash_attention_2/3, flex_attention, hub kernels),
+# with this eager function as the default.
 # ----------------------------------------------------------------------------------------------------------
 
 
-def eager_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, dropout: float
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Unpack[TransformersKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T / sqrt(hs)) v, written out so the attention probabilities can be returned."""
-    scores = query @ key.transpose(-2, -1) * query.size(-1) ** -0.5  # (B, nh, T, T)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    probs = scores.softmax(dim=-1)
-    context = F.dropout(probs, p=dropout) @ value  # (B, nh, T, hs)
-    return context, probs
+    """softmax(q k^T / sqrt(hs)) v, written out so the attention probabilities can be returned.
 
-
-def sdpa_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, dropout: float
-) -> tuple[torch.Tensor, None]:
-    """torch's fused scaled_dot_product_attention (flash / memory-efficient / math kernel chosen by torch)."""
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout), None
-
-
-ATTENTION_BACKENDS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
-    "eager": eager_attention,
-    "sdpa": sdpa_attention,
-}
+    (B, nh, Tq, hs) queries, (B, nh, T, hs) keys and values -> (B, Tq, nh, hs) and (B, nh, Tq, T)
+    probabilities. The mask is boolean (True = attend) or additive.
+    """
+    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+    scores = query @ key.transpose(-2, -1) * scaling  # (B, nh, Tq, T)
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
+    return (probs @ value).transpose(1, 2).contiguous(), probs
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -196,25 +288,46 @@ class HfBertSelfAttention(nn.Module):
         self.config = config
         self.num_heads = config.num_attention_heads
         self.head_size = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_size**-0.5
+        self.is_causal = False  # read by transformers' sdpa / flash functions
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        queries: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attend from `queries` (B, Tq, d) (usually `hidden_states` itself) to `hidden_states` (B, T, d)."""
+        """Attend from `queries` (B, Tq, d) (default: `hidden_states` itself) to `hidden_states` (B, T, d).
+
+        Returns the (B, Tq, d) context and the attention probabilities (eager only, else None).
+        """
+        queries = hidden_states if queries is None else queries
         batch, query_len, _ = queries.shape
         query = self.query(queries).view(batch, query_len, self.num_heads, self.head_size).transpose(1, 2)
         heads = (batch, hidden_states.size(1), self.num_heads, self.head_size)
         key = self.key(hidden_states).view(heads).transpose(1, 2)  # (B, nh, T, hs)
         value = self.value(hidden_states).view(heads).transpose(1, 2)
-        attend = ATTENTION_BACKENDS[self.config._attn_implementation]
-        dropout = self.dropout.p if self.training else 0.0
-        context, probs = attend(query, key, value, mask, dropout)  # (B, nh, Tq, hs)
-        context = context.transpose(1, 2).reshape(batch, query_len, -1)  # (B, Tq, d)
-        return context, probs
+        # output_attentions=True runs eager for that call (HfBertModel.forward warns once).
+        implementation = "eager" if kwargs.get("output_attentions") else self.config._attn_implementation
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            implementation, eager_attention_forward
+        )
+        context, probs = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout.p if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )  # (B, Tq, nh, hs)
+        return context.reshape(batch, query_len, -1), probs
 
 
 class HfBertResidualOutput(nn.Module):
@@ -239,12 +352,16 @@ class HfBertAttention(nn.Module):
         self.output = HfBertResidualOutput(config, config.hidden_size)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        positions: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
         """Outputs at every position, or at `positions` (B, m) only (all positions still serve as keys)."""
         queries = hidden_states if positions is None else gather_positions(hidden_states, positions)
-        context, probs = self.self(hidden_states, mask, queries)
-        return self.output(context, queries), probs
+        context, _ = self.self(hidden_states, attention_mask, queries, **kwargs)
+        return self.output(context, queries)
 
 
 class HfBertIntermediate(nn.Module):
@@ -269,17 +386,34 @@ class HfBertLayer(GradientCheckpointingLayer):
         self.output = HfBertResidualOutput(config, config.intermediate_size)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        positions: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
         """(B, T, d) -> (B, T, d), or (B, m, d) at `positions` (B, m) only."""
-        attended, probs = self.attention(hidden_states, mask, positions)
-        return self.output(self.intermediate(attended), attended), probs
+        attended = self.attention(hidden_states, attention_mask, positions, **kwargs)
+        return self.output(self.intermediate(attended), attended)
 
 
 class HfBertEncoder(nn.Module):
     def __init__(self, config: HfBertConfig):
         super().__init__()
         self.layer = nn.ModuleList([HfBertLayer(config) for _ in range(config.num_hidden_layers)])
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        last_layer_positions: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        last = len(self.layer) - 1
+        for index, layer in enumerate(self.layer):
+            positions = last_layer_positions if index == last else None
+            hidden_states = layer(hidden_states, attention_mask, positions, **kwargs)
+        return hidden_states
 
 
 class HfBertPooler(nn.Module):
@@ -344,12 +478,12 @@ class HfBertPreTrainedModel(PreTrainedModel):
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
     _no_split_modules = ["HfBertEmbeddings", "HfBertLayer"]
-
-    @classmethod
-    def _can_set_attn_implementation(cls) -> bool:
-        # The backend is looked up in ATTENTION_BACKENDS at every forward, so set_attn_implementation() is safe.
-        return True
+    # What capture_outputs records for output_hidden_states / output_attentions.
+    _can_record_outputs = {"hidden_states": HfBertLayer, "attentions": HfBertSelfAttention}
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -372,11 +506,12 @@ class HfBertForPreTrainingOutput(ModelOutput):
         loss: mlm_loss + nsp_loss (or the one part whose labels were given).
         mlm_loss: Masked-LM cross-entropy over positions whose label is not -100.
         nsp_loss: Next-sentence cross-entropy.
-        prediction_logits: (B, T, V) logits; (M, V) at the M masked positions, in row-major order of
-            `labels != -100`, when labels were given and `config.mlm_masked_rows_only` is set.
+        prediction_logits: (B, T, V) logits, as in transformers. Only when asked for: (M, V) at the M masked
+            positions in row-major order of `labels != -100` with `mlm_masked_rows_only=True` and labels;
+            (B, P, V) at `masked_positions` when those are given.
         seq_relationship_logits: (B, 2); index 0 = B follows A, 1 = B is random.
         hidden_states: Embedding output and every layer's output, each (B, T, d), if asked for.
-        attentions: Every layer's attention probabilities, each (B, nh, T, T), if asked for (eager only).
+        attentions: Every layer's attention probabilities, each (B, nh, T, T), if asked for.
     """
 
     loss: torch.Tensor | None = None
@@ -404,6 +539,7 @@ class HfBertModel(HfBertPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
 
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -411,10 +547,8 @@ class HfBertModel(HfBertPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        last_layer_positions: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPooling | tuple:
         """Encode a batch.
 
@@ -424,67 +558,32 @@ class HfBertModel(HfBertPreTrainedModel):
             token_type_ids: (B, T) segment ids, 0 for sentence A and 1 for sentence B.
             position_ids: (B, T) or (1, T); default 0..T-1.
             inputs_embeds: (B, T, d) instead of input_ids.
-            output_attentions: Return each layer's attention probabilities (needs attn_implementation="eager").
-            output_hidden_states: Return the embedding output and every layer's output.
-            return_dict: Return a ModelOutput (default) or a tuple.
+            last_layer_positions: (B, m): run the last layer at these positions only (keys and values still
+                cover every position), so `last_hidden_state` is (B, m, d) and the pooler reads column 0. The
+                masked-LM heads' speed path; eager and sdpa only.
+            kwargs: `output_hidden_states`, `output_attentions` (with a non-eager backend this call runs
+                eager attention, with a warning), `return_dict`, and transformers' attention kwargs.
         """
-        output = self.encode(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
-        )
-        return return_as(output, return_dict, self.config)
-
-    def encode(
-        self,
-        input_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        token_type_ids: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        inputs_embeds: torch.Tensor | None,
-        output_attentions: bool | None,
-        output_hidden_states: bool | None,
-        last_layer_positions: torch.Tensor | None = None,
-    ) -> BaseModelOutputWithPooling:
-        """`forward` as a ModelOutput. With `last_layer_positions` (B, m) the last layer runs at those positions
-        only (keys and values still cover every position), so `last_hidden_state` is (B, m, d) and the
-        pooler reads column 0: the masked-LM heads' masked-rows path, see `last_layer_positions()`."""
         config = self.config
-        output_attentions = config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = (
-            config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        )
-        if output_attentions and config._attn_implementation != "eager":
-            raise ValueError(
-                f"output_attentions=True needs the eager attention backend, but this model uses "
-                f"{config._attn_implementation!r}; load it with attn_implementation='eager' or call "
-                "model.set_attn_implementation('eager')."
-            )
         check_inputs(config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        implementation = config._attn_implementation
+        if kwargs.get("output_attentions", config.output_attentions):
+            if implementation != "eager":
+                logger.warning_once(
+                    f"output_attentions=True needs eager attention; this model uses {implementation!r}, so "
+                    "these calls run eager attention (slower). Load the model with attn_implementation='eager' "
+                    "to make that the default."
+                )
+            implementation = "eager"
+            kwargs["output_attentions"] = True  # tells every HfBertSelfAttention to run eager
+        if last_layer_positions is not None and implementation not in ROW_SUBSET_BACKENDS:
+            raise ValueError(f"last_layer_positions needs eager or sdpa attention, not {implementation!r}")
 
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, d)
-        mask = expand_attention_mask(attention_mask)  # (B, 1, 1, T) bool
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        last = len(self.encoder.layer) - 1
-        for index, layer in enumerate(self.encoder.layer):
-            hidden_states, probs = layer(hidden_states, mask, last_layer_positions if index == last else None)
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            if output_attentions:
-                all_attentions += (probs,)
+        mask = attention_mask_for(config, implementation, attention_mask, hidden_states)
+        hidden_states = self.encoder(hidden_states, mask, last_layer_positions, **kwargs)
         pooled = self.pooler(hidden_states) if self.pooler is not None else None
-
-        return BaseModelOutputWithPooling(
-            last_hidden_state=hidden_states,
-            pooler_output=pooled,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-        )
+        return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=pooled)
 
 
 class HfBertMaskedLMMixin:
@@ -503,18 +602,27 @@ class HfBertMaskedLMMixin:
         self.cls.predictions.bias = new_embeddings.bias
 
     def last_layer_positions(
-        self, labels: torch.Tensor | None, output_attentions: bool | None, output_hidden_states: bool | None
+        self,
+        labels: torch.Tensor | None,
+        mlm_masked_rows_only: bool = True,
+        masked_positions: torch.Tensor | None = None,
+        every_position: bool = False,
     ) -> torch.Tensor | None:
-        """(B, m) positions whose last-layer output the losses read: [CLS] (for the pooler) and the masked
-        ones, ascending, each row padded with unmasked positions (label -100) to the longest. The last layer
-        then runs at these m of T positions only, since no loss reads the others (the mini preset's training
-        step gets 16% faster). None when every position is needed: no labels, the dense head, or hidden
-        states / attentions asked for."""
-        config = self.config
-        every_position = (config.output_attentions if output_attentions is None else output_attentions) or (
-            config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        )
-        if labels is None or not config.mlm_masked_rows_only or every_position:
+        """(B, m) positions whose last-layer output the losses read: [CLS] (for the pooler) then the masked
+        ones. The last layer then runs at these m of T positions only, since no loss reads the others (the
+        mini preset's training step gets 16% faster). None when every position is needed: the dense head, a
+        backend other than eager/sdpa, or hidden states / attentions asked for (`every_position`).
+
+        Static path (`masked_positions` (B, P) given): [CLS] then the P slots, m = 1 + P, a static shape.
+        Dynamic path (`mlm_masked_rows_only` and labels (B, T)): [CLS] and the masked positions ascending,
+        each row padded with unmasked positions (label -100) to the longest row (a data-dependent shape).
+        """
+        if every_position or self.config._attn_implementation not in ROW_SUBSET_BACKENDS:
+            return None
+        if masked_positions is not None:
+            cls_column = torch.zeros_like(masked_positions[:, :1])
+            return torch.cat([cls_column, masked_positions], dim=1)
+        if labels is None or not mlm_masked_rows_only:
             return None
         needed = labels != IGNORE_INDEX
         needed[:, 0] = True
@@ -529,41 +637,54 @@ class HfBertMaskedLMMixin:
         position_ids: torch.Tensor | None,
         inputs_embeds: torch.Tensor | None,
         labels: torch.Tensor | None,
-        output_attentions: bool | None,
-        output_hidden_states: bool | None,
+        mlm_masked_rows_only: bool,
+        masked_positions: torch.Tensor | None,
+        kwargs: dict,
     ) -> tuple[BaseModelOutputWithPooling, torch.Tensor, torch.Tensor | None]:
         """Encode, then MLM logits and loss: (encoder outputs, logits, loss).
 
-        With labels and `mlm_masked_rows_only`, the last layer and the head run on the masked rows alone: the
-        dense head spends most of a small model's FLOPs on positions whose loss is ignored.
+        Dense by default: (B, T, V) logits. With `masked_positions` (static) or `mlm_masked_rows_only` and
+        labels (dynamic), the last layer and the head run on the masked rows alone: the dense head spends most
+        of a small model's FLOPs on positions whose loss is ignored.
         """
-        positions = self.last_layer_positions(labels, output_attentions, output_hidden_states)
-        outputs = self.bert.encode(
+        config = self.config
+        if masked_positions is not None:
+            shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
+            check_masked_positions(masked_positions, labels, shape)
+        every_position = bool(
+            kwargs.get("output_attentions", config.output_attentions)
+            or kwargs.get("output_hidden_states", config.output_hidden_states)
+        )
+        positions = self.last_layer_positions(labels, mlm_masked_rows_only, masked_positions, every_position)
+        outputs = self.bert(
             input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
             last_layer_positions=positions,
+            return_dict=True,
+            **kwargs,
         )
         sequence_output = outputs.last_hidden_state
-        if labels is None:
-            return outputs, self.cls.predictions(sequence_output), None  # (B, T, V)
-        if positions is not None:
-            labels = labels.gather(1, positions)  # (B, m), the labels of the rows the last layer computed
-        if self.config.mlm_masked_rows_only:
+        if masked_positions is not None:  # static: (B, P, d) -> (B, P, V)
+            if positions is not None:
+                rows = sequence_output[:, 1:]  # the last layer ran at [CLS] + the P slots
+            else:
+                rows = gather_positions(sequence_output, masked_positions)
+            logits = self.cls.predictions(rows)
+        elif labels is None or not mlm_masked_rows_only:
+            logits = self.cls.predictions(sequence_output)  # (B, T, V)
+        else:  # dynamic masked rows: (M, d) -> (M, V)
+            if positions is not None:
+                labels = labels.gather(1, positions)  # (B, m), the labels of the rows the last layer computed
             masked = labels != IGNORE_INDEX
             sequence_output, labels = sequence_output[masked], labels[masked]  # (M, d), (M,)
-        logits = self.cls.predictions(sequence_output)  # (M, V) or (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1))
+            logits = self.cls.predictions(sequence_output)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1))
         return outputs, logits, loss
-
-
-def return_as(output: ModelOutput, return_dict: bool | None, config: HfBertConfig) -> ModelOutput | tuple:
-    """A head's output as a ModelOutput or, with return_dict=False, a tuple of its non-None fields."""
-    return output if (config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
 
 class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
@@ -575,6 +696,7 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         self.cls = HfBertPreTrainingHeads(config)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -584,16 +706,21 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        mlm_masked_rows_only: bool = False,
+        masked_positions: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> HfBertForPreTrainingOutput | tuple:
         """Pretraining forward pass.
 
         Args:
-            labels: (B, T) MLM targets; -100 where no loss is taken.
+            labels: (B, T) MLM targets, -100 where no loss is taken; (B, P) with `masked_positions`.
             next_sentence_label: (B,) 0 if segment B follows segment A, 1 if B is random.
+            mlm_masked_rows_only: With labels, run the last layer at [CLS] and the masked rows and the MLM head
+                at the masked rows only (same loss and gradients as the dense head, much less work);
+                `prediction_logits` is then (M, V), in row-major order of `labels != -100`.
+            masked_positions: (B, P) positions of the MLM targets, `labels` (B, P) with -100 on empty slots
+                (see `masked_positions_from_labels`): the same path with static shapes (torch.compile);
+                `prediction_logits` is (B, P, V).
             Other arguments: see `HfBertModel.forward`.
         """
         outputs, prediction_logits, mlm_loss = self.masked_lm(
@@ -603,15 +730,16 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
             position_ids,
             inputs_embeds,
             labels,
-            output_attentions,
-            output_hidden_states,
+            mlm_masked_rows_only,
+            masked_positions,
+            kwargs,
         )
         seq_relationship_logits = self.cls.seq_relationship(outputs.pooler_output)  # (B, 2)
         nsp_loss = None
         if next_sentence_label is not None:
             nsp_loss = F.cross_entropy(seq_relationship_logits.float(), next_sentence_label.reshape(-1))
         parts = [part for part in (mlm_loss, nsp_loss) if part is not None]
-        output = HfBertForPreTrainingOutput(
+        return HfBertForPreTrainingOutput(
             loss=sum(parts) if parts else None,
             mlm_loss=mlm_loss,
             nsp_loss=nsp_loss,
@@ -620,7 +748,6 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return return_as(output, return_dict, self.config)
 
 
 class HfBertForMaskedLM(HfBertMaskedLMMixin, HfBertPreTrainedModel):
@@ -632,6 +759,7 @@ class HfBertForMaskedLM(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         self.cls = HfBertPreTrainingHeads(config, next_sentence=False)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -640,12 +768,11 @@ class HfBertForMaskedLM(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        mlm_masked_rows_only: bool = False,
+        masked_positions: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput | tuple:
-        """Masked-LM forward pass; `logits` are (B, T, V), or (M, V) as in HfBertForPreTraining with labels."""
+        """Masked-LM forward pass; `logits` are (B, T, V), or (M, V) / (B, P, V) as in HfBertForPreTraining."""
         outputs, logits, loss = self.masked_lm(
             input_ids,
             attention_mask,
@@ -653,13 +780,13 @@ class HfBertForMaskedLM(HfBertMaskedLMMixin, HfBertPreTrainedModel):
             position_ids,
             inputs_embeds,
             labels,
-            output_attentions,
-            output_hidden_states,
+            mlm_masked_rows_only,
+            masked_positions,
+            kwargs,
         )
-        output = MaskedLMOutput(
+        return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return return_as(output, return_dict, self.config)
 
 
 class HfBertForNextSentencePrediction(HfBertPreTrainedModel):
@@ -671,6 +798,7 @@ class HfBertForNextSentencePrediction(HfBertPreTrainedModel):
         self.cls = HfBertPreTrainingHeads(config, masked_lm=False)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -679,10 +807,7 @@ class HfBertForNextSentencePrediction(HfBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> NextSentencePredictorOutput | tuple:
         """`labels` (B,): 0 if segment B follows segment A, 1 if it is random."""
         outputs = self.bert(
@@ -691,16 +816,14 @@ class HfBertForNextSentencePrediction(HfBertPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.cls.seq_relationship(outputs.pooler_output)  # (B, 2)
         loss = F.cross_entropy(logits.float(), labels.reshape(-1)) if labels is not None else None
-        output = NextSentencePredictorOutput(
+        return NextSentencePredictorOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return return_as(output, return_dict, self.config)
 
 
 def classification_loss(config: HfBertConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -733,6 +856,7 @@ class HfBertForSequenceClassification(HfBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -741,10 +865,7 @@ class HfBertForSequenceClassification(HfBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput | tuple:
         """`labels` (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
         outputs = self.bert(
@@ -753,16 +874,14 @@ class HfBertForSequenceClassification(HfBertPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, num_labels)
         loss = classification_loss(self.config, logits, labels) if labels is not None else None
-        output = SequenceClassifierOutput(
+        return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return return_as(output, return_dict, self.config)
 
 
 class HfBertForTokenClassification(HfBertPreTrainedModel):
@@ -779,6 +898,7 @@ class HfBertForTokenClassification(HfBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -787,10 +907,7 @@ class HfBertForTokenClassification(HfBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TokenClassifierOutput | tuple:
         """`labels` (B, T) class ids, -100 where no loss is taken."""
         outputs = self.bert(
@@ -799,18 +916,16 @@ class HfBertForTokenClassification(HfBertPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1))
-        output = TokenClassifierOutput(
+        return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return return_as(output, return_dict, self.config)
 
 
 class HfBertForQuestionAnswering(HfBertPreTrainedModel):
@@ -823,6 +938,7 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -832,10 +948,7 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> QuestionAnsweringModelOutput | tuple:
         """`start_positions` / `end_positions` (B,): token index of the answer span; out-of-range ones are ignored."""
         outputs = self.bert(
@@ -844,9 +957,8 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
         start_logits, end_logits = (part.squeeze(-1).contiguous() for part in logits.split(1, dim=-1))
@@ -859,14 +971,13 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
                 F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
                 + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)
             ) / 2
-        output = QuestionAnsweringModelOutput(
+        return QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,
             end_logits=end_logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return return_as(output, return_dict, self.config)
 
 
 __all__ = [
@@ -880,4 +991,5 @@ __all__ = [
     "HfBertForTokenClassification",
     "HfBertModel",
     "HfBertPreTrainedModel",
+    "masked_positions_from_labels",
 ]

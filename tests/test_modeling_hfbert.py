@@ -1,5 +1,6 @@
 """hfbert's model against transformers' own BERT, and its behaviour on its own."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,8 @@ import transformers
 from conftest import tiny_config
 from torch.testing import assert_close
 from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, BertConfig
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
 
 import hfbert
 from hfbert import (
@@ -21,7 +24,9 @@ from hfbert import (
     HfBertForSequenceClassification,
     HfBertForTokenClassification,
     HfBertModel,
+    modeling_hfbert,
 )
+from hfbert.modeling_hfbert import masked_positions_from_labels
 
 HEADS = [
     HfBertModel,
@@ -131,7 +136,7 @@ def test_loss_matches_transformers(model_class):
 
 
 @pytest.mark.parametrize("model_class", [HfBertForPreTraining, HfBertForMaskedLM], ids=lambda c: c.__name__)
-def test_masked_rows_logits_are_the_dense_logits_at_masked_positions(model_class):
+def test_logits_with_labels_are_dense_by_default_as_in_transformers(model_class):
     reference, ours = twins(model_class)
     batch = padded_batch()
     labels = labels_for(model_class, batch)
@@ -139,9 +144,24 @@ def test_masked_rows_logits_are_the_dense_logits_at_masked_positions(model_class
         expected = reference(**batch, **labels)
         actual = ours(**batch, **labels)
     key = "prediction_logits" if model_class is HfBertForPreTraining else "logits"
+    assert actual[key].shape == (3, 16, ours.config.vocab_size)
+    assert_close(actual[key], expected[key], **TIGHT)
+
+
+@pytest.mark.parametrize("model_class", [HfBertForPreTraining, HfBertForMaskedLM], ids=lambda c: c.__name__)
+def test_masked_rows_logits_are_the_dense_logits_at_masked_positions(model_class):
+    reference, ours = twins(model_class)
+    batch = padded_batch()
+    labels = labels_for(model_class, batch)
+    with torch.no_grad():
+        expected = reference(**batch, **labels)
+        actual = ours(**batch, **labels, mlm_masked_rows_only=True)
+    key = "prediction_logits" if model_class is HfBertForPreTraining else "logits"
     masked = labels["labels"] != -100
     assert actual[key].shape == (int(masked.sum()), ours.config.vocab_size)
     assert_close(actual[key], expected[key][masked], **TIGHT)
+    if model_class is HfBertForMaskedLM:
+        assert_close(actual.loss, expected.loss, **TIGHT)
 
 
 def test_weights_copy_back_into_transformers_unchanged():
@@ -153,12 +173,12 @@ def test_weights_copy_back_into_transformers_unchanged():
 
 
 def test_masked_rows_head_gives_the_dense_loss_and_gradients():
-    _, sparse = twins(HfBertForPreTraining, mlm_masked_rows_only=True)
-    _, dense = twins(HfBertForPreTraining, mlm_masked_rows_only=False)
+    _, sparse = twins(HfBertForPreTraining)
+    _, dense = twins(HfBertForPreTraining)
     dense.load_state_dict(sparse.state_dict())
     batch = padded_batch()
     labels = labels_for(HfBertForPreTraining, batch)
-    sparse_out, dense_out = sparse(**batch, **labels), dense(**batch, **labels)
+    sparse_out, dense_out = sparse(**batch, **labels, mlm_masked_rows_only=True), dense(**batch, **labels)
     assert dense_out.prediction_logits.shape == (3, 16, 1000)
     assert_close(sparse_out.loss, dense_out.loss, atol=1e-6, rtol=1e-6)
     sparse_out.loss.backward()
@@ -345,13 +365,23 @@ def test_half_precision_with_padding_and_an_all_padding_row_gives_no_nan(dtype):
         assert torch.isfinite(tensor).all()
 
 
-def test_output_attentions_needs_the_eager_backend():
+def test_output_attentions_on_sdpa_runs_eager_for_that_call_with_a_warning():
     _, model = twins(HfBertModel, attn_implementation="sdpa")
-    with pytest.raises(ValueError, match="attn_implementation='eager'"):
-        model(**padded_batch(), output_attentions=True)
+    eager = HfBertModel(tiny_config(attn_implementation="eager")).eval()
+    eager.load_state_dict(model.state_dict())
+    batch = padded_batch()
+    logging.warning_once.cache_clear()
+    with torch.no_grad(), CaptureLogger(modeling_hfbert.logger) as captured:
+        fallback = model(**batch, output_attentions=True)
+        expected = eager(**batch, output_attentions=True)
+    assert "run eager attention" in captured.out
+    assert model.config._attn_implementation == "sdpa"  # for this call only
+    assert len(fallback.attentions) == 2 and fallback.attentions[0].shape == (3, 4, 16, 16)
+    for actual, wanted in zip(fallback.attentions, expected.attentions, strict=True):
+        assert_close(actual, wanted, **TIGHT)
+    assert_close(fallback.last_hidden_state, expected.last_hidden_state, **TIGHT)
     model.set_attn_implementation("eager")
-    attentions = model(**padded_batch(), output_attentions=True).attentions
-    assert len(attentions) == 2 and attentions[0].shape == (3, 4, 16, 16)
+    assert model(**batch, output_attentions=True).attentions[1].shape == (3, 4, 16, 16)
 
 
 def test_return_dict_false_gives_a_tuple():
@@ -403,6 +433,16 @@ def bad_input_cases() -> list[tuple[str, dict, str]]:
             r"token_type_ids has shape \(2, 16\)",
         ),
         ("1-D ids", {"input_ids": batch["input_ids"][0]}, r"shape \(batch, seq_len\)"),
+        (
+            "masked position >= seq_len",
+            {**batch, "masked_positions": torch.tensor([[1], [2], [16]]), "labels": torch.ones(3, 1).long()},
+            r"masked_positions contains 16, outside \[0, seq_len=16\)",
+        ),
+        (
+            "static labels shape",
+            {**batch, "masked_positions": torch.ones(3, 2).long(), "labels": torch.ones(3, 16).long()},
+            r"labels must have the same shape",
+        ),
         ("no ids", {"attention_mask": batch["attention_mask"]}, r"exactly one of input_ids or inputs_embeds"),
     ]
 
@@ -414,6 +454,29 @@ def test_bad_input_raises_a_clear_error(case, inputs, message):
     _, model = twins(HfBertForPreTraining)
     with pytest.raises(ValueError, match=message):
         model(**inputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_forward_does_not_synchronise_and_bad_ids_still_fail():
+    _, model = twins(HfBertForPreTraining)
+    model = model.cuda()
+    batch = {key: value.cuda() for key, value in padded_batch().items()}
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[:, 3] = 7
+    positions, masked_labels, _ = masked_positions_from_labels(labels, 4)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host synchronisation raises
+    try:
+        model(**batch).prediction_logits.sum()
+        model(**batch, masked_positions=positions, labels=masked_labels).loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    bad = batch["input_ids"].clone()
+    bad[0, 0] = 1000
+    with pytest.raises(RuntimeError):
+        model(**{**batch, "input_ids": bad})
+        torch.cuda.synchronize()
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -438,6 +501,24 @@ def test_presets_follow_the_google_bert_grid(preset, layers, hidden, heads):
         heads,
     )
     assert config.intermediate_size == 4 * hidden and config.vocab_size == 500
+
+
+def test_old_config_with_mlm_masked_rows_only_loads_quietly_and_drops_it(tmp_path):
+    model = HfBertForPreTraining(tiny_config())
+    model.save_pretrained(tmp_path)
+    config_file = tmp_path / "config.json"
+    saved = json.loads(config_file.read_text())
+    assert "mlm_masked_rows_only" not in saved
+    config_file.write_text(json.dumps({**saved, "mlm_masked_rows_only": True}))
+    logging.warning_once.cache_clear()
+    with CaptureLogger(logging.get_logger("transformers")) as captured:
+        loaded = HfBertForPreTraining.from_pretrained(tmp_path)
+    assert captured.out == ""
+    assert not hasattr(loaded.config, "mlm_masked_rows_only")
+    assert "mlm_masked_rows_only" not in loaded.config.to_dict()
+    batch = padded_batch()
+    labels = labels_for(HfBertForPreTraining, batch)
+    assert loaded(**batch, **labels).prediction_logits.shape == (3, 16, 1000)  # dense, as in transformers
 
 
 def test_defaults_are_bert_base():
