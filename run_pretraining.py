@@ -2,10 +2,10 @@
 
     accelerate launch run_pretraining.py --model_size tiny --max_train_steps 300 --output_dir runs/hfbert-tiny
 
-Run with --help for every flag; the library behind it is hfbert.training.
+Run with --help for every flag; the library behind it is hfbert.training (flags: hfbert.pretraining_settings).
 """
 
-from hfbert.training import main
+from hfbert.pretraining_cli import main
 
 if __name__ == "__main__":
     main()

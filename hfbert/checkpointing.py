@@ -10,18 +10,20 @@ leaves only a temporary folder, which every reader ignores and the next save rem
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+
+from hfbert.files import FINAL_READY, FINAL_STAGING, sha256_file, write_json_atomic
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "checkpoint-"
 TEMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
@@ -66,27 +68,6 @@ class TrainingProgress:
         self.train_seconds = float(state["train_seconds"])
 
 
-@contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to `path`; once the block succeeds, rename it onto `path` (os.replace), so
-    a crash never leaves a half-written file. The temporary name is hidden (leading dot), so it is never
-    uploaded."""
-    path = Path(path)
-    temp_path = path.with_name(f".{path.name}.tmp")
-    try:
-        yield temp_path
-        os.replace(temp_path, path)
-    finally:
-        temp_path.unlink(missing_ok=True)
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
-    """Write `obj` as indented JSON to `path` atomically (see `atomic_path`)."""
-    with atomic_path(path) as temp_path:
-        temp_path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return Path(path)
-
-
 def checkpoint_step(path: str | os.PathLike) -> int:
     """The step number in a `checkpoint-<step>` folder name."""
     match = _CHECKPOINT_NAME.match(Path(path).name)
@@ -111,17 +92,9 @@ def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return sorted(complete, key=checkpoint_step)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _write_manifest(folder: Path, step: int, num_processes: int) -> None:
     files = {
-        path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
+        path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": sha256_file(path)}
         for path in sorted(folder.rglob("*"))
         if path.is_file()
     }
@@ -195,7 +168,7 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
             problem = f"{name} is missing"
         elif path.stat().st_size != expected["size"]:
             problem = f"{name} is truncated or overwritten ({path.stat().st_size} bytes, expected {expected['size']})"
-        elif _sha256(path) != expected["sha256"]:
+        elif sha256_file(path) != expected["sha256"]:
             problem = f"{name} is corrupted (sha256 differs from the one recorded at save time)"
         else:
             continue
@@ -229,14 +202,31 @@ def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
         shutil.rmtree(doomed)
 
 
+# Saved inside every checkpoint: the settings that shape the run (compared on resume) and the tokenizer it uses.
+RUN_SETTINGS_NAME = "run_settings.json"
+TOKENIZER_FOLDER = "tokenizer"
+# Folders of an earlier run that --overwrite_output_dir removes, and (with the trained tokenizer) the names
+# that mark a folder as an hfbert run, complete or not.
+_LEFTOVER_PREFIXES = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, FINAL_STAGING, FINAL_READY)
+_RUN_MARKERS = (*_LEFTOVER_PREFIXES, ".tokenizer")
+
+
 def save_checkpoint(
-    accelerator: Accelerator, output_dir: str | os.PathLike, step: int, total_limit: int | None = None
+    accelerator: Accelerator,
+    output_dir: str | os.PathLike,
+    step: int,
+    total_limit: int | None = None,
+    *,
+    run_settings: dict[str, Any] | None = None,
+    tokenizer: Any = None,
 ) -> Path:
     """Save the full training state to `output_dir/checkpoint-<step>`, crash-safely. Call on EVERY process.
 
     The state goes to `.tmp-checkpoint-<step>` (accelerate writes the shared files from the main process and
-    one RNG file per process), then the main process writes the manifest, renames the folder into place and
-    only then removes the oldest checkpoints beyond `total_limit`. Returns the checkpoint folder.
+    one RNG file per process; `run_settings` and the `tokenizer` are saved beside them), then the main process
+    writes the manifest, renames the folder into place and only then removes the oldest checkpoints beyond
+    `total_limit`. A failed write (e.g. a full disk) raises `CheckpointError` and leaves earlier checkpoints
+    untouched. Returns the checkpoint folder.
     """
     _check_no_automatic_naming(accelerator)
     if total_limit is not None and total_limit < 1:
@@ -248,10 +238,25 @@ def save_checkpoint(
         output_dir.mkdir(parents=True, exist_ok=True)
         _remove_leftover_temp_folders(output_dir)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(temp_folder), safe_serialization=True)
-    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(temp_folder), safe_serialization=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if run_settings is not None:
+                write_json_atomic(temp_folder / RUN_SETTINGS_NAME, run_settings)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(temp_folder / TOKENIZER_FOLDER)
+            _write_manifest(temp_folder, step, accelerator.num_processes)
+    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
+        shutil.rmtree(temp_folder, ignore_errors=True)
+        earlier = find_checkpoints(output_dir)
+        kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "no earlier checkpoint exists"
+        raise CheckpointError(
+            f"Saving checkpoint {final_folder} failed ({type(error).__name__}: {error}); {kept}. If the disk is "
+            f"full (check with `df -h {output_dir}`), free space or lower --checkpoints_total_limit, then rerun "
+            "with --resume_from_checkpoint latest"
+        ) from error
     if accelerator.is_main_process:
-        _write_manifest(temp_folder, step, accelerator.num_processes)
         if final_folder.exists():
             # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
             replaced = output_dir / f"{REPLACED_CHECKPOINT_PREFIX}{step}"
@@ -266,36 +271,67 @@ def save_checkpoint(
     return final_folder
 
 
+def relaunch_command(num_processes: int, cpu: bool) -> str:
+    """How to start `num_processes` training processes (on a CPU, accelerate launch starts only one)."""
+    if cpu:
+        return f"ACCELERATE_USE_CPU=1 torchrun --nproc_per_node {num_processes} run_pretraining.py ..."
+    return f"accelerate launch --num_processes {num_processes} run_pretraining.py ..."
+
+
 def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> None:
-    """Verify `checkpoint` and restore it with `accelerator.load_state` (model, optimizer, scheduler, scaler,
-    RNG, registered objects such as `TrainingProgress`). Call on every process, after `accelerator.prepare`
-    and `register_for_checkpointing`."""
+    """Restore a checkpoint already verified by `resolve_resume_checkpoint` with `accelerator.load_state`
+    (model, optimizer, grad scaler, RNG, registered objects such as `TrainingProgress`). Call on every
+    process, after `accelerator.prepare` and `register_for_checkpointing`."""
     checkpoint = Path(checkpoint)
-    verify_checkpoint(checkpoint)
     saved_processes = int(read_manifest(checkpoint)["num_processes"])
     # Per-process RNG files and data sharding only line up with the same number of processes
     # (accelerate itself silently skips a missing RNG file).
     if saved_processes != accelerator.num_processes:
         raise CheckpointError(
             f"Checkpoint {checkpoint} was saved by {saved_processes} processes but this run has "
-            f"{accelerator.num_processes}; relaunch with `accelerate launch --num_processes {saved_processes}` "
-            "to resume it exactly"
+            f"{accelerator.num_processes}; relaunch with "
+            f"`{relaunch_command(saved_processes, accelerator.device.type == 'cpu')}` to resume it exactly"
         )
     accelerator.load_state(str(checkpoint))
 
 
+def _incomplete_checkpoints(output_dir: Path) -> list[str]:
+    """Names of checkpoint folders that no reader may use: interrupted saves and folders without a manifest."""
+    if not output_dir.is_dir():
+        return []
+    return sorted(
+        path.name
+        for path in output_dir.iterdir()
+        if path.is_dir()
+        and (
+            path.name.startswith(TEMP_CHECKPOINT_PREFIX)
+            or (_CHECKPOINT_NAME.match(path.name) and not (path / MANIFEST_NAME).is_file())
+        )
+    )
+
+
 def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpoint: str) -> Path:
     """The verified checkpoint folder meant by `--resume_from_checkpoint` ('latest' = newest complete
-    checkpoint in `output_dir`, else a folder path). Raises `CheckpointError` before anything is written."""
+    checkpoint in `output_dir`, else a folder path). Raises `CheckpointError` before anything is written.
+    Hashes every file: call it once, on the main process."""
     output_dir = Path(output_dir)
     if resume_from_checkpoint == "latest":
         checkpoints = find_checkpoints(output_dir)
+        incomplete = _incomplete_checkpoints(output_dir)
         if not checkpoints:
+            interrupted = f" (only interrupted saves: {', '.join(incomplete)})" if incomplete else ""
             raise CheckpointError(
-                f"--resume_from_checkpoint latest: {output_dir} holds no complete checkpoint; start without "
-                "--resume_from_checkpoint, or pass the --output_dir of the run to continue"
+                f"--resume_from_checkpoint latest: {output_dir} holds no complete checkpoint{interrupted}; "
+                "there is nothing to resume: start the run over with the same command without "
+                "--resume_from_checkpoint, plus --overwrite_output_dir"
             )
         checkpoint = checkpoints[-1]
+        newer = [name for name in incomplete if int(name.rsplit("-", 1)[1]) > checkpoint_step(checkpoint)]
+        if newer:
+            logger.warning(
+                f"Skipping incomplete checkpoint folder(s) {', '.join(newer)} (interrupted save or missing "
+                f"{MANIFEST_NAME}); resuming from {checkpoint.name}, the newest complete one."
+            )
     else:
         checkpoint = Path(resume_from_checkpoint)
         checkpoint_step(checkpoint)
@@ -303,37 +339,57 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
     return checkpoint
 
 
-def check_output_dir(
+def read_run_settings(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
+    """The run settings saved with a checkpoint, or None for a checkpoint written before they were saved."""
+    path = Path(checkpoint) / RUN_SETTINGS_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def check_run_folder(
     output_dir: str | os.PathLike, *, resume_from_checkpoint: str | None, overwrite_output_dir: bool
 ) -> None:
-    """Refuse to start a fresh run in a folder holding another run's checkpoints or final model.
+    """Refuse a run folder that cannot be used as asked, before anything is written.
 
-    Never deletes anything: with `overwrite_output_dir` the caller removes the old run (see
-    `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
+    A fresh run needs a new or empty folder; a folder holding another run (complete or interrupted) needs
+    --resume_from_checkpoint or --overwrite_output_dir; a folder holding the user's own files needs
+    --overwrite_output_dir. Never deletes anything: with `overwrite_output_dir` the caller removes the old
+    run (see `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
     """
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise CheckpointError(f"--output_dir {output_dir} is a file, not a folder; pass a folder path")
     if resume_from_checkpoint is not None and overwrite_output_dir:
         raise CheckpointError(
             "--resume_from_checkpoint and --overwrite_output_dir contradict each other (overwriting removes the "
             "checkpoints to resume from); pass only one of them"
         )
-    output_dir = Path(output_dir)
     if resume_from_checkpoint is not None or overwrite_output_dir or not output_dir.is_dir():
         return
-    previous_run = sorted(
-        path.name
-        for path in output_dir.iterdir()
-        if path.name.startswith((CHECKPOINT_PREFIX, TEMP_CHECKPOINT_PREFIX)) or path.name in FINAL_MODEL_FILES
-    )
-    if previous_run:
+    names = sorted(path.name for path in output_dir.iterdir())
+    if not names:
+        return
+    complete = [name for name in names if _CHECKPOINT_NAME.match(name) or name in FINAL_MODEL_FILES]
+    if find_checkpoints(output_dir) or any(name in FINAL_MODEL_FILES for name in complete):
         raise CheckpointError(
-            f"--output_dir {output_dir} already holds another run's output ({', '.join(previous_run)}); pass "
+            f"--output_dir {output_dir} already holds another run's output ({', '.join(complete)}); pass "
             "--resume_from_checkpoint latest to continue that run, --overwrite_output_dir to replace it, or a "
             "new --output_dir"
         )
+    if any(name.startswith(_RUN_MARKERS) or _CHECKPOINT_NAME.match(name) for name in names):
+        raise CheckpointError(
+            f"--output_dir {output_dir} holds an interrupted run with no complete checkpoint "
+            f"({', '.join(names)}); nothing can be resumed: pass --overwrite_output_dir to start it over, or a "
+            "new --output_dir"
+        )
+    raise CheckpointError(
+        f"--output_dir {output_dir} is not empty and holds no hfbert run ({', '.join(names[:5])}"
+        f"{', ...' if len(names) > 5 else ''}); pass a new or empty --output_dir, or --overwrite_output_dir to "
+        "write into it (files with the names of the run's outputs, e.g. README.md, would be replaced)"
+    )
 
 
 def remove_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """Delete every checkpoint and leftover temporary checkpoint folder in `output_dir` (for
+    """Delete every checkpoint and leftover temporary folder of an earlier run in `output_dir` (for
     `--overwrite_output_dir`; main process only). Returns what was removed."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
@@ -341,11 +397,7 @@ def remove_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     removed = sorted(
         path
         for path in output_dir.iterdir()
-        if path.is_dir()
-        and (
-            _CHECKPOINT_NAME.match(path.name)
-            or path.name.startswith((TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX))
-        )
+        if path.is_dir() and (_CHECKPOINT_NAME.match(path.name) or path.name.startswith(_LEFTOVER_PREFIXES))
     )
     for path in removed:
         shutil.rmtree(path)

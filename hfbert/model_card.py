@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, constants
+from safetensors import safe_open
 
-from hfbert.checkpointing import CHECKPOINT_PREFIX, atomic_path
+from hfbert.checkpointing import CHECKPOINT_PREFIX
+from hfbert.files import atomic_path
 
 MODEL_CARD_NAME = "README.md"
 CURVES_NAME = "training_curves.png"
@@ -17,6 +20,8 @@ CARD_TAGS = ["hfbert", "bert", "fill-mask", "pretraining"]
 REQUIRED_UPLOAD_FILES = ("config.json", "model.safetensors", MODEL_CARD_NAME)
 
 _EVAL_PREFIX = "eval_"
+_HUB_PROBE_TIMEOUT_S = 10
+logger = logging.getLogger(__name__)
 
 
 def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
@@ -176,6 +181,15 @@ def push_to_hub(
             f"--push_to_hub: {folder} lacks {', '.join(missing)}; push only a finished run's output folder "
             "(training writes these files at the end)"
         )
+    weights = folder / "model.safetensors"
+    try:
+        with safe_open(weights, framework="pt"):
+            pass
+    except Exception as error:  # safetensors raises its own SafetensorError for a bad header
+        raise ValueError(
+            f"{weights} is corrupted and cannot be loaded ({error}); nothing was uploaded. Rewrite the final "
+            "folder by resuming the run from its last checkpoint (--resume_from_checkpoint latest)"
+        ) from error
     api = HfApi(token=token)
     repo_url = api.create_repo(repo_id, private=private, exist_ok=True)
     # create_commit with our own list (rather than upload_folder's patterns) keeps upload_file_set the single
@@ -183,3 +197,22 @@ def push_to_hub(
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=folder / name) for name in files]
     commit = api.create_commit(repo_url.repo_id, operations=operations, commit_message=commit_message)
     return commit.commit_url
+
+
+def check_hub_access(repo_id: str, *, token: str | None = None, train_anyway: bool = False) -> None:
+    """Fail in seconds, before training, when a push at the end could not work: offline mode, no token, a
+    token the Hub refuses, or no network. With `train_anyway` the problem is only logged."""
+    try:
+        if constants.HF_HUB_OFFLINE:
+            raise ConnectionError("HF_HUB_OFFLINE is set")
+        HfApi(token=token).whoami(token=token)
+    # The causes (no token, HTTP errors, the HTTP client's network errors) share no base class worth naming.
+    except Exception as error:
+        message = (
+            f"--push_to_hub {repo_id}: the Hub cannot be used ({type(error).__name__}: {error}); log in with "
+            "`hf auth login` or pass --hub_token, check the network, or add --train_if_hub_unreachable to train "
+            f"now and push later with `python -m hfbert.push OUTPUT_DIR --hub_model_id {repo_id}`"
+        )
+        if not train_anyway:
+            raise ValueError(message) from error
+        logger.warning(message)

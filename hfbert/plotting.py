@@ -1,4 +1,4 @@
-"""Training curves PNG: training loss, learning rate and the evaluation metrics over optimizer steps."""
+"""Training curves PNG: MLM and NSP loss and accuracy, train against held-out eval, and the learning rate."""
 
 from __future__ import annotations
 
@@ -12,21 +12,19 @@ matplotlib.use("Agg")  # headless: training runs on servers without a display
 
 import matplotlib.pyplot as plt  # after matplotlib.use: the backend is chosen before pyplot loads
 
-from hfbert.checkpointing import atomic_path
+from hfbert.files import atomic_path
 
-# (panel title, y label, [(history key, legend label), ...]); one panel per group of comparable numbers.
+# (panel title, y label, [(history key, legend label), ...]); train and eval of one metric share a panel,
+# so overfitting (train improving while eval worsens) shows the moment it starts.
 PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("Training loss", "loss (MLM + NSP)", (("loss", "train loss"),)),
+    ("MLM loss", "loss", (("train_mlm_loss", "train"), ("eval_mlm_loss", "eval (held out)"))),
+    ("MLM accuracy", "accuracy", (("train_mlm_accuracy", "train"), ("eval_mlm_accuracy", "eval (held out)"))),
     ("Learning rate", "learning rate", (("learning_rate", "learning rate"),)),
-    ("Evaluation losses", "loss", (("eval_mlm_loss", "MLM loss"), ("eval_nsp_loss", "NSP loss"))),
-    (
-        "Evaluation accuracies",
-        "accuracy",
-        (("eval_mlm_accuracy", "MLM accuracy"), ("eval_nsp_accuracy", "NSP accuracy")),
-    ),
-    ("Evaluation perplexity", "perplexity (MLM)", (("eval_perplexity", "perplexity"),)),
+    ("NSP loss", "loss", (("train_nsp_loss", "train"), ("eval_nsp_loss", "eval (held out)"))),
+    ("NSP accuracy", "accuracy", (("train_nsp_accuracy", "train"), ("eval_nsp_accuracy", "eval (held out)"))),
+    ("Training loss", "loss (MLM + weighted NSP)", (("loss", "train loss"),)),
 )
-
+PANEL_ROWS, PANEL_COLUMNS = 2, 3
 
 def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     rows = [row for row in history if row.get(key) is not None]
@@ -38,11 +36,15 @@ def plot_training_curves(
 ) -> Path:
     """Draw every known metric in `history` against its "step" and save a PNG at `path` (atomically).
 
-    `history` mixes training rows ({"step", "loss", "learning_rate"}) and evaluation rows ({"step",
-    "eval_mlm_loss", "eval_mlm_accuracy", "eval_perplexity", "eval_nsp_loss", "eval_nsp_accuracy"}); a panel
-    whose metrics never appear says so instead of staying blank.
+    `history` mixes training rows ({"step", "loss", "learning_rate", "train_mlm_loss", "train_mlm_accuracy",
+    "train_nsp_loss", "train_nsp_accuracy", ...}) and evaluation rows ({"step", "eval_mlm_loss",
+    "eval_mlm_accuracy", "eval_nsp_loss", "eval_nsp_accuracy", ...}); a panel whose metrics never appear says
+    so instead of staying blank.
     """
-    figure, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.6), constrained_layout=True)
+    figure, axes = plt.subplots(
+        PANEL_ROWS, PANEL_COLUMNS, figsize=(4.4 * PANEL_COLUMNS, 3.4 * PANEL_ROWS), constrained_layout=True
+    )
+    axes = axes.ravel()
     for axis, (panel_title, y_label, metrics) in zip(axes, PANELS, strict=True):
         plotted = False
         for key, label in metrics:
@@ -63,7 +65,7 @@ def plot_training_curves(
         axis.set_title(panel_title)
         axis.set_xlabel("optimizer step")
         axis.set_ylabel(y_label)
-    axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    axes[2].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     figure.suptitle(title)
     path = Path(path)
     try:

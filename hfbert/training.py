@@ -1,49 +1,53 @@
-"""BERT pretraining (masked LM + next sentence prediction) with accelerate: the library behind run_pretraining.py.
+"""BERT pretraining (masked LM + next sentence prediction) with accelerate, in four layers:
 
-corpus (hfbert.corpus) -> tokenizer (hfbert.tokenization) -> NSP instances (hfbert.pretraining_data)
--> padded batches, masked per step (hfbert.collator) -> this loop -> checkpoints (hfbert.checkpointing)
--> final folder: model, tokenizer, eval_results.json, training_curves.png, model card (hfbert.model_card).
+    prepare_data  corpus -> tokenizer -> NSP instances               (hfbert.corpus, tokenization, pretraining_data)
+    setup_run     accelerator, model, optimizer, schedule, loaders -> one `Run`
+    fit           the loop: step, log, evaluate, checkpoint           (hfbert.collator, hfbert.checkpointing)
+    finish        final folder (model, tokenizer, card, curves, samples) and push   (hfbert.final_folder)
 
-Argument names follow transformers' examples/pytorch/language-modeling/run_mlm_no_trainer.py.
+`pretrain(settings)` runs them in order; run_pretraining.py (hfbert.pretraining_cli) parses the flags into
+`PretrainingSettings`. Every process of a multi-process launch calls `pretrain`.
 """
+
+from __future__ import annotations
 
 import logging
 import math
 import os
-import shutil
-import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import datasets
 import torch
-import torch.nn.functional as F
 import transformers
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import parse_flag_from_env, set_seed
+from accelerate.utils import broadcast_object_list, parse_flag_from_env, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, DataCollatorWithPadding, HfArgumentParser, get_scheduler
+from transformers import AutoTokenizer, DataCollatorWithPadding
 
 from hfbert.checkpointing import (
+    TOKENIZER_FOLDER,
     TrainingProgress,
-    check_output_dir,
+    check_run_folder,
     load_checkpoint,
+    read_run_settings,
     remove_checkpoints,
     resolve_resume_checkpoint,
     save_checkpoint,
-    write_json_atomic,
 )
 from hfbert.collator import DataCollatorForPretraining
-from hfbert.configuration_hfbert import PRESETS, HfBertConfig
-from hfbert.convert import bert_config_for
-from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.model_card import build_model_card, push_to_hub, write_model_card
+from hfbert.configuration_hfbert import HfBertConfig
+from hfbert.corpus import load_documents
+from hfbert.files import publish_final_files
+from hfbert.final_folder import write_final_folder
+from hfbert.model_card import check_hub_access, push_to_hub
 from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining
-from hfbert.plotting import plot_training_curves
 from hfbert.pretraining_data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining_settings import PretrainingSettings, check_resume_settings
 from hfbert.tokenization import (
     check_tokenizer_matches_config,
     model_config_for_tokenizer,
@@ -51,165 +55,132 @@ from hfbert.tokenization import (
     train_tokenizer,
 )
 
-# A plain logger: helpers log before any Accelerator exists; train() silences info on non-main processes.
 logger = logging.getLogger(__name__)
 
-CURVES_NAME = "training_curves.png"
-EVAL_RESULTS_NAME = "eval_results.json"
-TRAINING_ARGS_NAME = "training_args.json"
-LOG_HISTORY_NAME = "log_history.json"
-FILL_MASK_EXAMPLE = "The game was released in [MASK] ."
+# Builds the model to pretrain from its config. The model's forward must take the batch plus
+# `mlm_masked_rows_only=True` and return `mlm_loss`, `nsp_loss`, `prediction_logits` at the masked rows
+# (row-major order of labels != -100) and `seq_relationship_logits`, as HfBertForPreTraining does.
+ModelFactory = Callable[[HfBertConfig], torch.nn.Module]
+TRAINED_TOKENIZER_DIR = ".tokenizer"  # hidden: never uploaded
 
 
-@dataclass
-class PretrainingArguments:
-    """Model, optimisation and output flags of run_pretraining.py (corpus flags: `CorpusArguments`)."""
-
-    output_dir: str = field(metadata={"help": "Where checkpoints and the final model folder are written."})
-    tokenizer_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "A trained tokenizer folder (train_tokenizer.py). Without it, a WordPiece tokenizer of "
-            "--vocab_size is trained on the training corpus first and saved with the model."
-        },
-    )
-    vocab_size: int = field(
-        default=30522,
-        metadata={"help": "Vocabulary of the tokenizer trained when --tokenizer_name is not given."},
-    )
-    config_name: str | None = field(
-        default=None,
-        metadata={"help": "A config.json (or its folder) for the model; overrides --model_size."},
-    )
-    model_size: Literal["tiny", "mini", "small", "medium", "base", "large"] = field(
-        default="mini", metadata={"help": f"BERT size preset: {', '.join(PRESETS)}."}
-    )
-    model_implementation: Literal["hfbert", "transformers"] = field(
-        default="hfbert",
-        metadata={
-            "help": "Train hfbert, or transformers.BertForPreTraining with the same initial weights (for "
-            "side-by-side comparisons; its folder then loads with stock transformers)."
-        },
-    )
-    max_seq_length: int = field(
-        default=128, metadata={"help": "Longest instance, [CLS] A [SEP] B [SEP] included."}
-    )
-    short_seq_prob: float = field(
-        default=0.1, metadata={"help": "Share of instances with a shorter random target."}
-    )
-    dupe_factor: int = field(
-        default=1, metadata={"help": "Passes over the corpus with fresh NSP pairings (google-research/bert)."}
-    )
-    mlm_probability: float = field(
-        default=0.15, metadata={"help": "Share of tokens chosen for the MLM loss."}
-    )
-    validation_split_percentage: int = field(
-        default=5,
-        metadata={"help": "Documents held out for evaluation when the corpus has no validation split."},
-    )
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Evaluate on at most this many instances."}
-    )
-    per_device_train_batch_size: int = field(default=32, metadata={"help": "Batch size per process."})
-    per_device_eval_batch_size: int = field(
-        default=64, metadata={"help": "Evaluation batch size per process."}
-    )
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimizer update."})
-    learning_rate: float = field(default=1e-4, metadata={"help": "Peak AdamW learning rate."})
-    weight_decay: float = field(
-        default=0.01, metadata={"help": "AdamW weight decay (none on biases, LayerNorm)."}
-    )
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
-    adam_epsilon: float = field(default=1e-6, metadata={"help": "AdamW epsilon (BERT used 1e-6)."})
-    num_train_epochs: int = field(default=3, metadata={"help": "Epochs, unless --max_train_steps is given."})
-    max_train_steps: int | None = field(
-        default=None, metadata={"help": "Optimizer updates; overrides epochs."}
-    )
-    max_train_seconds: float | None = field(
-        default=None,
-        metadata={
-            "help": "Stop after this much training time (evaluation and saving excluded), e.g. 3600; pair it "
-            "with a schedule that does not depend on the end, e.g. constant_with_warmup."
-        },
-    )
-    lr_scheduler_type: str = field(
-        default="linear",
-        metadata={"help": "transformers scheduler: linear, cosine, constant_with_warmup, ..."},
-    )
-    num_warmup_steps: int = field(default=0, metadata={"help": "Linear warmup updates."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
-    seed: int = field(
-        default=42, metadata={"help": "Seed of initialisation, pairing, masking and shuffling."}
-    )
-    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = field(
-        default="auto",
-        metadata={
-            "help": "auto: what `accelerate launch --mixed_precision` asked for, else fp16 on CUDA, bf16 on a "
-            "CPU with native bf16, fp32 otherwise. fp16 on a CPU warns and falls back."
-        },
-    )
-    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
-    checkpointing_steps: str | None = field(
-        default=None, metadata={"help": "Save the full training state every N updates, or 'epoch'."}
-    )
-    checkpoints_total_limit: int | None = field(
-        default=None, metadata={"help": "Keep only the newest N checkpoints."}
-    )
-    resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "A checkpoint folder, or 'latest' (newest in --output_dir)."}
-    )
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace another run's checkpoints and model in --output_dir."}
-    )
-    eval_steps: int | None = field(
-        default=None, metadata={"help": "Evaluate every N updates (default: each epoch)."}
-    )
-    logging_steps: int = field(default=10, metadata={"help": "Log the training loss every N updates."})
-    preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Processes for datasets.map."}
-    )
-    with_tracking: bool = field(
-        default=False, metadata={"help": "Log metrics to the trackers of --report_to."}
-    )
-    report_to: str = field(
-        default="all", metadata={"help": "accelerate trackers: tensorboard, wandb, ... or all."}
-    )
-    push_to_hub: bool = field(default=False, metadata={"help": "Upload the final folder to the Hub."})
-    hub_model_id: str | None = field(
-        default=None, metadata={"help": "Hub repo id, e.g. user/hfbert-mini-wikitext."}
-    )
-    hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: the logged-in one)."})
-
-    def __post_init__(self) -> None:
-        steps = self.checkpointing_steps
-        if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
-            raise ValueError(
-                f"--checkpointing_steps {self.checkpointing_steps!r} must be a positive number of updates "
-                "or 'epoch'"
-            )
-        if self.push_to_hub and not self.hub_model_id:
-            raise ValueError("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
-        for name in (
-            "per_device_train_batch_size",
-            "per_device_eval_batch_size",
-            "gradient_accumulation_steps",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.mlm_probability < 1.0:
-            raise ValueError(f"--mlm_probability {self.mlm_probability} must be in (0, 1)")
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[CorpusArguments, PretrainingArguments]:
-    """Parse run_pretraining.py's command line (corpus flags + pretraining flags)."""
-    parser = HfArgumentParser((CorpusArguments, PretrainingArguments))
-    corpus_args, args = parser.parse_args_into_dataclasses(args=argv)
-    return corpus_args, args
+def hfbert_model(config: HfBertConfig) -> HfBertForPreTraining:
+    """The default model factory."""
+    return HfBertForPreTraining(config)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Precision
+# prepare_data: corpus -> tokenizer -> instances
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PretrainingData:
+    """What the run trains on: tokenizer, the model config that matches it, and the NSP instances."""
+
+    tokenizer: Any
+    config: HfBertConfig
+    train: datasets.Dataset
+    evaluation: datasets.Dataset
+
+
+def load_run_tokenizer(
+    settings: PretrainingSettings,
+    documents: datasets.DatasetDict,
+    accelerator: Accelerator,
+    checkpoint: Path | None,
+) -> Any:
+    """The tokenizer of the run: a resumed run's own (saved in its checkpoint), --tokenizer_name, or one
+    trained on the training corpus by the main process into `output_dir/.tokenizer`."""
+    data, output_dir = settings.data, Path(settings.run.output_dir)
+    if checkpoint is not None and (checkpoint / TOKENIZER_FOLDER).is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint / TOKENIZER_FOLDER)
+        if data.tokenizer_name is not None:
+            named = AutoTokenizer.from_pretrained(data.tokenizer_name)
+            if named.get_vocab() != tokenizer.get_vocab():
+                raise ValueError(
+                    f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint} was trained "
+                    f"with ({len(named)} vs {len(tokenizer)} tokens, or other ids); drop --tokenizer_name to "
+                    "resume with the checkpoint's own tokenizer"
+                )
+        return tokenizer
+    if data.tokenizer_name is not None:
+        return AutoTokenizer.from_pretrained(data.tokenizer_name)
+    trained = output_dir / TRAINED_TOKENIZER_DIR
+    if accelerator.is_main_process:
+        logger.info(
+            f"No --tokenizer_name given: training a WordPiece tokenizer (vocab_size={data.vocab_size}) on the "
+            "training corpus first; it is saved with the model."
+        )
+        save_tokenizer(train_tokenizer(documents["train"], vocab_size=data.vocab_size), trained)
+    accelerator.wait_for_everyone()
+    return AutoTokenizer.from_pretrained(trained)
+
+
+def build_model_config(settings: PretrainingSettings, tokenizer: Any) -> HfBertConfig:
+    """The model config (--config_name or the --model_size preset, --dropout applied), checked against the
+    tokenizer and --max_seq_length."""
+    model = settings.model
+    if model.config_name is not None:
+        config = HfBertConfig.from_pretrained(model.config_name)
+        check_tokenizer_matches_config(tokenizer, config)
+    else:
+        config = model_config_for_tokenizer(tokenizer, model.model_size)
+    if model.dropout is not None:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = model.dropout
+    if settings.data.max_seq_length > config.max_position_embeddings:
+        raise ValueError(
+            f"--max_seq_length {settings.data.max_seq_length} exceeds the model's max_position_embeddings "
+            f"{config.max_position_embeddings}; pass --max_seq_length <= {config.max_position_embeddings}"
+        )
+    return config
+
+
+def build_instances(
+    documents: datasets.DatasetDict, tokenizer: Any, settings: PretrainingSettings
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """NSP instances for training (`dupe_factor` passes) and evaluation (one pass), cached by datasets."""
+    data, seed = settings.data, settings.optimization.seed
+    if "validation" not in documents:
+        held_out = documents["train"].train_test_split(
+            test_size=data.validation_split_percentage / 100, seed=seed
+        )
+        documents = datasets.DatasetDict(train=held_out["train"], validation=held_out["test"])
+    nsp = {
+        "cls_token_id": tokenizer.cls_token_id,
+        "sep_token_id": tokenizer.sep_token_id,
+        "max_seq_length": data.max_seq_length,
+        "short_seq_prob": data.short_seq_prob,
+        "seed": seed,
+        "num_proc": data.preprocessing_num_workers,
+    }
+    tokenized = {
+        split: tokenize_documents(documents[split], tokenizer, num_proc=data.preprocessing_num_workers)
+        for split in ("train", "validation")
+    }
+    passes = [build_nsp_instances(tokenized["train"], pass_index=i, **nsp) for i in range(data.dupe_factor)]
+    evaluation = build_nsp_instances(tokenized["validation"], pass_index=0, **nsp)
+    if data.max_eval_samples is not None:
+        evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
+    return datasets.concatenate_datasets(passes), evaluation
+
+
+def prepare_data(
+    settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path | None
+) -> PretrainingData:
+    """Corpus -> tokenizer -> model config -> NSP instances (the main process first, the others from cache)."""
+    with accelerator.main_process_first():
+        documents = load_documents(settings.corpus, num_proc=settings.data.preprocessing_num_workers)
+    tokenizer = load_run_tokenizer(settings, documents, accelerator, checkpoint)
+    config = build_model_config(settings, tokenizer)
+    tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
+    with accelerator.main_process_first():
+        train, evaluation = build_instances(documents, tokenizer, settings)
+    return PretrainingData(tokenizer=tokenizer, config=config, train=train, evaluation=evaluation)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# setup_run: precision, accelerator, model, optimizer, schedule, loaders
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -245,58 +216,182 @@ def resolve_mixed_precision(requested: str, launcher_choice: str | None, cuda: b
     return requested, reason
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------------------------------------
-
-
-def build_model_config(args: PretrainingArguments, tokenizer: Any) -> HfBertConfig:
-    """The model config (from --config_name or the --model_size preset), checked against the tokenizer and
-    --max_seq_length before anything is trained or written."""
-    if args.config_name is not None:
-        config = HfBertConfig.from_pretrained(args.config_name)
-        check_tokenizer_matches_config(tokenizer, config)
-    else:
-        config = model_config_for_tokenizer(tokenizer, args.model_size)
-    if args.max_seq_length > config.max_position_embeddings:
-        raise ValueError(
-            f"--max_seq_length {args.max_seq_length} exceeds the model's max_position_embeddings "
-            f"{config.max_position_embeddings}; pass --max_seq_length <= {config.max_position_embeddings}"
-        )
-    return config
-
-
-def build_instances(
-    documents: datasets.DatasetDict, tokenizer: Any, args: PretrainingArguments
-) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """NSP instances for training (`dupe_factor` passes) and evaluation (one pass), cached by datasets."""
-    if "validation" not in documents:
-        held_out = documents["train"].train_test_split(
-            test_size=args.validation_split_percentage / 100, seed=args.seed
-        )
-        documents = datasets.DatasetDict(train=held_out["train"], validation=held_out["test"])
-    nsp = {
-        "cls_token_id": tokenizer.cls_token_id,
-        "sep_token_id": tokenizer.sep_token_id,
-        "max_seq_length": args.max_seq_length,
-        "short_seq_prob": args.short_seq_prob,
-        "seed": args.seed,
-        "num_proc": args.preprocessing_num_workers,
-    }
-    tokenized = {
-        split: tokenize_documents(documents[split], tokenizer, num_proc=args.preprocessing_num_workers)
-        for split in ("train", "validation")
-    }
-    train = datasets.concatenate_datasets(
-        [
-            build_nsp_instances(tokenized["train"], pass_index=index, **nsp)
-            for index in range(args.dupe_factor)
-        ]
+def build_accelerator(settings: PretrainingSettings) -> tuple[Accelerator, str]:
+    """The Accelerator in the resolved precision (logged), with loggers quiet on non-main processes."""
+    use_cuda = torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU")
+    precision, reason = resolve_mixed_precision(
+        settings.optimization.mixed_precision, os.environ.get("ACCELERATE_MIXED_PRECISION"), use_cuda
     )
-    evaluation = build_nsp_instances(tokenized["validation"], pass_index=0, **nsp)
-    if args.max_eval_samples is not None:
-        evaluation = evaluation.select(range(min(args.max_eval_samples, len(evaluation))))
-    return train, evaluation
+    accelerator = Accelerator(
+        mixed_precision=precision,
+        gradient_accumulation_steps=settings.optimization.gradient_accumulation_steps,
+        log_with=settings.run.report_to if settings.run.with_tracking else None,
+        project_dir=settings.run.output_dir,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    logging.getLogger("hfbert").setLevel(logging.INFO if accelerator.is_main_process else logging.WARNING)
+    # accelerate warns at every save that the tied decoder weight is stored once; that is intended here.
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
+    if not accelerator.is_main_process:
+        datasets.utils.logging.set_verbosity_error()
+        transformers.utils.logging.set_verbosity_error()
+    logger.info(
+        f"Precision: {precision} ({reason}); device {accelerator.device}, {accelerator.num_processes} process(es)."
+    )
+    return accelerator, precision
+
+
+def optimizer_parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups as in BERT: weight decay on weight matrices only, none on biases and LayerNorm."""
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@dataclass(frozen=True)
+class LearningRateSchedule:
+    """Linear warmup to `peak`, then linear or cosine decay to zero, or constant.
+
+    transformers' schedulers only know steps; a time budget needs the elapsed time too, so the decay follows
+    progress = max(step / max_steps, seconds / max_seconds) and reaches zero exactly when the budget that
+    ends the run (steps or seconds) runs out (Izsak et al. 2021). It is a pure function of the checkpointed
+    progress, so nothing about it needs saving.
+    """
+
+    peak: float
+    warmup_steps: int
+    max_steps: int
+    max_seconds: float | None
+    shape: str
+
+    def __call__(self, step: int, seconds: float) -> float:
+        if step < self.warmup_steps:
+            return self.peak * (step + 1) / (self.warmup_steps + 1)
+        if self.shape == "constant":
+            return self.peak
+        progress = (step - self.warmup_steps) / max(1, self.max_steps - self.warmup_steps)
+        if self.max_seconds is not None:
+            progress = max(progress, seconds / self.max_seconds)
+        progress = min(progress, 1.0)
+        if self.shape == "cosine":
+            return self.peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.peak * (1.0 - progress)
+
+
+@dataclass
+class Run:
+    """One object holding everything `fit` and `finish` need."""
+
+    settings: PretrainingSettings
+    accelerator: Accelerator
+    precision: str
+    data: PretrainingData
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: LearningRateSchedule
+    collator: DataCollatorForPretraining
+    eval_collator: DataCollatorForPretraining
+    train_loader: DataLoader
+    eval_loader: DataLoader
+    progress: TrainingProgress
+    max_train_steps: int
+    num_epochs: int
+    summary: dict[str, Any]  # facts of the run for training_args.json, the tracker and the model card
+
+
+def setup_run(
+    settings: PretrainingSettings,
+    data: PretrainingData,
+    accelerator: Accelerator,
+    precision: str,
+    model_factory: ModelFactory,
+) -> Run:
+    """Build model, optimizer, schedule and loaders, prepared by accelerate (not yet resumed)."""
+    optimization = settings.optimization
+    model = model_factory(data.config)
+    num_parameters = sum(p.numel() for p in model.parameters())
+    set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct masks
+    collator = DataCollatorForPretraining(data.tokenizer, mlm_probability=settings.data.mlm_probability)
+    eval_collator = DataCollatorForPretraining(data.tokenizer, mlm_probability=settings.data.eval_mlm_probability)
+    pad = DataCollatorWithPadding(data.tokenizer, pad_to_multiple_of=collator.pad_to_multiple_of)
+    train_loader = DataLoader(
+        data.train,
+        batch_size=optimization.per_device_train_batch_size,
+        shuffle=True,
+        collate_fn=pad,
+        # Its own generator: otherwise each epoch's iterator draws from the global RNG and shifts the masks.
+        generator=torch.Generator().manual_seed(optimization.seed),
+    )
+    eval_loader = DataLoader(data.evaluation, batch_size=settings.run.per_device_eval_batch_size, collate_fn=pad)
+    if optimization.torch_compile:
+        model = torch.compile(model)
+    optimizer = torch.optim.AdamW(
+        optimizer_parameter_groups(model, optimization.weight_decay),
+        lr=optimization.learning_rate,
+        betas=(optimization.adam_beta1, optimization.adam_beta2),
+        eps=optimization.adam_epsilon,
+        fused=accelerator.device.type in ("cpu", "cuda"),  # one kernel for all parameters: measured faster
+    )
+    updates_per_epoch = math.ceil(
+        math.ceil(len(train_loader) / accelerator.num_processes) / optimization.gradient_accumulation_steps
+    )
+    max_train_steps = optimization.max_train_steps or optimization.num_train_epochs * updates_per_epoch
+    schedule = LearningRateSchedule(
+        peak=optimization.learning_rate,
+        warmup_steps=optimization.num_warmup_steps,
+        max_steps=max_train_steps,
+        max_seconds=optimization.max_train_seconds,
+        shape=optimization.lr_scheduler_type,
+    )
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # Batches stay on the CPU until they are masked (see masked_batch).
+    train_loader = accelerator.prepare_data_loader(train_loader, device_placement=False)
+    eval_loader = accelerator.prepare_data_loader(eval_loader, device_placement=False)
+    progress = TrainingProgress()
+    accelerator.register_for_checkpointing(progress)
+    corpus = settings.corpus
+    summary = {
+        **settings.to_dict(),
+        "model_class": type(accelerator.unwrap_model(model)).__name__,
+        "num_parameters": num_parameters,
+        "model_vocab_size": data.config.vocab_size,
+        "precision": precision,
+        "num_processes": accelerator.num_processes,
+        "planned_train_steps": max_train_steps,
+        "train_instances": len(data.train),
+        "eval_instances": len(data.evaluation),
+        "corpus": corpus.dataset_name or corpus.train_file or "shipped WikiText-2 sample",
+    }
+    logger.info(
+        f"{len(data.train)} training instances, {len(data.evaluation)} evaluation instances; up to "
+        f"{max_train_steps} updates of {optimization.per_device_train_batch_size} x {accelerator.num_processes}"
+        f" x {optimization.gradient_accumulation_steps} instances; {num_parameters / 1e6:.1f}M parameters."
+    )
+    return Run(
+        settings=settings,
+        accelerator=accelerator,
+        precision=precision,
+        data=data,
+        model=model,
+        optimizer=optimizer,
+        schedule=schedule,
+        collator=collator,
+        eval_collator=eval_collator,
+        train_loader=train_loader,
+        eval_loader=eval_loader,
+        progress=progress,
+        max_train_steps=max_train_steps,
+        num_epochs=math.ceil(max_train_steps / updates_per_epoch),
+        summary=summary,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fit: the loop, its metrics and evaluation
+# ---------------------------------------------------------------------------------------------------------
 
 
 def masked_batch(
@@ -313,110 +408,59 @@ def masked_batch(
     return {key: value.to(device, non_blocking=True) for key, value in masked.items()}
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Model and optimiser
-# ---------------------------------------------------------------------------------------------------------
+# Sums that make every MLM/NSP metric, accumulated on the device and reduced once per log or evaluation.
+STATISTICS = ("mlm_loss_sum", "mlm_correct", "masked_tokens", "nsp_loss_sum", "nsp_correct", "instances")
 
 
-def build_model(config: HfBertConfig, implementation: str) -> torch.nn.Module:
-    """hfbert's model, or transformers' BertForPreTraining holding the very same initial weights."""
-    model = HfBertForPreTraining(config)
-    if implementation == "hfbert":
-        return model
-    reference = transformers.BertForPreTraining(bert_config_for(config))
-    reference.load_state_dict(model.state_dict(), strict=True)
-    return reference
+def batch_statistics(outputs: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(6,) float64 sums of a batch (see STATISTICS), from the masked-rows outputs; no host synchronisation."""
+    labels = batch["labels"]
+    targets = labels[labels != IGNORE_INDEX]  # (M,), the order of prediction_logits' rows
+    masked_tokens = torch.tensor(targets.numel(), device=labels.device)
+    nsp_labels = batch["next_sentence_label"]
+    return torch.stack(
+        [
+            outputs.mlm_loss.detach().float() * masked_tokens,
+            (outputs.prediction_logits.argmax(-1) == targets).sum(),
+            masked_tokens,
+            outputs.nsp_loss.detach().float() * nsp_labels.numel(),
+            (outputs.seq_relationship_logits.argmax(-1) == nsp_labels).sum(),
+            torch.tensor(nsp_labels.numel(), device=labels.device),
+        ]
+    ).double()
 
 
-def optimizer_parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups as in BERT: weight decay on weight matrices only, none on biases and LayerNorm."""
-    decay, no_decay = [], []
-    for name, parameter in model.named_parameters():
-        if not parameter.requires_grad:
-            continue
-        (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Evaluation
-# ---------------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    dataloader: DataLoader,
-    collator: DataCollatorForPretraining,
-    accelerator: Accelerator,
-    seed: int,
-) -> dict[str, float]:
-    """MLM loss, accuracy and perplexity, NSP loss and accuracy on the evaluation instances.
-
-    The masks are drawn from a forked RNG seeded with `seed`, so every evaluation of a run scores the same
-    masked tokens and the training RNG stream is untouched. (With several processes, accelerate repeats a few
-    instances to even out the last batch; they count twice.)
-    """
-    model.eval()
-    # mlm loss sum, mlm correct, masked tokens, nsp loss sum, nsp correct, instances
-    totals = torch.zeros(6, dtype=torch.float64, device=accelerator.device)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for batch in dataloader:
-            batch = masked_batch(batch, collator, accelerator.device)
-            output = model(**batch)
-            masked = batch["labels"] != IGNORE_INDEX
-            mlm_logits = output.prediction_logits
-            if mlm_logits.dim() == 3:  # a dense head (transformers, or mlm_masked_rows_only=False)
-                mlm_logits = mlm_logits[masked]
-            mlm_logits, targets = mlm_logits.float(), batch["labels"][masked]
-            nsp_logits, nsp_labels = output.seq_relationship_logits.float(), batch["next_sentence_label"]
-            totals += torch.stack(
-                [
-                    F.cross_entropy(mlm_logits, targets, reduction="sum"),
-                    (mlm_logits.argmax(-1) == targets).sum(),
-                    masked.sum(),
-                    F.cross_entropy(nsp_logits, nsp_labels, reduction="sum"),
-                    (nsp_logits.argmax(-1) == nsp_labels).sum(),
-                    torch.tensor(len(nsp_labels), device=accelerator.device),
-                ]
-            ).double()
-    model.train()
-    mlm_sum, mlm_correct, masked_tokens, nsp_sum, nsp_correct, instances = accelerator.reduce(
-        totals, "sum"
-    ).tolist()
-    mlm_loss = mlm_sum / masked_tokens
+def metrics_from_statistics(totals: torch.Tensor, prefix: str) -> dict[str, float]:
+    """MLM loss, accuracy, perplexity and NSP loss, accuracy from summed statistics."""
+    mlm_sum, mlm_correct, masked, nsp_sum, nsp_correct, instances = totals.tolist()
+    mlm_loss = mlm_sum / max(masked, 1.0)
     return {
-        "eval_mlm_loss": mlm_loss,
-        "eval_mlm_accuracy": mlm_correct / masked_tokens,
-        "eval_perplexity": math.exp(min(mlm_loss, 50.0)),
-        "eval_nsp_loss": nsp_sum / instances,
-        "eval_nsp_accuracy": nsp_correct / instances,
+        f"{prefix}mlm_loss": mlm_loss,
+        f"{prefix}mlm_accuracy": mlm_correct / max(masked, 1.0),
+        f"{prefix}perplexity": math.exp(min(mlm_loss, 50.0)),
+        f"{prefix}nsp_loss": nsp_sum / max(instances, 1.0),
+        f"{prefix}nsp_accuracy": nsp_correct / max(instances, 1.0),
     }
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The run
-# ---------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(run: Run) -> dict[str, float]:
+    """MLM loss, accuracy and perplexity, NSP loss and accuracy on the evaluation instances.
 
-
-def prepare_tokenizer(
-    args: PretrainingArguments, train_documents: datasets.Dataset, accelerator: Accelerator, output_dir: Path
-) -> Any:
-    """Load --tokenizer_name, or train one on the main process into `output_dir/.tokenizer` (hidden, so it is
-    never uploaded) and load it everywhere; a resumed run reuses that folder instead of retraining."""
-    if args.tokenizer_name is not None:
-        return AutoTokenizer.from_pretrained(args.tokenizer_name)
-    trained = output_dir / ".tokenizer"
-    if accelerator.is_main_process and not (args.resume_from_checkpoint and trained.is_dir()):
-        logger.info(
-            f"No --tokenizer_name given: training a WordPiece tokenizer (vocab_size={args.vocab_size}) on the "
-            f"training corpus first; it is saved with the model."
-        )
-        tokenizer = train_tokenizer(train_documents, vocab_size=args.vocab_size)
-        save_tokenizer(tokenizer, trained)
-    accelerator.wait_for_everyone()
-    return AutoTokenizer.from_pretrained(trained)
+    The masks are drawn from a forked RNG seeded with the run's seed, so every evaluation of a run scores the
+    same masked tokens and the training RNG stream is untouched. (With several processes, accelerate repeats a
+    few instances to even out the last batch; they count twice.)
+    """
+    accelerator = run.accelerator
+    run.model.eval()
+    totals = torch.zeros(len(STATISTICS), dtype=torch.float64, device=accelerator.device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(run.settings.optimization.seed)
+        for batch in run.eval_loader:
+            batch = masked_batch(batch, run.eval_collator, accelerator.device)
+            totals += batch_statistics(run.model(**batch, mlm_masked_rows_only=True), batch)
+    run.model.train()
+    return metrics_from_statistics(accelerator.reduce(totals, "sum"), prefix="eval_")
 
 
 def check_loss_is_finite(loss: torch.Tensor, precision: str, step: int, learning_rate: float) -> None:
@@ -424,9 +468,7 @@ def check_loss_is_finite(loss: torch.Tensor, precision: str, step: int, learning
     if torch.isfinite(loss):
         return
     if precision == "fp16":
-        logger.warning(
-            f"Non-finite loss ({loss.item()}) at step {step}: the fp16 grad scaler skips this update."
-        )
+        logger.warning(f"Non-finite loss ({loss.item()}) at step {step}: the fp16 grad scaler skips this update.")
         return
     raise FloatingPointError(
         f"The training loss became {loss.item()} at step {step} (learning rate {learning_rate:.3g}, precision "
@@ -435,326 +477,251 @@ def check_loss_is_finite(loss: torch.Tensor, precision: str, step: int, learning
     )
 
 
-def save_final_folder(
-    model: torch.nn.Module,
-    state_dict: dict[str, torch.Tensor],
-    tokenizer: Any,
-    output_dir: Path,
-    *,
-    training_config: dict[str, Any],
-    eval_results: dict[str, float],
-    log_history: list[dict[str, Any]],
-    corpus_args: CorpusArguments,
-    model_name: str,
-) -> None:
-    """Write model, tokenizer, eval_results.json, training_args.json, curves and model card into a staging
-    folder, then move each file into `output_dir` whole (os.replace): a crash never leaves a torn file."""
-    staging = output_dir / ".tmp-final"
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging, state_dict=state_dict)
-    tokenizer.save_pretrained(staging)
-    write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)
-    write_json_atomic(staging / TRAINING_ARGS_NAME, training_config)
-    write_json_atomic(staging / LOG_HISTORY_NAME, log_history)
-    plot_training_curves(log_history, staging / CURVES_NAME, title=f"{model_name} pretraining")
-    card = build_model_card(
-        model_name=model_name,
-        training_config=training_config,
-        eval_results=eval_results,
-        dataset_name=corpus_args.dataset_name,
-        dataset_config_name=corpus_args.dataset_config_name,
-    )
-    write_model_card(staging, card)
-    for path in staging.iterdir():
-        os.replace(path, output_dir / path.name)
-    staging.rmdir()
+@dataclass
+class TrainingWindow:
+    """Training statistics since the last log row, kept on the device (read once per logging interval)."""
+
+    totals: torch.Tensor
+    tokens: torch.Tensor
+    loss: torch.Tensor
+    start_seconds: float
+
+    @classmethod
+    def start(cls, device: torch.device, seconds: float) -> TrainingWindow:
+        zeros = torch.zeros(len(STATISTICS), dtype=torch.float64, device=device)
+        scalar = torch.zeros((), dtype=torch.float64, device=device)
+        return cls(totals=zeros, tokens=scalar, loss=scalar.clone(), start_seconds=seconds)
+
+    def add(self, outputs: Any, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        self.totals += batch_statistics(outputs, batch)
+        self.tokens += batch["attention_mask"].sum()
+        self.loss += loss.detach()
+
+    def row(self, run: Run, epoch: int, learning_rate: float) -> dict[str, Any]:
+        """The log row of this window (reduced over processes)."""
+        accelerator, progress = run.accelerator, run.progress
+        seconds = max(progress.train_seconds - self.start_seconds, 1e-9)
+        return {
+            "step": progress.completed_steps,
+            "epoch": epoch,
+            "train_seconds": progress.train_seconds,
+            "loss": accelerator.reduce(self.loss, "sum").item() / run.settings.optimization.gradient_accumulation_steps,
+            **metrics_from_statistics(accelerator.reduce(self.totals, "sum"), prefix="train_"),
+            "learning_rate": learning_rate,
+            "tokens_per_second": accelerator.reduce(self.tokens, "sum").item() / seconds,
+        }
 
 
-def fill_mask_example(model_dir: Path, mask_token: str) -> str:
-    """A few lines showing pipeline("fill-mask") on the saved folder."""
-    # The MLM-only model leaves the pooler and NSP head unused; its load report would only be noise here.
-    transformers.utils.logging.set_verbosity_error()
-    fill_mask = transformers.pipeline("fill-mask", model=str(model_dir), device="cpu")
-    text = FILL_MASK_EXAMPLE.replace("[MASK]", mask_token)
-    predictions = fill_mask(text, top_k=5)
-    lines = [f'pipeline("fill-mask", model="{model_dir}")("{text}"):']
-    lines += [f"  {p['score']:.3f}  {p['sequence']}" for p in predictions]
-    return "\n".join(lines)
+def log_row(run: Run, row: dict[str, Any]) -> None:
+    """Append a row to the run's history (saved with checkpoints and the final folder) and the tracker."""
+    run.progress.log_history.append(row)
+    if run.settings.run.with_tracking:
+        run.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
 
 
-def train(corpus_args: CorpusArguments, args: PretrainingArguments) -> Path:
-    """Pretrain and return the final model folder. Every process calls this (accelerate / torchrun)."""
-    output_dir = Path(args.output_dir)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    use_cuda = torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU")
-    precision, precision_reason = resolve_mixed_precision(
-        args.mixed_precision, os.environ.get("ACCELERATE_MIXED_PRECISION"), use_cuda
-    )
-    accelerator = Accelerator(
-        mixed_precision=precision,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        log_with=args.report_to if args.with_tracking else None,
-        project_dir=str(output_dir),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-    )
-    logging.getLogger("hfbert").setLevel(logging.INFO if accelerator.is_main_process else logging.WARNING)
-    # accelerate warns at every save that the tied decoder weight is stored once; that is intended here.
-    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
-    if not accelerator.is_main_process:
-        datasets.utils.logging.set_verbosity_error()
-        transformers.utils.logging.set_verbosity_error()
-    logger.info(
-        f"Precision: {precision} ({precision_reason}); device {accelerator.device}, "
-        f"{accelerator.num_processes} process(es)."
-    )
+def run_evaluation(run: Run) -> dict[str, float]:
+    """Evaluate, log the row and return the metrics."""
+    metrics = evaluate(run)
+    log_row(run, {"step": run.progress.completed_steps, "train_seconds": run.progress.train_seconds, **metrics})
+    logger.info(f"step {run.progress.completed_steps}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return metrics
 
-    # Everything that can refuse the run does so before a single file is written.
-    check_output_dir(
-        output_dir,
-        resume_from_checkpoint=args.resume_from_checkpoint,
-        overwrite_output_dir=args.overwrite_output_dir,
-    )
-    checkpoint = (
-        resolve_resume_checkpoint(output_dir, args.resume_from_checkpoint)
-        if args.resume_from_checkpoint
-        else None
-    )
-    if corpus_args.streaming:
-        raise ValueError(
-            "run_pretraining.py pairs sentences across the whole corpus (next sentence prediction) and needs the "
-            "datasets cache: drop --streaming (train_tokenizer.py supports it)"
-        )
-    set_seed(args.seed)
-    with accelerator.main_process_first():
-        documents = load_documents(corpus_args, num_proc=args.preprocessing_num_workers)
-    tokenizer = prepare_tokenizer(args, documents["train"], accelerator, output_dir)
-    config = build_model_config(args, tokenizer)
-    tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
-    with accelerator.main_process_first():
-        train_instances, eval_instances = build_instances(documents, tokenizer, args)
-    if accelerator.is_main_process and args.overwrite_output_dir:
-        remove_checkpoints(output_dir)
-    accelerator.wait_for_everyone()
 
-    model = build_model(config, args.model_implementation)
-    num_parameters = sum(p.numel() for p in model.parameters())
-    set_seed(args.seed, device_specific=True)  # same initial weights everywhere, distinct masks and dropout
-    collator = DataCollatorForPretraining(tokenizer, mlm_probability=args.mlm_probability)
-    pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=collator.pad_to_multiple_of)
-    train_loader = DataLoader(
-        train_instances,
-        batch_size=args.per_device_train_batch_size,
-        shuffle=True,
-        collate_fn=pad,
-        # Its own generator: otherwise each epoch's iterator draws from the global RNG and shifts the masks.
-        generator=torch.Generator().manual_seed(args.seed),
-    )
-    eval_loader = DataLoader(eval_instances, batch_size=args.per_device_eval_batch_size, collate_fn=pad)
-    if args.torch_compile:
-        model = torch.compile(model)
-    optimizer = torch.optim.AdamW(
-        optimizer_parameter_groups(model, args.weight_decay),
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
-        fused=accelerator.device.type in ("cpu", "cuda"),  # one kernel for all parameters: measured faster
-    )
-    updates_per_epoch = math.ceil(
-        math.ceil(len(train_loader) / accelerator.num_processes) / args.gradient_accumulation_steps
-    )
-    max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
-    num_epochs = math.ceil(max_train_steps / updates_per_epoch)
-    # accelerate steps a prepared scheduler once per process for every optimizer update.
-    scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
-        num_training_steps=max_train_steps * accelerator.num_processes,
-    )
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    # Batches stay on the CPU until they are masked (see masked_batch).
-    train_loader = accelerator.prepare_data_loader(train_loader, device_placement=False)
-    eval_loader = accelerator.prepare_data_loader(eval_loader, device_placement=False)
-    progress = TrainingProgress()
-    accelerator.register_for_checkpointing(progress)
-    if checkpoint is not None:
-        logger.info(f"Resuming from {checkpoint}")
-        load_checkpoint(accelerator, checkpoint)
+def synced_train_seconds(run: Run) -> float:
+    """Training seconds so far as the slowest process sees them, so that every process takes the same
+    decisions (stop, learning rate). Costs one reduction, only when a time budget is set."""
+    if run.schedule.max_seconds is None or run.accelerator.num_processes == 1:
+        return run.progress.train_seconds
+    seconds = torch.tensor(run.progress.train_seconds, dtype=torch.float64, device=run.accelerator.device)
+    return run.accelerator.reduce(seconds, "max").item()
 
-    training_config = {
-        "model_implementation": args.model_implementation,
-        "model_size": args.model_size if args.config_name is None else args.config_name,
-        "num_parameters": num_parameters,
-        "vocab_size": config.vocab_size,
-        "max_seq_length": args.max_seq_length,
-        "precision": precision,
-        "num_processes": accelerator.num_processes,
-        "per_device_train_batch_size": args.per_device_train_batch_size,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "learning_rate": args.learning_rate,
-        "lr_scheduler_type": args.lr_scheduler_type,
-        "num_warmup_steps": args.num_warmup_steps,
-        "weight_decay": args.weight_decay,
-        "max_train_steps": max_train_steps,
-        "mlm_probability": args.mlm_probability,
-        "train_instances": len(train_instances),
-        "eval_instances": len(eval_instances),
-        "seed": args.seed,
-        "corpus": corpus_args.dataset_name or corpus_args.train_file or "shipped WikiText-2 sample",
-    }
-    if args.with_tracking:
-        accelerator.init_trackers("hfbert-pretraining", config=training_config)
-    logger.info(
-        f"{len(train_instances)} training instances, {len(eval_instances)} evaluation instances; "
-        f"{max_train_steps} updates of {args.per_device_train_batch_size} x {accelerator.num_processes} x "
-        f"{args.gradient_accumulation_steps} instances; {num_parameters / 1e6:.1f}M parameters."
-    )
 
-    def log(row: dict[str, Any]) -> None:
-        progress.log_history.append(row)
-        if args.with_tracking:
-            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+def train_step(run: Run, batch: dict[str, torch.Tensor], learning_rate: float) -> tuple[Any, torch.Tensor]:
+    """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch."""
+    accelerator, optimization = run.accelerator, run.settings.optimization
+    with accelerator.accumulate(run.model):
+        outputs = run.model(**batch, mlm_masked_rows_only=True)
+        loss = outputs.mlm_loss + optimization.nsp_loss_weight * outputs.nsp_loss
+        # On CUDA the check waits for the device, so it runs once per logging interval instead (in fit).
+        if accelerator.device.type != "cuda":
+            check_loss_is_finite(loss, run.precision, run.progress.completed_steps + 1, learning_rate)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and optimization.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(run.model.parameters(), optimization.max_grad_norm)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    return outputs, loss
 
-    def run_evaluation() -> dict[str, float]:
-        metrics = evaluate(model, eval_loader, collator, accelerator, seed=args.seed)
-        log({"step": progress.completed_steps, "train_seconds": progress.train_seconds, **metrics})
-        logger.info(
-            f"step {progress.completed_steps}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        )
-        return metrics
 
+def is_due(step: int, every: int | None) -> bool:
+    return every is not None and step % every == 0
+
+
+def out_of_budget(run: Run, seconds: float) -> bool:
+    """Whether the step budget, or the time budget (`seconds` synced over processes), is spent."""
+    over_time = run.schedule.max_seconds is not None and seconds >= run.schedule.max_seconds
+    return run.progress.completed_steps >= run.max_train_steps or over_time
+
+
+def fit(run: Run) -> dict[str, float]:
+    """Train until the step or time budget runs out; log, evaluate and checkpoint on their schedules.
+    Returns the final evaluation metrics."""
+    accelerator, progress, settings = run.accelerator, run.progress, run.settings
+    every_checkpoint = settings.run.checkpointing_steps
+    checkpoint_steps = int(every_checkpoint) if every_checkpoint not in (None, "epoch") else None
     bar = tqdm(
-        total=None if args.max_train_seconds else max_train_steps,  # a time budget ends at an unknown step
+        total=None if run.schedule.max_seconds else run.max_train_steps,  # a time budget ends at an unknown step
         initial=progress.completed_steps,
         disable=not accelerator.is_local_main_process,
         desc="pretraining",
         unit="step",
         dynamic_ncols=True,
     )
-
-    def out_of_budget() -> bool:
-        if progress.completed_steps >= max_train_steps:
-            return True
-        if args.max_train_seconds is None:
-            return False
-        # Every process must stop at the same step, so the slowest clock decides.
-        over = torch.tensor(
-            float(progress.train_seconds >= args.max_train_seconds), device=accelerator.device
-        )
-        return accelerator.reduce(over, "max").item() > 0
-
-    window_loss = torch.zeros((), device=accelerator.device)
-    window_tokens = torch.zeros((), device=accelerator.device)
-    window_batches, window_seconds = 0, progress.train_seconds
+    window = TrainingWindow.start(accelerator.device, progress.train_seconds)
     clock = time.perf_counter()  # start of the current stretch of training time
+    seconds = synced_train_seconds(run)
     metrics: dict[str, float] | None = None
-    model.train()
-    for epoch in range(progress.epoch, num_epochs):
-        if out_of_budget():
+    run.model.train()
+    for epoch in range(progress.epoch, run.num_epochs):
+        if out_of_budget(run, seconds):
             break
-        train_loader.set_epoch(epoch)
-        batches = (
-            accelerator.skip_first_batches(train_loader, progress.batch_in_epoch)
-            if progress.batch_in_epoch
-            else train_loader
-        )
+        run.train_loader.set_epoch(epoch)
+        batches = run.train_loader
+        if progress.batch_in_epoch:  # resumed mid-epoch
+            batches = accelerator.skip_first_batches(run.train_loader, progress.batch_in_epoch)
         for batch in batches:
-            batch = masked_batch(batch, collator, accelerator.device)
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                check_loss_is_finite(
-                    loss, precision, progress.completed_steps + 1, scheduler.get_last_lr()[0]
-                )
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+            learning_rate = run.schedule(progress.completed_steps, seconds)
+            for group in run.optimizer.param_groups:
+                group["lr"] = learning_rate
+            batch = masked_batch(batch, run.collator, accelerator.device)
+            outputs, loss = train_step(run, batch, learning_rate)
             progress.batch_in_epoch += 1
-            window_loss += loss.detach()
-            window_tokens += batch["attention_mask"].sum()
-            window_batches += 1
+            window.add(outputs, loss, batch)
             if not accelerator.sync_gradients:
                 continue
             progress.completed_steps += 1
-            step = progress.completed_steps
-            now = time.perf_counter()
+            step, now = progress.completed_steps, time.perf_counter()
             progress.train_seconds += now - clock
-            clock = now
+            seconds = synced_train_seconds(run)
             bar.update(1)
-            if step % args.logging_steps == 0 or step == max_train_steps:
-                seconds = progress.train_seconds - window_seconds
-                row = {
-                    "step": step,
-                    "epoch": epoch,
-                    "train_seconds": progress.train_seconds,
-                    "loss": accelerator.reduce(window_loss, "mean").item() / window_batches,
-                    "learning_rate": scheduler.get_last_lr()[0],
-                    "tokens_per_second": accelerator.reduce(window_tokens, "sum").item() / seconds,
-                }
-                log(row)
+            if is_due(step, settings.run.logging_steps) or step == run.max_train_steps:
+                row = window.row(run, epoch, learning_rate)
+                check_loss_is_finite(torch.tensor(row["loss"]), run.precision, step, learning_rate)
+                log_row(run, row)
                 bar.set_postfix(
-                    loss=f"{row['loss']:.3f}",
-                    lr=f"{row['learning_rate']:.2e}",
+                    mlm=f"{row['train_mlm_loss']:.3f}",
+                    mlm_acc=f"{row['train_mlm_accuracy']:.3f}",
+                    nsp=f"{row['train_nsp_loss']:.3f}",
+                    nsp_acc=f"{row['train_nsp_accuracy']:.3f}",
+                    lr=f"{learning_rate:.2e}",
                     tok_s=f"{row['tokens_per_second']:.0f}",
                 )
-                window_loss.zero_()
-                window_tokens.zero_()
-                window_batches, window_seconds = 0, progress.train_seconds
-            if args.eval_steps and step % args.eval_steps == 0:
-                metrics = run_evaluation()
-            if args.checkpointing_steps not in (None, "epoch") and step % int(args.checkpointing_steps) == 0:
-                save_checkpoint(accelerator, output_dir, step, args.checkpoints_total_limit)
+                window = TrainingWindow.start(accelerator.device, progress.train_seconds)
+            if is_due(step, settings.run.eval_steps):
+                metrics = run_evaluation(run)
+            if is_due(step, checkpoint_steps):
+                save_run_checkpoint(run)
             clock = time.perf_counter()  # evaluation and saving are not training time
-            if out_of_budget():
+            if out_of_budget(run, seconds):
                 break
         else:  # the epoch ran to its end
             progress.epoch += 1
             progress.batch_in_epoch = 0
-            if not args.eval_steps:
-                metrics = run_evaluation()
-            if args.checkpointing_steps == "epoch":
-                save_checkpoint(
-                    accelerator, output_dir, progress.completed_steps, args.checkpoints_total_limit
-                )
+            if settings.run.eval_steps is None:
+                metrics = run_evaluation(run)
+            if every_checkpoint == "epoch":
+                save_run_checkpoint(run)
+            clock = time.perf_counter()
     bar.close()
     last_eval = next((row["step"] for row in reversed(progress.log_history) if "eval_mlm_loss" in row), None)
     if metrics is None or last_eval != progress.completed_steps:
-        metrics = run_evaluation()
+        metrics = run_evaluation(run)
+    return metrics
 
+
+def save_run_checkpoint(run: Run) -> Path:
+    """A checkpoint with the run's settings (compared on resume) and its tokenizer (reused on resume)."""
+    return save_checkpoint(
+        run.accelerator,
+        run.settings.run.output_dir,
+        run.progress.completed_steps,
+        run.settings.run.checkpoints_total_limit,
+        run_settings=run.settings.resume_invariant(),
+        tokenizer=run.data.tokenizer,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# finish, and the whole run
+# ---------------------------------------------------------------------------------------------------------
+
+
+def finish(run: Run, metrics: dict[str, float]) -> Path:
+    """Gather the weights, write the final folder (main process) and push it if asked."""
+    accelerator, settings = run.accelerator, run.settings
     accelerator.wait_for_everyone()
-    model_name = (args.hub_model_id or output_dir.name).split("/")[-1]
-    state_dict = accelerator.get_state_dict(model)  # on every process: gathers FSDP shards
+    output_dir = Path(settings.run.output_dir)
+    state_dict = accelerator.get_state_dict(run.model)  # on every process: gathers FSDP shards
     if accelerator.is_main_process:
-        save_final_folder(
-            accelerator.unwrap_model(model, keep_torch_compile=False),
-            state_dict,
-            tokenizer,
+        write_final_folder(
             output_dir,
-            training_config=training_config,
-            eval_results={
-                "step": progress.completed_steps,
-                "train_seconds": progress.train_seconds,
-                **metrics,
-            },
-            log_history=progress.log_history,
-            corpus_args=corpus_args,
-            model_name=model_name,
+            model=accelerator.unwrap_model(run.model, keep_torch_compile=False),
+            state_dict=state_dict,
+            tokenizer=run.data.tokenizer,
+            summary=run.summary,
+            eval_results={"step": run.progress.completed_steps, "train_seconds": run.progress.train_seconds, **metrics},
+            log_history=run.progress.log_history,
+            corpus=settings.corpus,
+            model_name=(settings.run.hub_model_id or output_dir.name).split("/")[-1],
         )
-        if args.push_to_hub:
-            url = push_to_hub(output_dir, args.hub_model_id, token=args.hub_token)
-            logger.info(f"Pushed to {url}")
+        if settings.run.push_to_hub:
+            logger.info(f"Pushed to {push_to_hub(output_dir, settings.run.hub_model_id, token=settings.run.hub_token)}")
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return output_dir
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of run_pretraining.py."""
-    corpus_args, args = parse_args(argv)
-    output_dir = train(corpus_args, args)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"\nModel, tokenizer, model card and curves: {output_dir.resolve()}")
-        print(fill_mask_example(output_dir, AutoTokenizer.from_pretrained(output_dir).mask_token))
-        sys.stdout.flush()
+def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -> Path | None:
+    """Everything that can refuse the run, before data is read or a file written: the run folder, the
+    checkpoint to resume (verified once, on the main process) and its settings, and Hub access for a push.
+    Returns the checkpoint to resume from, if any."""
+    run = settings.run
+    check_run_folder(
+        run.output_dir, resume_from_checkpoint=run.resume_from_checkpoint, overwrite_output_dir=run.overwrite_output_dir
+    )
+    if run.push_to_hub:
+        check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
+    if run.resume_from_checkpoint is None:
+        return None
+    verified = [None]
+    if accelerator.is_main_process:
+        checkpoint = resolve_resume_checkpoint(run.output_dir, run.resume_from_checkpoint)
+        for note in check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
+            logger.warning(note)
+        verified = [str(checkpoint)]
+    if accelerator.num_processes > 1:  # every process resumes the folder the main process verified
+        broadcast_object_list(verified, from_process=0)
+    return Path(verified[0])
+
+
+def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert_model) -> Path:
+    """Pretrain and return the final model folder: prepare_data -> setup_run -> fit -> finish."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    accelerator, precision = build_accelerator(settings)
+    checkpoint = check_before_work(settings, accelerator)
+    set_seed(settings.optimization.seed)
+    data = prepare_data(settings, accelerator, checkpoint)
+    output_dir = Path(settings.run.output_dir)
+    if accelerator.is_main_process:
+        if settings.run.overwrite_output_dir:
+            remove_checkpoints(output_dir)
+        publish_final_files(output_dir)  # finishes a final folder whose publication was interrupted
+    accelerator.wait_for_everyone()
+    run = setup_run(settings, data, accelerator, precision, model_factory)
+    if checkpoint is not None:
+        logger.info(f"Resuming from {checkpoint}")
+        load_checkpoint(accelerator, checkpoint)
+    if settings.run.with_tracking:
+        accelerator.init_trackers("hfbert-pretraining", config=run.summary)
+    metrics = fit(run)
+    return finish(run, metrics)

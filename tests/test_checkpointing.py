@@ -2,6 +2,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -15,15 +16,15 @@ from hfbert.checkpointing import (
     MANIFEST_NAME,
     CheckpointError,
     TrainingProgress,
-    check_output_dir,
+    check_run_folder,
     find_checkpoints,
     load_checkpoint,
     remove_checkpoints,
     resolve_resume_checkpoint,
     save_checkpoint,
     verify_checkpoint,
-    write_json_atomic,
 )
+from hfbert.files import write_json_atomic
 
 SEED = 1234
 BATCHES_PER_EPOCH = 10
@@ -213,7 +214,7 @@ def test_damaged_checkpoint_is_refused_with_the_fix(tmp_path, damage, expected_p
     assert f"--resume_from_checkpoint {tmp_path / 'checkpoint-4'}" in message
     verify_checkpoint(tmp_path / "checkpoint-4")  # the earlier one is intact
     with pytest.raises(CheckpointError, match=expected_problem):
-        load_checkpoint(build_run()[0], tmp_path / "checkpoint-8")
+        resolve_resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-8"))
 
 
 def test_missing_or_garbled_manifest_is_refused(tmp_path):
@@ -243,7 +244,7 @@ def test_process_count_mismatch_is_refused(tmp_path):
     manifest = json.loads(manifest_path.read_text())
     manifest["num_processes"] = 4
     write_json_atomic(manifest_path, manifest)
-    with pytest.raises(CheckpointError, match="saved by 4 processes but this run has 1"):
+    with pytest.raises(CheckpointError, match=r"saved by 4 processes but this run has 1.*torchrun --nproc_per_node 4"):
         load_checkpoint(build_run()[0], tmp_path / "checkpoint-2")
 
 
@@ -256,28 +257,61 @@ def test_automatic_checkpoint_naming_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(
-    "previous_output", ["checkpoint-5", ".tmp-checkpoint-5", "model.safetensors", "config.json"]
-)
+@pytest.mark.parametrize("previous_output", ["checkpoint-5", "model.safetensors", "config.json"])
 def test_output_dir_of_another_run_is_refused(tmp_path, previous_output):
     (tmp_path / previous_output).mkdir()
+    if previous_output == "checkpoint-5":
+        (tmp_path / previous_output / MANIFEST_NAME).write_text("{}")
     before = sorted(Path(tmp_path).rglob("*"))
     with pytest.raises(
         CheckpointError,
         match=rf"already holds another run's output \({previous_output}\).*--overwrite_output_dir",
     ):
-        check_output_dir(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
-    check_output_dir(tmp_path, resume_from_checkpoint="latest", overwrite_output_dir=False)
-    check_output_dir(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+    check_run_folder(tmp_path, resume_from_checkpoint="latest", overwrite_output_dir=False)
+    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
     assert sorted(Path(tmp_path).rglob("*")) == before  # nothing deleted
 
 
-def test_output_dir_checks_that_pass(tmp_path):
-    check_output_dir(tmp_path / "new", resume_from_checkpoint=None, overwrite_output_dir=False)
-    (tmp_path / "notes.txt").write_text("unrelated")
-    check_output_dir(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+@pytest.mark.parametrize("leftover", [".tmp-checkpoint-5", "checkpoint-5", ".tokenizer", ".final-ready"])
+def test_an_interrupted_run_without_a_complete_checkpoint_needs_overwrite(tmp_path, leftover):
+    (tmp_path / leftover).mkdir()
+    with pytest.raises(CheckpointError, match=r"interrupted run with no complete checkpoint.*--overwrite_output_dir"):
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+    with pytest.raises(CheckpointError, match=r"no complete checkpoint.*--overwrite_output_dir"):
+        resolve_resume_checkpoint(tmp_path, "latest")
+
+
+def test_output_dir_checks(tmp_path):
+    check_run_folder(tmp_path / "new", resume_from_checkpoint=None, overwrite_output_dir=False)
+    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)  # empty
+    (tmp_path / "notes.txt").write_text("the user's")
+    with pytest.raises(CheckpointError, match=r"not empty and holds no hfbert run \(notes.txt\)"):
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
     with pytest.raises(CheckpointError, match="pass only one of them"):
-        check_output_dir(tmp_path, resume_from_checkpoint="latest", overwrite_output_dir=True)
+        check_run_folder(tmp_path, resume_from_checkpoint="latest", overwrite_output_dir=True)
+    with pytest.raises(CheckpointError, match=r"notes.txt is a file, not a folder"):
+        check_run_folder(tmp_path / "notes.txt", resume_from_checkpoint=None, overwrite_output_dir=False)
+
+
+def test_latest_says_which_incomplete_checkpoint_it_skips(tmp_path, caplog):
+    save_steps(tmp_path, [1, 2])
+    (tmp_path / "checkpoint-2" / MANIFEST_NAME).unlink()
+    with caplog.at_level("WARNING"):
+        assert resolve_resume_checkpoint(tmp_path, "latest").name == "checkpoint-1"
+    assert "Skipping incomplete checkpoint folder(s) checkpoint-2" in caplog.text
+
+
+def test_a_failed_save_names_the_cause_and_keeps_earlier_checkpoints(tmp_path):
+    save_steps(tmp_path, [1])
+    accelerator = build_run()[0]
+    with (
+        mock.patch.object(accelerator, "save_state", side_effect=RuntimeError("unexpected pos 64 vs 0")),
+        pytest.raises(CheckpointError, match=r"Saving checkpoint .*checkpoint-2 failed.*checkpoint-1 is intact.*df -h"),
+    ):
+        save_checkpoint(accelerator, tmp_path, 2)
+    assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
 
 
 def test_remove_checkpoints_for_overwrite(tmp_path):
@@ -287,9 +321,3 @@ def test_remove_checkpoints_for_overwrite(tmp_path):
     removed = remove_checkpoints(tmp_path)
     assert [path.name for path in removed] == [".tmp-checkpoint-3", "checkpoint-1", "checkpoint-2"]
     assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]
-
-
-def test_write_json_atomic(tmp_path):
-    path = write_json_atomic(tmp_path / "eval_results.json", {"b": 1.5, "a": [1, 2]})
-    assert json.loads(path.read_text()) == {"a": [1, 2], "b": 1.5}
-    assert [p.name for p in tmp_path.iterdir()] == ["eval_results.json"]

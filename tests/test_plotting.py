@@ -18,7 +18,15 @@ def png_size(path) -> tuple[int, int]:
 
 def training_rows(steps: int) -> list[dict]:
     return [
-        {"step": step, "loss": 8.0 * math.exp(-step / 40) + 1.0, "learning_rate": 1e-4 * min(1.0, step / 10)}
+        {
+            "step": step,
+            "loss": 8.0 * math.exp(-step / 40) + 1.0,
+            "learning_rate": 1e-4 * min(1.0, step / 10),
+            "train_mlm_loss": 7.0 * math.exp(-step / 40) + 1.0,
+            "train_mlm_accuracy": 0.05 + step / 300,
+            "train_nsp_loss": 0.69 - step / 300,
+            "train_nsp_accuracy": 0.5 + step / 250,
+        }
         for step in range(1, steps + 1)
     ]
 
@@ -45,7 +53,7 @@ def test_plot_with_training_and_eval_history(tmp_path):
     assert path == tmp_path / "training_curves.png"
     width, height = png_size(path)
     assert 1000 <= width <= 4000 and 200 <= height <= 1000
-    assert path.stat().st_size > 20_000  # five panels with curves and text, not an empty canvas
+    assert path.stat().st_size > 20_000  # six panels with curves and text, not an empty canvas
     assert [p.name for p in tmp_path.iterdir()] == ["training_curves.png"]  # no temp file left
 
 

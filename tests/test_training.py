@@ -20,9 +20,10 @@ from safetensors.torch import load_file
 
 from hfbert.checkpointing import CheckpointError
 from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.pretraining_cli import main
 from hfbert.training import (
+    LearningRateSchedule,
     check_loss_is_finite,
-    main,
     optimizer_parameter_groups,
     resolve_mixed_precision,
 )
@@ -76,10 +77,10 @@ def run_args(run_inputs: dict[str, Path], output_dir: Path, *extra: str) -> list
     ]
 
 
-def train_in_process(args: list[str]) -> None:
+def train_in_process(args: list[str], **kwargs) -> None:
     """main() in this process; accelerate's singletons are reset so the next run starts clean."""
     try:
-        main(args)
+        main(args, **kwargs)
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
@@ -195,7 +196,8 @@ def test_half_then_resume_then_half_equals_straight_training(tmp_path, run_input
 def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "400", "--checkpointing_steps", "3")
-    args += ["--checkpoints_total_limit", "2", "--eval_steps", "1000"]
+    # A constant schedule, so that the resumed run may deliberately stop earlier (--max_train_steps 12).
+    args += ["--checkpoints_total_limit", "2", "--eval_steps", "1000", "--lr_scheduler_type", "constant"]
     command = [sys.executable, str(REPO / "run_pretraining.py"), *args]
     process = subprocess.Popen(
         command, env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -217,6 +219,7 @@ def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert "Resuming from" in result.stderr
+    assert "--max_train_steps changed from 400 to 12" in result.stderr
     assert json.loads((output_dir / "eval_results.json").read_text())["step"] == 12
     assert len(list(output_dir.glob("checkpoint-*"))) <= 2
 
@@ -250,6 +253,8 @@ def test_push_to_hub_uploads_exactly_the_final_folder(tmp_path, run_inputs):
             "huggingface_hub.HfApi.create_repo", return_value=mock.Mock(repo_id="me/m")
         ) as create_repo,
         mock.patch("huggingface_hub.HfApi.create_commit", return_value=commit) as create_commit,
+        mock.patch("huggingface_hub.constants.HF_HUB_OFFLINE", False),
+        mock.patch("huggingface_hub.HfApi.whoami", return_value={"name": "me"}),
     ):
         push = [
             "--max_train_steps",
@@ -273,20 +278,27 @@ def test_push_to_hub_uploads_exactly_the_final_folder(tmp_path, run_inputs):
     assert_loads_without_hfbert(upload_copy)
 
 
-# ----------------------------------------------------------------------------------------------- comparison mode
+# ----------------------------------------------------------------------------------------------- model factory
 
 
-@pytest.mark.slow
-def test_transformers_implementation_trains_a_stock_bert_from_the_same_weights(tmp_path, run_inputs):
+def test_a_model_factory_trains_another_model_through_the_same_pipeline(tmp_path, run_inputs):
+    built = []
+
+    def factory(config):
+        model = HfBertForPreTraining(config)
+        built.append(model)
+        return model
+
     output_dir = tmp_path / "run"
-    train_in_process(
-        run_args(run_inputs, output_dir, "--max_train_steps", "2", "--model_implementation", "transformers")
-    )
-    import transformers
-
-    config = json.loads((output_dir / "config.json").read_text())
-    assert config["model_type"] == "bert" and config["architectures"] == ["BertForPreTraining"]
-    transformers.BertForPreTraining.from_pretrained(output_dir)
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"), model_factory=factory)
+    assert len(built) == 1
+    train_rows = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "loss" in row]
+    for key in ("train_mlm_loss", "train_mlm_accuracy", "train_nsp_loss", "train_nsp_accuracy"):
+        assert all(math.isfinite(row[key]) for row in train_rows), key
+    saved = final_weights(output_dir)
+    for name, tensor in built[0].state_dict().items():
+        if name in saved:
+            assert torch.equal(saved[name], tensor), name
 
 
 @pytest.mark.slow
@@ -355,7 +367,7 @@ def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, ru
         "pad id differs": lambda: write_config(tmp_path / "c", pad_token_id=1),
         "sequence too long": lambda: run_inputs["config"],
     }[case]()
-    args = run_args(run_inputs, output_dir, "--max_train_steps", "2")
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir")
     args[args.index("--config_name") + 1] = str(config)
     if case == "sequence too long":
         args += ["--max_seq_length", "256"]
@@ -441,3 +453,97 @@ def test_no_weight_decay_on_biases_and_layer_norm():
         "bert.encoder.layer.0.attention.self.query.bias",
     }
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+# ----------------------------------------------------------------------------------------------- faults
+
+
+@pytest.mark.slow
+def test_a_batch_with_no_masked_token_trains_instead_of_stopping_on_nan(tmp_path, run_inputs):
+    # Masking 2% of 2 x 16 tokens leaves most batches with nothing to predict: the MLM loss must count as zero
+    # (NSP still trains), not NaN that stops the run (and stops it again on every resume).
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--per_device_train_batch_size", "2")
+    args += ["--max_seq_length", "16", "--mlm_probability", "0.02", "--checkpointing_steps", "1"]
+    train_in_process(args)
+    history = json.loads((output_dir / "log_history.json").read_text())
+    assert all(math.isfinite(row["loss"]) for row in history if "loss" in row)
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_any_work(tmp_path, run_inputs):
+    output_file = tmp_path / "run"
+    output_file.write_text("not a folder")
+    with pytest.raises(CheckpointError, match=r"--output_dir .*run is a file, not a folder"):
+        train_in_process(run_args(run_inputs, output_file, "--max_train_steps", "2"))
+    assert output_file.read_text() == "not a folder"
+
+
+def test_a_folder_of_the_users_own_files_is_refused_untouched(tmp_path, run_inputs):
+    output_dir = tmp_path / "mine"
+    output_dir.mkdir()
+    (output_dir / "README.md").write_text("my notes")
+    (output_dir / "tokenizer.json").write_text("{}")
+    before = listing(output_dir)
+    with pytest.raises(CheckpointError, match=r"not empty and holds no hfbert run.*--overwrite_output_dir"):
+        train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"))
+    assert listing(output_dir) == before and (output_dir / "README.md").read_text() == "my notes"
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_killed_during_its_first_save_points_to_a_way_out(tmp_path, run_inputs, resume):
+    output_dir = tmp_path / "run"
+    (output_dir / ".tmp-checkpoint-3").mkdir(parents=True)
+    (output_dir / ".tokenizer").mkdir()
+    extra = ["--resume_from_checkpoint", "latest"] if resume else []
+    with pytest.raises(CheckpointError, match=r"no complete checkpoint.*--overwrite_output_dir"):
+        train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", *extra))
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir"))
+    assert (output_dir / "model.safetensors").is_file() and not (output_dir / ".tmp-checkpoint-3").exists()
+
+
+@pytest.mark.slow
+def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2"))
+    before = listing(output_dir)
+    changed = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--resume_from_checkpoint", "latest")
+    changed[changed.index("--learning_rate") + 1] = "5e-4"
+    changed[changed.index("--per_device_train_batch_size") + 1] = "4"
+    with pytest.raises(ValueError, match=r"--learning_rate 0.001 in the checkpoint, 0.0005 now") as error:
+        train_in_process(changed)
+    assert "--per_device_train_batch_size 8 in the checkpoint, 4 now" in str(error.value)
+    assert listing(output_dir) == before
+
+
+@pytest.mark.slow
+def test_resume_into_a_new_folder_uses_the_checkpoints_own_tokenizer(tmp_path, run_inputs):
+    first = tmp_path / "first"
+    train_in_process(run_args(run_inputs, first, "--max_train_steps", "4", "--checkpointing_steps", "2"))
+    saved_vocab = json.loads((first / "checkpoint-2" / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
+    # Without --tokenizer_name a fresh run would train a new tokenizer; a resumed one must use its checkpoint's.
+    args = run_args(run_inputs, tmp_path / "second", "--max_train_steps", "4")
+    del args[args.index("--tokenizer_name") : args.index("--tokenizer_name") + 2]
+    args += ["--resume_from_checkpoint", str(first / "checkpoint-2")]
+    train_in_process(args)
+    final_vocab = json.loads((tmp_path / "second" / "tokenizer.json").read_text())["model"]["vocab"]
+    assert final_vocab == saved_vocab
+
+
+def test_push_is_checked_before_any_work(tmp_path, run_inputs, monkeypatch):
+    output_dir = tmp_path / "run"
+    push = ["--max_train_steps", "2", "--push_to_hub", "--hub_model_id", "me/m"]
+    with pytest.raises(ValueError, match=r"--push_to_hub me/m: the Hub cannot be used.*python -m hfbert.push"):
+        train_in_process(run_args(run_inputs, output_dir, *push))
+    assert not output_dir.exists()
+
+
+def test_the_schedule_warms_up_then_reaches_zero_exactly_at_the_budget():
+    by_steps = LearningRateSchedule(peak=1e-3, warmup_steps=10, max_steps=110, max_seconds=None, shape="linear")
+    assert by_steps(0, 0.0) < by_steps(9, 0.0) < by_steps(10, 0.0) == 1e-3
+    assert by_steps(60, 0.0) == pytest.approx(5e-4) and by_steps(110, 0.0) == 0.0
+    by_time = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=10**9, max_seconds=600.0, shape="linear")
+    assert by_time(50, 300.0) == pytest.approx(5e-4) and by_time(51, 600.0) == 0.0 and by_time(52, 700.0) == 0.0
+    cosine = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=100, max_seconds=None, shape="cosine")
+    assert cosine(50, 0.0) == pytest.approx(5e-4) and cosine(100, 0.0) == pytest.approx(0.0)
+    constant = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=100, max_seconds=10.0, shape="constant")
+    assert constant(99, 9.0) == 1e-3

@@ -1,0 +1,353 @@
+"""The settings of a pretraining run, grouped as litgpt groups them, and checked in one place.
+
+Each group is a dataclass whose fields are also run_pretraining.py's flags (`transformers.HfArgumentParser`
+reads the `help` metadata); the library (`hfbert.training`) takes the bundle `PretrainingSettings` whole.
+`PretrainingSettings.__post_init__` is the only place flags are validated, so every bad flag is refused
+before any data is read or any file is written. Flag names follow transformers' run_mlm_no_trainer.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from hfbert.configuration_hfbert import PRESETS
+from hfbert.corpus import CorpusArguments
+
+
+@dataclass
+class DataSettings:
+    """Tokenizer, NSP instances and masking."""
+
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A trained tokenizer folder (train_tokenizer.py). Without it, a WordPiece tokenizer of "
+            "--vocab_size is trained on the training corpus first and saved with the model."
+        },
+    )
+    vocab_size: int = field(
+        default=30522,
+        metadata={"help": "Vocabulary of the tokenizer trained when --tokenizer_name is not given."},
+    )
+    max_seq_length: int = field(
+        default=128, metadata={"help": "Longest instance, [CLS] A [SEP] B [SEP] included."}
+    )
+    short_seq_prob: float = field(
+        default=0.1, metadata={"help": "Share of instances with a shorter random target."}
+    )
+    dupe_factor: int = field(
+        default=1, metadata={"help": "Passes over the corpus with fresh NSP pairings (google-research/bert)."}
+    )
+    mlm_probability: float = field(
+        default=0.15, metadata={"help": "Share of tokens chosen for the MLM loss during training."}
+    )
+    eval_mlm_probability: float = field(
+        default=0.15,
+        metadata={"help": "Share of tokens masked at evaluation (kept at BERT's 15% so runs compare)."},
+    )
+    validation_split_percentage: int = field(
+        default=5,
+        metadata={"help": "Documents held out for evaluation when the corpus has no validation split."},
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Evaluate on at most this many instances."}
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for datasets.map."}
+    )
+
+
+@dataclass
+class ModelSettings:
+    """Which BERT to build."""
+
+    config_name: str | None = field(
+        default=None,
+        metadata={"help": "A config.json (or its folder) for the model; overrides --model_size."},
+    )
+    model_size: Literal["tiny", "mini", "small", "medium", "base", "large"] = field(
+        default="mini", metadata={"help": f"BERT size preset: {', '.join(PRESETS)}."}
+    )
+    dropout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Hidden and attention dropout of the model (default: the config's, 0.1 for the presets)."
+        },
+    )
+
+
+@dataclass
+class OptimizationSettings:
+    """Batches, optimizer, learning-rate schedule, budget and precision."""
+
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "Batch size per process."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimizer update."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak AdamW learning rate."})
+    weight_decay: float = field(
+        default=0.01, metadata={"help": "AdamW weight decay (none on biases, LayerNorm)."}
+    )
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
+    adam_epsilon: float = field(default=1e-6, metadata={"help": "AdamW epsilon (BERT used 1e-6)."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
+    lr_scheduler_type: Literal["linear", "cosine", "constant"] = field(
+        default="linear",
+        metadata={
+            "help": "After --num_warmup_steps of linear warmup: linear or cosine decay to zero at the end of "
+            "the budget (--max_train_steps or --max_train_seconds, whichever comes first), or constant."
+        },
+    )
+    num_warmup_steps: int = field(default=0, metadata={"help": "Linear warmup updates."})
+    nsp_loss_weight: float = field(
+        default=1.0, metadata={"help": "Weight of the NSP loss in the training loss (mlm + w * nsp)."}
+    )
+    num_train_epochs: int = field(default=3, metadata={"help": "Epochs, unless --max_train_steps is given."})
+    max_train_steps: int | None = field(
+        default=None, metadata={"help": "Optimizer updates; overrides epochs."}
+    )
+    max_train_seconds: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop after this much training time (evaluation and saving excluded), e.g. 600; the "
+            "learning-rate schedule then reaches zero exactly at the budget."
+        },
+    )
+    seed: int = field(
+        default=42, metadata={"help": "Seed of initialisation, pairing, masking and shuffling."}
+    )
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = field(
+        default="auto",
+        metadata={
+            "help": "auto: what `accelerate launch --mixed_precision` asked for, else fp16 on CUDA, bf16 on a "
+            "CPU with native bf16, fp32 otherwise. fp16 on a CPU warns and falls back."
+        },
+    )
+    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+
+
+@dataclass
+class RunSettings:
+    """Output folder, evaluation / logging / checkpoint schedules, resume and push."""
+
+    output_dir: str = field(metadata={"help": "Where checkpoints and the final model folder are written."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Replace another run, or write into a folder holding other files, in --output_dir."},
+    )
+    per_device_eval_batch_size: int = field(
+        default=64, metadata={"help": "Evaluation batch size per process."}
+    )
+    eval_steps: int | None = field(
+        default=None, metadata={"help": "Evaluate every N updates (default: at the end of each epoch)."}
+    )
+    logging_steps: int = field(default=10, metadata={"help": "Log training metrics every N updates."})
+    checkpointing_steps: str | None = field(
+        default=None, metadata={"help": "Save the full training state every N updates, or 'epoch'."}
+    )
+    checkpoints_total_limit: int | None = field(
+        default=None, metadata={"help": "Keep only the newest N checkpoints."}
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "A checkpoint folder, or 'latest' (newest in --output_dir)."}
+    )
+    with_tracking: bool = field(
+        default=False, metadata={"help": "Log metrics to the trackers of --report_to."}
+    )
+    report_to: str = field(
+        default="all", metadata={"help": "accelerate trackers: tensorboard, wandb, ... or all."}
+    )
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload the final folder to the Hub."})
+    hub_model_id: str | None = field(
+        default=None, metadata={"help": "Hub repo id, e.g. user/hfbert-mini-wikitext."}
+    )
+    hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: the logged-in one)."})
+    train_if_hub_unreachable: bool = field(
+        default=False,
+        metadata={
+            "help": "With --push_to_hub, train even if the Hub check at start fails (push later with "
+            "`python -m hfbert.push RUN_DIR --hub_model_id ...`)."
+        },
+    )
+
+
+# Settings a resumed run must share with its checkpoint (the rest may change between launches).
+RESUME_INVARIANT = {
+    "data": (
+        "vocab_size",
+        "max_seq_length",
+        "short_seq_prob",
+        "dupe_factor",
+        "mlm_probability",
+        "validation_split_percentage",
+    ),
+    "model": ("config_name", "model_size", "dropout"),
+    "optimization": (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "learning_rate",
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "max_grad_norm",
+        "lr_scheduler_type",
+        "num_warmup_steps",
+        "nsp_loss_weight",
+        "seed",
+        "mixed_precision",
+    ),
+    "corpus": (
+        "dataset_name",
+        "dataset_config_name",
+        "train_file",
+        "validation_file",
+        "text_column",
+        "document_boundary",
+    ),
+}
+
+
+# The budget may change on resume when the learning rate does not depend on it (a constant schedule).
+BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
+
+
+@dataclass
+class PretrainingSettings:
+    """Everything a pretraining run is told, passed whole to `hfbert.training.pretrain`."""
+
+    corpus: CorpusArguments
+    data: DataSettings
+    model: ModelSettings
+    optimization: OptimizationSettings
+    run: RunSettings
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
+        data, optimization, run = self.data, self.optimization, self.run
+        positive = {
+            "vocab_size": data.vocab_size,
+            "max_seq_length": data.max_seq_length,
+            "dupe_factor": data.dupe_factor,
+            "per_device_train_batch_size": optimization.per_device_train_batch_size,
+            "per_device_eval_batch_size": run.per_device_eval_batch_size,
+            "gradient_accumulation_steps": optimization.gradient_accumulation_steps,
+            "num_train_epochs": optimization.num_train_epochs,
+            "logging_steps": run.logging_steps,
+            "learning_rate": optimization.learning_rate,
+        }
+        optional_positive = {
+            "max_train_steps": optimization.max_train_steps,
+            "max_train_seconds": optimization.max_train_seconds,
+            "eval_steps": run.eval_steps,
+            "checkpoints_total_limit": run.checkpoints_total_limit,
+            "max_eval_samples": data.max_eval_samples,
+            "preprocessing_num_workers": data.preprocessing_num_workers,
+        }
+        for name, value in {**positive, **optional_positive}.items():
+            if value is not None and value <= 0:
+                unset = " (or leave it unset)" if name in optional_positive else ""
+                raise ValueError(f"--{name} {value} must be > 0{unset}")
+        if data.max_seq_length < 8:
+            raise ValueError(f"--max_seq_length {data.max_seq_length} must be >= 8 ([CLS] A [SEP] B [SEP])")
+        for name in ("mlm_probability", "eval_mlm_probability"):
+            if not 0.0 < getattr(data, name) < 1.0:
+                raise ValueError(f"--{name} {getattr(data, name)} must be in (0, 1), e.g. 0.15")
+        if not 0.0 <= data.short_seq_prob <= 1.0:
+            raise ValueError(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
+        if not 0 < data.validation_split_percentage < 100:
+            raise ValueError(
+                f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)"
+            )
+        if self.model.dropout is not None and not 0.0 <= self.model.dropout < 1.0:
+            raise ValueError(f"--dropout {self.model.dropout} must be in [0, 1)")
+        nonnegative = {
+            "weight_decay": optimization.weight_decay,
+            "max_grad_norm": optimization.max_grad_norm,
+            "num_warmup_steps": optimization.num_warmup_steps,
+            "nsp_loss_weight": optimization.nsp_loss_weight,
+        }
+        for name, value in nonnegative.items():
+            if value < 0:
+                raise ValueError(f"--{name} {value} must be >= 0")
+        steps = run.checkpointing_steps
+        if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
+            raise ValueError(
+                f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'"
+            )
+        if run.checkpoints_total_limit is not None and steps is None:
+            raise ValueError(
+                "--checkpoints_total_limit was given without --checkpointing_steps; pass --checkpointing_steps "
+                "N or 'epoch' too"
+            )
+        if run.push_to_hub and not run.hub_model_id:
+            raise ValueError("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
+        if self.corpus.streaming:
+            raise ValueError(
+                "run_pretraining.py pairs sentences across the whole corpus (next sentence prediction) and "
+                "needs the datasets cache: drop --streaming (train_tokenizer.py supports it)"
+            )
+
+    def resume_invariant(self) -> dict[str, Any]:
+        """The settings a checkpoint records: those a resumed run must repeat (`RESUME_INVARIANT`) and the
+        budget (`BUDGET_FLAGS`)."""
+        groups = {
+            "data": self.data,
+            "model": self.model,
+            "optimization": self.optimization,
+            "corpus": self.corpus,
+        }
+        return {
+            name: value
+            for group, names in RESUME_INVARIANT.items()
+            for name, value in asdict(groups[group]).items()
+            if name in names
+        } | {name: getattr(self.optimization, name) for name in BUDGET_FLAGS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting, flat (flag name -> value), without the Hub token."""
+        flat: dict[str, Any] = {}
+        for group in (self.corpus, self.data, self.model, self.optimization, self.run):
+            flat.update(asdict(group))
+        flat.pop("hub_token", None)
+        return flat
+
+
+def check_resume_settings(
+    saved: dict[str, Any] | None, settings: PretrainingSettings, checkpoint: str
+) -> list[str]:
+    """Compare a checkpoint's recorded settings with this launch's; raise on any difference that would change
+    the run, naming each flag with both values. Returns notes on deliberate changes (for the log)."""
+    if saved is None:
+        return [f"{checkpoint} records no run settings (written by an older hfbert); flags are not checked"]
+    current = settings.resume_invariant()
+    changed = [
+        f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now"
+        for name in sorted(current)
+        if name not in BUDGET_FLAGS and name in saved and saved[name] != current[name]
+    ]
+    notes = []
+    budget = {name: getattr(settings.optimization, name) for name in BUDGET_FLAGS}
+    for name, value in budget.items():
+        if name not in saved or saved[name] == value:
+            continue
+        if settings.optimization.lr_scheduler_type == "constant":
+            notes.append(f"--{name} changed from {saved[name]!r} to {value!r}: training continues to the new budget")
+        else:
+            changed.append(
+                f"--{name} {saved[name]!r} in the checkpoint, {value!r} now (the "
+                f"{settings.optimization.lr_scheduler_type} learning-rate schedule is laid out over the "
+                "planned budget, so changing it makes the learning rate jump; only a constant schedule can be "
+                "extended)"
+            )
+    if changed:
+        raise ValueError(
+            f"--resume_from_checkpoint {checkpoint}: these flags differ from the run that wrote the checkpoint: "
+            + "; ".join(changed)
+            + ". Resume with the original values (see run_settings.json in the checkpoint), or start a new run "
+            "with a new --output_dir"
+        )
+    return notes

@@ -1,0 +1,44 @@
+"""hfbert.pretraining_settings: every flag checked in one place, before any work; resume comparisons."""
+
+import pytest
+
+from hfbert.pretraining_cli import parse_args
+from hfbert.pretraining_settings import check_resume_settings
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--logging_steps", "0"], "--logging_steps 0 must be > 0"),
+        (["--eval_steps", "0"], "--eval_steps 0 must be > 0 (or leave it unset)"),
+        (["--checkpoints_total_limit", "0", "--checkpointing_steps", "5"], "--checkpoints_total_limit 0 must be > 0"),
+        (["--checkpoints_total_limit", "2"], "without --checkpointing_steps"),
+        (["--checkpointing_steps", "often"], "must be a positive number of updates or 'epoch'"),
+        (["--max_train_seconds", "-1"], "--max_train_seconds -1.0 must be > 0"),
+        (["--learning_rate", "0"], "--learning_rate 0.0 must be > 0"),
+        (["--mlm_probability", "1.5"], "--mlm_probability 1.5 must be in (0, 1)"),
+        (["--dropout", "1.0"], "--dropout 1.0 must be in [0, 1)"),
+        (["--nsp_loss_weight", "-1"], "--nsp_loss_weight -1.0 must be >= 0"),
+        (["--validation_split_percentage", "0"], "must be in (0, 100)"),
+        (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
+    ],
+)
+def test_bad_flags_are_refused_when_parsed(flags, message):
+    with pytest.raises(ValueError) as error:
+        parse_args(["--output_dir", "unused", *flags])
+    assert message in str(error.value)
+
+
+def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
+    saved = parse_args(["--output_dir", "o", "--max_train_steps", "10"]).resume_invariant()
+    changed = parse_args(["--output_dir", "o", "--max_train_steps", "10", "--model_size", "small"])
+    with pytest.raises(ValueError, match=r"--model_size 'mini' in the checkpoint, 'small' now"):
+        check_resume_settings(saved, changed, "ckpt")
+    longer = parse_args(["--output_dir", "o", "--max_train_steps", "20"])
+    with pytest.raises(ValueError, match=r"--max_train_steps 10 in the checkpoint, 20 now.*constant schedule"):
+        check_resume_settings(saved, longer, "ckpt")
+    constant = ["--output_dir", "o", "--lr_scheduler_type", "constant"]
+    saved = parse_args([*constant, "--max_train_steps", "10"]).resume_invariant()
+    notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt")
+    assert notes == ["--max_train_steps changed from 10 to 20: training continues to the new budget"]
+    assert check_resume_settings(None, longer, "old")[0].startswith("old records no run settings")
