@@ -1,15 +1,15 @@
 """Time to quality: hfbert against transformers' BertForPreTraining, through run_pretraining.py's own pipeline.
 
-Both runs use one tokenizer, the same seed (so the same initial weights: `--model_implementation
-transformers` copies hfbert's initial state dict), the same NSP instances, masks and batch order, and the
-same wall-clock budget of training time (evaluation excluded), with a constant learning rate after warmup
-so that neither schedule depends on where the budget ends. It prints a table and writes a PNG of the
-held-out MLM loss over training seconds.
+Both runs get the same run_pretraining.py flags (the recipe, after `--`), so the same tokenizer, the same
+initial weights (the stock model is built from hfbert's initial state dict), the same NSP instances, masks and
+batch order and the same budget of training time (evaluation excluded); only the model differs. It reports
+held-out MLM loss and accuracy and NSP loss and accuracy at the end of the budget, the time hfbert needs to
+reach transformers' final held-out MLM loss, and writes a PNG of the held-out curves over training seconds.
 
-    python benchmarks/time_to_quality.py --budget_seconds 300 --model_size mini
+    python benchmarks/time_to_quality.py --output_dir runs/ttq -- --model_size mini --max_train_seconds 240 ...
 
-Targets (issue #5): at the same budget hfbert's held-out MLM loss is lower, and hfbert reaches
-transformers' final loss in at most 1/3 of the time.
+Targets: at the same budget hfbert is strictly better on held-out MLM loss, MLM accuracy and NSP accuracy,
+and it reaches transformers' final MLM loss in at most 1/3 of the time.
 """
 
 import argparse
@@ -23,43 +23,72 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+import transformers
 
 REPO = Path(__file__).resolve().parents[1]
-IMPLEMENTATIONS = ("hfbert", "transformers")
+MODELS = ("hfbert", "transformers")
+METRICS = ("eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_loss", "eval_nsp_accuracy")
 
 
-def parse_args() -> argparse.Namespace:
+class StockBertForPreTraining(transformers.BertForPreTraining):
+    """transformers' BertForPreTraining behind the training loop's interface: its own dense head and its own
+    loss computation (cross-entropy over every position, -100 ignored), then the logits of the masked rows."""
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label, mlm_masked_rows_only):
+        output = super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        logits = output.prediction_logits  # (B, T, V)
+        mlm_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1))
+        nsp_loss = F.cross_entropy(output.seq_relationship_logits.float(), next_sentence_label)
+        masked = labels != -100
+        return transformers.utils.ModelOutput(
+            mlm_loss=mlm_loss,
+            nsp_loss=nsp_loss,
+            prediction_logits=logits[masked] if mlm_masked_rows_only else logits,
+            seq_relationship_logits=output.seq_relationship_logits,
+        )
+
+
+def stock_bert(config) -> StockBertForPreTraining:
+    """The model factory for the reference run: stock BERT holding hfbert's initial weights exactly."""
+    from hfbert import HfBertForPreTraining
+    from hfbert.convert import bert_config_for
+
+    reference = StockBertForPreTraining(bert_config_for(config))
+    reference.load_state_dict(HfBertForPreTraining(config).state_dict(), strict=True)
+    return reference
+
+
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
-    parser.add_argument("--budget_seconds", type=float, default=300.0, help="training time per model")
-    parser.add_argument("--model_size", default="mini", choices=["tiny", "mini", "small", "medium", "base"])
-    parser.add_argument("--vocab_size", type=int, default=30522, help="tokenizer trained on the sample")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--learning_rate", type=float, default=5e-4)
-    parser.add_argument("--num_warmup_steps", type=int, default=50)
-    parser.add_argument("--eval_steps", type=int, default=20)
-    parser.add_argument("--max_eval_samples", type=int, default=256)
-    parser.add_argument("--mixed_precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
-    parser.add_argument("--output_dir", type=Path, default=REPO / "runs" / "time_to_quality")
-    return parser.parse_args()
+    parser.add_argument("--output_dir", type=Path, default=REPO / "runs" / "time_to_quality",
+                        help="holds the two run folders; do not pass run_pretraining.py's --output_dir")  # fmt: skip
+    parser.add_argument("--train", choices=MODELS, help=argparse.SUPPRESS)  # one run, in a subprocess
+    args, recipe = parser.parse_known_args()
+    return args, [flag for flag in recipe if flag != "--"]
 
 
-def run(command: list[str]) -> None:
-    print("+", " ".join(command), flush=True)
-    subprocess.run(command, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+def train_one(model: str, run_dir: Path, recipe: list[str]) -> None:
+    from hfbert.pretraining_cli import main
+    from hfbert.training import hfbert_model
+
+    main([*recipe, "--output_dir", str(run_dir), "--overwrite_output_dir"],
+         model_factory=hfbert_model if model == "hfbert" else stock_bert)  # fmt: skip
 
 
-def eval_curve(run_dir: Path) -> list[tuple[float, float]]:
-    """(training seconds, held-out MLM loss) at every evaluation of a run."""
+def eval_curve(run_dir: Path) -> list[dict]:
     history = json.loads((run_dir / "log_history.json").read_text())
-    return [(row["train_seconds"], row["eval_mlm_loss"]) for row in history if "eval_mlm_loss" in row]
+    return [row for row in history if "eval_mlm_loss" in row]
 
 
-def seconds_to_reach(curve: list[tuple[float, float]], loss: float) -> float | None:
-    """Training seconds at which `curve` first gets down to `loss`, interpolated between evaluations."""
+def seconds_to_reach(curve: list[dict], loss: float) -> float | None:
+    """Training seconds at which the held-out MLM loss first gets down to `loss`, interpolated."""
     previous = None
-    for seconds, value in curve:
+    for row in curve:
+        seconds, value = row["train_seconds"], row["eval_mlm_loss"]
         if value <= loss:
             if previous is None:
                 return seconds
@@ -69,70 +98,57 @@ def seconds_to_reach(curve: list[tuple[float, float]], loss: float) -> float | N
     return None
 
 
-def main() -> None:
-    args = parse_args()
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer_dir = args.output_dir / "tokenizer"
-    if not (tokenizer_dir / "tokenizer.json").exists():
-        run([sys.executable, str(REPO / "train_tokenizer.py"), "--vocab_size", str(args.vocab_size),
-             "--output_dir", str(tokenizer_dir)])  # fmt: skip
-    curves = {}
-    for implementation in IMPLEMENTATIONS:
-        run_dir = args.output_dir / implementation
-        run([
-            sys.executable, str(REPO / "run_pretraining.py"),
-            "--model_implementation", implementation,
-            "--tokenizer_name", str(tokenizer_dir),
-            "--model_size", args.model_size,
-            "--per_device_train_batch_size", str(args.batch_size),
-            "--learning_rate", str(args.learning_rate),
-            "--lr_scheduler_type", "constant_with_warmup",
-            "--num_warmup_steps", str(args.num_warmup_steps),
-            "--max_train_steps", "1000000",
-            "--max_train_seconds", str(args.budget_seconds),
-            "--eval_steps", str(args.eval_steps),
-            "--max_eval_samples", str(args.max_eval_samples),
-            "--mixed_precision", args.mixed_precision,
-            "--logging_steps", "10",
-            "--output_dir", str(run_dir),
-            "--overwrite_output_dir",
-        ])  # fmt: skip
-        curves[implementation] = eval_curve(run_dir)
-
-    hfbert, reference = curves["hfbert"], curves["transformers"]
-    reference_final = reference[-1][1]
-    hfbert_time = seconds_to_reach(hfbert, reference_final)
-    precision = json.loads((args.output_dir / "hfbert" / "training_args.json").read_text())["precision"]
-    steps = {
-        name: json.loads((args.output_dir / name / "eval_results.json").read_text())["step"]
-        for name in curves
+def report(output_dir: Path, recipe: list[str]) -> None:
+    results = {m: json.loads((output_dir / m / "eval_results.json").read_text()) for m in MODELS}
+    curves = {m: eval_curve(output_dir / m) for m in MODELS}
+    precision = json.loads((output_dir / "hfbert" / "training_args.json").read_text())["precision"]
+    print(f"\nTime to quality ({precision}, torch {torch.__version__}): run_pretraining.py {' '.join(recipe)}\n")
+    print("| model | updates | train s | held-out MLM loss | MLM accuracy | NSP loss | NSP accuracy |")
+    print("|---|---|---|---|---|---|---|")
+    for model in MODELS:
+        r = results[model]
+        print(f"| {model} | {r['step']} | {r['train_seconds']:.0f} | " + " | ".join(f"{r[k]:.4f}" for k in METRICS) + " |")
+    hfbert, reference = results["hfbert"], results["transformers"]
+    better = {
+        "MLM loss": hfbert["eval_mlm_loss"] < reference["eval_mlm_loss"],
+        "MLM accuracy": hfbert["eval_mlm_accuracy"] > reference["eval_mlm_accuracy"],
+        "NSP accuracy": hfbert["eval_nsp_accuracy"] > reference["eval_nsp_accuracy"],
     }
-    print(f"\nTime to quality, {args.model_size}, {precision}, batch {args.batch_size}, "
-          f"budget {args.budget_seconds:.0f} s of training each\n")  # fmt: skip
-    print("| model | updates in budget | final held-out MLM loss | seconds to transformers' final loss |")
-    print("|---|---|---|---|")
-    print(f"| transformers BertForPreTraining | {steps['transformers']} | {reference_final:.4f} | "
-          f"{reference[-1][0]:.0f} |")  # fmt: skip
-    reached = f"{hfbert_time:.0f}" if hfbert_time is not None else "not reached"
-    print(f"| hfbert | {steps['hfbert']} | {hfbert[-1][1]:.4f} | {reached} |")
-    if hfbert_time is not None:
-        print(f"\nhfbert reaches transformers' final loss in {hfbert_time / reference[-1][0]:.2f} of the time "
-              "(target <= 0.33)")  # fmt: skip
-    print(f"hfbert's final loss is {'lower' if hfbert[-1][1] < reference_final else 'NOT lower'} "
-          f"than transformers' at the same budget")  # fmt: skip
-
-    figure, axis = plt.subplots(figsize=(7, 4.2))
-    for name, curve in curves.items():
-        axis.plot(*zip(*curve, strict=True), marker=".", label=name)
-    axis.axhline(reference_final, color="grey", linestyle=":", linewidth=1, label="transformers' final loss")
-    axis.set(xlabel="training seconds (evaluation excluded)", ylabel="held-out MLM loss",
-             title=f"Time to quality: BERT-{args.model_size}, {precision}, shipped WikiText sample")  # fmt: skip
-    axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    path = args.output_dir / "time_to_quality.png"
-    figure.savefig(path, dpi=120)
+    print("\nhfbert strictly better at the same budget: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in better.items()))
+    reached = seconds_to_reach(curves["hfbert"], reference["eval_mlm_loss"])
+    if reached is None:
+        print("hfbert did not reach transformers' final held-out MLM loss")
+    else:
+        print(f"hfbert reaches transformers' final held-out MLM loss after {reached:.0f} s of training, "
+              f"{reached / reference['train_seconds']:.2f} of the time (target <= 0.33)")  # fmt: skip
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    for model, curve in curves.items():
+        seconds = [row["train_seconds"] for row in curve]
+        axes[0].plot(seconds, [row["eval_mlm_loss"] for row in curve], marker=".", label=model)
+        axes[1].plot(seconds, [row["eval_mlm_accuracy"] for row in curve], marker=".", label=f"{model} MLM")
+        axes[1].plot(seconds, [row["eval_nsp_accuracy"] for row in curve], linestyle="--", label=f"{model} NSP")
+    axes[0].set(xlabel="training seconds (evaluation excluded)", ylabel="held-out MLM loss")
+    axes[1].set(xlabel="training seconds (evaluation excluded)", ylabel="held-out accuracy", ylim=(0, 1))
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.suptitle(f"Time to quality on the shipped WikiText sample ({precision})")
+    path = output_dir / "time_to_quality.png"
+    figure.savefig(path, dpi=110)
     print(f"\ncurves: {path}")
+
+
+def main() -> None:
+    args, recipe = parse_args()
+    if args.train:
+        train_one(args.train, args.output_dir / args.train, recipe)
+        return
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    for model in MODELS:
+        command = [sys.executable, __file__, "--train", model, "--output_dir", str(args.output_dir), "--", *recipe]
+        print("+", " ".join(command), flush=True)
+        subprocess.run(command, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    report(args.output_dir, recipe)
 
 
 if __name__ == "__main__":
