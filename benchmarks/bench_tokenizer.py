@@ -4,9 +4,12 @@ Runs on the shipped WikiText-2 sample and on a generated WikiText-style corpus o
 (deterministic: random spans of the sample's words, 5% of them swapped for words from a pool of 200,000
 made-up compounds, so the corpus has about as many distinct words as ~100 MB of real Wikipedia text).
 Encode throughput is measured with batch encoding (the fast tokenizer's __call__) on up to
-``--encode_mb`` MB of each corpus. Prints a markdown table and the ratio to the targets (sample < 1 s, 100 MB < 60 s).
+``--encode_mb`` MB of each corpus. Two more corpora hold a single line of ``--line_mb`` MB: the sample's words
+joined by spaces, and random letters without any whitespace (one huge word, which used to make training time
+grow with the square of its length). Prints a markdown table and the ratio to the targets (sample < 1 s,
+100 MB < 60 s, a single line < 10 s).
 
-    python benchmarks/bench_tokenizer.py [--size_mb 100] [--vocab_size 30522]
+    python benchmarks/bench_tokenizer.py [--size_mb 100] [--line_mb 5] [--vocab_size 30522]
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SEED = 1234
-TARGET_SECONDS = {"shipped sample": 1.0, "generated": 60.0}
+TARGET_SECONDS = {"shipped sample": 1.0, "generated": 60.0, "single line": 10.0}
 PARAGRAPHS_PER_ARTICLE = 20
 COMPOUND_WORD_RATE = 0.05
 COMPOUND_POOL_SIZE = 200_000
@@ -59,6 +62,22 @@ def write_generated_corpus(path: Path, size_mb: float, sample_words: list[str]) 
             file.write(text)
             written += len(text.encode("utf-8"))
             article += 1
+
+
+def write_single_line(path: Path, size_mb: float, sample_words: list[str] | None) -> None:
+    """One line of ``size_mb`` MB: ``sample_words`` in random order, or random letters without whitespace."""
+    rng = random.Random(SEED)
+    target_chars = int(size_mb * 1e6)
+    if sample_words is None:
+        line = "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=target_chars))
+    else:
+        words: list[str] = []
+        length = 0
+        while length < target_chars:
+            words.append(rng.choice(sample_words))
+            length += len(words[-1]) + 1
+        line = " ".join(words)
+    path.write_text(f"A first paragraph .\n\n{line}\n\nA last paragraph .\n", encoding="utf-8")
 
 
 def measure(corpus: str, train_file: Path | None, vocab_size: int, encode_mb: float) -> Measurement:
@@ -100,7 +119,7 @@ def print_table(measurements: list[Measurement]) -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m in measurements:
-        target = TARGET_SECONDS["shipped sample" if m.corpus == "shipped sample" else "generated"]
+        target = next(seconds for name, seconds in TARGET_SECONDS.items() if m.corpus.startswith(name))
         print(
             f"| {m.corpus} | {m.megabytes:.1f} | {m.load_seconds:.2f} | {m.train_seconds:.2f} | "
             f"{m.megabytes / m.train_seconds:.1f} | {m.vocab_size} | {m.encode_tokens_per_second:,.0f} | "
@@ -115,6 +134,9 @@ def main() -> None:
     parser.add_argument(
         "--size_mb", type=float, default=100.0, help="Size of the generated corpus (0: skip it)."
     )
+    parser.add_argument(
+        "--line_mb", type=float, default=5.0, help="Size of the single-line corpora (0: skip them)."
+    )
     parser.add_argument("--vocab_size", type=int, default=30522)
     parser.add_argument("--encode_mb", type=float, default=10.0, help="Text to batch-encode per corpus.")
     args = parser.parse_args()
@@ -126,12 +148,19 @@ def main() -> None:
         from hfbert.corpus import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 
         measurements = [measure("shipped sample", None, args.vocab_size, args.encode_mb)]
+        sample_text = (SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"]).read_text(encoding="utf-8")
+        sample_lines = [line for line in sample_text.split("\n") if not line.startswith(" =")]
+        sample_words = " ".join(sample_lines).split()
+        if args.line_mb > 0:
+            for kind, words in (("words", sample_words), ("no whitespace", None)):
+                single_line = workdir / f"single-line-{kind.replace(' ', '-')}.txt"
+                write_single_line(single_line, args.line_mb, words)
+                name = f"single line, {args.line_mb:g} MB, {kind}"
+                measurements.append(measure(name, single_line, args.vocab_size, args.encode_mb))
         if args.size_mb > 0:
-            sample_text = (SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"]).read_text(encoding="utf-8")
-            sample_words = [line for line in sample_text.split("\n") if not line.startswith(" =")]
             generated = workdir / "generated.train.raw"
             started = time.perf_counter()
-            write_generated_corpus(generated, args.size_mb, " ".join(sample_words).split())
+            write_generated_corpus(generated, args.size_mb, sample_words)
             print(
                 f"generated {generated.stat().st_size / 1e6:.1f} MB in {time.perf_counter() - started:.1f} s"
             )

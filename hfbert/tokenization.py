@@ -5,20 +5,36 @@ with clean-text, CJK spacing and accent stripping tied to lower-casing; BERT pre
 ``##`` continuations; ``[CLS] A [SEP]`` / ``[CLS] A [SEP] B [SEP]`` post-processor with token type ids 0/1;
 WordPiece decoder). Its vocabulary is trained with ``train_new_from_iterator``, fed batches of paragraphs
 streamed from the documents, so the corpus is never held in memory as one string.
+
+Two guards around the `tokenizers` trainer:
+
+* Work per input is bounded (`bound_paragraphs`): words longer than WordPiece's ``max_input_chars_per_word``
+  (100 characters; encoding turns them into [UNK] anyway) are left out, and longer paragraphs are cut at
+  whitespace or punctuation into pieces of at most 10,000 characters. Merging pairs inside one word costs the
+  trainer time proportional to the word's length for every merge, so one 400,000-character word took 50 s
+  and a 5 MB one never finished; cut pieces also spread one huge line over all threads.
+* Training is reproducible (`train_tokenizer`): the trainer numbers the ``##`` forms of characters in the
+  iteration order of a Rust HashMap, which is seeded at random in every process, and it breaks ties between
+  equally frequent pairs by id, so the same corpus gave another vocabulary in every process (single-threaded
+  too). A quick pass over the text in Python (`possible_continuation_forms`) finds every character that may
+  continue a word; their ``##`` forms go to the trainer as extra special tokens, which it numbers in the
+  order given, and the result is rebuilt as a plain BERT tokenizer with that vocabulary.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import datasets
+import regex
 from tqdm.auto import tqdm
 from transformers import BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
@@ -34,6 +50,22 @@ _PARAGRAPHS_PER_BATCH = 1000
 _DOCUMENTS_PER_READ = 256
 # Files that make a folder a saved tokenizer (overwriting one needs no --overwrite_output_dir).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+CONTINUING_SUBWORD_PREFIX = "##"
+MAX_WORD_CHARS = 100
+"""WordPiece's ``max_input_chars_per_word``: a longer word encodes as [UNK], so training leaves it out."""
+MAX_PIECE_CHARS = 10_000
+"""Longest text handed to the trainer at once; longer paragraphs are cut at whitespace or punctuation."""
+# Where BertPreTokenizer splits words whatever surrounds them: whitespace that BertNormalizer turns into a
+# space (Unicode White_Space less \x0b, \x0c and \x85, which it deletes as control characters, gluing their
+# neighbours) and ASCII punctuation. Unicode punctuation (also a break) is added where a miss is harmless.
+_SURE_BREAKS = "\t\n\r \xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000!-/:-@\\[-`{-~"
+_WORD_BREAKS = _SURE_BREAKS + "\\p{P}"
+_OVERLONG_WORD = regex.compile(f"[^{_WORD_BREAKS}]{{{MAX_WORD_CHARS + 1},}}")
+_LAST_WORD_BREAK = regex.compile(f"(?r)[{_WORD_BREAKS}]")  # (?r): search backwards
+# Cheap pre-check (stdlib re, C speed): only a paragraph with such a run can hold an overlong word.
+_LONG_RUN = re.compile(f"[^{_SURE_BREAKS}]{{{MAX_WORD_CHARS + 1}}}")
+# Removes the breaks and the character after each run of them: what is left follows a non-break character.
+_BREAKS_AND_WORD_STARTS = re.compile(f"(?:^|[{_SURE_BREAKS}]+)[^{_SURE_BREAKS}]?")
 
 
 class ParagraphBatches:
@@ -55,27 +87,122 @@ class ParagraphBatches:
         self.bytes_read = 0
 
     def __iter__(self) -> Iterator[list[str]]:
+        return self.iter_batches()
+
+    def iter_batches(self, description: str = "Reading documents") -> Iterator[list[str]]:
+        """The batches, with a progress bar named ``description``; ``bytes_read`` counts this pass only."""
+        self.bytes_read = 0
         total = len(self.documents) if isinstance(self.documents, datasets.Dataset) else None
         batch: list[str] = []
-        with tqdm(
-            total=total, unit="doc", desc="Reading documents", disable=not self.show_progress
-        ) as progress:
+        with tqdm(total=total, unit="doc", desc=description, disable=not self.show_progress) as progress:
             for rows in self.documents.iter(batch_size=_DOCUMENTS_PER_READ):
                 for paragraphs in rows["paragraphs"]:
                     batch.extend(paragraphs)
-                progress.update(len(rows["paragraphs"]))
                 if len(batch) >= self.batch_size:
                     self.bytes_read += sum(len(paragraph.encode()) for paragraph in batch)
                     yield batch
                     batch = []
+                progress.update(len(rows["paragraphs"]))
+                progress.set_postfix_str(f"{self.bytes_read / 1e6:.1f} MB", refresh=False)
         if batch:
             self.bytes_read += sum(len(paragraph.encode()) for paragraph in batch)
             yield batch
 
 
-def _untrained_bert_tokenizer(lowercase: bool, model_max_length: int) -> BertTokenizer:
+def bound_paragraphs(paragraphs: list[str], max_chars: int = MAX_PIECE_CHARS) -> list[str]:
+    """``paragraphs`` as the tokenizer trainer should see them: bounded work per word and per piece.
+
+    Words (runs between whitespace and punctuation, as BertPreTokenizer splits them) longer than
+    `MAX_WORD_CHARS` characters of raw text (control characters, which normalization deletes, count) are
+    replaced by a space: WordPiece encodes them as [UNK], and the trainer's merges cost
+    time proportional to a word's length, over and over. Paragraphs longer than ``max_chars`` (>= 2 *
+    `MAX_WORD_CHARS`) are cut after their last whitespace or punctuation within every ``max_chars``
+    characters, so the pre-tokenized words are unchanged. Other paragraphs are returned as they are.
+    """
+    if max_chars < 2 * MAX_WORD_CHARS:
+        raise ValueError(f"max_chars {max_chars} must be at least {2 * MAX_WORD_CHARS}")
+    bounded: list[str] = []
+    for paragraph in paragraphs:
+        if len(paragraph) > MAX_WORD_CHARS and _LONG_RUN.search(paragraph):
+            paragraph = _OVERLONG_WORD.sub(" ", paragraph)
+        if len(paragraph) <= max_chars:
+            bounded.append(paragraph)
+            continue
+        start = 0
+        while len(paragraph) - start > max_chars:
+            end = start + max_chars
+            cut = paragraph.rfind(" ", start, end)
+            if cut < start + MAX_WORD_CHARS:
+                # No space late enough: the last whitespace or punctuation mark. One lies in every
+                # MAX_WORD_CHARS + 1 characters once the overlong words are gone.
+                last_break = _LAST_WORD_BREAK.search(paragraph, start, end)
+                cut = last_break.start() if last_break is not None else end - 1
+            bounded.append(paragraph[start : cut + 1])
+            start = cut + 1
+        bounded.append(paragraph[start:])
+    return bounded
+
+
+class _BoundedBatches:
+    """`bound_paragraphs` applied to every batch of a `ParagraphBatches` (one pass, with its own label)."""
+
+    def __init__(self, batches: ParagraphBatches, description: str) -> None:
+        self.batches = batches
+        self.description = description
+
+    def __iter__(self) -> Iterator[list[str]]:
+        for batch in self.batches.iter_batches(self.description):
+            yield bound_paragraphs(batch)
+
+
+def possible_continuation_forms(
+    batches: Iterable[list[str]], tokenizer: PreTrainedTokenizerBase
+) -> list[str]:
+    """Sorted ``##`` forms of every character that may continue a word of ``batches`` (lists of paragraphs).
+
+    A superset of the forms the trainer creates with ``tokenizer``'s normalizer and pre-tokenizer: a
+    character counts once it follows anything but whitespace or ASCII punctuation in the raw text (or comes
+    second in the normalized form of one character, as Hangul does under NFD). Costs about what reading the
+    text does: most paragraphs only hold characters already settled, and only those are turned into a set.
+    """
+    normalizer = tokenizer.backend_tokenizer.normalizer
+    pre_tokenizer = tokenizer.backend_tokenizer.pre_tokenizer
+
+    def word_characters(text: str) -> str:
+        # The characters of normalized `text` that can stand inside a word: "a" + it stays one word.
+        return "".join(
+            words[0][0][1:]
+            for character in normalizer.normalize_str(text)
+            if len(words := pre_tokenizer.pre_tokenize_str(normalizer.normalize_str("a" + character))) == 1
+        )
+
+    forms: set[str] = set()
+    settled: set[str] = set()  # raw characters whose forms are all in `forms`, or that never continue a word
+    # Raw characters not yet seen after a word character -> the characters they would then add.
+    pending: dict[str, str] = {}
+    for batch in batches:
+        for paragraph in batch:
+            characters = set(paragraph)
+            if characters <= settled:
+                continue
+            for character in characters - settled - pending.keys():
+                normalized = normalizer.normalize_str(character)
+                forms.update(word_characters(normalized[1:]))
+                if first := word_characters(normalized[:1]):
+                    pending[character] = first
+                else:
+                    settled.add(character)
+            if characters.isdisjoint(pending):
+                continue
+            for character in set(_BREAKS_AND_WORD_STARTS.sub("", paragraph)) & pending.keys():
+                forms.update(pending.pop(character))
+                settled.add(character)
+    return sorted(CONTINUING_SUBWORD_PREFIX + character for character in forms)
+
+
+def _bert_tokenizer(vocab: dict[str, int], lowercase: bool, model_max_length: int) -> BertTokenizer:
     return BertTokenizer(
-        vocab={token: token_id for token_id, token in enumerate(SPECIAL_TOKENS)},
+        vocab=vocab,
         do_lower_case=lowercase,
         pad_token=PAD_TOKEN,
         unk_token=UNK_TOKEN,
@@ -83,6 +210,12 @@ def _untrained_bert_tokenizer(lowercase: bool, model_max_length: int) -> BertTok
         sep_token=SEP_TOKEN,
         mask_token=MASK_TOKEN,
         model_max_length=model_max_length,
+    )
+
+
+def _untrained_bert_tokenizer(lowercase: bool, model_max_length: int) -> BertTokenizer:
+    return _bert_tokenizer(
+        {token: token_id for token_id, token in enumerate(SPECIAL_TOKENS)}, lowercase, model_max_length
     )
 
 
@@ -112,6 +245,11 @@ def train_tokenizer(
     Returns a fast `transformers.BertTokenizer` whose vocabulary holds `SPECIAL_TOKENS` at ids 0-4 and at
     most ``vocab_size`` entries in all. ``lowercase`` also strips accents, as BERT's uncased models do.
     Raises ValueError when ``vocab_size`` cannot hold the special tokens plus the corpus' characters.
+
+    Deterministic: the same documents and settings give the same vocabulary, with the same ids, in any process
+    (see the module docstring for how). The corpus is read twice: once in Python for its characters, then by
+    the trainer.
+    Words longer than `MAX_WORD_CHARS` characters are left out (see `bound_paragraphs`).
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(
@@ -123,13 +261,36 @@ def train_tokenizer(
         if isinstance(documents, ParagraphBatches)
         else ParagraphBatches(documents, show_progress=show_progress)
     )
-    tokenizer = _untrained_bert_tokenizer(lowercase, model_max_length).train_new_from_iterator(
-        batches,
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        continuing_subword_prefix="##",
-        show_progress=show_progress,
+    untrained = _untrained_bert_tokenizer(lowercase, model_max_length)
+    forms = possible_continuation_forms(
+        batches.iter_batches("Reading documents (1/2: characters)"), untrained
     )
+    # The ## forms go in as special tokens, which the trainer numbers in the order given (after
+    # SPECIAL_TOKENS and before the alphabet, which it sorts itself) instead of in HashMap order. Should the
+    # scan have missed one, the trainer adds it in HashMap order: train again with it (still deterministic).
+    for _attempt in range(2):
+        trained = untrained.train_new_from_iterator(
+            _BoundedBatches(batches, "Reading documents (2/2: training)"),
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
+            new_special_tokens=forms,
+            show_progress=show_progress,
+        )
+        missed = {
+            token
+            for token in trained.get_vocab()
+            if token.startswith(CONTINUING_SUBWORD_PREFIX)
+            and len(token) == len(CONTINUING_SUBWORD_PREFIX) + 1
+        } - set(forms)
+        if not missed:
+            break
+        forms = sorted({*forms, *missed})
+    # Rebuilt from the vocabulary so that the ## forms are ordinary vocabulary entries, not added tokens.
+    vocab = dict(sorted(trained.get_vocab().items(), key=lambda token_and_id: token_and_id[1]))
+    if list(vocab.values()) != list(range(len(vocab))):
+        raise RuntimeError("the tokenizers trainer returned a vocabulary with gaps in its ids")
+    tokenizer = _bert_tokenizer(vocab, lowercase, model_max_length)
     if len(tokenizer) <= len(SPECIAL_TOKENS):
         raise ValueError("the corpus gave the tokenizer trainer no text; pass a corpus with text")
     if len(tokenizer) > vocab_size:

@@ -1,21 +1,29 @@
 """hfbert.tokenization: the trained tokenizer is a stock BERT tokenizer that the hfbert model agrees with."""
 
+import json
+import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer, BertTokenizer
 
+import hfbert.tokenization
 from hfbert import HfBertForPreTraining
+from hfbert.corpus import CorpusArguments, load_documents
 from hfbert.tokenization import (
+    MAX_WORD_CHARS,
     SPECIAL_TOKENS,
     ParagraphBatches,
+    bound_paragraphs,
     check_tokenizer_matches_config,
     main,
     measure_tokenizer,
     model_config_for_tokenizer,
+    possible_continuation_forms,
     save_tokenizer,
     train_tokenizer,
 )
@@ -201,3 +209,124 @@ def test_train_tokenizer_script(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "vocabulary size:  1000" in result.stdout
     assert AutoTokenizer.from_pretrained(output_dir).pad_token_id == 0
+
+
+TRAIN_AND_PRINT_VOCABS = """
+import json, sys
+from hfbert.corpus import CorpusArguments, load_documents
+from hfbert.tokenization import train_tokenizer
+documents = load_documents(CorpusArguments())
+vocabs = {
+    size: json.loads(train_tokenizer(documents["train"], vocab_size=int(size), show_progress=False)
+                     .backend_tokenizer.to_str())["model"]["vocab"]
+    for size in sys.argv[1:]
+}
+print(json.dumps(vocabs))
+"""
+
+
+@pytest.mark.slow
+def test_training_is_reproducible_across_processes():
+    # The tokenizers trainer numbers the ## forms of characters in the iteration order of a Rust HashMap
+    # (randomly seeded per process), and ties between equally frequent pairs go to the lower ids: the same
+    # corpus gave another vocabulary in every process (with RAYON_NUM_THREADS=1 too).
+    command = [sys.executable, "-c", TRAIN_AND_PRINT_VOCABS, "1000", "8192"]
+    processes = [
+        subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr
+    first, second = (json.loads(stdout.splitlines()[-1]) for stdout, _ in outputs)
+    assert {size: len(vocab) for size, vocab in first.items()} == {"1000": 1000, "8192": 8192}
+    assert first == second
+
+
+def trainer_continuation_forms(documents, lowercase: bool) -> set[str]:
+    """The ## forms the tokenizers trainer itself creates (it keeps them all, however small the vocabulary)."""
+    untrained = hfbert.tokenization._untrained_bert_tokenizer(lowercase, 512)
+    alphabet = untrained.train_new_from_iterator(
+        ParagraphBatches(documents, show_progress=False), vocab_size=6, continuing_subword_prefix="##"
+    )
+    return {token for token in alphabet.get_vocab() if token.startswith("##") and len(token) == 3}
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_continuation_forms_are_the_trainers(sample_documents, lowercase):
+    untrained = hfbert.tokenization._untrained_bert_tokenizer(lowercase, 512)
+    forms = possible_continuation_forms(
+        ParagraphBatches(sample_documents["train"], show_progress=False), untrained
+    )
+    assert forms == sorted(forms)
+    assert set(forms) == trainer_continuation_forms(sample_documents["train"], lowercase)
+    assert "##a" in forms and "##ς" in forms and "##," not in forms
+
+
+def test_continuation_forms_of_tricky_characters():
+    untrained = hfbert.tokenization._untrained_bert_tokenizer(True, 512)
+    paragraphs = [
+        "£5 costs (£) more",  # £ only starts words: no ##£
+        "Café",  # é continues a word and loses its accent: ##e
+        "x中y",  # CJK characters are words of their own: no ##中
+        "a\x0b\u00b0",  # \x0b is deleted, gluing ° to a: ##°
+        "한",  # NFD turns one Hangul syllable into three letters: the last two continue it
+    ]
+    forms = possible_continuation_forms([paragraphs], untrained)
+    assert "##£" not in forms and "##中" not in forms and "##(" not in forms
+    assert {"##5", "##a", "##e", "##°", "##\u1161", "##\u11ab"} <= set(forms)
+
+
+def test_a_missed_continuation_form_costs_a_second_training_not_reproducibility(
+    sample_documents, sample_tokenizer, monkeypatch
+):
+    monkeypatch.setattr(hfbert.tokenization, "possible_continuation_forms", lambda batches, tokenizer: [])
+    retrained = train_tokenizer(sample_documents["train"], vocab_size=1000, show_progress=False)
+    assert retrained.get_vocab() == sample_tokenizer.get_vocab()
+    assert not retrained.added_tokens_decoder.keys() - set(range(len(SPECIAL_TOKENS)))
+
+
+def pre_tokenized_words(tokenizer, text: str) -> list[str]:
+    backend = tokenizer.backend_tokenizer
+    return [
+        word for word, _ in backend.pre_tokenizer.pre_tokenize_str(backend.normalizer.normalize_str(text))
+    ]
+
+
+def test_bound_paragraphs_keeps_every_word_but_overlong_ones(sample_tokenizer):
+    rng = random.Random(0)
+    words = ["the", "Café", "1,000", "(a)", "naïve", "x" * MAX_WORD_CHARS, "y" * (MAX_WORD_CHARS + 1), "中文"]
+    paragraph = " ".join(rng.choice(words) for _ in range(8000))
+    paragraph += " " + ",".join(rng.choice("abc") for _ in range(15_000))  # 30,000 characters, no space
+    paragraph += " " + "z\x0b" * 50 + " tail"  # \x0b is deleted: one 50-character word
+    paragraph += " " + "ab\x0b" * 60 + " end"  # one 120-character word
+    short = "A short paragraph ."
+    pieces = bound_paragraphs([short, paragraph], max_chars=1000)
+    assert pieces[0] == short
+    assert max(len(piece) for piece in pieces) <= 1000
+    expected = [
+        word for word in pre_tokenized_words(sample_tokenizer, paragraph) if len(word) <= MAX_WORD_CHARS
+    ]
+    assert [word for piece in pieces[1:] for word in pre_tokenized_words(sample_tokenizer, piece)] == expected
+    assert "y" * (MAX_WORD_CHARS + 1) not in "".join(pieces) and "x" * MAX_WORD_CHARS in expected
+    with pytest.raises(ValueError, match="max_chars 150 must be at least 200"):
+        bound_paragraphs([paragraph], max_chars=150)
+
+
+def test_one_huge_line_trains_in_seconds(tmp_path):
+    # The trainer's merges cost time proportional to a word's length, for every merge inside the word: one
+    # 100,000-character word took 4 s, 400,000 took 50 s, a 3 MB one hours. One huge line of ordinary words
+    # was pre-tokenized on one thread.
+    rng = random.Random(0)
+    blob = "".join(rng.choices("abcdefghijklmnop", k=3_000_000))
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(2000)]
+    line = " ".join(rng.choices(words, k=300_000))  # about 2 MB
+    corpus = tmp_path / "huge_line.txt"
+    corpus.write_text(f"A first document .\n\n{blob}\n\n{line}\n\nThe last document .\n", encoding="utf-8")
+    documents = load_documents(CorpusArguments(train_file=str(corpus)))
+    started = time.perf_counter()
+    tokenizer = train_tokenizer(documents["train"], vocab_size=2000, show_progress=False)
+    seconds = time.perf_counter() - started
+    assert seconds < 60, f"{seconds:.1f} s"
+    assert len(tokenizer) == 2000 and sum(word in tokenizer.get_vocab() for word in words) > 500
+    assert tokenizer.unk_token not in tokenizer.tokenize(line[:10_000])
