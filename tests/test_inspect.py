@@ -1,0 +1,256 @@
+import shutil
+import struct
+
+import pytest
+import torch
+from conftest import tiny_config
+from transformers import BertConfig, BertForPreTraining
+
+from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
+from hfbert.inspect import (
+    FREQUENT_WORDS,
+    InspectError,
+    choose_masked_word,
+    inspect_checkpoint,
+    main,
+    sample_sentences,
+    write_samples,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TEXT = "The game was released in [MASK] and sold well ."
+PAIR = ["The song was released in 2009 .", "It reached number one in the charts ."]
+SENTENCES = ["The ship was built in 1900 .", "The vessel was launched in 1901 .", "He played for the club ."]
+SAMPLE_SENTENCES = [
+    "The game was released in Japan in 2011 and sold well .",
+    "It was the first game in the series to be released on a handheld .",
+    "Critics praised the story of the game and its music .",
+    "The band toured the United States for most of the year .",
+]
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data.rstrip(b"\x00").endswith(b"IEND\xaeB`\x82")
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, sample_tokenizer):
+    """A tiny HfBertForPreTraining folder with the 1000-token sample tokenizer (random weights)."""
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("ckpt") / "hfbert-tiny"
+    HfBertForPreTraining(tiny_config()).save_pretrained(folder)
+    sample_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def files_under(folder) -> set[str]:
+    return {str(path.relative_to(folder)) for path in folder.rglob("*")}
+
+
+def test_cli_writes_pngs_and_report(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = [str(checkpoint), "--text", TEXT, "--layer", "1", "--head", "2", "--top_k", "3"]
+    argv += ["--pair", *PAIR, "--sentences", *SENTENCES, "--output_dir", str(out)]
+    inspection = main(argv)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "attention_layer1_head2.png",
+        "inspect.md",
+        "similarity.png",
+    ]
+    width, height = png_size(out / "attention_layer1_head2.png")
+    assert width >= 400 and height >= 400
+    width, height = png_size(out / "similarity.png")
+    assert width > height >= 250
+    report = (out / "inspect.md").read_text()
+    assert report == capsys.readouterr().out.split("\nWrote ")[0]  # printed and written
+    for heading in ("## Fill-mask", "## Attention, layer 1, head 2", "## Next sentence prediction"):
+        assert heading in report
+    assert "## Sentence similarity" in report and "[CLS] vector" in report and "mean-pooled" in report
+    assert "![attention, layer 1, head 2](attention_layer1_head2.png)" in report
+
+    # The numbers behind the report are sane.
+    assert len(inspection.fill_mask.predictions) == 1 and len(inspection.fill_mask.predictions[0]) == 3
+    attention = torch.tensor(inspection.attention.weights)
+    assert inspection.attention.tokens[0] == "[CLS]" and inspection.attention.tokens[-1] == "[SEP]"
+    assert attention.shape == (len(inspection.attention.tokens),) * 2
+    torch.testing.assert_close(attention.sum(-1), torch.ones(len(attention)))
+    assert 0.0 < inspection.nsp[0].probability_follows < 1.0
+    for matrix in (inspection.similarity.cls, inspection.similarity.mean):
+        matrix = torch.tensor(matrix)
+        torch.testing.assert_close(matrix.diagonal(), torch.ones(3))
+        torch.testing.assert_close(matrix, matrix.T)
+
+
+def test_defaults_follow_the_inputs_and_write_into_the_checkpoint(checkpoint, sample_tokenizer):
+    two_masks = "The [MASK] was released in [MASK] ."
+    inspection = inspect_checkpoint(checkpoint, text=two_masks)
+    try:
+        assert inspection.attention.layer == 1 and inspection.attention.head == 0  # last layer, head 0
+        assert len(inspection.fill_mask.predictions) == 2  # one top-k list per [MASK]
+        assert all(len(top) == 5 for top in inspection.fill_mask.predictions)
+        assert inspection.nsp == [] and inspection.similarity is None
+        assert sorted(p.name for p in (checkpoint / "inspect").iterdir()) == [
+            "attention_layer1_head0.png",
+            "inspect.md",
+        ]
+    finally:
+        shutil.rmtree(checkpoint / "inspect")
+
+
+def test_deterministic(checkpoint, tmp_path):
+    first = inspect_checkpoint(checkpoint, sentences=SENTENCES, pair=PAIR, output_dir=tmp_path / "a")
+    second = inspect_checkpoint(checkpoint, sentences=SENTENCES, pair=PAIR, output_dir=tmp_path / "b")
+    assert (tmp_path / "a" / "inspect.md").read_text() == (tmp_path / "b" / "inspect.md").read_text()
+    assert first.similarity == second.similarity and first.nsp == second.nsp
+
+
+@pytest.fixture
+def no_tokenizer(tmp_path, checkpoint):
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(checkpoint / name, folder / name)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case, kwargs, message",
+    [
+        ("missing folder", {"checkpoint": "MISSING", "text": TEXT}, "does not exist"),
+        ("no tokenizer", {"checkpoint": "NO_TOKENIZER", "text": TEXT}, "has no tokenizer"),
+        ("no [MASK]", {"text": "The game was released ."}, "has no [MASK]"),
+        ("layer", {"text": TEXT, "layer": 2}, "--layer 2 is out of range: this model has 2 layers, so pass "),
+        ("negative layer", {"text": TEXT, "layer": -1}, "--layer between 0 and 1"),
+        ("head", {"text": TEXT, "head": 4}, "--head between 0 and 3"),
+        ("top_k", {"text": TEXT, "top_k": 0}, "--top_k 0 is out of range"),
+        ("one sentence", {"sentences": ["Only one ."]}, "at least two sentences"),
+        ("nothing", {}, "nothing to inspect"),
+        ("task without input", {"text": TEXT, "tasks": ["nsp"]}, "task 'nsp' needs --pair"),
+        ("too long", {"text": "word " * 200 + "[MASK]"}, "but the model takes at most 128"),
+    ],
+)
+def test_refusals_name_the_value_and_write_nothing(checkpoint, no_tokenizer, tmp_path, case, kwargs, message):
+    before = files_under(checkpoint)
+    kwargs = {"checkpoint": checkpoint} | kwargs
+    kwargs["checkpoint"] = {"MISSING": tmp_path / "missing", "NO_TOKENIZER": no_tokenizer}.get(
+        kwargs["checkpoint"], kwargs["checkpoint"]
+    )
+    out = tmp_path / "out"
+    with pytest.raises(InspectError) as raised:
+        inspect_checkpoint(output_dir=out, **kwargs)
+    assert message in str(raised.value)
+    assert isinstance(raised.value, ValueError)
+    assert not out.exists() and files_under(checkpoint) == before
+    assert not (tmp_path / "missing").exists()
+
+
+def test_attention_only_needs_no_mask(checkpoint, tmp_path):
+    inspection = inspect_checkpoint(
+        checkpoint, text="No mask here .", tasks=["attention"], output_dir=tmp_path
+    )
+    assert inspection.fill_mask is None and (tmp_path / "attention_layer1_head0.png").is_file()
+
+
+def test_cli_refusal_is_an_argparse_error(checkpoint, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main([str(checkpoint), "--text", TEXT, "--head", "9", "--output_dir", str(tmp_path / "out")])
+    assert exited.value.code == 2
+    assert "--head 9 is out of range: this model has 4 attention heads per layer" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_tokenizer_from_another_folder(checkpoint, no_tokenizer, tmp_path):
+    inspection = inspect_checkpoint(no_tokenizer, text=TEXT, tokenizer_name=checkpoint, output_dir=tmp_path)
+    assert inspection.fill_mask is not None
+
+
+def test_heads_missing_from_the_folder_are_refused(tmp_path, sample_tokenizer):
+    mlm_only, encoder_only = tmp_path / "mlm", tmp_path / "encoder"
+    HfBertForMaskedLM(tiny_config()).save_pretrained(mlm_only)
+    HfBertModel(tiny_config()).save_pretrained(encoder_only)
+    for folder in (mlm_only, encoder_only):
+        sample_tokenizer.save_pretrained(folder)
+    with pytest.raises(InspectError, match="no next-sentence head"):
+        inspect_checkpoint(mlm_only, pair=PAIR, output_dir=tmp_path / "out")
+    with pytest.raises(InspectError, match="no masked-LM head"):
+        inspect_checkpoint(encoder_only, text=TEXT, output_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # What such a folder does have still works.
+    assert inspect_checkpoint(mlm_only, text=TEXT, output_dir=tmp_path / "out").fill_mask is not None
+
+
+def test_write_samples(checkpoint, tmp_path):
+    model_dir = tmp_path / "run"
+    shutil.copytree(checkpoint, model_dir)
+    path = write_samples(model_dir, SAMPLE_SENTENCES, other_sentence="The band toured Europe in the summer .")
+    assert path == model_dir / "samples.md"
+    text = path.read_text()
+    for heading in ("## Fill-mask", "## Next sentence prediction", "## Sentence similarity", "## Attention"):
+        assert heading in text
+    assert text.count("[MASK]") >= 4 and text.count("true word **") == 4  # one masked word per sentence
+    # Frequent words, a different one per sentence where possible: the, of, and, in ...
+    assert "true word **the**" in text and "true word **in**" in text
+    assert "| real (B is the next sentence) |" in text and "| random (B is another document) |" in text
+    assert "![cosine similarity](samples_similarity.png)" in text
+    for name in ("samples_similarity.png", "samples_attention.png"):
+        assert png_size(model_dir / name)[0] >= 300
+    assert not [p for p in model_dir.iterdir() if p.name.startswith(".")]  # no temporary files left
+    first = text
+    assert write_samples(model_dir, SAMPLE_SENTENCES, other_sentence="The band toured Europe in the summer .")
+    assert path.read_text() == first  # deterministic
+
+
+def test_write_samples_without_other_sentence(checkpoint, tmp_path):
+    model_dir = tmp_path / ".final-staging"
+    shutil.copytree(checkpoint, model_dir)
+    text = write_samples(
+        model_dir, SAMPLE_SENTENCES, model_name="someone/hfbert-tiny", max_fill_mask=2
+    ).read_text()
+    assert text.startswith("# Samples from someone/hfbert-tiny\n")
+    assert "1. `" in text and "2. `" in text and "3. `" not in text  # max_fill_mask
+    assert "| random (B is sentence 4 of the same text, not adjacent) |" in text
+    with pytest.raises(InspectError, match="three or more sentences"):
+        write_samples(model_dir, SAMPLE_SENTENCES[:2])
+
+
+def test_choose_masked_word_prefers_frequent_unused_words(sample_tokenizer):
+    sentence = "The club was founded in 1900 by the workers of the town."
+    assert choose_masked_word(sample_tokenizer, sentence, set()) == (
+        "[MASK] club was founded in 1900 by the workers of the town.",
+        "the",
+    )
+    masked, word = choose_masked_word(sample_tokenizer, sentence, {"the"})
+    assert word == "of" and masked == "The club was founded in 1900 by the workers [MASK] the town."
+    # Punctuation around a word does not hide it, and stays in place.
+    assert choose_masked_word(sample_tokenizer, "Zebras live in, near and around lakes", {"and"}) == (
+        "Zebras live [MASK], near and around lakes",
+        "in",
+    )
+    assert choose_masked_word(sample_tokenizer, "Zebras graze quietly .", set()) is None
+    assert FREQUENT_WORDS[:3] == ("the", "of", "and")
+
+
+def test_stock_bert_folder(tmp_path, sample_tokenizer):
+    config = tiny_config().to_dict()
+    config.pop("model_type", None)
+    folder = tmp_path / "bert"
+    BertForPreTraining(BertConfig(**config)).save_pretrained(folder)
+    sample_tokenizer.save_pretrained(folder)
+    inspection = inspect_checkpoint(
+        folder, text=TEXT, pair=PAIR, sentences=SENTENCES, output_dir=tmp_path / "o"
+    )
+    assert inspection.model_summary.startswith("bert, 2 layers, 4 heads")
+    assert inspection.fill_mask is not None and inspection.nsp and inspection.similarity is not None
+
+
+def test_sample_sentences(sample_documents):
+    documents = sample_documents["validation"]
+    sentences, other = sample_sentences(documents, count=4)
+    assert len(sentences) == 4 and all(6 <= len(s.split()) <= 40 for s in sentences)
+    first_document = " ".join(documents[0]["paragraphs"])
+    assert all(s in first_document for s in sentences)
+    assert other is not None and other not in first_document
+    assert sample_sentences(documents, count=4) == (sentences, other)  # deterministic
+    assert sample_sentences([["One short line ."]]) == ([], None)
