@@ -8,12 +8,13 @@ Instances are neither padded nor masked; :mod:`hfbert.collator` does both per ba
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset, Features, List, Value
+from datasets import Dataset, DatasetDict, Features, List, Value
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
@@ -41,6 +42,76 @@ INSTANCE_FEATURES = Features(
 # datasets hashes module-level functions by qualified name, not by code, so without this an edited hfbert
 # would silently reuse caches built by the old code. It is passed to every map below as part of the cache key.
 _SOURCE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
+
+
+_MIN_NSP_DOCUMENTS = 2
+_BOUNDARY_HINT = (
+    "check --document_boundary too (heading: WikiText ' = Title = ' lines start documents; blank_line: blank "
+    "lines separate them; row: each row is one)"
+)
+
+
+def _documents(count: int) -> str:
+    return f"{count} document" if count == 1 else f"{count} documents"
+
+
+def split_validation_documents(documents: DatasetDict, percentage: int, seed: int) -> DatasetDict:
+    """Splits ``train`` and ``validation`` for pretraining, each with enough documents for NSP instances.
+
+    Without a ``validation`` split, ``percentage`` percent of the training documents (rounded up) are held out
+    with ``Dataset.train_test_split(seed=seed)``. Next-sentence prediction draws the random B segment from
+    another document of the same split, so each split needs at least 2 documents. Raises ValueError before
+    anything is split or written, saying how many documents each split would get and which flag fixes it
+    (--validation_split_percentage, --validation_file, --document_boundary). ``documents`` is returned as it
+    is when it already has a validation split.
+    """
+    if "validation" in documents:
+        for split, source in (("training", "the training corpus"), ("validation", "--validation_file")):
+            count = len(documents["train" if split == "training" else "validation"])
+            if count < _MIN_NSP_DOCUMENTS:
+                raise ValueError(
+                    f"the {split} split has {_documents(count)}; next-sentence prediction needs at least "
+                    f"{_MIN_NSP_DOCUMENTS} documents in each split (B segments come from another document). "
+                    f"Give {source} more documents, or {_BOUNDARY_HINT}; --validation_file is the "
+                    "validation corpus"
+                )
+        return documents
+    total = len(documents["train"])
+    if not 1 <= percentage <= 99:
+        raise ValueError(
+            f"--validation_split_percentage {percentage} must be between 1 and 99 (the share of the training "
+            "corpus held out for evaluation); or pass --validation_file"
+        )
+
+    def held_out(share: int) -> int:  # what Dataset.train_test_split(test_size=share / 100) holds out
+        return math.ceil(share / 100 * total)
+
+    workable = [
+        share
+        for share in range(1, 100)
+        if held_out(share) >= _MIN_NSP_DOCUMENTS and total - held_out(share) >= _MIN_NSP_DOCUMENTS
+    ]
+    if not workable:
+        raise ValueError(
+            f"the training corpus has {_documents(total)} and there is no validation split; next-sentence "
+            f"prediction needs at least {_MIN_NSP_DOCUMENTS} documents in each of the training and validation "
+            f"splits (B segments come from another document), so {_documents(total)} cannot be split. Pass a "
+            f"separate validation corpus with --validation_file (and at least {_MIN_NSP_DOCUMENTS} training "
+            f"documents), or {_BOUNDARY_HINT}"
+        )
+    validation_count = held_out(percentage)
+    if percentage not in workable:
+        suggestion = min(workable, key=lambda share: abs(share - percentage))
+        raise ValueError(
+            f"--validation_split_percentage {percentage} holds out {validation_count} of the {total} documents "
+            f"for validation and leaves {total - validation_count} for training; next-sentence prediction needs "
+            f"at least {_MIN_NSP_DOCUMENTS} documents in each split (B segments come from another document). "
+            f"Pass --validation_split_percentage {suggestion} (anything from {workable[0]} to {workable[-1]} "
+            f"works for {total} documents), or a separate validation corpus with --validation_file"
+        )
+    # An int test_size holds out the same documents as percentage / 100 and cannot round differently.
+    split = documents["train"].train_test_split(test_size=validation_count, seed=seed)
+    return DatasetDict(train=split["train"], validation=split["test"])
 
 
 def split_sentences(paragraph: str) -> list[str]:
@@ -159,11 +230,13 @@ def build_nsp_instances(
         )
     if not 0.0 <= short_seq_prob <= 1.0:
         raise ValueError(f"short_seq_prob {short_seq_prob} is not a probability; pass a value in [0, 1]")
-    if len(tokenized) < 2:
+    if len(tokenized) < _MIN_NSP_DOCUMENTS:
         raise ValueError(
-            f"Next-sentence prediction needs at least 2 documents to draw random next segments from, but the "
-            f"corpus has {len(tokenized)} non-empty document(s); use a larger corpus or check the "
-            "document boundary setting (--document_boundary)"
+            f"Next-sentence prediction needs at least {_MIN_NSP_DOCUMENTS} documents to draw random next "
+            f"segments from, but this split has {_documents(len(tokenized))} with text left after tokenizing; "
+            "use a larger corpus: more documents in --train_file or --validation_file, or a larger "
+            f"--validation_split_percentage when the validation documents are held out of the training corpus; "
+            f"{_BOUNDARY_HINT}"
         )
     return tokenized.map(
         _build_instances_batch,

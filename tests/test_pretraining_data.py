@@ -1,10 +1,16 @@
 from collections import defaultdict
 
 import pytest
-from datasets import Dataset, load_from_disk
+from datasets import Dataset, DatasetDict, load_from_disk
 
 import hfbert.pretraining_data as pretraining_data
-from hfbert.pretraining_data import build_nsp_instances, padding_fraction, split_sentences, tokenize_documents
+from hfbert.pretraining_data import (
+    build_nsp_instances,
+    padding_fraction,
+    split_sentences,
+    split_validation_documents,
+    tokenize_documents,
+)
 
 MAX_SEQ_LENGTH = 128
 
@@ -204,8 +210,89 @@ def test_second_build_comes_from_cache(tokenized, sample_tokenizer, monkeypatch)
 
 def test_fewer_than_two_documents_is_an_error():
     single = Dataset.from_dict({"sentences": [[[5, 6, 7], [8, 9]]]})
-    with pytest.raises(ValueError, match="at least 2 documents"):
+    with pytest.raises(ValueError, match="at least 2 documents") as error:
         build_nsp_instances(single, cls_token_id=2, sep_token_id=3, max_seq_length=16)
+    for fix in ("--validation_file", "--validation_split_percentage", "--document_boundary"):
+        assert fix in str(error.value)
+
+
+def saved_documents(tmp_path, count: int, name: str = "train") -> Dataset:
+    """``count`` one-paragraph documents, file-backed under ``tmp_path`` (so cache files would land there)."""
+    paragraphs = [[f"Document {index} is here . It ends ."] for index in range(count)]
+    Dataset.from_dict({"paragraphs": paragraphs}).save_to_disk(tmp_path / name)
+    return load_from_disk(tmp_path / name)
+
+
+def files_under(folder) -> list:
+    return sorted(path for path in folder.rglob("*"))
+
+
+def test_validation_share_is_split_off_like_train_test_split(tmp_path):
+    train = saved_documents(tmp_path, 40)
+    split = split_validation_documents(DatasetDict(train=train), 5, seed=42)
+    expected = train.train_test_split(test_size=0.05, seed=42)
+    assert (len(split["train"]), len(split["validation"])) == (38, 2)
+    assert split["train"]["paragraphs"] == expected["train"]["paragraphs"]
+    assert split["validation"]["paragraphs"] == expected["test"]["paragraphs"]
+    given = DatasetDict(train=train, validation=saved_documents(tmp_path, 2, "validation"))
+    assert split_validation_documents(given, 5, seed=42) is given
+
+
+@pytest.mark.parametrize(
+    ("count", "percentage", "expected"),
+    [
+        # The 5% share of 20 documents is one document: NSP cannot draw a random B from another one.
+        (
+            20,
+            5,
+            [
+                "--validation_split_percentage 5 holds out",
+                "1 of the 20 documents",
+                "19 for training",
+                "--validation_split_percentage 6 (anything from 6 to 90",
+                "--validation_file",
+            ],
+        ),
+        (
+            40,
+            99,
+            [
+                "--validation_split_percentage 99",
+                "40 of the 40 documents",
+                "0 for training",
+                "--validation_split_percentage 95 (anything from 3 to 95",
+                "--validation_file",
+            ],
+        ),
+        # Too few documents for any split: datasets said "the resulting train set will be empty".
+        (1, 5, ["the training corpus has 1 document", "--validation_file", "--document_boundary"]),
+        (3, 50, ["the training corpus has 3 documents", "--validation_file", "--document_boundary"]),
+    ],
+)
+def test_a_split_without_two_documents_is_refused_with_the_fix(tmp_path, count, percentage, expected):
+    train = saved_documents(tmp_path, count)
+    before = files_under(tmp_path)
+    with pytest.raises(ValueError) as error:
+        split_validation_documents(DatasetDict(train=train), percentage, seed=42)
+    for part in expected:
+        assert part in str(error.value)
+    assert files_under(tmp_path) == before
+
+
+def test_a_validation_file_with_one_document_is_refused_with_the_fix(tmp_path):
+    documents = DatasetDict(train=saved_documents(tmp_path, 10), validation=saved_documents(tmp_path, 1, "v"))
+    with pytest.raises(ValueError, match=r"the validation split has 1 document;.*--validation_file"):
+        split_validation_documents(documents, 5, seed=42)
+    documents = DatasetDict(
+        train=saved_documents(tmp_path, 1, "t"), validation=saved_documents(tmp_path, 5, "w")
+    )
+    with pytest.raises(ValueError, match=r"the training split has 1 document;"):
+        split_validation_documents(documents, 5, seed=42)
+
+
+def test_validation_split_percentage_out_of_range_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"--validation_split_percentage 0 .*between 1 and 99"):
+        split_validation_documents(DatasetDict(train=saved_documents(tmp_path, 40)), 0, seed=42)
 
 
 def test_max_seq_length_too_small_is_an_error(tokenized):
