@@ -23,6 +23,8 @@ same source reads the cache instead of regrouping.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json
 DOCUMENT_FEATURES = datasets.Features({"paragraphs": datasets.List(datasets.Value("string"))})
 _ROWS_PER_READ = 1000
 _HUB_PROBE_TIMEOUT_S = 10
+_UTF8_CHECK_BYTES_PER_READ = 1 << 24
 
 
 class CorpusError(ValueError):
@@ -258,17 +261,76 @@ def _load_hub_dataset(
         raise CorpusError(f"--dataset_name {args.dataset_name}: {error}") from error
 
 
+def _local_files(args: CorpusArguments) -> dict[str, Path]:
+    """The files of a local-file source by split (the shipped sample when no --train_file is given)."""
+    if args.train_file is None:
+        return {split: SHIPPED_SAMPLE_DIR / name for split, name in SHIPPED_SAMPLE_FILES.items()}
+    files = {"train": Path(args.train_file)}
+    if args.validation_file is not None:
+        files["validation"] = Path(args.validation_file)
+    return files
+
+
+def _flag_of(split: str) -> str:
+    return "--train_file" if split == "train" else "--validation_file"
+
+
+def find_invalid_utf8(path: str | os.PathLike) -> tuple[int, int, bytes] | None:
+    """``(byte offset, line number, bad bytes)`` of the first bytes of ``path`` that are not UTF-8, else None.
+
+    Reads the file in 16 MB pieces (a truncated sequence at the very end counts as invalid).
+    """
+    offset, line, pending = 0, 1, b""
+    with open(path, "rb") as file:
+        while chunk := file.read(_UTF8_CHECK_BYTES_PER_READ):
+            data = pending + chunk
+            try:
+                _, consumed = codecs.utf_8_decode(data, "strict", False)
+            except UnicodeDecodeError as error:
+                return (
+                    offset + error.start,
+                    line + data.count(b"\n", 0, error.start),
+                    data[error.start : error.end],
+                )
+            line += data.count(b"\n", 0, consumed)
+            offset += consumed
+            pending = data[consumed:]
+    return (offset, line, pending) if pending else None
+
+
+@contextlib.contextmanager
+def _naming_undecodable_files(files: dict[str, Path]) -> Iterator[None]:
+    """Turn a failure while reading ``files`` into a CorpusError naming the first one that is not UTF-8.
+
+    The files are checked only after something failed (datasets reports a UnicodeDecodeError, wrapped in a
+    DatasetGenerationError, without the file, and with a position inside its read buffer); other failures
+    pass through unchanged.
+    """
+    try:
+        yield
+    except Exception as error:
+        for split, path in files.items():
+            if path.suffix == ".parquet":
+                continue
+            invalid = find_invalid_utf8(path)
+            if invalid is None:
+                continue
+            offset, line, bad_bytes = invalid
+            raise CorpusError(
+                f"{_flag_of(split)} {path} is not valid UTF-8: byte 0x{bad_bytes[0]:02x} at byte offset {offset} "
+                f"(line {line}) cannot be decoded. Convert the file to UTF-8 and pass the converted file, e.g. "
+                f"`iconv -f latin1 -t utf-8 {path} > {path.with_suffix('.utf8' + path.suffix)}` (replace latin1 "
+                "by the file's encoding if it is another one; `file -i` guesses it)"
+            ) from error
+        raise
+
+
 def _load_local_files(
     args: CorpusArguments, num_proc: int | None
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
-    if args.train_file is None:
-        files = {split: SHIPPED_SAMPLE_DIR / name for split, name in SHIPPED_SAMPLE_FILES.items()}
-    else:
-        files = {"train": Path(args.train_file)}
-        if args.validation_file is not None:
-            files["validation"] = Path(args.validation_file)
+    files = _local_files(args)
     for split, path in files.items():
-        flag = "--train_file" if split == "train" else "--validation_file"
+        flag = _flag_of(split)
         if not path.is_file():
             raise CorpusError(f"{flag} {path} does not exist or is not a file; pass the path of a text file")
         if path.stat().st_size == 0:
@@ -280,12 +342,13 @@ def _load_local_files(
             f"--train_file and --validation_file have different formats ({', '.join(sorted(extensions))}); "
             "pass files of the same format"
         )
-    return datasets.load_dataset(
-        builders.pop(),
-        data_files={split: str(path) for split, path in files.items()},
-        streaming=args.streaming,
-        num_proc=None if args.streaming else num_proc,
-    )
+    with _naming_undecodable_files(files):
+        return datasets.load_dataset(
+            builders.pop(),
+            data_files={split: str(path) for split, path in files.items()},
+            streaming=args.streaming,
+            num_proc=None if args.streaming else num_proc,
+        )
 
 
 def _describe_source(args: CorpusArguments) -> str:
@@ -296,25 +359,42 @@ def _describe_source(args: CorpusArguments) -> str:
     return f"the shipped sample {SHIPPED_SAMPLE_DIR}"
 
 
+def _iter_documents_of_files(
+    rows: datasets.IterableDataset,
+    text_column: str,
+    boundary: DocumentBoundary,
+    files: dict[str, Path],
+) -> Iterator[dict[str, list[str]]]:
+    """`iter_documents` over streamed ``files``: decoding happens while iterating, so errors are named here."""
+    with _naming_undecodable_files(files):
+        yield from iter_documents(rows, text_column, boundary)
+
+
 def _group_split(
     rows: datasets.Dataset | datasets.IterableDataset,
     split: str,
     text_column: str,
     boundary: DocumentBoundary,
+    files: dict[str, Path],
 ) -> datasets.Dataset | datasets.IterableDataset:
     gen_kwargs = {"rows": rows, "text_column": text_column, "boundary": boundary}
     if isinstance(rows, datasets.IterableDataset):
         return datasets.IterableDataset.from_generator(
-            iter_documents, features=DOCUMENT_FEATURES, gen_kwargs=gen_kwargs
+            _iter_documents_of_files,
+            features=DOCUMENT_FEATURES,
+            gen_kwargs={**gen_kwargs, "files": files},
         )
-    return datasets.Dataset.from_generator(
-        iter_documents,
-        features=DOCUMENT_FEATURES,
-        gen_kwargs=gen_kwargs,
-        split=datasets.NamedSplit(split),
-        # The source's fingerprint names its content; hashing the Dataset object itself would be slow.
-        fingerprint=Hasher.hash(["hfbert.corpus.iter_documents", rows._fingerprint, text_column, boundary]),
-    )
+    with _naming_undecodable_files(files):
+        return datasets.Dataset.from_generator(
+            iter_documents,
+            features=DOCUMENT_FEATURES,
+            gen_kwargs=gen_kwargs,
+            split=datasets.NamedSplit(split),
+            # The source's fingerprint names its content; hashing the Dataset object itself would be slow.
+            fingerprint=Hasher.hash(
+                ["hfbert.corpus.iter_documents", rows._fingerprint, text_column, boundary]
+            ),
+        )
 
 
 def load_documents(
@@ -336,6 +416,9 @@ def load_documents(
     if "train" not in source:
         raise CorpusError(f"{_describe_source(args)} has no 'train' split (it has {list(source)})")
     boundary = resolve_document_boundary(args)
+    # Streamed files are decoded while iterating, and the json builder keeps invalid UTF-8 until the rows are
+    # read here: decoding errors are named wherever rows are read.
+    local_files = _local_files(args) if args.dataset_name is None else {}
     dict_class = datasets.IterableDatasetDict if args.streaming else datasets.DatasetDict
     documents = dict_class()
     for split in SPLITS:
@@ -348,10 +431,13 @@ def load_documents(
                 f"(columns: {rows.column_names}); pass --text_column with one of them"
             )
         # Checked on the rows (reads only up to the first document): datasets cannot build an empty split.
-        if next(iter_documents(rows, args.text_column, boundary), None) is None:
+        split_files = {name: path for name, path in local_files.items() if name == split}
+        with _naming_undecodable_files(split_files):
+            first_document = next(iter_documents(rows, args.text_column, boundary), None)
+        if first_document is None:
             raise CorpusError(
                 f"{_describe_source(args)} has no text in its {split} split (document_boundary={boundary}); "
                 "pass a corpus with text"
             )
-        documents[split] = _group_split(rows, split, args.text_column, boundary)
+        documents[split] = _group_split(rows, split, args.text_column, boundary, split_files)
     return documents

@@ -4,6 +4,7 @@ import csv
 import json
 import shutil
 import time
+from pathlib import Path
 
 import datasets
 import pyarrow as pa
@@ -290,3 +291,53 @@ def test_missing_text_column_is_a_clear_error(tmp_path):
 def test_contradictory_flags_are_a_clear_error(fields, message):
     with pytest.raises(CorpusError, match=message):
         CorpusArguments(**fields)
+
+
+def arrow_files() -> set:
+    return set(Path(datasets.config.HF_DATASETS_CACHE).rglob("*.arrow"))
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("bad_split", ["train", "validation"])
+def test_invalid_utf8_names_the_file_the_offset_and_the_fix(tmp_path, streaming, bad_split):
+    # Was a DatasetGenerationError around "'utf-8' codec can't decode byte 0xe9 in position 18" (position in
+    # datasets' read chunk), without the file.
+    good = "A first paragraph .\n\nA second document .\n"
+    bad = "Hello world .\n\nCaf\xe9 au lait .\n".encode("latin-1")
+    files = {"train": tmp_path / "train.txt", "validation": tmp_path / "valid.txt"}
+    files["train"].write_text(good, encoding="utf-8")
+    files["validation"].write_text(good, encoding="utf-8")
+    files[bad_split].write_bytes(bad)
+    before = arrow_files()
+    args = CorpusArguments(
+        train_file=str(files["train"]), validation_file=str(files["validation"]), streaming=streaming
+    )
+    flag = "--train_file" if bad_split == "train" else "--validation_file"
+    with pytest.raises(CorpusError) as error:
+        documents = load_documents(args)
+        for split in documents.values():
+            list(split)
+    message = str(error.value)
+    assert f"{flag} {files[bad_split]} is not valid UTF-8" in message
+    assert "byte 0xe9 at byte offset 18 (line 3)" in message
+    assert "iconv -f latin1 -t utf-8" in message
+    assert arrow_files() == before
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_invalid_utf8_late_in_a_big_file_is_found(tmp_path, streaming):
+    path = tmp_path / "big.txt"
+    line = "Some ordinary text that goes on for a while .\n"
+    path.write_bytes((line * 400_000).encode() + b"\xff\xfe broken\n")  # 18.8 MB, past datasets' first read
+    with pytest.raises(CorpusError, match=rf"byte 0xff at byte offset {len(line) * 400_000} \(line 400001\)"):
+        for _ in load_documents(CorpusArguments(train_file=str(path), streaming=streaming))["train"]:
+            pass
+
+
+def test_invalid_utf8_in_a_jsonl_file_is_named(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "Caf\xe9"}\n')
+    with pytest.raises(
+        CorpusError, match=r"rows\.jsonl is not valid UTF-8: byte 0xe9 at byte offset 30 \(line 2\)"
+    ):
+        load_documents(CorpusArguments(train_file=str(path)))
