@@ -50,6 +50,7 @@ def build_model_card(
     dataset_name: str | None,
     dataset_config_name: str | None,
     license: str = "apache-2.0",
+    samples_name: str | None = None,
 ) -> ModelCard:
     """The model card of a pretrained hfbert model: Hub metadata, training configuration, evaluation numbers,
     how to load it and the training curves."""
@@ -86,6 +87,12 @@ def build_model_card(
         data_source = "the corpus named `corpus` in the training configuration below"
     eval_section = (
         _table(metrics, ("metric", "value")) if metrics else "No evaluation was run (no validation split)."
+    )
+    samples_section = (
+        f"## Samples\n\nFill-mask, next-sentence and similarity examples on validation sentences: [{samples_name}]"
+        f"({samples_name}).\n\n"
+        if samples_name
+        else ""
     )
     body = f"""
 # {model_name}
@@ -124,7 +131,7 @@ Measured on the validation split at the end of training (`eval_results.json`):
 
 {eval_section}
 
-## Training curves
+{samples_section}## Training curves
 
 ![Training loss, learning rate and evaluation metrics over optimizer steps]({CURVES_NAME})
 

@@ -44,6 +44,7 @@ from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import load_documents
 from hfbert.files import publish_final_files
 from hfbert.final_folder import write_final_folder
+from hfbert.inspect import sample_sentences
 from hfbert.model_card import check_hub_access, push_to_hub
 from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining
 from hfbert.pretraining_data import build_nsp_instances, tokenize_documents
@@ -82,6 +83,8 @@ class PretrainingData:
     config: HfBertConfig
     train: datasets.Dataset
     evaluation: datasets.Dataset
+    sample_sentences: list[str]  # validation sentences for the final folder's samples.md
+    other_sentence: str | None  # a sentence of another validation document (the random NSP pair)
 
 
 def load_run_tokenizer(
@@ -136,16 +139,21 @@ def build_model_config(settings: PretrainingSettings, tokenizer: Any) -> HfBertC
     return config
 
 
+def with_validation_split(documents: datasets.DatasetDict, settings: PretrainingSettings) -> datasets.DatasetDict:
+    """The documents with a validation split: the corpus's own, or --validation_split_percentage held out."""
+    if "validation" in documents:
+        return documents
+    held_out = documents["train"].train_test_split(
+        test_size=settings.data.validation_split_percentage / 100, seed=settings.optimization.seed
+    )
+    return datasets.DatasetDict(train=held_out["train"], validation=held_out["test"])
+
+
 def build_instances(
     documents: datasets.DatasetDict, tokenizer: Any, settings: PretrainingSettings
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """NSP instances for training (`dupe_factor` passes) and evaluation (one pass), cached by datasets."""
     data, seed = settings.data, settings.optimization.seed
-    if "validation" not in documents:
-        held_out = documents["train"].train_test_split(
-            test_size=data.validation_split_percentage / 100, seed=seed
-        )
-        documents = datasets.DatasetDict(train=held_out["train"], validation=held_out["test"])
     nsp = {
         "cls_token_id": tokenizer.cls_token_id,
         "sep_token_id": tokenizer.sep_token_id,
@@ -171,12 +179,21 @@ def prepare_data(
     """Corpus -> tokenizer -> model config -> NSP instances (the main process first, the others from cache)."""
     with accelerator.main_process_first():
         documents = load_documents(settings.corpus, num_proc=settings.data.preprocessing_num_workers)
+        documents = with_validation_split(documents, settings)
     tokenizer = load_run_tokenizer(settings, documents, accelerator, checkpoint)
     config = build_model_config(settings, tokenizer)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
     with accelerator.main_process_first():
         train, evaluation = build_instances(documents, tokenizer, settings)
-    return PretrainingData(tokenizer=tokenizer, config=config, train=train, evaluation=evaluation)
+    sentences, other = sample_sentences(documents["validation"])
+    return PretrainingData(
+        tokenizer=tokenizer,
+        config=config,
+        train=train,
+        evaluation=evaluation,
+        sample_sentences=sentences,
+        other_sentence=other,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -673,6 +690,7 @@ def finish(run: Run, metrics: dict[str, float]) -> Path:
             log_history=run.progress.log_history,
             corpus=settings.corpus,
             model_name=(settings.run.hub_model_id or output_dir.name).split("/")[-1],
+            sample_sentences=(run.data.sample_sentences, run.data.other_sentence),
         )
         if settings.run.push_to_hub:
             logger.info(f"Pushed to {push_to_hub(output_dir, settings.run.hub_model_id, token=settings.run.hub_token)}")

@@ -31,6 +31,9 @@ from hfbert.training import (
 REPO = Path(__file__).resolve().parents[1]
 FINAL_FILES = {
     "README.md",
+    "samples.md",
+    "samples_attention.png",
+    "samples_similarity.png",
     "config.json",
     "configuration_hfbert.py",
     "eval_results.json",
@@ -108,8 +111,8 @@ def test_accelerate_launch_produces_a_folder_that_loads_everywhere(tmp_path, run
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert f"Model, tokenizer, model card and curves: {output_dir.resolve()}" in result.stdout
-    assert 'pipeline("fill-mask"' in result.stdout
+    assert f"Model, tokenizer, model card, curves and samples: {output_dir.resolve()}" in result.stdout
+    assert "## Fill-mask" in result.stdout and "true word **" in result.stdout  # validation samples
 
     assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES
     assert {path.name for path in output_dir.glob("checkpoint-*")} == {"checkpoint-12", "checkpoint-24"}
