@@ -35,8 +35,10 @@ from typing import TYPE_CHECKING
 
 import datasets
 import regex
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from tqdm.auto import tqdm
-from transformers import BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
 from hfbert.corpus import CorpusArguments, load_documents
 
@@ -365,6 +367,46 @@ def check_tokenizer_matches_config(tokenizer: PreTrainedTokenizerBase, config: H
             f"pad_token_id {config.pad_token_id}; build the config with "
             f"hfbert.tokenization.model_config_for_tokenizer (or pad_token_id={tokenizer.pad_token_id})"
         )
+
+
+_LOAD_TOKENIZER_FIX = (
+    "pass the --output_dir of train_tokenizer.py (a folder holding tokenizer.json), a tokenizer on the Hub "
+    "(e.g. bert-base-uncased), or leave --tokenizer_name out to train a tokenizer on the training corpus"
+)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """Load ``--tokenizer_name``: a local folder (``~`` expanded) or a Hub id, with `AutoTokenizer`.
+
+    Raises ValueError naming the value and the fix, before anything is downloaded or written, for a missing
+    folder (transformers would say "Repo id must be in the form ..."), a file, or a folder without tokenizer
+    files; and for a Hub-style id that is no local folder and cannot be loaded from the Hub (offline, typo).
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        raise ValueError(
+            f"--tokenizer_name {name_or_path} is a file; pass the folder holding the tokenizer files "
+            f"({path.parent}), or {_LOAD_TOKENIZER_FIX}"
+        )
+    if path.is_dir():
+        if not any((path / name).is_file() for name in (*_TOKENIZER_FILES, "vocab.txt")):
+            raise ValueError(
+                f"--tokenizer_name {name_or_path}: the folder {path.absolute()} holds no tokenizer (no "
+                f"tokenizer.json, tokenizer_config.json or vocab.txt); {_LOAD_TOKENIZER_FIX}"
+            )
+        return AutoTokenizer.from_pretrained(path)
+    missing = f"--tokenizer_name {name_or_path}: no such folder ({path.absolute()})"
+    try:
+        validate_repo_id(str(name_or_path))
+    except HFValidationError:
+        raise ValueError(f"{missing}; {_LOAD_TOKENIZER_FIX}") from None
+    try:
+        return AutoTokenizer.from_pretrained(str(name_or_path))
+    except (OSError, ValueError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(
+            f"{missing}, nor a tokenizer that could be loaded from the Hub ({reason}); {_LOAD_TOKENIZER_FIX}"
+        ) from error
 
 
 def _is_saved_tokenizer(folder: Path) -> bool:

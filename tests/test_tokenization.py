@@ -20,6 +20,7 @@ from hfbert.tokenization import (
     ParagraphBatches,
     bound_paragraphs,
     check_tokenizer_matches_config,
+    load_tokenizer,
     main,
     measure_tokenizer,
     model_config_for_tokenizer,
@@ -330,3 +331,38 @@ def test_one_huge_line_trains_in_seconds(tmp_path):
     assert seconds < 60, f"{seconds:.1f} s"
     assert len(tokenizer) == 2000 and sum(word in tokenizer.get_vocab() for word in words) > 500
     assert tokenizer.unk_token not in tokenizer.tokenize(line[:10_000])
+
+
+@pytest.mark.parametrize("name", ["runs/missing/tokenizer", "/definitely/not/here", "./tok"])
+def test_load_tokenizer_names_a_missing_folder_and_the_fix(tmp_path, monkeypatch, name):
+    # Was transformers' "Repo id must be in the form 'repo_name' or 'namespace/repo_name'".
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as error:
+        load_tokenizer(name)
+    message = str(error.value)
+    assert f"--tokenizer_name {name}: no such folder ({Path(name).absolute()})" in message
+    assert "train_tokenizer.py" in message and "leave --tokenizer_name out" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_tokenizer_names_a_hub_id_that_cannot_be_loaded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the tests are offline: neither a local folder nor a reachable Hub repo
+    with pytest.raises(
+        ValueError, match=r"--tokenizer_name tokenizers/wikitext-103: no such folder .*nor .*Hub"
+    ):
+        load_tokenizer("tokenizers/wikitext-103")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_tokenizer_refuses_a_folder_or_file_without_a_tokenizer(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds no tokenizer \(no tokenizer\.json"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(ValueError, match=r"notes\.txt is a file.*pass the folder"):
+        load_tokenizer(tmp_path / "notes.txt")
+    assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_load_tokenizer_loads_a_saved_tokenizer(saved_tokenizer_dir, sample_tokenizer):
+    assert load_tokenizer(saved_tokenizer_dir).get_vocab() == sample_tokenizer.get_vocab()
+    assert load_tokenizer(str(saved_tokenizer_dir)).get_vocab() == sample_tokenizer.get_vocab()
