@@ -15,7 +15,15 @@ Memory is torch.cuda.max_memory_allocated on CUDA; on CPU (no allocator statisti
 activations autograd saves for backward in one step, measured with saved-tensor hooks.
 The forward-only rows compare the bare encoders (`model.bert`) in eval mode under torch.inference_mode.
 
+hfbert trains on the masked-rows path: `model(**batch, mlm_masked_rows_only=True)` (dynamic shapes), or with
+`--max_predictions_per_seq P` on the static path: `model(**batch, masked_positions=..., labels=(B, P))`, the
+batches converted once by `masked_positions_from_labels` (a row with more than P masked tokens keeps a random
+P, the rest unmasked; transformers gets the same masks back in (B, T) form). `--compile` wraps both models in
+torch.compile (compilation happens in the warm-up steps; use --data synthetic, whose rows all have the same
+length, or every new padded length compiles again).
+
     python benchmarks/bench_pretraining.py --sizes mini --precision fp32 bf16 --data nsp synthetic
+    python benchmarks/bench_pretraining.py --data synthetic --modes train --max_predictions_per_seq 20 --compile
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.collator import DataCollatorForPretraining
 from hfbert.convert import bert_config_for
 from hfbert.corpus import CorpusArguments, load_documents
+from hfbert.modeling_hfbert import IGNORE_INDEX, masked_positions_from_labels
 from hfbert.pretraining_data import build_nsp_instances, padding_fraction, tokenize_documents
 from hfbert.tokenization import train_tokenizer
 
@@ -120,7 +129,43 @@ def build_batches(args: argparse.Namespace) -> tuple[dict[str, list[Batch]], str
                 )
             ]
             batches["synthetic"].append(collator(features))
+    if args.max_predictions_per_seq is not None:
+        batches = {
+            data: [static_form(b, args.max_predictions_per_seq) for b in bs] for data, bs in batches.items()
+        }
+        notes += f"; at most {args.max_predictions_per_seq} predictions per row (static masked positions)"
     return batches, notes
+
+
+def static_form(batch: Batch, max_predictions_per_seq: int) -> Batch:
+    """Adds `masked_positions` and `masked_labels` (B, P); input_ids and the (B, T) labels transformers reads
+    are rewritten to the same (capped) masks, so both models see the same data."""
+    positions, masked_labels, input_ids = masked_positions_from_labels(
+        batch["labels"], max_predictions_per_seq, batch["input_ids"]
+    )
+    labels = torch.full_like(batch["labels"], IGNORE_INDEX)
+    filled = masked_labels != IGNORE_INDEX
+    labels[torch.arange(len(labels))[:, None].expand_as(positions)[filled], positions[filled]] = (
+        masked_labels[filled]
+    )
+    return {
+        **batch,
+        "input_ids": input_ids,
+        "labels": labels,
+        "masked_positions": positions,
+        "masked_labels": masked_labels,
+    }
+
+
+def model_inputs(name: str, batch: Batch) -> Batch:
+    """What each model's forward takes: transformers the (B, T) batch; hfbert the masked-rows path, static
+    (`masked_positions`, (B, P) labels) when the batch has the static form, dynamic otherwise."""
+    dense = {key: value for key, value in batch.items() if key not in ("masked_positions", "masked_labels")}
+    if name == "transformers":
+        return dense
+    if "masked_positions" in batch:
+        return {**dense, "labels": batch["masked_labels"], "masked_positions": batch["masked_positions"]}
+    return {**dense, "mlm_masked_rows_only": True}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -182,10 +227,16 @@ def autocast(device: torch.device, precision: str) -> AbstractContextManager:
 
 
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, *, device: torch.device, precision: str
+    name: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    *,
+    device: torch.device,
+    precision: str,
 ) -> None:
     with autocast(device, precision):
-        loss = model(**batch).loss
+        loss = model(**model_inputs(name, batch)).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -243,18 +294,23 @@ def step_functions(
         }
     optimizer = optimizers(models)
     return {
-        name: partial(train_step, model, optimizer[name], device=device, precision=precision)
+        name: partial(train_step, name, model, optimizer[name], device=device, precision=precision)
         for name, model in models.items()
     }
 
 
-def build_models(config: HfBertConfig, device: torch.device) -> dict[str, nn.Module]:
-    """transformers' BertForPreTraining and hfbert with the same config and the same initial weights."""
+def build_models(config: HfBertConfig, device: torch.device, compile: bool = False) -> dict[str, nn.Module]:
+    """transformers' BertForPreTraining and hfbert with the same config and the same initial weights
+    (both wrapped in torch.compile with `compile`)."""
     torch.manual_seed(SEED)
     reference = BertForPreTraining(bert_config_for(config)).to(device)
     hfbert = HfBertForPreTraining(config).to(device)
     hfbert.load_state_dict(reference.state_dict())
-    return {"transformers": reference, "hfbert": hfbert}
+    models = {"transformers": reference, "hfbert": hfbert}
+    if compile:
+        torch._dynamo.reset()
+        models = {name: torch.compile(model) for name, model in models.items()}
+    return models
 
 
 def optimizers(models: dict[str, nn.Module]) -> dict[str, torch.optim.Optimizer]:
@@ -296,7 +352,7 @@ def run(args: argparse.Namespace) -> None:
         for precision in args.precision:
             for data, data_batches in batches.items():
                 for mode in args.modes:
-                    models = build_models(config, device)
+                    models = build_models(config, device, args.compile)
                     steps = step_functions(models, mode, device, precision)
                     results = compare(models, steps, data_batches, args, device)
                     row = summarize(config, models, results, data_batches, args, mode, peaks[precision])
@@ -322,11 +378,15 @@ def summarize(
 ) -> dict[str, Measurement]:
     timed = batches[args.warmup :]
     step_tokens = [int(b["attention_mask"].sum()) for b in timed]
-    masked_fraction = sum(int((b["labels"] != -100).sum()) for b in timed) / sum(step_tokens)
+    if "masked_positions" in timed[0]:  # the static head runs at every slot, filled or not
+        head_rows = sum(b["masked_positions"].numel() for b in timed)
+    else:
+        head_rows = sum(int((b["labels"] != -100).sum()) for b in timed)
+    masked_fraction = head_rows / sum(step_tokens)
     mean_length = statistics.mean(b["input_ids"].size(1) for b in timed)
     summary = {}
     for name, (seconds, memory) in results.items():
-        head_fraction = masked_fraction if name == "hfbert" and config.mlm_masked_rows_only else 1.0
+        head_fraction = masked_fraction if name == "hfbert" else 1.0
         flops = flops_per_token(config, models[name], mean_length, head_fraction)
         if mode == "infer":  # forward only (a third of fwd + bwd), encoder only (no MLM head)
             flops = (
@@ -368,6 +428,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq_len", type=int, default=128, help="max_seq_length of the NSP instances")
     parser.add_argument("--vocab_size", type=int, default=30522, help="model vocabulary (tokenizer <= this)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--max_predictions_per_seq",
+        type=int,
+        default=None,
+        help="hfbert trains on the static path with this many masked slots per row (google: 20 at length 128)",
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     return parser.parse_args(argv)
 
 
