@@ -47,10 +47,11 @@ from hfbert.final_folder import write_final_folder
 from hfbert.inspect import sample_sentences
 from hfbert.model_card import check_hub_access, push_to_hub
 from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining
-from hfbert.pretraining_data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining_data import build_nsp_instances, split_validation_documents, tokenize_documents
 from hfbert.pretraining_settings import PretrainingSettings, check_resume_settings
 from hfbert.tokenization import (
     check_tokenizer_matches_config,
+    load_tokenizer,
     model_config_for_tokenizer,
     save_tokenizer,
     train_tokenizer,
@@ -99,7 +100,7 @@ def load_run_tokenizer(
     if checkpoint is not None and (checkpoint / TOKENIZER_FOLDER).is_dir():
         tokenizer = AutoTokenizer.from_pretrained(checkpoint / TOKENIZER_FOLDER)
         if data.tokenizer_name is not None:
-            named = AutoTokenizer.from_pretrained(data.tokenizer_name)
+            named = load_tokenizer(data.tokenizer_name)
             if named.get_vocab() != tokenizer.get_vocab():
                 raise ValueError(
                     f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint} was trained "
@@ -108,7 +109,7 @@ def load_run_tokenizer(
                 )
         return tokenizer
     if data.tokenizer_name is not None:
-        return AutoTokenizer.from_pretrained(data.tokenizer_name)
+        return load_tokenizer(data.tokenizer_name)
     trained = output_dir / TRAINED_TOKENIZER_DIR
     if accelerator.is_main_process:
         logger.info(
@@ -137,16 +138,6 @@ def build_model_config(settings: PretrainingSettings, tokenizer: Any) -> HfBertC
             f"{config.max_position_embeddings}; pass --max_seq_length <= {config.max_position_embeddings}"
         )
     return config
-
-
-def with_validation_split(documents: datasets.DatasetDict, settings: PretrainingSettings) -> datasets.DatasetDict:
-    """The documents with a validation split: the corpus's own, or --validation_split_percentage held out."""
-    if "validation" in documents:
-        return documents
-    held_out = documents["train"].train_test_split(
-        test_size=settings.data.validation_split_percentage / 100, seed=settings.optimization.seed
-    )
-    return datasets.DatasetDict(train=held_out["train"], validation=held_out["test"])
 
 
 def build_instances(
@@ -179,7 +170,9 @@ def prepare_data(
     """Corpus -> tokenizer -> model config -> NSP instances (the main process first, the others from cache)."""
     with accelerator.main_process_first():
         documents = load_documents(settings.corpus, num_proc=settings.data.preprocessing_num_workers)
-        documents = with_validation_split(documents, settings)
+        documents = split_validation_documents(
+            documents, settings.data.validation_split_percentage, settings.optimization.seed
+        )
     tokenizer = load_run_tokenizer(settings, documents, accelerator, checkpoint)
     config = build_model_config(settings, tokenizer)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts

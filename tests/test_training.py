@@ -550,3 +550,20 @@ def test_the_schedule_warms_up_then_reaches_zero_exactly_at_the_budget():
     assert cosine(50, 0.0) == pytest.approx(5e-4) and cosine(100, 0.0) == pytest.approx(0.0)
     constant = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=100, max_seconds=10.0, shape="constant")
     assert constant(99, 9.0) == 1e-3
+
+
+def test_a_missing_tokenizer_folder_is_named_before_any_work(tmp_path, run_inputs):
+    args = run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2")
+    args[args.index("--tokenizer_name") + 1] = str(tmp_path / "no-such-tokenizer")
+    with pytest.raises(ValueError, match=r"--tokenizer_name .*no-such-tokenizer: no such folder"):
+        train_in_process(args)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_small_corpus_without_validation_file_names_the_flags(tmp_path, run_inputs):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"Document {i} has one sentence. And another one here." for i in range(20)))
+    args = run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2", "--train_file", str(corpus))
+    with pytest.raises(ValueError, match=r"--validation_split_percentage.*--validation_file"):
+        train_in_process(args)
+    assert not (tmp_path / "run").exists()
