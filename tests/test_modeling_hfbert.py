@@ -1,5 +1,6 @@
 """hfbert's model against transformers' own BERT, and its behaviour on its own."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -382,6 +383,34 @@ def test_output_attentions_on_sdpa_runs_eager_for_that_call_with_a_warning():
     assert_close(fallback.last_hidden_state, expected.last_hidden_state, **TIGHT)
     model.set_attn_implementation("eager")
     assert model(**batch, output_attentions=True).attentions[1].shape == (3, 4, 16, 16)
+
+
+def test_attention_goes_through_transformers_attention_interface():
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    calls = []
+
+    def counting_sdpa(module, query, key, value, attention_mask, **kwargs):
+        calls.append(tuple(query.shape))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("hfbert_test_sdpa", counting_sdpa)
+    AttentionMaskInterface.register("hfbert_test_sdpa", sdpa_mask)
+    _, reference = twins(HfBertForPreTraining, attn_implementation="sdpa")
+    custom = HfBertForPreTraining(copy.deepcopy(reference.config)).eval()
+    custom.load_state_dict(reference.state_dict())
+    custom.set_attn_implementation("hfbert_test_sdpa")
+    batch = padded_batch()
+    labels = labels_for(HfBertForPreTraining, batch)
+    with torch.no_grad():
+        expected = reference(**batch, **labels, mlm_masked_rows_only=True)
+        actual = custom(**batch, **labels, mlm_masked_rows_only=True)
+    # Both layers ran through it, at every position: the last-layer row subset is for eager and sdpa only.
+    assert calls == [(3, 4, 16, 8), (3, 4, 16, 8)]
+    for key in ("loss", "prediction_logits", "seq_relationship_logits"):
+        assert_close(actual[key], expected[key], **TIGHT, msg=key)
 
 
 def test_return_dict_false_gives_a_tuple():
