@@ -683,7 +683,13 @@ class HfBertMaskedLMMixin:
             logits = self.cls.predictions(sequence_output)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1))
+            logits_2d, labels_1d = logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1)
+            if mlm_masked_rows_only or masked_positions is not None:
+                # Training paths: a batch in which nothing was masked adds zero loss, not 0/0 = NaN.
+                counted = (labels_1d != IGNORE_INDEX).sum().clamp(min=1)
+                loss = F.cross_entropy(logits_2d, labels_1d, reduction="sum") / counted
+            else:
+                loss = F.cross_entropy(logits_2d, labels_1d)  # transformers' semantics
         return outputs, logits, loss
 
 

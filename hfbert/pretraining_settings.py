@@ -42,6 +42,14 @@ class DataSettings:
     mlm_probability: float = field(
         default=0.15, metadata={"help": "Share of tokens chosen for the MLM loss during training."}
     )
+    max_predictions_per_seq: int | None = field(
+        default=None,
+        metadata={
+            "help": "Static shapes (google-research/bert): at most this many masked tokens per row, padded to "
+            "exactly this many, so every step has the same shapes (for torch.compile / CUDA graphs); extra "
+            "masked tokens are unmasked. Unset: every masked token counts (dynamic shapes)."
+        },
+    )
     eval_mlm_probability: float = field(
         default=0.15,
         metadata={"help": "Share of tokens masked at evaluation (kept at BERT's 15% so runs compare)."},
@@ -179,6 +187,7 @@ RESUME_INVARIANT = {
         "short_seq_prob",
         "dupe_factor",
         "mlm_probability",
+        "max_predictions_per_seq",
         "validation_split_percentage",
     ),
     "model": ("config_name", "model_size", "dropout"),
@@ -245,6 +254,7 @@ class PretrainingSettings:
             "eval_steps": run.eval_steps,
             "checkpoints_total_limit": run.checkpoints_total_limit,
             "max_eval_samples": data.max_eval_samples,
+            "max_predictions_per_seq": data.max_predictions_per_seq,
             "preprocessing_num_workers": data.preprocessing_num_workers,
         }
         for name, value in {**positive, **optional_positive}.items():

@@ -46,7 +46,7 @@ from hfbert.files import publish_final_files
 from hfbert.final_folder import write_final_folder
 from hfbert.inspect import sample_sentences
 from hfbert.model_card import check_hub_access, push_to_hub
-from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining
+from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining, masked_positions_from_labels
 from hfbert.pretraining_data import build_nsp_instances, split_validation_documents, tokenize_documents
 from hfbert.pretraining_settings import PretrainingSettings, check_resume_settings
 from hfbert.tokenization import (
@@ -405,9 +405,13 @@ def setup_run(
 
 
 def masked_batch(
-    batch: dict[str, torch.Tensor], collator: DataCollatorForPretraining, device: torch.device
+    batch: dict[str, torch.Tensor],
+    collator: DataCollatorForPretraining,
+    device: torch.device,
+    max_predictions_per_seq: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Mask a padded CPU batch for MLM and move it to `device`.
+    """Mask a padded CPU batch for MLM and move it to `device`; with `max_predictions_per_seq` P, in the
+    static form (labels (B, P) at `masked_positions` (B, P), see `masked_positions_from_labels`).
 
     Masking happens here, in the loop, rather than in the DataLoader's collate_fn: accelerate's loader
     prefetches one batch ahead, so masks drawn there would come from the RNG state *after* a checkpoint and a
@@ -415,6 +419,9 @@ def masked_batch(
     """
     input_ids, labels = collator.torch_mask_tokens(batch["input_ids"].clone())
     masked = {**batch, "input_ids": input_ids, "labels": labels}
+    if max_predictions_per_seq is not None:
+        positions, labels, input_ids = masked_positions_from_labels(labels, max_predictions_per_seq, input_ids)
+        masked.update(input_ids=input_ids, labels=labels, masked_positions=positions)
     return {key: value.to(device, non_blocking=True) for key, value in masked.items()}
 
 
@@ -425,13 +432,15 @@ STATISTICS = ("mlm_loss_sum", "mlm_correct", "masked_tokens", "nsp_loss_sum", "n
 def batch_statistics(outputs: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """(6,) float64 sums of a batch (see STATISTICS), from the masked-rows outputs; no host synchronisation."""
     labels = batch["labels"]
-    targets = labels[labels != IGNORE_INDEX]  # (M,), the order of prediction_logits' rows
-    masked_tokens = torch.tensor(targets.numel(), device=labels.device)
+    masked_tokens = (labels != IGNORE_INDEX).sum()
+    predictions = outputs.prediction_logits.argmax(-1)  # (M,) dynamic path, (B, P) static path
+    if predictions.shape != labels.shape:  # dynamic: rows in the row-major order of labels != -100
+        labels = labels[labels != IGNORE_INDEX]
     nsp_labels = batch["next_sentence_label"]
     return torch.stack(
         [
             outputs.mlm_loss.detach().float() * masked_tokens,
-            (outputs.prediction_logits.argmax(-1) == targets).sum(),
+            (predictions == labels).sum(),  # -100 never equals a prediction
             masked_tokens,
             outputs.nsp_loss.detach().float() * nsp_labels.numel(),
             (outputs.seq_relationship_logits.argmax(-1) == nsp_labels).sum(),
@@ -603,7 +612,9 @@ def fit(run: Run) -> dict[str, float]:
             learning_rate = run.schedule(progress.completed_steps, seconds)
             for group in run.optimizer.param_groups:
                 group["lr"] = learning_rate
-            batch = masked_batch(batch, run.collator, accelerator.device)
+            batch = masked_batch(
+                batch, run.collator, accelerator.device, settings.data.max_predictions_per_seq
+            )
             outputs, loss = train_step(run, batch, learning_rate)
             progress.batch_in_epoch += 1
             window.add(outputs, loss, batch)

@@ -567,3 +567,11 @@ def test_a_small_corpus_without_validation_file_names_the_flags(tmp_path, run_in
     with pytest.raises(ValueError, match=r"--validation_split_percentage.*--validation_file"):
         train_in_process(args)
     assert not (tmp_path / "run").exists()
+
+
+def test_static_shape_masking_trains_through_the_loop(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--max_predictions_per_seq", "20"))
+    rows = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "loss" in row]
+    assert rows and all(math.isfinite(row["train_mlm_loss"]) and row["train_mlm_accuracy"] >= 0 for row in rows)
+    assert json.loads((output_dir / "training_args.json").read_text())["max_predictions_per_seq"] == 20
