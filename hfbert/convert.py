@@ -12,8 +12,6 @@ HfBertForMaskedLM, BertForPreTraining <-> HfBertForPreTraining, and so on.
 import argparse
 import dataclasses
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import transformers
@@ -21,6 +19,7 @@ from transformers import AutoTokenizer, BertConfig, PreTrainedModel
 
 import hfbert
 from hfbert.configuration_hfbert import HfBertConfig
+from hfbert.files import staged_folder
 
 # Fields one config class has and the other lacks; they are dropped when crossing over.
 _HFBERT_ONLY_FIELDS = {f.name for f in dataclasses.fields(HfBertConfig)} - {
@@ -54,21 +53,13 @@ def _architecture(config: transformers.PretrainedConfig, source: str) -> str:
 
 
 def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> Path:
-    """Save model and the source's tokenizer (if any) into a temporary folder, then rename it into place."""
+    """Save model and the source's tokenizer (if any) into a staged folder that appears whole."""
     if output_dir.exists() and any(output_dir.iterdir()):
         raise FileExistsError(f"{output_dir} exists and is not empty; choose a new output folder.")
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=output_dir.parent))
-    try:
+    with staged_folder(output_dir) as staging:
         model.save_pretrained(staging)
         if (source / "tokenizer_config.json").exists() or (source / "vocab.txt").exists():
             AutoTokenizer.from_pretrained(source).save_pretrained(staging)
-        if output_dir.exists():
-            output_dir.rmdir()
-        os.replace(staging, output_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return output_dir
 
 

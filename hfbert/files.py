@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# The final files of a run are staged here, then renamed to FINAL_READY once complete (see publish_final_files).
+# A set of files for a folder is staged here, then renamed to FINAL_READY once complete (see publish_files).
 FINAL_STAGING = ".final-staging"
 FINAL_READY = ".final-ready"
-# Renamed into the run folder last, so a reader never loads new weights with an old config or vice versa.
+# Moved into a run folder last, so a reader never loads new weights with an old config or vice versa.
 COMMIT_FILE = "model.safetensors"
 
 
@@ -74,43 +74,47 @@ def staged_folder(folder: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def staged_final_files(run_dir: str | os.PathLike) -> Iterator[Path]:
-    """Stage a run's final files (model, tokenizer, card, ...) and publish them into `run_dir` as one set.
+def staged_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> Iterator[Path]:
+    """Stage a set of files (a run's model, tokenizer, card, ...; a tokenizer's files) and publish them into
+    `folder` as one set, keeping the folder's other files.
 
-    The run folder also holds checkpoints, so it cannot be swapped as a whole; instead: the block writes into
+    A run folder also holds checkpoints, so it cannot be swapped as a whole; instead: the block writes into
     `.final-staging`; on success that folder is renamed to `.final-ready` (the complete set now exists, in one
-    rename), then `publish_final_files` moves it into place. A crash at any point leaves either the previous
+    rename), then `publish_files` moves it into place. A crash at any point leaves either the previous
     set, or a complete `.final-ready` that the next run (or `python -m hfbert.push`) publishes.
     """
-    run_dir = Path(run_dir)
-    staging = run_dir / FINAL_STAGING
+    folder = Path(folder)
+    created = not folder.exists()
+    staging = folder / FINAL_STAGING
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
         yield staging
-        ready = run_dir / FINAL_READY
+        ready = folder / FINAL_READY
         shutil.rmtree(ready, ignore_errors=True)
         os.replace(staging, ready)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    publish_final_files(run_dir)
+        if created and not any(folder.iterdir()):  # a failed first save leaves no empty folder behind
+            folder.rmdir()
+    publish_files(folder, commit_file)
 
 
-def publish_final_files(run_dir: str | os.PathLike) -> bool:
-    """Move a complete `.final-ready` set into `run_dir` (idempotent: also finishes an interrupted publish).
+def publish_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> bool:
+    """Move a complete `.final-ready` set into `folder` (idempotent: also finishes an interrupted publish).
 
-    The old weights file is removed first and the new one moved in last, so during the moves a reader finds
+    The old `commit_file` is removed first and the new one moved in last, so during the moves a reader finds
     no weights at all (a loud error), never new weights beside an old config. Returns whether anything was
     published.
     """
-    run_dir = Path(run_dir)
-    ready = run_dir / FINAL_READY
+    folder = Path(folder)
+    ready = folder / FINAL_READY
     if not ready.is_dir():
         return False
-    if (ready / COMMIT_FILE).exists():
-        (run_dir / COMMIT_FILE).unlink(missing_ok=True)
-    for path in sorted(ready.iterdir(), key=lambda p: p.name == COMMIT_FILE):
-        target = run_dir / path.name
+    if (ready / commit_file).exists():
+        (folder / commit_file).unlink(missing_ok=True)
+    for path in sorted(ready.iterdir(), key=lambda p: p.name == commit_file):
+        target = folder / path.name
         if path.is_dir():
             shutil.rmtree(target, ignore_errors=True)
         os.replace(path, target)

@@ -1,6 +1,6 @@
 """The final folder of a run: model, tokenizer, metrics, curves, model card, written as one set.
 
-Everything is staged first and published together (`hfbert.files.staged_final_files`), so a crash never
+Everything is staged first and published together (`hfbert.files.staged_files`), so a crash never
 leaves a mix of an earlier run's files and this run's.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from hfbert.corpus import CorpusArguments
-from hfbert.files import staged_final_files, write_json_atomic
+from hfbert.files import staged_files, write_json_atomic
 from hfbert.inspect import write_samples
 from hfbert.model_card import CURVES_NAME, build_model_card, write_model_card
 from hfbert.plotting import plot_training_curves
@@ -38,7 +38,7 @@ def write_final_folder(
     """Write model (with its code), tokenizer, eval_results.json, training_args.json, log_history.json, the
     curves, samples.md (fill-mask, NSP and similarity on `sample_sentences`: validation sentences and one of
     another document) and the model card into `output_dir` as one set. Main process only."""
-    with staged_final_files(output_dir) as staging:
+    with staged_files(output_dir) as staging:
         model.save_pretrained(staging, state_dict=state_dict)
         tokenizer.save_pretrained(staging)
         write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import shutil
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -41,6 +39,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
 from hfbert.corpus import CorpusArguments, load_documents
+from hfbert.files import staged_files
 
 if TYPE_CHECKING:
     from hfbert.configuration_hfbert import HfBertConfig
@@ -431,27 +430,10 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike) -> None:
-    """``save_pretrained`` into a temp folder beside ``output_dir``, then move the files into place.
-
-    A crash never leaves a half-written tokenizer: a new folder appears whole (one rename); into an
-    existing folder each file is replaced whole (os.replace) and other files are kept.
-    """
-    folder = Path(output_dir)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    # Not tempfile.mkdtemp: its 0700 mode would become the output folder's mode.
-    staging = folder.parent / f".{folder.name}.tmp-{secrets.token_hex(4)}"
-    staging.mkdir()
-    try:
+    """``save_pretrained`` staged and published as one set (``hfbert.files.staged_files``): a crash never
+    leaves a half-written tokenizer, and other files in ``output_dir`` are kept."""
+    with staged_files(output_dir, commit_file="tokenizer.json") as staging:
         tokenizer.save_pretrained(staging)
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-        if not folder.exists():
-            os.replace(staging, folder)
-            return
-        for saved in staging.iterdir():
-            os.replace(saved, folder / saved.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 @dataclass

@@ -42,7 +42,7 @@ from hfbert.checkpointing import (
 from hfbert.collator import DataCollatorForPretraining
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import load_documents
-from hfbert.files import publish_final_files
+from hfbert.files import publish_files
 from hfbert.final_folder import write_final_folder
 from hfbert.inspect import sample_sentences
 from hfbert.model_card import check_hub_access, push_to_hub
@@ -684,7 +684,7 @@ def finish(run: Run, metrics: dict[str, float]) -> Path:
     output_dir = Path(settings.run.output_dir)
     state_dict = accelerator.get_state_dict(run.model)  # on every process: gathers FSDP shards
     if accelerator.is_main_process:
-        write_final_folder(
+        write_final_folder_or_explain(
             output_dir,
             model=accelerator.unwrap_model(run.model, keep_torch_compile=False),
             state_dict=state_dict,
@@ -701,6 +701,19 @@ def finish(run: Run, metrics: dict[str, float]) -> Path:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return output_dir
+
+
+def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> None:
+    """`write_final_folder`, with a failure (e.g. a full disk) explained: what is intact and how to finish."""
+    try:
+        write_final_folder(output_dir, **contents)
+    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
+        raise OSError(
+            f"Writing the final folder {output_dir} failed ({type(error).__name__}: {error}); its previous files, "
+            f"if any, are intact. If the disk is full (check with `df -h {output_dir}`), free space, then rerun "
+            "the same command with --resume_from_checkpoint latest: a run resumed at its last step goes straight "
+            "to this save (with --checkpointing_steps, the last checkpoint is at most that many steps back)"
+        ) from error
 
 
 def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -> Path | None:
@@ -737,7 +750,7 @@ def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert
     if accelerator.is_main_process:
         if settings.run.overwrite_output_dir:
             remove_checkpoints(output_dir)
-        publish_final_files(output_dir)  # finishes a final folder whose publication was interrupted
+        publish_files(output_dir)  # finishes a final folder whose publication was interrupted
     accelerator.wait_for_everyone()
     run = setup_run(settings, data, accelerator, precision, model_factory)
     if checkpoint is not None:

@@ -8,8 +8,8 @@ import pytest
 from hfbert.files import (
     FINAL_READY,
     atomic_path,
-    publish_final_files,
-    staged_final_files,
+    publish_files,
+    staged_files,
     staged_folder,
     write_json_atomic,
 )
@@ -49,7 +49,7 @@ def write_set(folder, tag):
 def test_final_files_replace_the_previous_set_and_keep_other_files(tmp_path):
     write_set(tmp_path, "old")
     (tmp_path / "checkpoint-4").mkdir()
-    with staged_final_files(tmp_path) as staging:
+    with staged_files(tmp_path) as staging:
         write_set(staging, "new")
     assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.is_file()} == dict.fromkeys(
         ("config.json", "model.safetensors", "README.md"), "new"
@@ -59,7 +59,7 @@ def test_final_files_replace_the_previous_set_and_keep_other_files(tmp_path):
 
 def test_a_crash_while_staging_leaves_the_previous_set(tmp_path):
     write_set(tmp_path, "old")
-    with pytest.raises(RuntimeError), staged_final_files(tmp_path) as staging:
+    with pytest.raises(RuntimeError), staged_files(tmp_path) as staging:
         (staging / "config.json").write_text("new")
         raise RuntimeError("crash")
     assert {p.name for p in tmp_path.iterdir()} == {"config.json", "model.safetensors", "README.md"}
@@ -81,9 +81,9 @@ def test_an_interrupted_publish_never_mixes_sets_and_is_finished_later(tmp_path)
         (tmp_path / FINAL_READY).mkdir()
         write_set(tmp_path / FINAL_READY, "new")
         with pytest.raises(OSError):
-            publish_final_files(tmp_path)
+            publish_files(tmp_path)
     # Mid-publish: the old weights are gone, so no reader loads new config + old weights (or the reverse).
     assert not (tmp_path / "model.safetensors").exists()
-    assert publish_final_files(tmp_path)  # the next run (or hfbert.push) finishes the job
+    assert publish_files(tmp_path)  # the next run (or hfbert.push) finishes the job
     assert all(p.read_text() == "new" for p in tmp_path.iterdir())
-    assert not publish_final_files(tmp_path)
+    assert not publish_files(tmp_path)

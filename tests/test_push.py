@@ -1,0 +1,64 @@
+"""python -m hfbert.push: pushing a finished run folder without retraining."""
+
+import shutil
+from unittest import mock
+
+import pytest
+from conftest import tiny_config
+
+from hfbert import HfBertForPreTraining
+from hfbert.files import FINAL_READY
+from hfbert.push import main
+
+
+@pytest.fixture
+def run_folder(tmp_path, sample_tokenizer):
+    folder = tmp_path / "run"
+    HfBertForPreTraining(tiny_config(vocab_size=len(sample_tokenizer))).save_pretrained(folder)
+    sample_tokenizer.save_pretrained(folder)
+    (folder / "README.md").write_text("card")
+    (folder / "checkpoint-2").mkdir()
+    (folder / "checkpoint-2" / "optimizer.bin").write_bytes(b"state")
+    return folder
+
+
+def push(folder, capsys):
+    commit = mock.Mock(commit_url="https://huggingface.co/me/m/commit/1")
+    with (
+        mock.patch("huggingface_hub.HfApi.create_repo", return_value=mock.Mock(repo_id="me/m")),
+        mock.patch("huggingface_hub.HfApi.create_commit", return_value=commit) as create_commit,
+    ):
+        main([str(folder), "--hub_model_id", "me/m"])
+    assert capsys.readouterr().out.strip() == commit.commit_url
+    return {operation.path_in_repo for operation in create_commit.call_args.kwargs["operations"]}
+
+
+def test_push_uploads_the_final_files_without_checkpoints(run_folder, capsys):
+    uploaded = push(run_folder, capsys)
+    assert {"config.json", "model.safetensors", "README.md", "tokenizer.json"} <= uploaded
+    assert not any(name.startswith("checkpoint-") for name in uploaded)
+
+
+def test_push_first_finishes_an_interrupted_publication(run_folder, capsys):
+    ready = run_folder / FINAL_READY
+    ready.mkdir()
+    shutil.move(run_folder / "model.safetensors", ready / "model.safetensors")
+    assert "model.safetensors" in push(run_folder, capsys)
+    assert not ready.exists()
+
+
+def test_a_corrupted_model_file_is_named_and_nothing_is_uploaded(run_folder):
+    weights = run_folder / "model.safetensors"
+    weights.write_bytes(b"\x00" * 16)
+    with (
+        mock.patch("huggingface_hub.HfApi.create_repo") as create_repo,
+        pytest.raises(ValueError, match=rf"{weights} is corrupted and cannot be loaded.*nothing was uploaded"),
+    ):
+        main([str(run_folder), "--hub_model_id", "me/m"])
+    create_repo.assert_not_called()
+
+
+def test_a_missing_folder_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "nope"), "--hub_model_id", "me/m"])
+    assert "is not a folder" in capsys.readouterr().err
