@@ -504,6 +504,7 @@ class TrainingWindow:
     tokens: torch.Tensor
     loss: torch.Tensor
     start_seconds: float
+    batches: int = 0
 
     @classmethod
     def start(cls, device: torch.device, seconds: float) -> TrainingWindow:
@@ -515,6 +516,7 @@ class TrainingWindow:
         self.totals += batch_statistics(outputs, batch)
         self.tokens += batch["attention_mask"].sum()
         self.loss += loss.detach()
+        self.batches += 1
 
     def row(self, run: Run, epoch: int, learning_rate: float) -> dict[str, Any]:
         """The log row of this window (reduced over processes)."""
@@ -524,7 +526,7 @@ class TrainingWindow:
             "step": progress.completed_steps,
             "epoch": epoch,
             "train_seconds": progress.train_seconds,
-            "loss": accelerator.reduce(self.loss, "sum").item() / run.settings.optimization.gradient_accumulation_steps,
+            "loss": accelerator.reduce(self.loss, "mean").item() / max(self.batches, 1),
             **metrics_from_statistics(accelerator.reduce(self.totals, "sum"), prefix="train_"),
             "learning_rate": learning_rate,
             "tokens_per_second": accelerator.reduce(self.tokens, "sum").item() / seconds,

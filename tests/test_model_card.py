@@ -1,8 +1,10 @@
 from unittest import mock
 
 import pytest
+import torch
 import yaml
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
+from safetensors.torch import save_file
 
 from hfbert.model_card import build_model_card, push_to_hub, upload_file_set, write_model_card
 
@@ -89,6 +91,7 @@ def test_card_for_local_files_without_eval(tmp_path):
 def make_run_folder(tmp_path):
     for name in FINAL_FILES:
         (tmp_path / name).write_bytes(b"x")
+    save_file({"weight": torch.zeros(2)}, tmp_path / "model.safetensors")  # push checks that it loads
     write_card(tmp_path)
     # What must never be uploaded: checkpoints, interrupted saves, temp files, hidden files, bytecode.
     for name in [

@@ -293,11 +293,14 @@ def test_a_model_factory_trains_another_model_through_the_same_pipeline(tmp_path
         return model
 
     output_dir = tmp_path / "run"
-    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"), model_factory=factory)
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--gradient_accumulation_steps", "2")
+    train_in_process(args, model_factory=factory)
     assert len(built) == 1
     train_rows = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "loss" in row]
     for key in ("train_mlm_loss", "train_mlm_accuracy", "train_nsp_loss", "train_nsp_accuracy"):
         assert all(math.isfinite(row[key]) for row in train_rows), key
+    for row in train_rows:  # the logged loss is the mean over micro-batches, = MLM + NSP (weight 1)
+        assert row["loss"] == pytest.approx(row["train_mlm_loss"] + row["train_nsp_loss"], rel=0.05)
     saved = final_weights(output_dir)
     for name, tensor in built[0].state_dict().items():
         if name in saved:
