@@ -110,7 +110,9 @@ class OptimizationSettings:
     nsp_loss_weight: float = field(
         default=1.0, metadata={"help": "Weight of the NSP loss in the training loss (mlm + w * nsp)."}
     )
-    num_train_epochs: int = field(default=3, metadata={"help": "Epochs, unless --max_train_steps is given."})
+    num_train_epochs: int = field(
+        default=3, metadata={"help": "Epochs, unless --max_train_steps or --max_train_seconds is given."}
+    )
     max_train_steps: int | None = field(
         default=None, metadata={"help": "Optimizer updates; overrides epochs."}
     )

@@ -64,6 +64,7 @@ logger = logging.getLogger(__name__)
 # (row-major order of labels != -100) and `seq_relationship_logits`, as HfBertForPreTraining does.
 ModelFactory = Callable[[HfBertConfig], torch.nn.Module]
 TRAINED_TOKENIZER_DIR = ".tokenizer"  # hidden: never uploaded
+UNBOUNDED_STEPS = 10**12  # the step budget of a run bounded by --max_train_seconds alone
 
 
 def hfbert_model(config: HfBertConfig) -> HfBertForPreTraining:
@@ -348,7 +349,10 @@ def setup_run(
     updates_per_epoch = math.ceil(
         math.ceil(len(train_loader) / accelerator.num_processes) / optimization.gradient_accumulation_steps
     )
-    max_train_steps = optimization.max_train_steps or optimization.num_train_epochs * updates_per_epoch
+    max_train_steps = optimization.max_train_steps or (
+        # A time budget alone runs as many epochs as fit in it; otherwise --num_train_epochs.
+        UNBOUNDED_STEPS if optimization.max_train_seconds else optimization.num_train_epochs * updates_per_epoch
+    )
     schedule = LearningRateSchedule(
         peak=optimization.learning_rate,
         warmup_steps=optimization.num_warmup_steps,

@@ -22,6 +22,7 @@ from hfbert.checkpointing import CheckpointError
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining_cli import main
 from hfbert.training import (
+    UNBOUNDED_STEPS,
     LearningRateSchedule,
     check_loss_is_finite,
     optimizer_parameter_groups,
@@ -323,10 +324,12 @@ def test_bf16_autocast_training(tmp_path, run_inputs):
 @pytest.mark.slow
 def test_max_train_seconds_stops_on_training_time(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
-    budget = ["--max_train_steps", "100000", "--max_train_seconds", "1.0", "--eval_steps", "1"]
+    budget = ["--max_train_seconds", "1.0", "--eval_steps", "1", "--num_train_epochs", "1"]  # time, not epochs
     train_in_process(run_args(run_inputs, output_dir, *budget, "--lr_scheduler_type", "constant"))
     results = json.loads((output_dir / "eval_results.json").read_text())
     assert 1.0 <= results["train_seconds"] < 10.0 and 0 < results["step"] < 100000
+    # A time budget alone is not capped by the epoch count.
+    assert json.loads((output_dir / "training_args.json").read_text())["planned_train_steps"] == UNBOUNDED_STEPS
     history = json.loads((output_dir / "log_history.json").read_text())
     eval_rows = [row for row in history if "eval_mlm_loss" in row]
     assert eval_rows and eval_rows[-1]["step"] == results["step"]
