@@ -249,6 +249,13 @@ def build_accelerator(settings: PretrainingSettings) -> tuple[Accelerator, str]:
     logger.info(
         f"Precision: {precision} ({reason}); device {accelerator.device}, {accelerator.num_processes} process(es)."
     )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if accelerator.device.type == "cpu" and torch.get_num_threads() == 1 and cores > accelerator.num_processes:
+        logger.warning(
+            f"Training on the CPU with 1 thread per process although {cores} cores are free: `accelerate launch` "
+            "sets OMP_NUM_THREADS=1 unless given --cpu or --num_cpu_threads_per_process. Use `accelerate launch "
+            "--cpu ...` (or `--num_cpu_threads_per_process N`) for full speed."
+        )
     return accelerator, precision
 
 
