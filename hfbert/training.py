@@ -253,8 +253,8 @@ def build_accelerator(settings: PretrainingSettings) -> tuple[Accelerator, str]:
     if accelerator.device.type == "cpu" and torch.get_num_threads() == 1 and cores > accelerator.num_processes:
         logger.warning(
             f"Training on the CPU with 1 thread per process although {cores} cores are free: `accelerate launch` "
-            "sets OMP_NUM_THREADS=1 unless given --cpu or --num_cpu_threads_per_process. Use `accelerate launch "
-            "--cpu ...` (or `--num_cpu_threads_per_process N`) for full speed."
+            "sets OMP_NUM_THREADS=1 on a machine without a GPU unless told otherwise. Use `accelerate launch "
+            "--num_cpu_threads_per_process $(nproc) ...` (divided by --num_processes) for full speed."
         )
     return accelerator, precision
 
