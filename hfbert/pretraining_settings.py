@@ -83,6 +83,16 @@ class ModelSettings:
             "help": "Hidden and attention dropout of the model (default: the config's, 0.1 for the presets)."
         },
     )
+    attention_init: Literal["structured", "bert"] = field(
+        default="structured",
+        metadata={
+            "help": "structured (default: on a short budget it is what lifts held-out MLM accuracy off the "
+            "unigram plateau and lets NSP generalise, see README Quality): BERT's initialisation, except that "
+            "position embeddings start as a cos/sin code and three attention heads start looking at the "
+            "previous token, the next token and the same word in the other segment (hfbert.initialization); "
+            "everything trains from there. bert: transformers' initialisation throughout."
+        },
+    )
 
 
 @dataclass
@@ -192,7 +202,7 @@ RESUME_INVARIANT = {
         "max_predictions_per_seq",
         "validation_split_percentage",
     ),
-    "model": ("config_name", "model_size", "dropout"),
+    "model": ("config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
     "optimization": (
         "per_device_train_batch_size",
         "gradient_accumulation_steps",

@@ -44,6 +44,7 @@ from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import load_documents
 from hfbert.files import publish_files
 from hfbert.final_folder import write_final_folder
+from hfbert.initialization import check_structured_attention_config, init_structured_attention
 from hfbert.inspect import sample_sentences
 from hfbert.model_card import check_hub_access, push_to_hub
 from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining, masked_positions_from_labels
@@ -124,7 +125,7 @@ def load_run_tokenizer(
 
 def build_model_config(settings: PretrainingSettings, tokenizer: Any) -> HfBertConfig:
     """The model config (--config_name or the --model_size preset, --dropout applied), checked against the
-    tokenizer and --max_seq_length."""
+    tokenizer, --max_seq_length and --attention_init."""
     model = settings.model
     if model.config_name is not None:
         config = HfBertConfig.from_pretrained(model.config_name)
@@ -133,6 +134,8 @@ def build_model_config(settings: PretrainingSettings, tokenizer: Any) -> HfBertC
         config = model_config_for_tokenizer(tokenizer, model.model_size)
     if model.dropout is not None:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = model.dropout
+    if model.attention_init == "structured":
+        check_structured_attention_config(config)
     if settings.data.max_seq_length > config.max_position_embeddings:
         raise ValueError(
             f"--max_seq_length {settings.data.max_seq_length} exceeds the model's max_position_embeddings "
@@ -330,6 +333,8 @@ def setup_run(
     """Build model, optimizer, schedule and loaders, prepared by accelerate (not yet resumed)."""
     optimization = settings.optimization
     model = model_factory(data.config)
+    if settings.model.attention_init == "structured":  # a resumed run then loads its checkpoint over it
+        init_structured_attention(model, seed=optimization.seed)
     num_parameters = sum(p.numel() for p in model.parameters())
     set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct masks
     collator = DataCollatorForPretraining(data.tokenizer, mlm_probability=settings.data.mlm_probability)

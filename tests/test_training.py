@@ -308,6 +308,22 @@ def test_a_model_factory_trains_another_model_through_the_same_pipeline(tmp_path
             assert torch.equal(saved[name], tensor), name
 
 
+@pytest.mark.parametrize("attention_init", ["structured", "bert"])
+def test_runs_start_from_the_structured_init_unless_told_otherwise(tmp_path, run_inputs, attention_init):
+    output_dir = tmp_path / "run"
+    flags = ["--max_train_steps", "1", "--learning_rate", "1e-7", "--attention_init", attention_init]
+    train_in_process(run_args(run_inputs, output_dir, *flags))
+    # The position code and the segment embeddings occupy the first half of the dims; one tiny step later
+    # the second half is still ~0 for the structured start and N(0, 0.02) for transformers' init.
+    weights = final_weights(output_dir)
+    second_half = torch.cat(
+        [weights[f"bert.embeddings.{name}_embeddings.weight"][:, 16:] for name in ("position", "token_type")]
+    )
+    assert (second_half.abs().max() < 1e-5) == (attention_init == "structured")
+    summary = json.loads((output_dir / "training_args.json").read_text())
+    assert summary["attention_init"] == attention_init
+
+
 @pytest.mark.slow
 def test_bf16_autocast_training(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
@@ -365,6 +381,7 @@ def write_config(folder: Path, **overrides) -> Path:
         ("vocab too small", r"the tokenizer has \d+ tokens but the model config's vocab_size is 500"),
         ("pad id differs", r"pad_token_id 0 differs from the model config's pad_token_id 1"),
         ("sequence too long", r"--max_seq_length 256 exceeds the model's max_position_embeddings 128"),
+        ("one layer", r"needs at least 2 layers and 2 attention heads .* pass --attention_init bert"),
     ],
 )
 def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, run_inputs, case, message):
@@ -375,6 +392,7 @@ def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, ru
         "vocab too small": lambda: write_config(tmp_path / "c", vocab_size=500),
         "pad id differs": lambda: write_config(tmp_path / "c", pad_token_id=1),
         "sequence too long": lambda: run_inputs["config"],
+        "one layer": lambda: write_config(tmp_path / "c", num_hidden_layers=1),
     }[case]()
     args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir")
     args[args.index("--config_name") + 1] = str(config)
