@@ -37,7 +37,12 @@ class DataSettings:
         default=0.1, metadata={"help": "Share of instances with a shorter random target."}
     )
     dupe_factor: int = field(
-        default=1, metadata={"help": "Passes over the corpus with fresh NSP pairings (google-research/bert)."}
+        default=1,
+        metadata={
+            "help": "Passes over the corpus with fresh NSP pairings (google-research/bert). 1 (default) suits a "
+            "corpus larger than the run; on a small one (the shipped sample) use 10-40, so NSP sees fresh pairs "
+            "instead of memorising repeated ones."
+        },
     )
     mlm_probability: float = field(
         default=0.15, metadata={"help": "Share of tokens chosen for the MLM loss during training."}
