@@ -1,7 +1,7 @@
 """What a pretraining corpus allows before any model: count baselines for held-out MLM and NSP accuracy.
 
-Counts come from the training split; scores are on validation instances built and masked exactly as
-run_pretraining.py's evaluation builds and masks them (NSP pairs, 15% of tokens 80/10/10, fixed seed):
+Counts come from the training split; scores are on the validation instances run_pretraining.py evaluates on
+(the same NSP pairs), masked the same way (15% of tokens, 80/10/10, with the training collator; fixed seed):
 
 - MLM: always the most frequent token; copy the input where it is not [MASK] (right at the 10% kept
   positions, wrong at the 10% random ones) and, at [MASK], the most frequent token or the best guess from

@@ -52,8 +52,9 @@ def position_code(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(num_positions, hidden_size) embeddings: cos and sin of position * w at hidden_size / 4 random
     frequencies w in (0, pi) in the first half of the dims, zero in the second; code entries have standard
-    deviation `amplitude * sqrt(2)`, the energy of a full-width N(0, amplitude) row. Random frequencies give a kernel p(i) . p(j) that peaks sharply at i = j and never
-    repeats, unlike the geometric ones of sinusoidal encodings. Returns the code and the frequencies."""
+    deviation `amplitude * sqrt(2)`, the energy of a full-width N(0, amplitude) row. Random frequencies give a
+    kernel p(i) . p(j) that peaks sharply at i = j and never repeats, unlike the geometric ones of sinusoidal
+    encodings. Returns the code and the frequencies."""
     num_frequencies = hidden_size // 4
     frequencies = torch.rand(num_frequencies, generator=generator, dtype=torch.float64) * math.pi
     angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * frequencies  # (P, F)
@@ -87,10 +88,11 @@ def offset_query_key(
 
 
 def word_match_query_key(head_size: int, hidden_size: int) -> torch.Tensor:
-    """(head_size, hidden_size) weight reading head_size dims of the second half (words, no positions), used
-    for both queries and keys, so that q_i . k_j is the words' similarity there."""
+    """(head_size, hidden_size) weight reading the first head_size dims of the second half (words, no
+    positions; head_size <= hidden_size / 2 with 2 or more heads), used for both queries and keys, so that
+    q_i . k_j is the words' similarity there."""
     selection = torch.zeros(head_size, hidden_size, dtype=torch.float64)
-    selection[torch.arange(head_size), hidden_size // 2 + torch.arange(head_size) % (hidden_size // 2)] = 1.0
+    selection[torch.arange(head_size), hidden_size // 2 + torch.arange(head_size)] = 1.0
     return selection
 
 
@@ -116,16 +118,16 @@ def init_structured_attention(model: nn.Module, seed: int) -> None:
     )
     embeddings.position_embeddings.weight.copy_(code)
     embeddings.token_type_embeddings.weight[:, hidden // 2 :] = 0.0  # segments live beside the positions
-    heads_to_set = {
-        (0, 0): offset_query_key(frequencies, -1, head_size, hidden),
-        (1, 0): offset_query_key(frequencies, +1, head_size, hidden),
-        (0, 1): (word_match_query_key(head_size, hidden),) * 2,
+    match = word_match_query_key(head_size, hidden)
+    heads_to_set = {  # (layer, head): (query, key, gain)
+        (0, 0): (*offset_query_key(frequencies, -1, head_size, hidden), OFFSET_GAIN),
+        (1, 0): (*offset_query_key(frequencies, +1, head_size, hidden), OFFSET_GAIN),
+        (0, 1): (match, match, MATCH_GAIN),
     }
-    for (layer, head), (query, key) in heads_to_set.items():
+    for (layer, head), (query, key, gain) in heads_to_set.items():
         attention = encoder.encoder.layer[layer].attention.self
-        gain = (MATCH_GAIN if (layer, head) == (0, 1) else OFFSET_GAIN) * gain_scale
         rows = slice(head * head_size, (head + 1) * head_size)
-        attention.query.weight[rows] = (query * gain).to(attention.query.weight.dtype)
-        attention.key.weight[rows] = (key * gain).to(attention.key.weight.dtype)
+        attention.query.weight[rows] = (query * gain * gain_scale).to(attention.query.weight.dtype)
+        attention.key.weight[rows] = (key * gain * gain_scale).to(attention.key.weight.dtype)
         attention.query.bias[rows] = 0.0
         attention.key.bias[rows] = 0.0
