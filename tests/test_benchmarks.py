@@ -1,0 +1,57 @@
+"""The measurement scripts under benchmarks/ that the README's numbers come from."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from hfbert import HfBertForPreTraining
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+heldout_nsp = load_script("heldout_nsp")
+
+
+def test_auc_ranks_random_pairs_above_real_ones():
+    labels = torch.tensor([0, 0, 1, 1])  # 1 = B is random
+    assert heldout_nsp.auc(torch.tensor([0.1, 0.2, 0.8, 0.9]), labels) == 1.0
+    assert heldout_nsp.auc(torch.tensor([0.9, 0.8, 0.2, 0.1]), labels) == 0.0
+    assert heldout_nsp.auc(torch.full((4,), 0.5), labels) == 0.5  # ties count half
+    assert heldout_nsp.auc(torch.tensor([0.1, 0.6, 0.5, 0.9]), labels) == 0.75
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, sample_tokenizer):
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("heldout") / "tiny"
+    HfBertForPreTraining(tiny_config(vocab_size=len(sample_tokenizer))).save_pretrained(folder)
+    sample_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_heldout_nsp_scores_fresh_pairings(model_dir, capsys):
+    accuracies = heldout_nsp.main([str(model_dir), "--pairings", "2", "--batch_size", "16"])
+    assert len(accuracies) == 2 and all(0.0 <= value <= 1.0 for value in accuracies)
+    report = capsys.readouterr().out
+    assert "| 0 |" in report and "| 1 |" in report and "mean NSP accuracy over 2 pairings" in report
+    assert accuracies != heldout_nsp.main([str(model_dir), "--pairings", "2", "--seed", "7"])  # other pairs
+    assert accuracies == heldout_nsp.main([str(model_dir), "--pairings", "2", "--batch_size", "16"])
+
+
+def test_heldout_nsp_refuses_a_folder_without_model_or_tokenizer(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        heldout_nsp.main([str(tmp_path)])
+    assert "has no config.json and tokenizer.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        heldout_nsp.main([str(tmp_path), "--pairings", "0"])
+    assert "--pairings 0" in capsys.readouterr().err
