@@ -17,7 +17,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import AutoTokenizer, DataCollatorWithPadding
+from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
 from hfbert.collator import DataCollatorForPretraining
@@ -35,22 +35,20 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 @torch.no_grad()
 def random_probabilities(model, tokenizer, instances, batch_size: int, seed: int) -> torch.Tensor:
     """(N,) P(B is random) for each instance, with 15% of tokens masked as in a run's evaluation."""
-    pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
-    masking = DataCollatorForPretraining(tokenizer, mlm_probability=0.15)
+    collator = DataCollatorForPretraining(tokenizer, mlm_probability=0.15)  # pads and masks in one call
     probabilities = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for start in range(0, len(instances), batch_size):
             rows = instances[start : start + batch_size]
-            batch = pad(
+            batch = collator(
                 [
                     {"input_ids": ids, "token_type_ids": types}
                     for ids, types in zip(rows["input_ids"], rows["token_type_ids"], strict=True)
                 ]
             )
-            input_ids, _ = masking.torch_mask_tokens(batch["input_ids"].clone())
             logits = model(
-                input_ids=input_ids,
+                input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 token_type_ids=batch["token_type_ids"],
             ).seq_relationship_logits  # (B, 2)
