@@ -59,7 +59,7 @@ def mlm_accuracies(instances, tokenizer, unigrams, bigrams) -> dict[str, float]:
     torch.manual_seed(42)
     correct, count = collections.Counter(), 0
     for row in instances:
-        inputs, labels = collator.torch_mask_tokens(torch.tensor([row["input_ids"]]))
+        inputs, labels = collator.mask_tokens(torch.tensor([row["input_ids"]]))
         inputs, labels = inputs[0].tolist(), labels[0].tolist()
         for i, label in enumerate(labels):
             if label == -100:

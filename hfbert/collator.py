@@ -1,82 +1,220 @@
-"""Batches for BERT pretraining: dynamic padding plus dynamic MLM masking, drawn fresh for every batch."""
+"""Batches for BERT pretraining: the one batch builder (padding, MLM masking, the static form) and the
+sampler that gives every row of every epoch its own draw id, so batches can be built ahead, in DataLoader
+workers, and still be reproduced exactly on resume.
+
+Masks are drawn from a generator seeded by the batch's draw ids (seed, epoch and instance index), not from
+torch's global RNG: a batch is the same whichever process or worker builds it, however far ahead it is
+prefetched, and evaluation, which draws its masks the same way, touches no training RNG stream.
+"""
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
-from transformers import DataCollatorForLanguageModeling
+from torch.utils.data import Dataset, Sampler
+
+from hfbert.modeling_hfbert import IGNORE_INDEX, masked_positions_from_labels
+
+DRAW_KEY = "draw"  # a feature's draw id: epoch * num_instances + instance index (see InstanceDraws)
+FEATURE_KEYS = ("input_ids", "token_type_ids", "next_sentence_label")
+
+
+def default_max_predictions(max_seq_length: int, mlm_probability: float) -> int:
+    """Static masked slots per row for CUDA's default static path: the mean number of masked tokens plus three
+    standard deviations (tokens are chosen independently), rounded up to a multiple of 8, so that hardly any
+    masked token is dropped (32 at length 128 and 15%)."""
+    mean = max_seq_length * mlm_probability
+    spread = 3.0 * math.sqrt(max_seq_length * mlm_probability * (1.0 - mlm_probability))
+    return min(max_seq_length, 8 * math.ceil((mean + spread) / 8))
 
 
 @dataclass
-class DataCollatorForPretraining(DataCollatorForLanguageModeling):
-    """Pads NSP instances and masks them for MLM, the way google-research/bert masks (80/10/10).
+class DataCollatorForPretraining:
+    """Pads NSP instances and masks them for MLM the way google-research/bert masks (80/10/10).
 
-    Call it with a list of features, dicts with ``input_ids``, ``token_type_ids`` and ``next_sentence_label``
-    (the rows of :func:`hfbert.pretraining_data.build_nsp_instances`); it returns long tensors ``input_ids``,
-    ``attention_mask``, ``token_type_ids``, ``labels`` and ``next_sentence_label``. Rows are right-padded to the
-    longest row of the batch rounded up to ``pad_to_multiple_of`` (padding: ``attention_mask`` 0,
-    ``token_type_ids`` 0, ``labels`` -100). Of the tokens that are neither special (``[CLS]``, ``[SEP]``,
-    ``[UNK]``, ...) nor padding, a fraction ``mlm_probability`` is chosen; a chosen token
-    becomes ``[MASK]`` with probability ``mask_replace_prob``, a random non-special token with probability
-    ``random_replace_prob``, and stays unchanged otherwise. ``labels`` hold the original id at chosen
-    positions and -100 elsewhere.
+    Call it with features, either a list of dicts or a dict of columns, holding ``input_ids``,
+    ``token_type_ids`` and, for pretraining, ``next_sentence_label`` (the rows of
+    :func:`hfbert.pretraining_data.build_nsp_instances`); it returns long tensors ``input_ids``,
+    ``attention_mask``, ``token_type_ids``, ``labels`` and ``next_sentence_label``. Rows are right-padded to
+    ``pad_to_length`` when given (static shapes), else to the longest row rounded up to ``pad_to_multiple_of``
+    (padding: ``attention_mask`` 0, ``token_type_ids`` 0, ``labels`` -100). With ``pad_to_batch_size``,
+    all-padding rows (every label -100, ``next_sentence_label`` -100) fill a short batch up to that size. Of
+    the tokens that are neither special (``[CLS]``, ``[SEP]``, ``[UNK]``, ...) nor padding, a fraction
+    ``mlm_probability`` is chosen; a chosen token becomes ``[MASK]`` with probability ``mask_replace_prob``, a
+    random non-special token with probability ``random_replace_prob``, and stays unchanged otherwise.
+    ``labels`` hold the original id at chosen positions and -100 elsewhere. With ``max_predictions_per_seq``
+    P the batch is in the static form instead: ``masked_positions`` and ``labels`` (B, P), see
+    :func:`hfbert.modeling_hfbert.masked_positions_from_labels`.
 
-    Padding and argument checks come from :class:`transformers.DataCollatorForLanguageModeling`; only the
-    masking is replaced, because the parent draws random replacements from the whole vocabulary (special
-    tokens included). All randomness comes from torch's global RNG, so restoring the RNG state (as accelerate
-    does on resume) reproduces the masks exactly, provided the masks are drawn at step time: a DataLoader that
-    prefetches batches would draw them ahead of a checkpoint. The training loop therefore pads in the loader
-    and calls `torch_mask_tokens` itself (`hfbert.training.masked_batch`).
+    Randomness: features carrying a ``draw`` id (what :class:`InstanceDraws` adds) are masked from a
+    generator seeded by ``seed`` and the batch's draw ids, so the same rows always get the same masks; without
+    draw ids, masks come from torch's global RNG, as in transformers' collators.
     """
 
+    tokenizer: Any
     mlm_probability: float = 0.15
+    mask_replace_prob: float = 0.8
+    random_replace_prob: float = 0.1
     pad_to_multiple_of: int | None = 8
-    # Fixed: MLM only, whole-token masking, torch tensors, and no private generator (global RNG, see above).
-    mlm: bool = field(default=True, init=False)
-    whole_word_mask: bool = field(default=False, init=False)
-    return_tensors: str = field(default="pt", init=False)
-    seed: int | None = field(default=None, init=False)
+    pad_to_length: int | None = None
+    pad_to_batch_size: int | None = None
+    max_predictions_per_seq: int | None = None
+    seed: int = 0
+    _special: torch.Tensor = field(init=False, repr=False)  # (V,) bool, True for special ids
+    _non_special_ids: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.tokenizer.pad_token_id is None:
             raise ValueError("The tokenizer has no pad token; BERT pretraining needs one, e.g. '[PAD]'")
-        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+        if self.tokenizer.mask_token_id is None:
+            raise ValueError("The tokenizer has no mask token; BERT pretraining needs one, e.g. '[MASK]'")
+        for name in ("mlm_probability", "mask_replace_prob", "random_replace_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} {getattr(self, name)} must be in [0, 1]")
+        if self.mask_replace_prob + self.random_replace_prob > 1.0:
             raise ValueError(
-                f"pad_to_multiple_of {self.pad_to_multiple_of} must be a positive integer, or None for no rounding"
+                f"mask_replace_prob {self.mask_replace_prob} + random_replace_prob {self.random_replace_prob} "
+                "should not exceed 1 (the rest of the chosen tokens stay unchanged)"
             )
-        special_ids = torch.tensor(sorted(set(self.tokenizer.all_special_ids)), dtype=torch.long)
-        vocabulary = torch.arange(len(self.tokenizer), dtype=torch.long)
-        self._special_ids = special_ids
-        self._non_special_ids = vocabulary[~torch.isin(vocabulary, special_ids)]
+        for name in ("pad_to_multiple_of", "pad_to_length", "pad_to_batch_size", "max_predictions_per_seq"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} {value} must be a positive integer, or None")
+        special = torch.zeros(len(self.tokenizer), dtype=torch.bool)
+        special[sorted(set(self.tokenizer.all_special_ids))] = True
+        self._special = special
+        self._non_special_ids = torch.arange(len(special))[~special]
 
-    def torch_mask_tokens(
-        self,
-        inputs: torch.Tensor,
-        special_tokens_mask: torch.Tensor | None = None,
-        offset_mapping: Any | None = None,
+    def __call__(
+        self, features: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]
+    ) -> dict[str, torch.Tensor]:
+        columns = (
+            features
+            if isinstance(features, Mapping)
+            else {key: [feature[key] for feature in features] for key in features[0]}
+        )
+        generator = self.batch_generator(columns.get(DRAW_KEY))
+        input_ids, token_type_ids, attention_mask = self.pad(columns["input_ids"], columns["token_type_ids"])
+        masked_ids, labels = self.mask_tokens(input_ids, generator)
+        batch = {
+            "input_ids": masked_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+            "labels": labels,
+        }
+        if "next_sentence_label" in columns:  # padding rows added by pad_to_batch_size carry -100
+            nsp = torch.full((len(input_ids),), IGNORE_INDEX, dtype=torch.long)
+            nsp[: len(columns["next_sentence_label"])] = torch.as_tensor(columns["next_sentence_label"])
+            batch["next_sentence_label"] = nsp
+        if self.max_predictions_per_seq is not None:
+            positions, labels, masked_ids = masked_positions_from_labels(
+                labels, self.max_predictions_per_seq, masked_ids, generator=generator
+            )
+            batch.update(input_ids=masked_ids, labels=labels, masked_positions=positions)
+        return batch
+
+    def batch_generator(self, draws: Sequence[int] | None) -> torch.Generator | None:
+        """The batch's own generator, seeded by `seed` and its draw ids; None (global RNG) without them."""
+        if draws is None:
+            return None
+        state = np.random.SeedSequence([self.seed, *map(int, draws)]).generate_state(1, np.uint64)[0]
+        return torch.Generator().manual_seed(int(state))
+
+    def pad(self, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]]):
+        """(B, L) input_ids, token_type_ids and attention_mask, right-padded; filled from one flat array,
+        because tokenizer.pad over Python lists costs tens of milliseconds a batch."""
+        lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
+        longest = int(lengths.max())
+        if self.pad_to_length is not None:
+            if longest > self.pad_to_length:
+                raise ValueError(
+                    f"A row of {longest} tokens is longer than pad_to_length {self.pad_to_length}"
+                )
+            width = self.pad_to_length
+        elif self.pad_to_multiple_of is not None:
+            width = self.pad_to_multiple_of * math.ceil(longest / self.pad_to_multiple_of)
+        else:
+            width = longest
+        rows = max(len(lengths), self.pad_to_batch_size or 0)
+        attention_mask = np.zeros((rows, width), dtype=np.int64)
+        attention_mask[: len(lengths)] = np.arange(width) < lengths[:, None]
+        is_token = attention_mask.astype(bool)
+        total = int(lengths.sum())
+        ids = np.full((rows, width), self.tokenizer.pad_token_id, dtype=np.int64)
+        ids[is_token] = np.fromiter(itertools.chain.from_iterable(input_ids), dtype=np.int64, count=total)
+        types = np.zeros((rows, width), dtype=np.int64)
+        types[is_token] = np.fromiter(
+            itertools.chain.from_iterable(token_type_ids), dtype=np.int64, count=total
+        )
+        return torch.from_numpy(ids), torch.from_numpy(types), torch.from_numpy(attention_mask)
+
+    def mask_tokens(
+        self, input_ids: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Choose and replace tokens in ``inputs`` (in place); returns ``(inputs, labels)``."""
-        labels = inputs.clone()
-        never_chosen = torch.isin(inputs, self._special_ids)  # covers [CLS], [SEP] and [PAD]
-        if special_tokens_mask is not None:
-            never_chosen |= special_tokens_mask.bool()
-        probabilities = torch.full(inputs.shape, self.mlm_probability).masked_fill_(never_chosen, 0.0)
-        chosen = torch.bernoulli(probabilities).bool()
-        labels[~chosen] = -100
-
-        replace_with_mask = torch.bernoulli(torch.full(inputs.shape, self.mask_replace_prob)).bool() & chosen
-        inputs[replace_with_mask] = self.tokenizer.mask_token_id
-
-        # Of the chosen tokens not replaced by [MASK], this share gets a random token; the rest stay unchanged.
-        random_share = (
-            self.random_replace_prob / (1.0 - self.mask_replace_prob) if self.random_replace_prob > 0 else 0.0
+        """Choose and replace tokens of (B, L) ``input_ids``: returns new ``(input_ids, labels)``. Whole-tensor
+        operations only (no boolean indexing), so the cost does not depend on how many tokens are chosen."""
+        eligible = ~self._special[input_ids]  # never [CLS], [SEP], [PAD], ...
+        chosen = (torch.rand(input_ids.shape, generator=generator) < self.mlm_probability) & eligible
+        kind = torch.rand(input_ids.shape, generator=generator)
+        to_mask = chosen & (kind < self.mask_replace_prob)
+        to_random = (
+            chosen
+            & (kind >= self.mask_replace_prob)
+            & (kind < self.mask_replace_prob + self.random_replace_prob)
         )
-        replace_with_random = (
-            torch.bernoulli(torch.full(inputs.shape, random_share)).bool() & chosen & ~replace_with_mask
-        )
-        random_picks = torch.randint(len(self._non_special_ids), (int(replace_with_random.sum()),))
-        inputs[replace_with_random] = self._non_special_ids[random_picks]
-        return inputs, labels
+        picks = torch.randint(len(self._non_special_ids), input_ids.shape, generator=generator)
+        masked = torch.where(to_random, self._non_special_ids[picks], input_ids)
+        masked = masked.masked_fill(to_mask, self.tokenizer.mask_token_id)
+        labels = input_ids.masked_fill(~chosen, IGNORE_INDEX)
+        return masked, labels
+
+
+class InstanceDraws(Dataset):
+    """NSP instances addressed by draw id (epoch * len + index): each row comes back with its `draw` id, for
+    the collator to seed its masks with. Rows are fetched a batch at a time (`__getitems__`), as columns."""
+
+    def __init__(self, instances: Any):
+        self.instances = instances
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+    def __getitem__(self, draw: int) -> dict[str, Any]:
+        return {**self.instances[draw % len(self.instances)], DRAW_KEY: draw}
+
+    def __getitems__(self, draws: list[int]) -> dict[str, list[Any]]:
+        size = len(self.instances)
+        rows = self.instances[[draw % size for draw in draws]]
+        return {key: rows[key] for key in FEATURE_KEYS} | {DRAW_KEY: list(draws)}
+
+
+class EpochDraws(Sampler[int]):
+    """Draw ids of one epoch: a permutation of the instances seeded by (seed, epoch), offset by epoch * len.
+    Deterministic, so every process of a launch draws the same ids and accelerate shards them; accelerate's
+    loader calls `set_epoch`. With `shuffle=False` (evaluation) it is the instances in order with draw ids
+    0..len-1 in every epoch, so every evaluation scores the same masks."""
+
+    def __init__(self, num_instances: int, seed: int, shuffle: bool = True):
+        self.num_instances, self.seed, self.shuffle, self.epoch = num_instances, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle:
+            self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_instances
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_instances, generator=generator).tolist()
+        else:
+            order = range(self.num_instances)
+        offset = self.epoch * self.num_instances
+        return (offset + index for index in order)

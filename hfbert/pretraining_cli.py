@@ -17,7 +17,7 @@ from hfbert.pretraining_settings import (
     PretrainingSettings,
     RunSettings,
 )
-from hfbert.training import ModelFactory, hfbert_model, pretrain
+from hfbert.training import ModelFactory, Preempted, hfbert_model, pretrain
 
 
 def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
@@ -38,8 +38,13 @@ def fill_mask_section(model_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None, model_factory: ModelFactory = hfbert_model) -> None:
-    """Entry point of run_pretraining.py; benchmarks pass another `model_factory` (e.g. stock BERT)."""
-    output_dir = pretrain(parse_args(argv), model_factory=model_factory)
+    """Entry point of run_pretraining.py; benchmarks pass another `model_factory` (e.g. stock BERT). A run
+    stopped by SIGTERM/SIGUSR1 exits with 128 + the signal's number, as a process ended by it would."""
+    try:
+        output_dir = pretrain(parse_args(argv), model_factory=model_factory)
+    except Preempted as stopped:
+        print(f"\n{stopped}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + stopped.signal_number) from None
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"\nModel, tokenizer, model card, curves and samples: {output_dir.resolve()}\n")
         if (output_dir / SAMPLES_NAME).is_file():

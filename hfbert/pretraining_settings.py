@@ -52,7 +52,16 @@ class DataSettings:
         metadata={
             "help": "Static shapes (google-research/bert): at most this many masked tokens per row, padded to "
             "exactly this many, so every step has the same shapes (for torch.compile / CUDA graphs); extra "
-            "masked tokens are unmasked. Unset: every masked token counts (dynamic shapes)."
+            "masked tokens are unmasked. Unset: the mean plus three standard deviations, rounded up to a "
+            "multiple of 8 (32 at length 128), on CUDA and under --torch_compile; on a CPU every masked token "
+            "counts (dynamic shapes, faster there)."
+        },
+    )
+    dataloader_num_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes that build batches (pad, mask) while the model steps. Unset: 4 on CUDA, 0 on a "
+            "CPU (a worker would take a core from the step). Batches and masks do not depend on it."
         },
     )
     eval_mlm_probability: float = field(
@@ -148,7 +157,21 @@ class OptimizationSettings:
             "CPU with native bf16, fp32 otherwise. fp16 on a CPU warns and falls back."
         },
     )
-    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    torch_compile: bool = field(
+        default=False,
+        metadata={
+            "help": "Compile the model with torch.compile on static shapes (rows padded to --max_seq_length, "
+            "full batches, static masked slots), so training and evaluation each compile once."
+        },
+    )
+    deterministic: bool = field(
+        default=False,
+        metadata={
+            "help": "Deterministic algorithms only (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, "
+            "cuDNN), so that on a GPU, too, a resumed run equals an uninterrupted one bit for bit; slower on "
+            "CUDA (see README). CPU training is deterministic without it."
+        },
+    )
 
 
 @dataclass
@@ -222,6 +245,7 @@ RESUME_INVARIANT = {
         "nsp_loss_weight",
         "seed",
         "mixed_precision",
+        "torch_compile",  # compiled runs pad every batch to --max_seq_length and drop an epoch's short last batch
     ),
     "corpus": (
         "dataset_name",
@@ -274,6 +298,8 @@ class PretrainingSettings:
             "max_predictions_per_seq": data.max_predictions_per_seq,
             "preprocessing_num_workers": data.preprocessing_num_workers,
         }
+        if data.dataloader_num_workers is not None and data.dataloader_num_workers < 0:
+            raise ValueError(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
         for name, value in {**positive, **optional_positive}.items():
             if value is not None and value <= 0:
                 unset = " (or leave it unset)" if name in optional_positive else ""

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import broadcast_object_list, parse_flag_from_env, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, DataCollatorWithPadding
+from transformers import AutoTokenizer
 
 from hfbert.checkpointing import (
     TOKENIZER_FOLDER,
@@ -39,7 +41,7 @@ from hfbert.checkpointing import (
     resolve_resume_checkpoint,
     save_checkpoint,
 )
-from hfbert.collator import DataCollatorForPretraining
+from hfbert.collator import DataCollatorForPretraining, EpochDraws, InstanceDraws, default_max_predictions
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import load_documents
 from hfbert.files import publish_files
@@ -47,7 +49,7 @@ from hfbert.final_folder import write_final_folder
 from hfbert.initialization import check_structured_attention_config, init_structured_attention
 from hfbert.inspect import sample_sentences
 from hfbert.model_card import check_hub_access, push_to_hub
-from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining, masked_positions_from_labels
+from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining
 from hfbert.pretraining_data import build_nsp_instances, split_validation_documents, tokenize_documents
 from hfbert.pretraining_settings import PretrainingSettings, check_resume_settings
 from hfbert.tokenization import (
@@ -230,6 +232,15 @@ def resolve_mixed_precision(requested: str, launcher_choice: str | None, cuda: b
     return requested, reason
 
 
+def use_deterministic_algorithms() -> None:
+    """--deterministic: deterministic kernels only (an op without one raises). Not transformers'
+    `enable_full_determinism`, which also sets CUDA_LAUNCH_BLOCKING=1 and so makes every launch wait for the GPU."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any matmul
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def build_accelerator(settings: PretrainingSettings) -> tuple[Accelerator, str]:
     """The Accelerator in the resolved precision (logged), with loggers quiet on non-main processes."""
     use_cuda = torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU")
@@ -241,7 +252,8 @@ def build_accelerator(settings: PretrainingSettings) -> tuple[Accelerator, str]:
         gradient_accumulation_steps=settings.optimization.gradient_accumulation_steps,
         log_with=settings.run.report_to if settings.run.with_tracking else None,
         project_dir=settings.run.output_dir,
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # Pinned batches are copied while the previous step runs (accelerate's loader moves one batch ahead).
+        dataloader_config=DataLoaderConfiguration(non_blocking=torch.cuda.is_available()),
     )
     logging.getLogger("hfbert").setLevel(logging.INFO if accelerator.is_main_process else logging.WARNING)
     # accelerate warns at every save that the tied decoder weight is stored once; that is intended here.
@@ -302,6 +314,79 @@ class LearningRateSchedule:
         return self.peak * (1.0 - progress)
 
 
+def resolve_max_predictions(settings: PretrainingSettings, device: torch.device) -> int | None:
+    """Static masked slots per row: --max_predictions_per_seq, else a default on CUDA (static shapes keep the
+    step free of host synchronisation) and under --torch_compile; None (every masked token, dynamic shapes)
+    on a CPU, where the dynamic path is measured faster."""
+    data = settings.data
+    if data.max_predictions_per_seq is not None:
+        return data.max_predictions_per_seq
+    if device.type == "cuda" or settings.optimization.torch_compile:
+        return default_max_predictions(data.max_seq_length, data.mlm_probability)
+    return None
+
+
+def resolve_num_workers(requested: int | None, device: torch.device) -> int:
+    """DataLoader workers: --dataloader_num_workers, else 4 on CUDA (batches are built while the GPU steps)
+    and 0 on a CPU (a worker would take a core from the step; building a batch costs about a millisecond)."""
+    if requested is not None:
+        return requested
+    return min(4, os.cpu_count() or 1) if device.type == "cuda" else 0
+
+
+def build_loaders(
+    settings: PretrainingSettings, data: PretrainingData, device: torch.device
+) -> tuple[DataLoader, DataLoader, int | None]:
+    """Training and evaluation loaders whose collate_fn builds finished batches (padded, masked, static form
+    when asked) in worker processes, into pinned memory on CUDA; returns them and the static slot count.
+    Under --torch_compile every batch has one shape: rows padded to --max_seq_length, full training batches
+    (the last partial one of an epoch is dropped) and evaluation batches filled up with padding rows."""
+    seed, compiled = settings.optimization.seed, settings.optimization.torch_compile
+    max_predictions = resolve_max_predictions(settings, device)
+    num_workers = resolve_num_workers(settings.data.dataloader_num_workers, device)
+    shape = {
+        "max_predictions_per_seq": max_predictions,
+        "pad_to_length": settings.data.max_seq_length if compiled else None,
+        "seed": seed,
+    }
+    loader_options = {
+        "num_workers": num_workers,
+        "pin_memory": device.type == "cuda",
+        "persistent_workers": num_workers > 0,
+        "prefetch_factor": 4 if num_workers > 0 else None,
+    }
+    train_batch = settings.optimization.per_device_train_batch_size
+    train_loader = DataLoader(
+        InstanceDraws(data.train),
+        batch_size=train_batch,
+        sampler=EpochDraws(len(data.train), seed),
+        collate_fn=DataCollatorForPretraining(
+            data.tokenizer, mlm_probability=settings.data.mlm_probability, **shape
+        ),
+        drop_last=compiled and len(data.train) >= train_batch,
+        # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG
+        # and shifts the training dropout stream (the evaluation loader's too, at every evaluation).
+        generator=torch.Generator().manual_seed(seed),
+        **loader_options,
+    )
+    eval_batch = settings.run.per_device_eval_batch_size
+    eval_collator = DataCollatorForPretraining(
+        data.tokenizer,
+        mlm_probability=settings.data.eval_mlm_probability,
+        pad_to_batch_size=eval_batch if compiled else None,
+        **shape,
+    )
+    eval_loader = DataLoader(
+        InstanceDraws(data.evaluation),
+        batch_size=eval_batch,
+        sampler=EpochDraws(len(data.evaluation), seed, shuffle=False),
+        collate_fn=eval_collator,
+        generator=torch.Generator().manual_seed(seed),
+        **loader_options,
+    )
+    return train_loader, eval_loader, max_predictions
+
+
 @dataclass
 class Run:
     """One object holding everything `fit` and `finish` need."""
@@ -313,8 +398,6 @@ class Run:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     schedule: LearningRateSchedule
-    collator: DataCollatorForPretraining
-    eval_collator: DataCollatorForPretraining
     train_loader: DataLoader
     eval_loader: DataLoader
     progress: TrainingProgress
@@ -336,21 +419,10 @@ def setup_run(
     if settings.model.attention_init == "structured":  # a resumed run then loads its checkpoint over it
         init_structured_attention(model, seed=optimization.seed)
     num_parameters = sum(p.numel() for p in model.parameters())
-    set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct masks
-    collator = DataCollatorForPretraining(data.tokenizer, mlm_probability=settings.data.mlm_probability)
-    eval_collator = DataCollatorForPretraining(data.tokenizer, mlm_probability=settings.data.eval_mlm_probability)
-    pad = DataCollatorWithPadding(data.tokenizer, pad_to_multiple_of=collator.pad_to_multiple_of)
-    train_loader = DataLoader(
-        data.train,
-        batch_size=optimization.per_device_train_batch_size,
-        shuffle=True,
-        collate_fn=pad,
-        # Its own generator: otherwise each epoch's iterator draws from the global RNG and shifts the masks.
-        generator=torch.Generator().manual_seed(optimization.seed),
-    )
-    eval_loader = DataLoader(data.evaluation, batch_size=settings.run.per_device_eval_batch_size, collate_fn=pad)
-    if optimization.torch_compile:
-        model = torch.compile(model)
+    set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
+    train_loader, eval_loader, max_predictions = build_loaders(settings, data, accelerator.device)
+    if optimization.torch_compile:  # static shapes throughout (see build_loaders): one graph, never dynamic
+        model = torch.compile(model, dynamic=False)
     optimizer = torch.optim.AdamW(
         optimizer_parameter_groups(model, optimization.weight_decay),
         lr=optimization.learning_rate,
@@ -373,9 +445,8 @@ def setup_run(
         shape=optimization.lr_scheduler_type,
     )
     model, optimizer = accelerator.prepare(model, optimizer)
-    # Batches stay on the CPU until they are masked (see masked_batch).
-    train_loader = accelerator.prepare_data_loader(train_loader, device_placement=False)
-    eval_loader = accelerator.prepare_data_loader(eval_loader, device_placement=False)
+    train_loader = accelerator.prepare_data_loader(train_loader)
+    eval_loader = accelerator.prepare_data_loader(eval_loader)
     progress = TrainingProgress()
     accelerator.register_for_checkpointing(progress)
     corpus = settings.corpus
@@ -385,6 +456,7 @@ def setup_run(
         "num_parameters": num_parameters,
         "model_vocab_size": data.config.vocab_size,
         "precision": precision,
+        "static_masked_slots": max_predictions,
         "num_processes": accelerator.num_processes,
         "planned_train_steps": max_train_steps,
         "train_instances": len(data.train),
@@ -404,8 +476,6 @@ def setup_run(
         model=model,
         optimizer=optimizer,
         schedule=schedule,
-        collator=collator,
-        eval_collator=eval_collator,
         train_loader=train_loader,
         eval_loader=eval_loader,
         progress=progress,
@@ -420,27 +490,6 @@ def setup_run(
 # ---------------------------------------------------------------------------------------------------------
 
 
-def masked_batch(
-    batch: dict[str, torch.Tensor],
-    collator: DataCollatorForPretraining,
-    device: torch.device,
-    max_predictions_per_seq: int | None = None,
-) -> dict[str, torch.Tensor]:
-    """Mask a padded CPU batch for MLM and move it to `device`; with `max_predictions_per_seq` P, in the
-    static form (labels (B, P) at `masked_positions` (B, P), see `masked_positions_from_labels`).
-
-    Masking happens here, in the loop, rather than in the DataLoader's collate_fn: accelerate's loader
-    prefetches one batch ahead, so masks drawn there would come from the RNG state *after* a checkpoint and a
-    resumed run would mask differently. Here they come from the RNG state accelerate saves and restores.
-    """
-    input_ids, labels = collator.torch_mask_tokens(batch["input_ids"].clone())
-    masked = {**batch, "input_ids": input_ids, "labels": labels}
-    if max_predictions_per_seq is not None:
-        positions, labels, input_ids = masked_positions_from_labels(labels, max_predictions_per_seq, input_ids)
-        masked.update(input_ids=input_ids, labels=labels, masked_positions=positions)
-    return {key: value.to(device, non_blocking=True) for key, value in masked.items()}
-
-
 # Sums that make every MLM/NSP metric, accumulated on the device and reduced once per log or evaluation.
 STATISTICS = ("mlm_loss_sum", "mlm_correct", "masked_tokens", "nsp_loss_sum", "nsp_correct", "instances")
 
@@ -453,14 +502,15 @@ def batch_statistics(outputs: Any, batch: dict[str, torch.Tensor]) -> torch.Tens
     if predictions.shape != labels.shape:  # dynamic: rows in the row-major order of labels != -100
         labels = labels[labels != IGNORE_INDEX]
     nsp_labels = batch["next_sentence_label"]
+    instances = (nsp_labels != IGNORE_INDEX).sum()  # padding rows of a filled-up batch carry -100
     return torch.stack(
         [
             outputs.mlm_loss.detach().float() * masked_tokens,
             (predictions == labels).sum(),  # -100 never equals a prediction
             masked_tokens,
-            outputs.nsp_loss.detach().float() * nsp_labels.numel(),
+            outputs.nsp_loss.detach().float() * instances,
             (outputs.seq_relationship_logits.argmax(-1) == nsp_labels).sum(),
-            torch.tensor(nsp_labels.numel(), device=labels.device),
+            instances,
         ]
     ).double()
 
@@ -482,18 +532,15 @@ def metrics_from_statistics(totals: torch.Tensor, prefix: str) -> dict[str, floa
 def evaluate(run: Run) -> dict[str, float]:
     """MLM loss, accuracy and perplexity, NSP loss and accuracy on the evaluation instances.
 
-    The masks are drawn from a forked RNG seeded with the run's seed, so every evaluation of a run scores the
-    same masked tokens and the training RNG stream is untouched. (With several processes, accelerate repeats a
-    few instances to even out the last batch; they count twice.)
+    The evaluation loader's masks come from its batches' draw ids (`hfbert.collator`), so every evaluation of a
+    run scores the same masked tokens and no RNG stream of training, CPU or CUDA, is touched. (With several
+    processes, accelerate repeats a few instances to even out the last batch; they count twice.)
     """
     accelerator = run.accelerator
     run.model.eval()
     totals = torch.zeros(len(STATISTICS), dtype=torch.float64, device=accelerator.device)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(run.settings.optimization.seed)
-        for batch in run.eval_loader:
-            batch = masked_batch(batch, run.eval_collator, accelerator.device)
-            totals += batch_statistics(run.model(**batch, mlm_masked_rows_only=True), batch)
+    for batch in run.eval_loader:
+        totals += batch_statistics(run.model(**batch, mlm_masked_rows_only=True), batch)
     run.model.train()
     return metrics_from_statistics(accelerator.reduce(totals, "sum"), prefix="eval_")
 
@@ -600,9 +647,80 @@ def out_of_budget(run: Run, seconds: float) -> bool:
     return run.progress.completed_steps >= run.max_train_steps or over_time
 
 
+class Preempted(RuntimeError):
+    """The run stopped on a scheduler's signal after writing a checkpoint; the message says how to resume."""
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.signal_number = signal_number
+
+
+class PreemptionSignals:
+    """While active, SIGTERM and SIGUSR1 (what Slurm and Kubernetes send before they kill) are recorded
+    instead of ending the process, so the loop can finish its update and write a checkpoint; a second signal
+    during that save changes nothing. Previous handlers come back on exit. Only the main thread can install
+    handlers; elsewhere signals keep their handlers."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.signal_number: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def record(self, signal_number: int, frame: Any) -> None:
+        self.signal_number = self.signal_number or signal_number
+
+    def __enter__(self) -> PreemptionSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {number: signal.signal(number, self.record) for number in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def agreed(self, run: Run, due: bool) -> bool:
+        """Whether every process stops now. One process: as soon as a signal came. Several: at logging steps,
+        where a reduction tells all of them (a signal may reach them at different updates)."""
+        if run.accelerator.num_processes == 1:
+            return self.signal_number is not None
+        if not due:
+            return False
+        flag = torch.tensor(float(self.signal_number or 0), device=run.accelerator.device)
+        self.signal_number = int(run.accelerator.reduce(flag, "max").item()) or None
+        return self.signal_number is not None
+
+
+def stop_for_preemption(run: Run, signal_number: int, checkpoint_saved: bool) -> None:
+    """Write a checkpoint at this update (unless one was just written) and raise `Preempted`."""
+    checkpoint = save_run_checkpoint(run) if not checkpoint_saved else None
+    name = signal.Signals(signal_number).name
+    where = checkpoint or Path(run.settings.run.output_dir) / f"checkpoint-{run.progress.completed_steps}"
+    raise Preempted(
+        f"Stopped by {name} after update {run.progress.completed_steps}; the training state is saved in "
+        f"{where}. Resume with the same command plus --resume_from_checkpoint latest.",
+        signal_number,
+    )
+
+
+def log_window(run: Run, window: TrainingWindow, epoch: int, learning_rate: float, bar: tqdm) -> None:
+    """Read the window's statistics (the one host synchronisation of a logging interval) into the log and bar."""
+    row = window.row(run, epoch, learning_rate)
+    check_loss_is_finite(torch.tensor(row["loss"]), run.precision, row["step"], learning_rate)
+    log_row(run, row)
+    bar.set_postfix(
+        mlm=f"{row['train_mlm_loss']:.3f}",
+        mlm_acc=f"{row['train_mlm_accuracy']:.3f}",
+        nsp=f"{row['train_nsp_loss']:.3f}",
+        nsp_acc=f"{row['train_nsp_accuracy']:.3f}",
+        lr=f"{learning_rate:.2e}",
+        tok_s=f"{row['tokens_per_second']:.0f}",
+    )
+
+
 def fit(run: Run) -> dict[str, float]:
-    """Train until the step or time budget runs out; log, evaluate and checkpoint on their schedules.
-    Returns the final evaluation metrics."""
+    """Train until the step or time budget runs out; log, evaluate and checkpoint on their schedules. On
+    SIGTERM/SIGUSR1, write a checkpoint and raise `Preempted`. Returns the final evaluation metrics."""
     accelerator, progress, settings = run.accelerator, run.progress, run.settings
     every_checkpoint = settings.run.checkpointing_steps
     checkpoint_steps = int(every_checkpoint) if every_checkpoint not in (None, "epoch") else None
@@ -619,58 +737,50 @@ def fit(run: Run) -> dict[str, float]:
     seconds = synced_train_seconds(run)
     metrics: dict[str, float] | None = None
     run.model.train()
-    for epoch in range(progress.epoch, run.num_epochs):
-        if out_of_budget(run, seconds):
-            break
-        run.train_loader.set_epoch(epoch)
-        batches = run.train_loader
-        if progress.batch_in_epoch:  # resumed mid-epoch
-            batches = accelerator.skip_first_batches(run.train_loader, progress.batch_in_epoch)
-        for batch in batches:
-            learning_rate = run.schedule(progress.completed_steps, seconds)
-            for group in run.optimizer.param_groups:
-                group["lr"] = learning_rate
-            batch = masked_batch(
-                batch, run.collator, accelerator.device, settings.data.max_predictions_per_seq
-            )
-            outputs, loss = train_step(run, batch, learning_rate)
-            progress.batch_in_epoch += 1
-            window.add(outputs, loss, batch)
-            if not accelerator.sync_gradients:
-                continue
-            progress.completed_steps += 1
-            step, now = progress.completed_steps, time.perf_counter()
-            progress.train_seconds += now - clock
-            seconds = synced_train_seconds(run)
-            bar.update(1)
-            if is_due(step, settings.run.logging_steps) or step == run.max_train_steps:
-                row = window.row(run, epoch, learning_rate)
-                check_loss_is_finite(torch.tensor(row["loss"]), run.precision, step, learning_rate)
-                log_row(run, row)
-                bar.set_postfix(
-                    mlm=f"{row['train_mlm_loss']:.3f}",
-                    mlm_acc=f"{row['train_mlm_accuracy']:.3f}",
-                    nsp=f"{row['train_nsp_loss']:.3f}",
-                    nsp_acc=f"{row['train_nsp_accuracy']:.3f}",
-                    lr=f"{learning_rate:.2e}",
-                    tok_s=f"{row['tokens_per_second']:.0f}",
-                )
-                window = TrainingWindow.start(accelerator.device, progress.train_seconds)
-            if is_due(step, settings.run.eval_steps):
-                metrics = run_evaluation(run)
-            if is_due(step, checkpoint_steps):
-                save_run_checkpoint(run)
-            clock = time.perf_counter()  # evaluation and saving are not training time
+    with PreemptionSignals() as preemption:
+        for epoch in range(progress.epoch, run.num_epochs):
             if out_of_budget(run, seconds):
                 break
-        else:  # the epoch ran to its end
-            progress.epoch += 1
-            progress.batch_in_epoch = 0
-            if settings.run.eval_steps is None:
-                metrics = run_evaluation(run)
-            if every_checkpoint == "epoch":
-                save_run_checkpoint(run)
-            clock = time.perf_counter()
+            run.train_loader.set_epoch(epoch)
+            batches = run.train_loader
+            if progress.batch_in_epoch:  # resumed mid-epoch
+                batches = accelerator.skip_first_batches(run.train_loader, progress.batch_in_epoch)
+            for batch in batches:
+                learning_rate = run.schedule(progress.completed_steps, seconds)
+                for group in run.optimizer.param_groups:
+                    group["lr"] = learning_rate
+                outputs, loss = train_step(run, batch, learning_rate)
+                progress.batch_in_epoch += 1
+                window.add(outputs, loss, batch)
+                if not accelerator.sync_gradients:
+                    continue
+                progress.completed_steps += 1
+                step, now = progress.completed_steps, time.perf_counter()
+                progress.train_seconds += now - clock
+                seconds = synced_train_seconds(run)
+                bar.update(1)
+                log_due = is_due(step, settings.run.logging_steps) or step == run.max_train_steps
+                if log_due:
+                    log_window(run, window, epoch, learning_rate, bar)
+                    window = TrainingWindow.start(accelerator.device, progress.train_seconds)
+                if is_due(step, settings.run.eval_steps):
+                    metrics = run_evaluation(run)
+                if is_due(step, checkpoint_steps):
+                    save_run_checkpoint(run)
+                if preemption.agreed(run, due=log_due):
+                    bar.close()
+                    stop_for_preemption(run, preemption.signal_number, is_due(step, checkpoint_steps))
+                clock = time.perf_counter()  # evaluation and saving are not training time
+                if out_of_budget(run, seconds):
+                    break
+            else:  # the epoch ran to its end
+                progress.epoch += 1
+                progress.batch_in_epoch = 0
+                if settings.run.eval_steps is None:
+                    metrics = run_evaluation(run)
+                if every_checkpoint == "epoch":
+                    save_run_checkpoint(run)
+                clock = time.perf_counter()
     bar.close()
     last_eval = next((row["step"] for row in reversed(progress.log_history) if "eval_mlm_loss" in row), None)
     if metrics is None or last_eval != progress.completed_steps:
@@ -760,6 +870,8 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
 def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert_model) -> Path:
     """Pretrain and return the final model folder: prepare_data -> setup_run -> fit -> finish."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    if settings.optimization.deterministic:
+        use_deterministic_algorithms()
     accelerator, precision = build_accelerator(settings)
     checkpoint = check_before_work(settings, accelerator)
     set_seed(settings.optimization.seed)

@@ -1,7 +1,15 @@
+import datasets
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
-from hfbert.collator import DataCollatorForPretraining
+from hfbert.collator import (
+    DRAW_KEY,
+    DataCollatorForPretraining,
+    EpochDraws,
+    InstanceDraws,
+    default_max_predictions,
+)
 
 
 def make_features(tokenizer, lengths, seed=0):
@@ -35,8 +43,7 @@ def test_signature_matches_contract(sample_tokenizer):
         0.1,
     )
     assert collator.pad_to_multiple_of == 8
-    with pytest.raises(TypeError):
-        DataCollatorForPretraining(sample_tokenizer, seed=1)  # randomness is torch's global RNG only
+    assert (collator.pad_to_length, collator.pad_to_batch_size, collator.max_predictions_per_seq) == (None,) * 3
 
 
 def test_padding_layout(sample_tokenizer):
@@ -128,3 +135,94 @@ def test_invalid_probabilities_are_rejected(sample_tokenizer):
         DataCollatorForPretraining(sample_tokenizer, mask_replace_prob=0.8, random_replace_prob=0.3)
     with pytest.raises(ValueError, match="pad_to_multiple_of 0"):
         DataCollatorForPretraining(sample_tokenizer, pad_to_multiple_of=0)
+    with pytest.raises(ValueError, match="mlm_probability 1.5"):
+        DataCollatorForPretraining(sample_tokenizer, mlm_probability=1.5)
+    with pytest.raises(ValueError, match="longer than pad_to_length 8"):
+        DataCollatorForPretraining(sample_tokenizer, pad_to_length=8)(make_features(sample_tokenizer, [9]))
+
+
+def with_draws(features, draws):
+    return [{**feature, DRAW_KEY: draw} for feature, draw in zip(features, draws, strict=True)]
+
+
+def test_draw_ids_decide_the_masks_and_the_global_rng_is_untouched(sample_tokenizer):
+    features = with_draws(make_features(sample_tokenizer, [64] * 16), range(100, 116))
+    collator = DataCollatorForPretraining(sample_tokenizer, seed=3)
+    state = torch.get_rng_state()
+    first = collator(features)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(99)  # whatever the global RNG holds
+    assert all(torch.equal(first[key], value) for key, value in collator(features).items())
+    other_draws = collator(with_draws(features, range(200, 216)))
+    other_seed = DataCollatorForPretraining(sample_tokenizer, seed=4)(features)
+    assert not torch.equal(first["labels"], other_draws["labels"])
+    assert not torch.equal(first["labels"], other_seed["labels"])
+
+
+def test_columns_give_the_same_batch_as_rows(sample_tokenizer):
+    rows = with_draws(make_features(sample_tokenizer, [20, 64, 33]), [5, 6, 7])
+    columns = {key: [row[key] for row in rows] for key in rows[0]}
+    collator = DataCollatorForPretraining(sample_tokenizer, max_predictions_per_seq=12)
+    from_rows, from_columns = collator(rows), collator(columns)
+    assert all(torch.equal(from_rows[key], from_columns[key]) for key in from_rows)
+
+
+def test_static_shapes_pad_rows_and_fill_the_batch(sample_tokenizer):
+    features = with_draws(make_features(sample_tokenizer, [20, 64, 33]), [0, 1, 2])
+    collator = DataCollatorForPretraining(
+        sample_tokenizer, pad_to_length=128, pad_to_batch_size=5, max_predictions_per_seq=20
+    )
+    batch = collator(features)
+    assert batch["input_ids"].shape == (5, 128)
+    assert batch["masked_positions"].shape == batch["labels"].shape == (5, 20)
+    assert batch["next_sentence_label"].tolist() == [0, 1, 0, -100, -100]
+    assert batch["attention_mask"].sum(dim=1).tolist() == [20, 64, 33, 0, 0]
+    assert (batch["labels"][3:] == -100).all() and (batch["input_ids"][3:] == sample_tokenizer.pad_token_id).all()
+    # The static form is the dynamic masks gathered at their positions (no row here has more than 20).
+    dynamic = DataCollatorForPretraining(sample_tokenizer, pad_to_length=128, pad_to_batch_size=5)(features)
+    masked = batch["labels"] != -100
+    assert masked.sum() == (dynamic["labels"] != -100).sum()
+    gathered = dynamic["labels"].gather(1, batch["masked_positions"])
+    assert torch.equal(gathered[masked], batch["labels"][masked])
+    assert torch.equal(dynamic["input_ids"], batch["input_ids"])
+
+
+def test_default_static_slots_cover_almost_every_masked_token():
+    assert default_max_predictions(128, 0.15) == 32
+    assert default_max_predictions(512, 0.15) == 104
+    assert default_max_predictions(16, 0.5) == 16  # never more slots than tokens
+
+
+def test_epoch_draws_are_a_permutation_per_epoch_and_evaluation_draws_never_change():
+    sampler = EpochDraws(10, seed=1)
+    first = list(sampler)
+    assert sorted(first) == list(range(10)) and first == list(sampler)
+    sampler.set_epoch(2)
+    third = list(sampler)
+    assert sorted(third) == list(range(20, 30)) and [d - 20 for d in third] != first
+    fixed = EpochDraws(10, seed=1, shuffle=False)
+    fixed.set_epoch(3)
+    assert list(fixed) == list(range(10))
+
+
+def test_a_loader_with_workers_builds_the_same_batches(sample_tokenizer):
+    features = make_features(sample_tokenizer, [30, 64, 128, 90, 17, 50, 77, 128, 64, 33] * 3)
+    instances = datasets.Dataset.from_list(features)
+    assert InstanceDraws(instances)[31] == {**features[1], DRAW_KEY: 31}
+
+    def batches(num_workers):
+        sampler = EpochDraws(len(instances), seed=5)
+        sampler.set_epoch(1)
+        loader = DataLoader(
+            InstanceDraws(instances),
+            batch_size=8,
+            sampler=sampler,
+            num_workers=num_workers,
+            collate_fn=DataCollatorForPretraining(sample_tokenizer, seed=5),
+        )
+        return list(loader)
+
+    in_process, in_workers = batches(0), batches(2)
+    assert len(in_process) == 4
+    for one, other in zip(in_process, in_workers, strict=True):
+        assert all(torch.equal(one[key], other[key]) for key in one)
