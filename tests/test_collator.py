@@ -135,7 +135,7 @@ def test_invalid_probabilities_are_rejected(sample_tokenizer):
         DataCollatorForPretraining(sample_tokenizer, mask_replace_prob=0.8, random_replace_prob=0.3)
     with pytest.raises(ValueError, match="pad_to_multiple_of 0"):
         DataCollatorForPretraining(sample_tokenizer, pad_to_multiple_of=0)
-    with pytest.raises(ValueError, match="mlm_probability 1.5"):
+    with pytest.raises(ValueError, match=r"mlm_probability 1\.5"):
         DataCollatorForPretraining(sample_tokenizer, mlm_probability=1.5)
     with pytest.raises(ValueError, match="longer than pad_to_length 8"):
         DataCollatorForPretraining(sample_tokenizer, pad_to_length=8)(make_features(sample_tokenizer, [9]))

@@ -82,12 +82,14 @@ def run_args(run_inputs: dict[str, Path], output_dir: Path, *extra: str) -> list
 
 
 def train_in_process(args: list[str], **kwargs) -> None:
-    """main() in this process; accelerate's singletons are reset so the next run starts clean."""
+    """main() in this process; accelerate's singletons and --deterministic are reset so the next run starts
+    clean."""
     try:
         main(args, **kwargs)
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+        torch.use_deterministic_algorithms(False)
 
 
 def subprocess_env() -> dict[str, str]:
@@ -180,14 +182,23 @@ def final_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_half_then_resume_then_half_equals_straight_training(tmp_path, run_inputs):
+    """Also: batches built by DataLoader workers equal those built in the loop's process, and evaluations in
+    the middle of a run leave its RNG streams (masks, dropout) as they were. --deterministic makes it exact on
+    CUDA too, where this suite runs the model on the GPU."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train_in_process(run_args(run_inputs, straight, "--max_train_steps", "10", "--checkpointing_steps", "5"))
+    common = ("--max_train_steps", "10", "--deterministic")
+    train_in_process(run_args(run_inputs, straight, *common, "--checkpointing_steps", "5"))
     # The second run starts from the straight run's mid-epoch checkpoint at step 5, in a fresh output folder.
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-5", resumed / "checkpoint-5")
     train_in_process(
-        run_args(run_inputs, resumed, "--max_train_steps", "10", "--resume_from_checkpoint", "latest")
-    )
+        run_args(
+            run_inputs, resumed, *common, "--resume_from_checkpoint", "latest",
+            "--dataloader_num_workers", "2", "--eval_steps", "2",
+        )
+    )  # fmt: skip
+    evaluated = [row["step"] for row in json.loads((resumed / "log_history.json").read_text()) if "eval_mlm_loss" in row]
+    assert evaluated == [6, 8, 10]
     expected, actual = final_weights(straight), final_weights(resumed)
     assert expected.keys() == actual.keys()
     for name, tensor in expected.items():
@@ -599,3 +610,83 @@ def test_static_shape_masking_trains_through_the_loop(tmp_path, run_inputs):
     rows = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "loss" in row]
     assert rows and all(math.isfinite(row["train_mlm_loss"]) and row["train_mlm_accuracy"] >= 0 for row in rows)
     assert json.loads((output_dir / "training_args.json").read_text())["max_predictions_per_seq"] == 20
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, run_inputs):
+    output_dir, uninterrupted = tmp_path / "run", tmp_path / "uninterrupted"
+    # A constant schedule, so that the resumed run may stop at a budget chosen after the signal.
+    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000")
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, str(REPO / "run_pretraining.py"), *args, "--max_train_steps", "100000"],
+            env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=sink,
+        )  # fmt: skip
+        deadline = time.monotonic() + 240
+        while "| 2/100000" not in stderr.read_text():  # tqdm's bar: training is under way
+            assert process.poll() is None, stderr.read_text()[-3000:]
+            assert time.monotonic() < deadline, "training did not start within 240 s"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)  # Python runs pending handlers in signal-number order; let SIGTERM be the first
+        process.send_signal(signal.SIGUSR1)  # a second signal while the first is being handled changes nothing
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM
+    message = stderr.read_text()
+    assert "Stopped by SIGTERM after update" in message and "--resume_from_checkpoint latest" in message
+    (checkpoint,) = output_dir.glob("checkpoint-*")
+    stopped_at = int(checkpoint.name.split("-")[1])
+    assert stopped_at >= 2 and not (output_dir / "model.safetensors").exists()
+
+    budget = str(stopped_at + 3)
+    train_in_process([*args, "--max_train_steps", budget, "--resume_from_checkpoint", "latest"])
+    train_in_process([*args[:5], str(uninterrupted), *args[6:], "--max_train_steps", budget])
+    expected, actual = final_weights(uninterrupted), final_weights(output_dir)
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+
+
+@pytest.mark.slow
+def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_path, run_inputs):
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    output_dir = tmp_path / "run"
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "6", "--eval_steps", "2", "--torch_compile"))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    # One graph for training, one for evaluation (eval mode, no grad); evaluations 2 and 3 and the training
+    # steps after each evaluation reuse them.
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    summary = json.loads((output_dir / "training_args.json").read_text())
+    assert summary["static_masked_slots"] == 32
+    evaluations = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "eval_mlm_loss" in row]
+    assert [row["step"] for row in evaluations] == [2, 4, 6]
+    assert all(math.isfinite(row["eval_mlm_loss"]) for row in evaluations)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, monkeypatch):
+    """Every update but the logging ones (loader, step, optimizer, window statistics) runs under
+    torch.cuda.set_sync_debug_mode("error"): any host synchronisation raises."""
+    from hfbert import training
+
+    def strict(function):
+        def run_strictly(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return function(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        return run_strictly
+
+    monkeypatch.setattr(training, "train_step", strict(training.train_step))
+    monkeypatch.setattr(training.TrainingWindow, "add", strict(training.TrainingWindow.add))
+    output_dir = tmp_path / "run"
+    # The last value of a repeated flag wins: the precision CUDA picks (fp16), logging every 3 updates.
+    extra = ("--max_train_steps", "6", "--mixed_precision", "auto", "--logging_steps", "3")
+    train_in_process(run_args(run_inputs, output_dir, *extra))
+    summary = json.loads((output_dir / "training_args.json").read_text())
+    assert summary["precision"] == "fp16" and summary["static_masked_slots"] == 32
