@@ -66,8 +66,10 @@ class DataCollatorForPretraining:
     pad_to_batch_size: int | None = None
     max_predictions_per_seq: int | None = None
     seed: int = 0
-    _special: torch.Tensor = field(init=False, repr=False)  # (V,) bool, True for special ids
-    _non_special_ids: torch.Tensor = field(init=False, repr=False)
+    # Lookup tables in numpy: torch's indexing kernel spreads a (B, T) lookup over its threads, which costs
+    # milliseconds when a core is busy (e.g. with the training step); numpy's stays on one.
+    _special: np.ndarray = field(init=False, repr=False)  # (V,) bool, True for special ids
+    _non_special_ids: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.tokenizer.pad_token_id is None:
@@ -86,10 +88,10 @@ class DataCollatorForPretraining:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} {value} must be a positive integer, or None")
-        special = torch.zeros(len(self.tokenizer), dtype=torch.bool)
+        special = np.zeros(len(self.tokenizer), dtype=bool)
         special[sorted(set(self.tokenizer.all_special_ids))] = True
         self._special = special
-        self._non_special_ids = torch.arange(len(special))[~special]
+        self._non_special_ids = np.flatnonzero(~special)
 
     def __call__(
         self, features: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]
@@ -159,7 +161,7 @@ class DataCollatorForPretraining:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Choose and replace tokens of (B, L) ``input_ids``: returns new ``(input_ids, labels)``. Whole-tensor
         operations only (no boolean indexing), so the cost does not depend on how many tokens are chosen."""
-        eligible = ~self._special[input_ids]  # never [CLS], [SEP], [PAD], ...
+        eligible = torch.from_numpy(~self._special[input_ids.numpy()])  # never [CLS], [SEP], [PAD], ...
         chosen = (torch.rand(input_ids.shape, generator=generator) < self.mlm_probability) & eligible
         kind = torch.rand(input_ids.shape, generator=generator)
         to_mask = chosen & (kind < self.mask_replace_prob)
@@ -169,7 +171,7 @@ class DataCollatorForPretraining:
             & (kind < self.mask_replace_prob + self.random_replace_prob)
         )
         picks = torch.randint(len(self._non_special_ids), input_ids.shape, generator=generator)
-        masked = torch.where(to_random, self._non_special_ids[picks], input_ids)
+        masked = torch.where(to_random, torch.from_numpy(self._non_special_ids[picks.numpy()]), input_ids)
         masked = masked.masked_fill(to_mask, self.tokenizer.mask_token_id)
         labels = input_ids.masked_fill(~chosen, IGNORE_INDEX)
         return masked, labels
