@@ -1,0 +1,227 @@
+"""The training loop a user runs, against what they would pick instead: transformers' Trainer.
+
+Both train on the same NSP instances (run_pretraining.py's data pipeline on the shipped WikiText-2 sample, or
+the corpus flags passed after `--`), from the same initial weights, with the same batch size, precision and
+learning rate, one after the other in one process:
+
+- hfbert: run_pretraining.py's own loop (`hfbert.training`: setup_run -> fit), with its defaults for the
+  device (on CUDA: fp16, static masked slots, DataLoader workers, pinned memory); `--compile` adds
+  `--torch_compile`;
+- transformers: `Trainer` + `BertForPreTraining` (sdpa) + `DataCollatorForLanguageModeling`, the same
+  precision, `dataloader_num_workers` as hfbert's loader;
+- bare step: hfbert's `train_step` repeated on one batch already on the device (the loop with free batches).
+
+Throughput is non-padding tokens/s over the updates after `--warmup_steps` (instances x their mean length /
+seconds, both loops drawing uniformly shuffled batches), MFU against the measured matmul peak with
+bench_pretraining.py's FLOPs per token (hfbert's MLM head counted at the masked rows, transformers' at every
+position), and the loop's share of the bare step.
+
+    python benchmarks/bench_loop.py --model_size base --batch_size 128 --steps 300 --warmup_steps 50
+    python benchmarks/bench_loop.py --model_size mini --batch_size 32 --steps 60 --warmup_steps 20  # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before datasets is imported: the sample is local
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from transformers import (
+    BertForPreTraining,
+    DataCollatorForLanguageModeling,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pretraining import describe_machine, flops_per_token, measure_matmul_peak, synchronize
+
+from hfbert.convert import bert_config_for
+from hfbert.pretraining_cli import parse_args as parse_run_flags
+from hfbert.training import (
+    build_accelerator,
+    fit,
+    hfbert_model,
+    prepare_data,
+    setup_run,
+    train_step,
+)
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "no": torch.float32}
+
+
+class StepClock(TrainerCallback):
+    """Wall-clock time (device synchronised) at the end of update `start` and of the last update."""
+
+    def __init__(self, start: int, device: torch.device):
+        self.start, self.device, self.times = start, device, {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step in (self.start, state.max_steps):
+            synchronize(self.device)
+            self.times[state.global_step] = time.perf_counter()
+
+
+def run_flags(args: argparse.Namespace, output_dir: str) -> list[str]:
+    flags = [
+        "--model_size", args.model_size,
+        "--vocab_size", str(args.vocab_size),
+        "--per_device_train_batch_size", str(args.batch_size),
+        "--max_train_steps", str(args.warmup_steps + args.steps),
+        "--logging_steps", str(math.gcd(args.warmup_steps, args.steps)),
+        "--eval_steps", str(10**9),
+        "--max_eval_samples", "64",
+        "--learning_rate", "1e-4",
+        "--dupe_factor", str(args.dupe_factor),
+        "--output_dir", output_dir,
+    ]  # fmt: skip
+    return flags + (["--torch_compile"] if args.compile else []) + args.run_flags
+
+
+def hfbert_loop(args: argparse.Namespace, output_dir: str):
+    """Train with hfbert's loop; returns (run, data, tokens/s after warm-up, bare-step tokens/s)."""
+    settings = parse_run_flags(run_flags(args, output_dir))
+    accelerator, precision = build_accelerator(settings)
+    data = prepare_data(settings, accelerator, checkpoint=None)
+    run = setup_run(settings, data, accelerator, precision, model_factory=hfbert_model)
+    initial = {
+        name: tensor.clone() for name, tensor in accelerator.unwrap_model(run.model).state_dict().items()
+    }
+    fit(run)
+    rows = {row["step"]: row for row in run.progress.log_history if "loss" in row}
+    last = max(rows)
+    seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
+    mean_length = statistics.mean(len(ids) for ids in data.train["input_ids"])
+    loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds
+    batch = next(iter(run.train_loader))
+    times = []
+    for _ in range(args.warmup_steps // 2 + 20):
+        synchronize(accelerator.device)
+        start = time.perf_counter()
+        train_step(run, batch, learning_rate=1e-4)
+        synchronize(accelerator.device)
+        times.append(time.perf_counter() - start)
+    bare = int(batch["attention_mask"].sum()) / statistics.median(times[args.warmup_steps // 2 :])
+    return run, data, initial, mean_length, loop, bare
+
+
+def trainer_loop(
+    args: argparse.Namespace,
+    run,
+    data,
+    initial: dict,
+    mean_length: float,
+    device: torch.device,
+    output_dir: str,
+) -> tuple[float, BertForPreTraining]:
+    """Train transformers' BertForPreTraining with Trainer on the same instances; returns tokens/s."""
+    precision = run.precision
+    model = BertForPreTraining(bert_config_for(data.config))
+    model.load_state_dict(initial)
+    clock = StepClock(args.warmup_steps, device)
+    training_args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=args.batch_size,
+        max_steps=args.warmup_steps + args.steps,
+        learning_rate=1e-4,
+        fp16=precision == "fp16",
+        bf16=precision == "bf16",
+        dataloader_num_workers=run.train_loader.num_workers,
+        dataloader_pin_memory=device.type == "cuda",
+        logging_steps=args.steps,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=device.type == "cpu",
+        torch_compile=args.compile,
+        seed=run.settings.optimization.seed,
+        disable_tqdm=True,
+    )
+    collator = DataCollatorForLanguageModeling(data.tokenizer, mlm_probability=0.15, pad_to_multiple_of=8)
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=data.train,
+        data_collator=collator,
+        callbacks=[clock],
+    )
+    trainer.train()
+    seconds = clock.times[args.warmup_steps + args.steps] - clock.times[args.warmup_steps]
+    return args.steps * args.batch_size * mean_length / seconds, model
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        run, data, initial, mean_length, loop, bare = hfbert_loop(args, str(Path(scratch) / "hfbert"))
+        device, precision = run.accelerator.device, run.precision
+        hfbert_flops = flops_per_token(
+            data.config, run.accelerator.unwrap_model(run.model), mean_length, 0.15
+        )
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        scratch_trainer = str(Path(scratch) / "trainer")
+        trainer, reference = trainer_loop(args, run, data, initial, mean_length, device, scratch_trainer)
+    peak = measure_matmul_peak(device, DTYPES[precision])
+    reference_flops = flops_per_token(data.config, reference, mean_length, 1.0)
+    results = {"hfbert loop": loop, "hfbert bare step": bare, "transformers Trainer": trainer}
+    flops = {
+        "hfbert loop": hfbert_flops,
+        "hfbert bare step": hfbert_flops,
+        "transformers Trainer": reference_flops,
+    }
+    print(
+        f"\n{args.model_size}, batch {args.batch_size}, precision {precision}, {len(data.train)} NSP instances "
+        f"(mean length {mean_length:.1f}), updates {args.warmup_steps}-{args.warmup_steps + args.steps} timed; "
+        f"{describe_machine(device)}; matmul peak {peak / 1e12:.1f} TFLOP/s\n"
+    )
+    print("| loop | non-padding tokens/s | MFU | vs Trainer | share of the bare step |")
+    print("|---|---|---|---|---|")
+    for name, tokens in results.items():
+        print(
+            f"| {name} | {tokens:,.0f} | {tokens * flops[name] / peak:.1%} | {tokens / trainer:.2f}x | "
+            f"{tokens / bare:.0%} |"
+        )
+    return results
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model_size", default="base")
+    parser.add_argument("--batch_size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=300, help="timed updates, after the warm-up")
+    parser.add_argument(
+        "--warmup_steps", type=int, default=50, help="untimed updates first (compilation too)"
+    )
+    parser.add_argument("--vocab_size", type=int, default=30522)
+    parser.add_argument(
+        "--dupe_factor", type=int, default=10, help="NSP passes: enough instances for the run"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="--torch_compile for hfbert, torch_compile for Trainer"
+    )
+    parser.add_argument(
+        "run_flags", nargs="*", help="after --: more run_pretraining.py flags (corpus, precision)"
+    )
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "steps", "warmup_steps", "dupe_factor"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)} must be >= 1")
+    return args
+
+
+if __name__ == "__main__":
+    main()
