@@ -36,16 +36,27 @@ class StockBertForPreTraining(transformers.BertForPreTraining):
     """transformers' BertForPreTraining behind the training loop's interface: its own dense head and its own
     loss computation (cross-entropy over every position, -100 ignored), then the logits of the masked rows."""
 
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label, mlm_masked_rows_only):
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        labels,
+        next_sentence_label,
+        mlm_masked_rows_only,
+        masked_positions=None,
+    ):
         output = super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         logits = output.prediction_logits  # (B, T, V)
+        if masked_positions is not None:  # the static form (the loop's default on CUDA): (B, P, V) at the slots
+            logits = logits.gather(1, masked_positions[..., None].expand(-1, -1, logits.size(-1)))
         mlm_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1))
         nsp_loss = F.cross_entropy(output.seq_relationship_logits.float(), next_sentence_label)
-        masked = labels != -100
+        rows_only = mlm_masked_rows_only and masked_positions is None
         return transformers.utils.ModelOutput(
             mlm_loss=mlm_loss,
             nsp_loss=nsp_loss,
-            prediction_logits=logits[masked] if mlm_masked_rows_only else logits,
+            prediction_logits=logits[labels != -100] if rows_only else logits,
             seq_relationship_logits=output.seq_relationship_logits,
         )
 

@@ -64,7 +64,8 @@ logger = logging.getLogger(__name__)
 
 # Builds the model to pretrain from its config. The model's forward must take the batch plus
 # `mlm_masked_rows_only=True` and return `mlm_loss`, `nsp_loss`, `prediction_logits` at the masked rows
-# (row-major order of labels != -100) and `seq_relationship_logits`, as HfBertForPreTraining does.
+# (row-major order of labels != -100) and `seq_relationship_logits`, as HfBertForPreTraining does; on the
+# static path (the default on CUDA) the batch also holds `masked_positions` (B, P), and labels are (B, P).
 ModelFactory = Callable[[HfBertConfig], torch.nn.Module]
 TRAINED_TOKENIZER_DIR = ".tokenizer"  # hidden: never uploaded
 UNBOUNDED_STEPS = 10**12  # the step budget of a run bounded by --max_train_seconds alone
