@@ -21,7 +21,9 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before datasets is imported: the sample is local
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -30,12 +32,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 from transformers import DataCollatorForLanguageModeling
 
-from hfbert.collator import DataCollatorForPretraining, EpochDraws, InstanceDraws, default_max_predictions
-from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.pretraining_data import build_nsp_instances, tokenize_documents
-from hfbert.tokenization import train_tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pretraining import SEED, sample_instances
 
-SEED = 1234
+from hfbert.collator import DataCollatorForPretraining, EpochDraws, InstanceDraws, default_max_predictions
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,15 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     torch.manual_seed(SEED)
-    documents = load_documents(CorpusArguments())
-    tokenizer = train_tokenizer(documents["train"], vocab_size=args.vocab_size, show_progress=False)
-    instances = build_nsp_instances(
-        tokenize_documents(documents["train"], tokenizer),
-        cls_token_id=tokenizer.cls_token_id,
-        sep_token_id=tokenizer.sep_token_id,
-        max_seq_length=args.seq_len,
-        seed=SEED,
-    )
+    tokenizer, instances = sample_instances(args.vocab_size, args.seq_len)
     slots = args.max_predictions_per_seq or default_max_predictions(args.seq_len, 0.15)
     draws = list(EpochDraws(len(instances), seed=SEED))
     batch_draws = [draws[i : i + args.batch_size] for i in range(0, len(draws), args.batch_size)]

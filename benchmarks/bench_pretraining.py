@@ -37,6 +37,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before datasets is imported: the sample is local
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -74,21 +75,27 @@ class Measurement:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def build_batches(args: argparse.Namespace) -> tuple[dict[str, list[Batch]], str]:
-    """The NSP and/or synthetic batches asked for, and a description of the data for the report."""
+def sample_instances(vocab_size: int, seq_len: int) -> tuple[Any, Any]:
+    """A tokenizer trained on the shipped sample and the sample's NSP instances (one pass) made with it."""
     documents = load_documents(CorpusArguments())
-    tokenizer = train_tokenizer(documents["train"], vocab_size=args.vocab_size, show_progress=False)
-    if len(tokenizer) > args.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than --vocab_size {args.vocab_size}")
-    collator = DataCollatorForPretraining(tokenizer)
-    generator = torch.Generator().manual_seed(SEED)
+    tokenizer = train_tokenizer(documents["train"], vocab_size=vocab_size, show_progress=False)
+    if len(tokenizer) > vocab_size:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than --vocab_size {vocab_size}")
     instances = build_nsp_instances(
         tokenize_documents(documents["train"], tokenizer),
         cls_token_id=tokenizer.cls_token_id,
         sep_token_id=tokenizer.sep_token_id,
-        max_seq_length=args.seq_len,
+        max_seq_length=seq_len,
         seed=SEED,
     )
+    return tokenizer, instances
+
+
+def build_batches(args: argparse.Namespace) -> tuple[dict[str, list[Batch]], str]:
+    """The NSP and/or synthetic batches asked for, and a description of the data for the report."""
+    tokenizer, instances = sample_instances(args.vocab_size, args.seq_len)
+    collator = DataCollatorForPretraining(tokenizer)
+    generator = torch.Generator().manual_seed(SEED)
     order = torch.randperm(len(instances), generator=generator).tolist()
     lengths = [len(instances[i]["input_ids"]) for i in order]
     notes = (

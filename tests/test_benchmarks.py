@@ -55,3 +55,15 @@ def test_heldout_nsp_refuses_a_folder_without_model_or_tokenizer(tmp_path, capsy
     with pytest.raises(SystemExit):
         heldout_nsp.main([str(tmp_path), "--pairings", "0"])
     assert "--pairings 0" in capsys.readouterr().err
+
+
+def test_bench_batches_times_every_batch_builder_on_the_same_batches(capsys):
+    bench_batches = load_script("bench_batches")
+    results = bench_batches.main(["--batch_size", "16", "--seq_len", "64", "--batches", "2", "--vocab_size", "2000"])
+    assert len(results) == 4 and all(ms > 0 for ms in results.values())
+    report = capsys.readouterr().out
+    assert "| transformers DataCollatorForLanguageModeling, rows |" in report
+    assert "hfbert loader, static (length 64, 24 slots)" in report
+    with pytest.raises(SystemExit):
+        bench_batches.main(["--batch_size", "0"])
+    assert "--batch_size 0 must be >= 1" in capsys.readouterr().err
