@@ -292,6 +292,43 @@ def test_resize_token_embeddings_keeps_the_tie():
     assert model(**batch).prediction_logits.shape == (3, 16, 1010)
 
 
+def offload_maps(model: torch.nn.Module) -> dict[str, dict]:
+    """from_pretrained arguments putting part (explicit map) or all (tiny max_memory) of `model` on disk."""
+    prefix = "bert." if hasattr(model, "bert") else ""
+    explicit = {f"{prefix}embeddings": "cpu", f"{prefix}encoder": "disk", f"{prefix}pooler": "cpu"}
+    if prefix:  # the heads
+        explicit.update({name: "cpu" for name, _ in model.named_children() if name != "bert"})
+    return {
+        "explicit cpu+disk": {"device_map": explicit},
+        "auto, all on disk": {"device_map": "auto", "max_memory": {"cpu": 1000}},
+    }
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [HfBertModel, HfBertForPreTraining, HfBertForSequenceClassification],
+    ids=lambda cls: cls.__name__,
+)
+@pytest.mark.parametrize("map_name", ["explicit cpu+disk", "auto, all on disk"])
+@pytest.mark.parametrize("with_token_types", [True, False], ids=["token_type_ids", "no_token_type_ids"])
+def test_disk_offload_gives_the_outputs_of_the_loaded_model(
+    tmp_path, model_class, map_name, with_token_types
+):
+    # Without token_type_ids the embeddings once read token_type_embeddings.weight[0] directly, which under
+    # offload is a meta tensor (only the module's own hook loads it): "Tensor on device meta".
+    model = model_class(tiny_config()).eval()
+    model.save_pretrained(tmp_path / "model")
+    batch = padded_batch()
+    if not with_token_types:
+        del batch["token_type_ids"]
+    kwargs = offload_maps(model)[map_name]
+    offloaded = model_class.from_pretrained(tmp_path / "model", offload_folder=tmp_path / "offload", **kwargs)
+    assert "disk" in offloaded.hf_device_map.values()
+    with torch.no_grad():
+        expected, got = model(**batch), offloaded(**batch)
+    assert_close(got.to_tuple(), expected.to_tuple(), **TIGHT)
+
+
 # ------------------------------------------------------------------------------------------- behaviour
 
 
