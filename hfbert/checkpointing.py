@@ -15,9 +15,18 @@ import logging
 import os
 import re
 import shutil
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock
+    fcntl = None
 
 from accelerate import Accelerator
 
@@ -31,6 +40,8 @@ TEMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
 REPLACED_CHECKPOINT_PREFIX = ".replaced-checkpoint-"
 MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT_VERSION = 1
+# Held (flock) by the run writing into a folder; hidden, so never uploaded and not one of the user's files.
+RUN_LOCK_NAME = ".hfbert-run.lock"
 # Files of a finished run (written by the training loop next to the checkpoints).
 FINAL_MODEL_FILES = ("model.safetensors", "config.json")
 
@@ -365,7 +376,7 @@ def check_run_folder(
         )
     if resume_from_checkpoint is not None or overwrite_output_dir or not output_dir.is_dir():
         return
-    names = sorted(path.name for path in output_dir.iterdir())
+    names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
     if not names:
         return
     complete = [name for name in names if _CHECKPOINT_NAME.match(name) or name in FINAL_MODEL_FILES]
@@ -402,3 +413,65 @@ def remove_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     for path in removed:
         shutil.rmtree(path)
     return removed
+
+
+def _lock_holder(lock_path: Path) -> str:
+    try:
+        holder = json.loads(lock_path.read_text(encoding="utf-8"))
+        return f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
+    except (OSError, ValueError, KeyError, TypeError):  # the holder is still writing it
+        return "a process that is still starting"
+
+
+def _open_locked(lock_path: Path) -> int:
+    """A descriptor of `lock_path` holding its exclusive flock; raises `CheckpointError` if another run holds it."""
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointError(
+                f"--output_dir {lock_path.parent} is in use by another training run ({_lock_holder(lock_path)}); "
+                "wait for it to finish or stop it, or pass another --output_dir. Two runs in one folder would "
+                "overwrite each other's checkpoints"
+            ) from None
+        try:
+            same_file = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            same_file = False
+        if same_file:
+            return fd
+        os.close(fd)  # the previous holder removed the file between our open and flock: lock the new one
+
+
+@contextmanager
+def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True) -> Iterator[None]:
+    """Hold `output_dir` for this run: a second run on the same folder is refused with `CheckpointError`
+    naming the holder's pid, host and start time.
+
+    The lock is a flock on `output_dir/.hfbert-run.lock` (created with the folder if needed), so the kernel
+    releases it when the holder dies, even by SIGKILL: a crashed run never blocks the next. Take it on the
+    main process only, before anything else reads or writes the folder. On exit the lock file is removed, and
+    the folder too if this run created it and left nothing in it.
+    """
+    output_dir = Path(output_dir)
+    if not main_process or fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
+        yield  # a file in the way is refused by check_run_folder, with the fix
+        return
+    created = not output_dir.exists()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = output_dir / RUN_LOCK_NAME
+    fd = _open_locked(lock_path)
+    try:
+        # Written in place, not via a renamed temporary file: the flock belongs to this file's inode.
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(holder) + "\n").encode("utf-8"))
+        yield
+    finally:
+        # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.
+        lock_path.unlink(missing_ok=True)
+        os.close(fd)
+        if created and not any(output_dir.iterdir()):
+            output_dir.rmdir()

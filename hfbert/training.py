@@ -37,6 +37,7 @@ from hfbert.checkpointing import (
     read_run_settings,
     remove_checkpoints,
     resolve_resume_checkpoint,
+    run_folder_lock,
     save_checkpoint,
 )
 from hfbert.collator import DataCollatorForPretraining
@@ -761,20 +762,21 @@ def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert
     """Pretrain and return the final model folder: prepare_data -> setup_run -> fit -> finish."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     accelerator, precision = build_accelerator(settings)
-    checkpoint = check_before_work(settings, accelerator)
-    set_seed(settings.optimization.seed)
-    data = prepare_data(settings, accelerator, checkpoint)
-    output_dir = Path(settings.run.output_dir)
-    if accelerator.is_main_process:
-        if settings.run.overwrite_output_dir:
-            remove_checkpoints(output_dir)
-        publish_files(output_dir)  # finishes a final folder whose publication was interrupted
-    accelerator.wait_for_everyone()
-    run = setup_run(settings, data, accelerator, precision, model_factory)
-    if checkpoint is not None:
-        logger.info(f"Resuming from {checkpoint}")
-        load_checkpoint(accelerator, checkpoint)
-    if settings.run.with_tracking:
-        accelerator.init_trackers("hfbert-pretraining", config=run.summary)
-    metrics = fit(run)
-    return finish(run, metrics)
+    with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
+        checkpoint = check_before_work(settings, accelerator)
+        set_seed(settings.optimization.seed)
+        data = prepare_data(settings, accelerator, checkpoint)
+        output_dir = Path(settings.run.output_dir)
+        if accelerator.is_main_process:
+            if settings.run.overwrite_output_dir:
+                remove_checkpoints(output_dir)
+            publish_files(output_dir)  # finishes a final folder whose publication was interrupted
+        accelerator.wait_for_everyone()
+        run = setup_run(settings, data, accelerator, precision, model_factory)
+        if checkpoint is not None:
+            logger.info(f"Resuming from {checkpoint}")
+            load_checkpoint(accelerator, checkpoint)
+        if settings.run.with_tracking:
+            accelerator.init_trackers("hfbert-pretraining", config=run.summary)
+        metrics = fit(run)
+        return finish(run, metrics)

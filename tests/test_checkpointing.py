@@ -1,6 +1,11 @@
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from unittest import mock
 
@@ -14,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hfbert.checkpointing import (
     MANIFEST_NAME,
+    RUN_LOCK_NAME,
     CheckpointError,
     TrainingProgress,
     check_run_folder,
@@ -21,6 +27,7 @@ from hfbert.checkpointing import (
     load_checkpoint,
     remove_checkpoints,
     resolve_resume_checkpoint,
+    run_folder_lock,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -321,3 +328,75 @@ def test_remove_checkpoints_for_overwrite(tmp_path):
     removed = remove_checkpoints(tmp_path)
     assert [path.name for path in removed] == [".tmp-checkpoint-3", "checkpoint-1", "checkpoint-2"]
     assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]
+
+
+# ----------------------------------------------------------------------------------------------- one run per folder
+
+
+def test_a_held_run_folder_refuses_a_second_run_naming_the_holder(tmp_path):
+    output_dir = tmp_path / "run"
+    with run_folder_lock(output_dir):
+        before = sorted(path.name for path in output_dir.iterdir())
+        with pytest.raises(CheckpointError) as refused, run_folder_lock(output_dir):
+            pass
+        assert sorted(path.name for path in output_dir.iterdir()) == before == [RUN_LOCK_NAME]
+    message = str(refused.value)
+    assert f"--output_dir {output_dir} is in use by another training run" in message
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in message and "another --output_dir" in message
+    assert not output_dir.exists()  # created for the lock, left empty: removed with it
+
+
+def test_the_lock_is_released_and_removed_when_the_run_fails(tmp_path):
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    (output_dir / "checkpoint-2").mkdir()
+    with pytest.raises(RuntimeError), run_folder_lock(output_dir):
+        raise RuntimeError("training failed")
+    assert [path.name for path in output_dir.iterdir()] == ["checkpoint-2"]
+    with run_folder_lock(output_dir):  # free again
+        pass
+
+
+def test_only_the_main_process_takes_the_lock(tmp_path):
+    with run_folder_lock(tmp_path / "run"), run_folder_lock(tmp_path / "run", main_process=False):
+        pass
+
+
+HOLD_THE_LOCK = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    from hfbert.checkpointing import run_folder_lock
+    with run_folder_lock(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
+    output_dir = tmp_path / "run"
+    repo = str(Path(__file__).parent.parent)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_LOCK, str(output_dir), repo], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=rf"pid {holder.pid} on host"), run_folder_lock(output_dir):
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert (output_dir / RUN_LOCK_NAME).is_file()  # SIGKILL leaves the file; the kernel dropped the flock
+    check_run_folder(output_dir, resume_from_checkpoint=None, overwrite_output_dir=False)  # looks empty
+    with run_folder_lock(output_dir):
+        pass
+    assert list(output_dir.iterdir()) == []  # the stale file went with the new run's lock
+
+
+def test_the_lock_file_is_not_one_of_the_users_files(tmp_path):
+    (tmp_path / RUN_LOCK_NAME).write_text("{}")
+    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match=r"holds no hfbert run \(notes.txt\)"):
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from accelerate.state import AcceleratorState, GradientState
 from conftest import tiny_config
 from safetensors.torch import load_file
 
-from hfbert.checkpointing import CheckpointError
+from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining_cli import main
 from hfbert.training import (
@@ -503,6 +504,18 @@ def test_an_output_dir_that_is_a_file_is_refused_before_any_work(tmp_path, run_i
     with pytest.raises(CheckpointError, match=r"--output_dir .*run is a file, not a folder"):
         train_in_process(run_args(run_inputs, output_file, "--max_train_steps", "2"))
     assert output_file.read_text() == "not a folder"
+
+
+def test_a_second_run_on_a_folder_in_use_is_refused_before_any_work(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    with run_folder_lock(output_dir):  # this process plays the first run
+        (output_dir / ".tmp-checkpoint-2").mkdir()  # the first run is mid-save
+        before = listing(output_dir)
+        with pytest.raises(CheckpointError, match=rf"{re.escape(str(output_dir))} is in use .*pid {os.getpid()} on host"):
+            train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"))
+        assert listing(output_dir) == before
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir"))
+    assert (output_dir / "model.safetensors").is_file() and not (output_dir / RUN_LOCK_NAME).exists()
 
 
 def test_a_folder_of_the_users_own_files_is_refused_untouched(tmp_path, run_inputs):
