@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import socket
@@ -29,8 +30,9 @@ except ImportError:  # Windows: no flock
     fcntl = None
 
 from accelerate import Accelerator
+from safetensors import SafetensorError
 
-from hfbert.files import FINAL_READY, FINAL_STAGING, sha256_file, write_json_atomic
+from hfbert.files import FINAL_READY, FINAL_STAGING, check_readable, read_json, sha256_file, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +146,10 @@ def read_manifest(checkpoint: str | os.PathLike) -> dict[str, Any]:
             f"the folder was not written by this script); {_earlier_checkpoints_hint(checkpoint)}"
         )
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = read_json(manifest_path, _earlier_checkpoints_hint(checkpoint))
+    except ValueError as error:
+        raise CheckpointError(f"Checkpoint {checkpoint} is corrupted: {error}") from None
+    try:
         files = manifest["files"]
         int(manifest["num_processes"])
     except (ValueError, KeyError, TypeError) as error:
@@ -303,7 +308,19 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> 
             f"{accelerator.num_processes}; relaunch with "
             f"`{relaunch_command(saved_processes, accelerator.device.type == 'cpu')}` to resume it exactly"
         )
-    accelerator.load_state(str(checkpoint))
+    try:
+        check_readable(sorted(checkpoint.rglob("*")), _earlier_checkpoints_hint(checkpoint), torch_files=True)
+    except ValueError as error:
+        raise CheckpointError(f"Checkpoint {checkpoint} is damaged although it matches its manifest: {error}") from None
+    try:
+        accelerator.load_state(str(checkpoint))
+    # Its files match the manifest (verified), so this is a checkpoint written damaged: pickle and
+    # safetensors report that as the errors below, naming no file.
+    except (EOFError, pickle.UnpicklingError, SafetensorError) as error:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} cannot be loaded ({type(error).__name__}: {error}) although its files match "
+            f"the manifest written with it; {_earlier_checkpoints_hint(checkpoint)}"
+        ) from error
 
 
 def _incomplete_checkpoints(output_dir: Path) -> list[str]:
@@ -352,8 +369,14 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
 
 def read_run_settings(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
     """The run settings saved with a checkpoint, or None for a checkpoint written before they were saved."""
-    path = Path(checkpoint) / RUN_SETTINGS_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    checkpoint = Path(checkpoint)
+    path = checkpoint / RUN_SETTINGS_NAME
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path, _earlier_checkpoints_hint(checkpoint))
+    except ValueError as error:
+        raise CheckpointError(f"Checkpoint {checkpoint} is corrupted: {error}") from None
 
 
 def check_run_folder(

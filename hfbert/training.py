@@ -43,7 +43,7 @@ from hfbert.checkpointing import (
 from hfbert.collator import DataCollatorForPretraining
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import load_documents
-from hfbert.files import publish_files
+from hfbert.files import check_local_files, publish_files
 from hfbert.final_folder import write_final_folder
 from hfbert.initialization import check_structured_attention_config, init_structured_attention
 from hfbert.inspect import sample_sentences
@@ -743,6 +743,9 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
     check_run_folder(
         run.output_dir, resume_from_checkpoint=run.resume_from_checkpoint, overwrite_output_dir=run.overwrite_output_dir
     )
+    for flag, value in (("--config_name", settings.model.config_name), ("--tokenizer_name", settings.data.tokenizer_name)):
+        if value is not None:  # a truncated or garbled file is named now, not deep inside transformers later
+            check_local_files(value, flag, f"write or copy it again, or pass another {flag}")
     if run.push_to_hub:
         check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
     if run.resume_from_checkpoint is None:

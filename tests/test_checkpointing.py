@@ -14,6 +14,7 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import ProjectConfiguration, set_seed
+from conftest import DAMAGES, damage
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -22,9 +23,11 @@ from hfbert.checkpointing import (
     RUN_LOCK_NAME,
     CheckpointError,
     TrainingProgress,
+    _write_manifest,
     check_run_folder,
     find_checkpoints,
     load_checkpoint,
+    read_run_settings,
     remove_checkpoints,
     resolve_resume_checkpoint,
     run_folder_lock,
@@ -228,7 +231,7 @@ def test_missing_or_garbled_manifest_is_refused(tmp_path):
     save_steps(tmp_path, [4])
     (tmp_path / "checkpoint-4" / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(
-        CheckpointError, match=r"checkpoint_manifest\.json cannot be parsed.*--overwrite_output_dir"
+        CheckpointError, match=r"checkpoint_manifest\.json is not valid JSON.*--overwrite_output_dir"
     ):
         verify_checkpoint(tmp_path / "checkpoint-4")
     os.remove(tmp_path / "checkpoint-4" / MANIFEST_NAME)
@@ -400,3 +403,58 @@ def test_the_lock_file_is_not_one_of_the_users_files(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(CheckpointError, match=r"holds no hfbert run \(notes.txt\)"):
         check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+
+
+# ----------------------------------------------------------------------------------------------- damaged files
+
+
+def listing(folder: Path) -> dict[str, int]:
+    return {str(path.relative_to(folder)): path.stat().st_mtime_ns for path in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize(
+    "name", ["model.safetensors", "optimizer.bin", "custom_checkpoint_0.pkl", "run_settings.json", MANIFEST_NAME]
+)
+def test_a_damaged_checkpoint_file_is_named_on_resume(tmp_path, name, how):
+    run = build_run()
+    for step in (4, 8):
+        save_checkpoint(run[0], tmp_path, step, run_settings={"model": {"model_size": "tiny"}})
+    damage(tmp_path / "checkpoint-8" / name, how)
+    before = listing(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        resolve_resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-8"))
+    message = str(refused.value)
+    assert name in message and f"--resume_from_checkpoint {tmp_path / 'checkpoint-4'}" in message
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("name", "how"),
+    [
+        ("model.safetensors", "truncated"),
+        ("model.safetensors", "garbled"),
+        ("optimizer.bin", "truncated"),  # 8 garbled bytes in a zip's local header do not stop torch.load
+        ("custom_checkpoint_0.pkl", "truncated"),
+    ],
+)
+def test_a_checkpoint_written_damaged_is_named_on_load(tmp_path, name, how):
+    # The manifest matches the damaged file (it was written so), so only loading can tell.
+    save_steps(tmp_path, [4, 8])
+    damage(tmp_path / "checkpoint-8" / name, how)
+    (tmp_path / "checkpoint-8" / MANIFEST_NAME).unlink()
+    _write_manifest(tmp_path / "checkpoint-8", 8, 1)
+    verify_checkpoint(tmp_path / "checkpoint-8")
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(build_run()[0], tmp_path / "checkpoint-8")
+    message = str(refused.value)
+    assert "checkpoint-8" in message and f"--resume_from_checkpoint {tmp_path / 'checkpoint-4'}" in message
+    assert f"{tmp_path / 'checkpoint-8' / name} is " in message
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_run_settings_are_named(tmp_path, how):
+    save_checkpoint(build_run()[0], tmp_path, 4, run_settings={"model": {"model_size": "tiny"}})
+    damage(tmp_path / "checkpoint-4" / "run_settings.json", how)
+    with pytest.raises(CheckpointError, match=r"run_settings\.json is (truncated|not valid JSON).*--overwrite"):
+        read_run_settings(tmp_path / "checkpoint-4")

@@ -16,7 +16,7 @@ from unittest import mock
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
-from conftest import tiny_config
+from conftest import DAMAGES, damage, tiny_config
 from safetensors.torch import load_file
 
 from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
@@ -401,6 +401,30 @@ def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, ru
         args += ["--max_seq_length", "256"]
     with pytest.raises(ValueError, match=message):
         train_in_process(args)
+    assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("flag", ["--config_name", "--tokenizer_name"])
+def test_a_damaged_config_or_tokenizer_file_is_named_before_any_work(tmp_path, run_inputs, flag, how):
+    if flag == "--config_name":
+        damaged = tmp_path / "config.json"
+        shutil.copy(run_inputs["config"], damaged)
+        given = damaged
+    else:
+        given = tmp_path / "tokenizer"
+        shutil.copytree(run_inputs["tokenizer"], given)
+        damaged = given / "tokenizer.json"
+    damage(damaged, how)
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    (output_dir / "notes.txt").write_text("keep")
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir")
+    args[args.index(flag) + 1] = str(given)
+    with pytest.raises(ValueError) as refused:
+        train_in_process(args)
+    message = str(refused.value)
+    assert message.startswith(f"{flag} {given}: {damaged} is ") and f"pass another {flag}" in message
     assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
 
 
