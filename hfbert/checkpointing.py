@@ -13,15 +13,26 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelerate import Accelerator
+try:
+    import fcntl
+except ImportError:  # Windows: no flock
+    fcntl = None
 
-from hfbert.files import FINAL_READY, FINAL_STAGING, sha256_file, write_json_atomic
+from accelerate import Accelerator
+from safetensors import SafetensorError
+
+from hfbert.files import FINAL_READY, FINAL_STAGING, check_readable, read_json, sha256_file, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +42,8 @@ TEMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
 REPLACED_CHECKPOINT_PREFIX = ".replaced-checkpoint-"
 MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT_VERSION = 1
+# Held (flock) by the run writing into a folder; hidden, so never uploaded and not one of the user's files.
+RUN_LOCK_NAME = ".hfbert-run.lock"
 # Files of a finished run (written by the training loop next to the checkpoints).
 FINAL_MODEL_FILES = ("model.safetensors", "config.json")
 
@@ -133,7 +146,10 @@ def read_manifest(checkpoint: str | os.PathLike) -> dict[str, Any]:
             f"the folder was not written by this script); {_earlier_checkpoints_hint(checkpoint)}"
         )
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = read_json(manifest_path, _earlier_checkpoints_hint(checkpoint))
+    except ValueError as error:
+        raise CheckpointError(f"Checkpoint {checkpoint} is corrupted: {error}") from None
+    try:
         files = manifest["files"]
         int(manifest["num_processes"])
     except (ValueError, KeyError, TypeError) as error:
@@ -292,7 +308,19 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> 
             f"{accelerator.num_processes}; relaunch with "
             f"`{relaunch_command(saved_processes, accelerator.device.type == 'cpu')}` to resume it exactly"
         )
-    accelerator.load_state(str(checkpoint))
+    try:
+        check_readable(sorted(checkpoint.rglob("*")), _earlier_checkpoints_hint(checkpoint), torch_files=True)
+    except ValueError as error:
+        raise CheckpointError(f"Checkpoint {checkpoint} is damaged although it matches its manifest: {error}") from None
+    try:
+        accelerator.load_state(str(checkpoint))
+    # Its files match the manifest (verified), so this is a checkpoint written damaged: pickle and
+    # safetensors report that as the errors below, naming no file.
+    except (EOFError, pickle.UnpicklingError, SafetensorError) as error:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} cannot be loaded ({type(error).__name__}: {error}) although its files match "
+            f"the manifest written with it; {_earlier_checkpoints_hint(checkpoint)}"
+        ) from error
 
 
 def _incomplete_checkpoints(output_dir: Path) -> list[str]:
@@ -341,8 +369,14 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
 
 def read_run_settings(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
     """The run settings saved with a checkpoint, or None for a checkpoint written before they were saved."""
-    path = Path(checkpoint) / RUN_SETTINGS_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    checkpoint = Path(checkpoint)
+    path = checkpoint / RUN_SETTINGS_NAME
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path, _earlier_checkpoints_hint(checkpoint))
+    except ValueError as error:
+        raise CheckpointError(f"Checkpoint {checkpoint} is corrupted: {error}") from None
 
 
 def check_run_folder(
@@ -365,7 +399,7 @@ def check_run_folder(
         )
     if resume_from_checkpoint is not None or overwrite_output_dir or not output_dir.is_dir():
         return
-    names = sorted(path.name for path in output_dir.iterdir())
+    names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
     if not names:
         return
     complete = [name for name in names if _CHECKPOINT_NAME.match(name) or name in FINAL_MODEL_FILES]
@@ -402,3 +436,65 @@ def remove_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     for path in removed:
         shutil.rmtree(path)
     return removed
+
+
+def _lock_holder(lock_path: Path) -> str:
+    try:
+        holder = json.loads(lock_path.read_text(encoding="utf-8"))
+        return f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
+    except (OSError, ValueError, KeyError, TypeError):  # the holder is still writing it
+        return "a process that is still starting"
+
+
+def _open_locked(lock_path: Path) -> int:
+    """A descriptor of `lock_path` holding its exclusive flock; raises `CheckpointError` if another run holds it."""
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointError(
+                f"--output_dir {lock_path.parent} is in use by another training run ({_lock_holder(lock_path)}); "
+                "wait for it to finish or stop it, or pass another --output_dir. Two runs in one folder would "
+                "overwrite each other's checkpoints"
+            ) from None
+        try:
+            same_file = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            same_file = False
+        if same_file:
+            return fd
+        os.close(fd)  # the previous holder removed the file between our open and flock: lock the new one
+
+
+@contextmanager
+def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True) -> Iterator[None]:
+    """Hold `output_dir` for this run: a second run on the same folder is refused with `CheckpointError`
+    naming the holder's pid, host and start time.
+
+    The lock is a flock on `output_dir/.hfbert-run.lock` (created with the folder if needed), so the kernel
+    releases it when the holder dies, even by SIGKILL: a crashed run never blocks the next. Take it on the
+    main process only, before anything else reads or writes the folder. On exit the lock file is removed, and
+    the folder too if this run created it and left nothing in it.
+    """
+    output_dir = Path(output_dir)
+    if not main_process or fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
+        yield  # a file in the way is refused by check_run_folder, with the fix
+        return
+    created = not output_dir.exists()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = output_dir / RUN_LOCK_NAME
+    fd = _open_locked(lock_path)
+    try:
+        # Written in place, not via a renamed temporary file: the flock belongs to this file's inode.
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(holder) + "\n").encode("utf-8"))
+        yield
+    finally:
+        # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.
+        lock_path.unlink(missing_ok=True)
+        os.close(fd)
+        if created and not any(output_dir.iterdir()):
+            output_dir.rmdir()

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, BertConfig, PreTrainedModel
 
 import hfbert
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.files import staged_folder
+from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, staged_folder
 
 # Fields one config class has and the other lacks; they are dropped when crossing over.
 _HFBERT_ONLY_FIELDS = {f.name for f in dataclasses.fields(HfBertConfig)} - {
@@ -52,6 +52,16 @@ def _architecture(config: transformers.PretrainedConfig, source: str) -> str:
     return architectures[0]
 
 
+def check_source(source: str | os.PathLike) -> Path:
+    """`source` as a Path, after naming any truncated or garbled JSON / safetensors file in it (ValueError)."""
+    source = Path(source)
+    if source.is_dir():
+        check_folder_readable(
+            source, f"copy or download {source} again (for an hfbert run's output folder: {FINAL_FOLDER_FIX})"
+        )
+    return source
+
+
 def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> Path:
     """Save model and the source's tokenizer (if any) into a staged folder that appears whole."""
     if output_dir.exists() and any(output_dir.iterdir()):
@@ -66,7 +76,7 @@ def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> 
 def to_transformers(hfbert_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
     """Write an hfbert checkpoint as a stock BERT folder that `transformers.BertFor...` loads without
     `trust_remote_code` (weights, config with model_type "bert", tokenizer if present)."""
-    source = Path(hfbert_dir)
+    source = check_source(hfbert_dir)
     config = HfBertConfig.from_pretrained(source)
     hfbert_architecture = _architecture(config, str(source))
     model = getattr(hfbert, hfbert_architecture).from_pretrained(source)
@@ -79,7 +89,7 @@ def to_transformers(hfbert_dir: str | os.PathLike, output_dir: str | os.PathLike
 def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
     """Write a stock BERT folder (as `BertForPreTraining.save_pretrained` writes it, or bert-base-uncased's
     layout) as an hfbert checkpoint, keeping its head."""
-    source = Path(bert_dir)
+    source = check_source(bert_dir)
     config = BertConfig.from_pretrained(source)
     bert_architecture = _architecture(config, str(source))
     if not bert_architecture.startswith("Bert"):

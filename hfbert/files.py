@@ -12,10 +12,13 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from safetensors import SafetensorError, safe_open
 
 # A set of files for a folder is staged here, then renamed to FINAL_READY once complete (see publish_files).
 FINAL_STAGING = ".final-staging"
@@ -120,3 +123,111 @@ def publish_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> 
         os.replace(path, target)
     ready.rmdir()
     return True
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading what a user handed over or a run left behind: a damaged file is named, with what is wrong and the fix,
+# instead of a JSONDecodeError or SafetensorError from deep inside a library.
+# ----------------------------------------------------------------------------------------------------------
+
+
+# The fix for a damaged file in a run's output folder (or a copy of one).
+FINAL_FOLDER_FIX = (
+    "rewrite the folder by rerunning the training command with --resume_from_checkpoint latest (a run resumed "
+    "at its last step goes straight to the final save), or copy or download the folder again"
+)
+
+
+def _unreadable(path: Path, problem: str, fix: str) -> ValueError:
+    return ValueError(f"{path} {problem}; {fix}")
+
+
+def read_json(path: str | os.PathLike, fix: str) -> Any:
+    """The parsed JSON in `path`; a ValueError naming the file, whether it is empty, truncated or not JSON
+    at all, and `fix` (what the user can do), if it cannot be parsed."""
+    path = Path(path)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _unreadable(path, f"is not JSON: not UTF-8 text (byte {error.start})", fix) from None
+    if not text.strip():
+        raise _unreadable(path, "is empty (a write was cut short)", fix)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        ran_out = error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string")
+        if ran_out:  # the text stops mid-value: a cut-short write or copy
+            problem = f"is truncated: its JSON stops mid-value after {len(raw)} bytes"
+        else:
+            problem = f"is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
+        raise _unreadable(path, problem, fix) from None
+
+
+def check_safetensors(path: str | os.PathLike, fix: str) -> None:
+    """Raise a ValueError naming `path`, what is wrong (truncated, not safetensors) and `fix`, unless its
+    header parses and the tensors it lists fit the file exactly. Reads the header only, not the tensors."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        prefix = file.read(8)
+        header_size = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if header_size < 0 or 8 + header_size > size:
+            problem = "is truncated or not a safetensors file: " if size else "is empty: "
+            raise _unreadable(path, f"{problem}{size} bytes, too short for its header", fix)
+        header_bytes = file.read(header_size)
+    try:
+        header = json.loads(header_bytes)
+        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        raise _unreadable(path, "is not a safetensors file (its header is not safetensors JSON)", fix) from None
+    expected = 8 + header_size + max(ends, default=0)
+    if expected != size:
+        state = "truncated" if size < expected else "longer than its header says"
+        raise _unreadable(path, f"is {state}: {size} bytes, its header lists {expected}", fix)
+    try:  # what the size checks cannot see: dtypes, shapes and offsets that disagree
+        with safe_open(path, framework="pt"):
+            pass
+    except SafetensorError as error:
+        raise _unreadable(path, f"is not a valid safetensors file ({error})", fix) from None
+
+
+def check_torch_file(path: str | os.PathLike, fix: str) -> None:
+    """Raise a ValueError naming `path` and `fix` unless it ends like a `torch.save` file (a zip archive whose
+    central directory is intact: a cut-short copy loses it). Only for files torch >= 1.6 wrote."""
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        raise _unreadable(path, "is truncated or not a torch.save file (no zip directory at its end)", fix)
+
+
+def check_readable(paths: Iterable[str | os.PathLike], fix: str, *, torch_files: bool = False) -> None:
+    """`read_json` every existing *.json and `check_safetensors` every existing *.safetensors in `paths`
+    (missing files are the caller's to report); with `torch_files`, `check_torch_file` every *.bin / *.pkl."""
+    for path in map(Path, paths):
+        if not path.is_file():
+            continue
+        if path.suffix == ".json":
+            read_json(path, fix)
+        elif path.suffix == ".safetensors":
+            check_safetensors(path, fix)
+        elif torch_files and path.suffix in (".bin", ".pkl"):
+            check_torch_file(path, fix)
+
+
+def check_folder_readable(folder: str | os.PathLike, fix: str) -> None:
+    """`check_readable` on the JSON and safetensors files at the top of `folder` (hidden files skipped)."""
+    folder = Path(folder)
+    check_readable(sorted(path for path in folder.iterdir() if not path.name.startswith(".")), fix)
+
+
+def check_local_files(name_or_path: str | os.PathLike, flag: str, fix: str) -> None:
+    """For a flag naming a local file or folder (a Hub id is left to its loader): a ValueError starting with
+    `flag` and the value, naming a truncated or garbled JSON / safetensors file in it, and `fix`."""
+    path = Path(name_or_path).expanduser()
+    try:
+        if path.is_file():
+            read_json(path, fix)  # --config_name's one-file form: a config.json
+        elif path.is_dir():
+            check_folder_readable(path, fix)
+    except ValueError as error:
+        raise ValueError(f"{flag} {name_or_path}: {error}") from None

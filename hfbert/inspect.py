@@ -33,7 +33,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
-from hfbert.files import atomic_path
+from hfbert.files import FINAL_FOLDER_FIX, atomic_path, check_folder_readable
 from hfbert.pretraining_data import split_sentences
 
 MASK = "[MASK]"
@@ -124,6 +124,14 @@ def check_model_folder(checkpoint: str | Path, tokenizer_name: str | Path | None
             "--tokenizer_name DIR with the tokenizer the model was trained with, or save it into the folder "
             "with tokenizer.save_pretrained(...)"
         )
+    try:
+        check_folder_readable(folder, FINAL_FOLDER_FIX)
+        if tokenizer_folder != folder:
+            check_folder_readable(
+                tokenizer_folder, "pass another --tokenizer_name, or save the tokenizer there again"
+            )
+    except ValueError as error:
+        raise InspectError(str(error)) from None
     return folder, tokenizer_folder
 
 

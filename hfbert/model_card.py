@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, constants
-from safetensors import safe_open
 
 from hfbert.checkpointing import CHECKPOINT_PREFIX
-from hfbert.files import atomic_path
+from hfbert.files import FINAL_FOLDER_FIX, atomic_path, check_readable
 
 MODEL_CARD_NAME = "README.md"
 CURVES_NAME = "training_curves.png"
@@ -188,15 +187,10 @@ def push_to_hub(
             f"--push_to_hub: {folder} lacks {', '.join(missing)}; push only a finished run's output folder "
             "(training writes these files at the end)"
         )
-    weights = folder / "model.safetensors"
-    try:
-        with safe_open(weights, framework="pt"):
-            pass
-    except Exception as error:  # safetensors raises its own SafetensorError for a bad header
-        raise ValueError(
-            f"{weights} is corrupted and cannot be loaded ({error}); nothing was uploaded. Rewrite the final "
-            "folder by resuming the run from its last checkpoint (--resume_from_checkpoint latest)"
-        ) from error
+    try:  # every JSON and safetensors file that would be uploaded: a damaged one is named, nothing uploaded
+        check_readable((folder / name for name in files), FINAL_FOLDER_FIX)
+    except ValueError as error:
+        raise ValueError(f"--push_to_hub: nothing was uploaded: {error}") from None
     api = HfApi(token=token)
     repo_url = api.create_repo(repo_id, private=private, exist_ok=True)
     # create_commit with our own list (rather than upload_folder's patterns) keeps upload_file_set the single

@@ -274,7 +274,10 @@ class HfBertEmbeddings(nn.Module):
             position_ids = torch.arange(seq_len, device=inputs_embeds.device)[None, :]  # (1, T)
         embeddings = inputs_embeds + self.position_embeddings(position_ids)
         if token_type_ids is None:
-            embeddings = embeddings + self.token_type_embeddings.weight[0]  # all segment A
+            # All segment A. Looked up through the module, not read as .weight[0]: with device_map offload the
+            # weight lives on the meta device and only the module's own forward hook brings it in.
+            segment_a = torch.zeros((1, 1), dtype=torch.long, device=inputs_embeds.device)
+            embeddings = embeddings + self.token_type_embeddings(segment_a)
         else:
             embeddings = embeddings + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(embeddings))

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
 from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.files import staged_files
+from hfbert.files import check_local_files, staged_files
 
 if TYPE_CHECKING:
     from hfbert.configuration_hfbert import HfBertConfig
@@ -393,6 +393,7 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
                 f"--tokenizer_name {name_or_path}: the folder {path.absolute()} holds no tokenizer (no "
                 f"tokenizer.json, tokenizer_config.json or vocab.txt); {_LOAD_TOKENIZER_FIX}"
             )
+        check_local_files(path, "--tokenizer_name", f"save the tokenizer there again, or {_LOAD_TOKENIZER_FIX}")
         return AutoTokenizer.from_pretrained(path)
     missing = f"--tokenizer_name {name_or_path}: no such folder ({path.absolute()})"
     try:

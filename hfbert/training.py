@@ -39,12 +39,13 @@ from hfbert.checkpointing import (
     read_run_settings,
     remove_checkpoints,
     resolve_resume_checkpoint,
+    run_folder_lock,
     save_checkpoint,
 )
 from hfbert.collator import DataCollatorForPretraining, EpochDraws, InstanceDraws, default_max_predictions
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import load_documents
-from hfbert.files import publish_files
+from hfbert.files import check_local_files, publish_files
 from hfbert.final_folder import write_final_folder
 from hfbert.initialization import check_structured_attention_config, init_structured_attention
 from hfbert.inspect import sample_sentences
@@ -853,6 +854,9 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
     check_run_folder(
         run.output_dir, resume_from_checkpoint=run.resume_from_checkpoint, overwrite_output_dir=run.overwrite_output_dir
     )
+    for flag, value in (("--config_name", settings.model.config_name), ("--tokenizer_name", settings.data.tokenizer_name)):
+        if value is not None:  # a truncated or garbled file is named now, not deep inside transformers later
+            check_local_files(value, flag, f"write or copy it again, or pass another {flag}")
     if run.push_to_hub:
         check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
     if run.resume_from_checkpoint is None:
@@ -874,20 +878,21 @@ def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert
     if settings.optimization.deterministic:
         use_deterministic_algorithms()
     accelerator, precision = build_accelerator(settings)
-    checkpoint = check_before_work(settings, accelerator)
-    set_seed(settings.optimization.seed)
-    data = prepare_data(settings, accelerator, checkpoint)
-    output_dir = Path(settings.run.output_dir)
-    if accelerator.is_main_process:
-        if settings.run.overwrite_output_dir:
-            remove_checkpoints(output_dir)
-        publish_files(output_dir)  # finishes a final folder whose publication was interrupted
-    accelerator.wait_for_everyone()
-    run = setup_run(settings, data, accelerator, precision, model_factory)
-    if checkpoint is not None:
-        logger.info(f"Resuming from {checkpoint}")
-        load_checkpoint(accelerator, checkpoint)
-    if settings.run.with_tracking:
-        accelerator.init_trackers("hfbert-pretraining", config=run.summary)
-    metrics = fit(run)
-    return finish(run, metrics)
+    with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
+        checkpoint = check_before_work(settings, accelerator)
+        set_seed(settings.optimization.seed)
+        data = prepare_data(settings, accelerator, checkpoint)
+        output_dir = Path(settings.run.output_dir)
+        if accelerator.is_main_process:
+            if settings.run.overwrite_output_dir:
+                remove_checkpoints(output_dir)
+            publish_files(output_dir)  # finishes a final folder whose publication was interrupted
+        accelerator.wait_for_everyone()
+        run = setup_run(settings, data, accelerator, precision, model_factory)
+        if checkpoint is not None:
+            logger.info(f"Resuming from {checkpoint}")
+            load_checkpoint(accelerator, checkpoint)
+        if settings.run.with_tracking:
+            accelerator.init_trackers("hfbert-pretraining", config=run.summary)
+        metrics = fit(run)
+        return finish(run, metrics)

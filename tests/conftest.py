@@ -51,3 +51,16 @@ def sample_tokenizer(sample_documents):
     return train_tokenizer(
         sample_documents["train"], vocab_size=TINY_VOCAB_SIZE, min_frequency=2, show_progress=False
     )
+
+
+DAMAGES = ("truncated", "garbled")
+
+
+def damage(path, how: str) -> None:
+    """Cut `path` to half its size ("truncated"), or overwrite 8 bytes near its start ("garbled": a JSON file
+    stops parsing, a safetensors file's header too), keeping its size."""
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        path.write_bytes(data[:8] + b'"}]{#!@%' + data[16:])  # ends any string or object

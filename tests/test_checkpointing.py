@@ -1,6 +1,11 @@
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from unittest import mock
 
@@ -9,18 +14,23 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import ProjectConfiguration, set_seed
+from conftest import DAMAGES, damage
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hfbert.checkpointing import (
     MANIFEST_NAME,
+    RUN_LOCK_NAME,
     CheckpointError,
     TrainingProgress,
+    _write_manifest,
     check_run_folder,
     find_checkpoints,
     load_checkpoint,
+    read_run_settings,
     remove_checkpoints,
     resolve_resume_checkpoint,
+    run_folder_lock,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -221,7 +231,7 @@ def test_missing_or_garbled_manifest_is_refused(tmp_path):
     save_steps(tmp_path, [4])
     (tmp_path / "checkpoint-4" / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(
-        CheckpointError, match=r"checkpoint_manifest\.json cannot be parsed.*--overwrite_output_dir"
+        CheckpointError, match=r"checkpoint_manifest\.json is not valid JSON.*--overwrite_output_dir"
     ):
         verify_checkpoint(tmp_path / "checkpoint-4")
     os.remove(tmp_path / "checkpoint-4" / MANIFEST_NAME)
@@ -321,3 +331,130 @@ def test_remove_checkpoints_for_overwrite(tmp_path):
     removed = remove_checkpoints(tmp_path)
     assert [path.name for path in removed] == [".tmp-checkpoint-3", "checkpoint-1", "checkpoint-2"]
     assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]
+
+
+# ----------------------------------------------------------------------------------------------- one run per folder
+
+
+def test_a_held_run_folder_refuses_a_second_run_naming_the_holder(tmp_path):
+    output_dir = tmp_path / "run"
+    with run_folder_lock(output_dir):
+        before = sorted(path.name for path in output_dir.iterdir())
+        with pytest.raises(CheckpointError) as refused, run_folder_lock(output_dir):
+            pass
+        assert sorted(path.name for path in output_dir.iterdir()) == before == [RUN_LOCK_NAME]
+    message = str(refused.value)
+    assert f"--output_dir {output_dir} is in use by another training run" in message
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in message and "another --output_dir" in message
+    assert not output_dir.exists()  # created for the lock, left empty: removed with it
+
+
+def test_the_lock_is_released_and_removed_when_the_run_fails(tmp_path):
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    (output_dir / "checkpoint-2").mkdir()
+    with pytest.raises(RuntimeError), run_folder_lock(output_dir):
+        raise RuntimeError("training failed")
+    assert [path.name for path in output_dir.iterdir()] == ["checkpoint-2"]
+    with run_folder_lock(output_dir):  # free again
+        pass
+
+
+def test_only_the_main_process_takes_the_lock(tmp_path):
+    with run_folder_lock(tmp_path / "run"), run_folder_lock(tmp_path / "run", main_process=False):
+        pass
+
+
+HOLD_THE_LOCK = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    from hfbert.checkpointing import run_folder_lock
+    with run_folder_lock(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
+    output_dir = tmp_path / "run"
+    repo = str(Path(__file__).parent.parent)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_LOCK, str(output_dir), repo], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=rf"pid {holder.pid} on host"), run_folder_lock(output_dir):
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert (output_dir / RUN_LOCK_NAME).is_file()  # SIGKILL leaves the file; the kernel dropped the flock
+    check_run_folder(output_dir, resume_from_checkpoint=None, overwrite_output_dir=False)  # looks empty
+    with run_folder_lock(output_dir):
+        pass
+    assert list(output_dir.iterdir()) == []  # the stale file went with the new run's lock
+
+
+def test_the_lock_file_is_not_one_of_the_users_files(tmp_path):
+    (tmp_path / RUN_LOCK_NAME).write_text("{}")
+    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match=r"holds no hfbert run \(notes.txt\)"):
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
+
+
+# ----------------------------------------------------------------------------------------------- damaged files
+
+
+def listing(folder: Path) -> dict[str, int]:
+    return {str(path.relative_to(folder)): path.stat().st_mtime_ns for path in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize(
+    "name", ["model.safetensors", "optimizer.bin", "custom_checkpoint_0.pkl", "run_settings.json", MANIFEST_NAME]
+)
+def test_a_damaged_checkpoint_file_is_named_on_resume(tmp_path, name, how):
+    run = build_run()
+    for step in (4, 8):
+        save_checkpoint(run[0], tmp_path, step, run_settings={"model": {"model_size": "tiny"}})
+    damage(tmp_path / "checkpoint-8" / name, how)
+    before = listing(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        resolve_resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-8"))
+    message = str(refused.value)
+    assert name in message and f"--resume_from_checkpoint {tmp_path / 'checkpoint-4'}" in message
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("name", "how"),
+    [
+        ("model.safetensors", "truncated"),
+        ("model.safetensors", "garbled"),
+        ("optimizer.bin", "truncated"),  # 8 garbled bytes in a zip's local header do not stop torch.load
+        ("custom_checkpoint_0.pkl", "truncated"),
+    ],
+)
+def test_a_checkpoint_written_damaged_is_named_on_load(tmp_path, name, how):
+    # The manifest matches the damaged file (it was written so), so only loading can tell.
+    save_steps(tmp_path, [4, 8])
+    damage(tmp_path / "checkpoint-8" / name, how)
+    (tmp_path / "checkpoint-8" / MANIFEST_NAME).unlink()
+    _write_manifest(tmp_path / "checkpoint-8", 8, 1)
+    verify_checkpoint(tmp_path / "checkpoint-8")
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(build_run()[0], tmp_path / "checkpoint-8")
+    message = str(refused.value)
+    assert "checkpoint-8" in message and f"--resume_from_checkpoint {tmp_path / 'checkpoint-4'}" in message
+    assert f"{tmp_path / 'checkpoint-8' / name} is " in message
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_run_settings_are_named(tmp_path, how):
+    save_checkpoint(build_run()[0], tmp_path, 4, run_settings={"model": {"model_size": "tiny"}})
+    damage(tmp_path / "checkpoint-4" / "run_settings.json", how)
+    with pytest.raises(CheckpointError, match=r"run_settings\.json is (truncated|not valid JSON).*--overwrite"):
+        read_run_settings(tmp_path / "checkpoint-4")

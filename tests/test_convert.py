@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 import transformers
-from conftest import tiny_config
+from conftest import DAMAGES, damage, tiny_config
 from test_modeling_hfbert import padded_batch
 from torch.testing import assert_close
 
@@ -65,3 +65,21 @@ def test_conversion_refuses_a_non_empty_output_folder_and_leaves_it_alone(tmp_pa
     with pytest.raises(FileExistsError, match="not empty"):
         main(["to-transformers", str(tmp_path / "hfbert"), str(occupied)])
     assert [p.name for p in occupied.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+@pytest.mark.parametrize("direction", ["to-transformers", "from-transformers"])
+def test_a_damaged_source_file_is_named_and_nothing_is_written(tmp_path, direction, name, how):
+    model = HfBertForPreTraining(tiny_config())
+    source = tmp_path / "source"
+    if direction == "to-transformers":
+        model.save_pretrained(source)
+    else:
+        to_transformers_dir = to_transformers(model.save_pretrained(tmp_path / "h") or tmp_path / "h", source)
+        assert to_transformers_dir == source
+    damage(source / name, how)
+    with pytest.raises(ValueError) as error:
+        main([direction, str(source), str(tmp_path / "out")])
+    assert f"{source / name} is " in str(error.value) and "copy or download" in str(error.value)
+    assert not (tmp_path / "out").exists()

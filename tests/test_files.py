@@ -4,11 +4,15 @@ import json
 from unittest import mock
 
 import pytest
+from conftest import DAMAGES, damage, tiny_config
 
+from hfbert import HfBertForPreTraining
 from hfbert.files import (
     FINAL_READY,
     atomic_path,
+    check_safetensors,
     publish_files,
+    read_json,
     staged_files,
     staged_folder,
     write_json_atomic,
@@ -87,3 +91,46 @@ def test_an_interrupted_publish_never_mixes_sets_and_is_finished_later(tmp_path)
     assert publish_files(tmp_path)  # the next run (or hfbert.push) finishes the job
     assert all(p.read_text() == "new" for p in tmp_path.iterdir())
     assert not publish_files(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------- damaged files
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_json_file_is_named_with_the_problem_and_the_fix(tmp_path, how):
+    path = write_json_atomic(tmp_path / "eval_results.json", {"eval_mlm_loss": 2.5, "step": 10, "x": "y" * 40})
+    assert read_json(path, "FIX")["step"] == 10
+    damage(path, how)
+    with pytest.raises(ValueError) as error:
+        read_json(path, "rerun it")
+    problem = "is truncated" if how == "truncated" else "is not valid JSON"
+    assert str(error.value).startswith(f"{path} {problem}") and str(error.value).endswith("; rerun it")
+
+
+@pytest.mark.parametrize(("content", "problem"), [(b"", "is empty"), (b"\xff\xfe{}", "not UTF-8")])
+def test_an_empty_or_binary_json_file_is_named(tmp_path, content, problem):
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(ValueError, match=problem):
+        read_json(tmp_path / "config.json", "FIX")
+
+
+@pytest.mark.parametrize("how", [*DAMAGES, "longer", "not safetensors"])
+def test_a_damaged_safetensors_file_is_named_with_the_problem_and_the_fix(tmp_path, how):
+    HfBertForPreTraining(tiny_config()).save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    check_safetensors(path, "FIX")
+    if how == "longer":
+        path.write_bytes(path.read_bytes() + b"extra")
+    elif how == "not safetensors":
+        path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n")
+    else:
+        damage(path, how)
+    problem = {
+        "truncated": "is truncated: ",
+        "garbled": "is not a safetensors file",
+        "longer": "is longer than its header says",
+        "not safetensors": "is truncated or not a safetensors file",
+    }[how]
+    with pytest.raises(ValueError) as error:
+        check_safetensors(path, "download it again")
+    assert str(error.value).startswith(f"{path} {problem}") and str(error.value).endswith("; download it again")

@@ -3,7 +3,7 @@ import struct
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import DAMAGES, damage, tiny_config
 from transformers import BertConfig, BertForPreTraining
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
@@ -254,3 +254,17 @@ def test_sample_sentences(sample_documents):
     assert other is not None and other not in first_document
     assert sample_sentences(documents, count=4) == (sentences, other)  # deterministic
     assert sample_sentences([["One short line ."]]) == ([], None)
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"])
+def test_a_damaged_model_folder_file_is_named_with_the_fix(checkpoint, tmp_path, capsys, name, how):
+    folder = tmp_path / "copy"
+    shutil.copytree(checkpoint, folder)
+    damage(folder / name, how)
+    before = files_under(folder)
+    with pytest.raises(SystemExit):
+        main([str(folder), "--text", TEXT])
+    error = capsys.readouterr().err
+    assert f"{folder / name} is " in error and "--resume_from_checkpoint latest" in error
+    assert "Traceback" not in error and files_under(folder) == before  # nothing written

@@ -89,9 +89,9 @@ def test_card_for_local_files_without_eval(tmp_path):
 
 
 def make_run_folder(tmp_path):
-    for name in FINAL_FILES:
-        (tmp_path / name).write_bytes(b"x")
-    save_file({"weight": torch.zeros(2)}, tmp_path / "model.safetensors")  # push checks that it loads
+    for name in FINAL_FILES:  # push checks that every JSON file parses and the weights load
+        (tmp_path / name).write_bytes(b"{}" if name.endswith(".json") else b"x")
+    save_file({"weight": torch.zeros(2)}, tmp_path / "model.safetensors")
     write_card(tmp_path)
     # What must never be uploaded: checkpoints, interrupted saves, temp files, hidden files, bytecode.
     for name in [

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -292,6 +293,43 @@ def test_resize_token_embeddings_keeps_the_tie():
     assert model(**batch).prediction_logits.shape == (3, 16, 1010)
 
 
+def offload_maps(model: torch.nn.Module) -> dict[str, dict]:
+    """from_pretrained arguments putting part (explicit map) or all (tiny max_memory) of `model` on disk."""
+    prefix = "bert." if hasattr(model, "bert") else ""
+    explicit = {f"{prefix}embeddings": "cpu", f"{prefix}encoder": "disk", f"{prefix}pooler": "cpu"}
+    if prefix:  # the heads
+        explicit.update({name: "cpu" for name, _ in model.named_children() if name != "bert"})
+    return {
+        "explicit cpu+disk": {"device_map": explicit},
+        "auto, all on disk": {"device_map": "auto", "max_memory": {"cpu": 1000}},
+    }
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [HfBertModel, HfBertForPreTraining, HfBertForSequenceClassification],
+    ids=lambda cls: cls.__name__,
+)
+@pytest.mark.parametrize("map_name", ["explicit cpu+disk", "auto, all on disk"])
+@pytest.mark.parametrize("with_token_types", [True, False], ids=["token_type_ids", "no_token_type_ids"])
+def test_disk_offload_gives_the_outputs_of_the_loaded_model(
+    tmp_path, model_class, map_name, with_token_types
+):
+    # Without token_type_ids the embeddings once read token_type_embeddings.weight[0] directly, which under
+    # offload is a meta tensor (only the module's own hook loads it): "Tensor on device meta".
+    model = model_class(tiny_config()).eval()
+    model.save_pretrained(tmp_path / "model")
+    batch = padded_batch()
+    if not with_token_types:
+        del batch["token_type_ids"]
+    kwargs = offload_maps(model)[map_name]
+    offloaded = model_class.from_pretrained(tmp_path / "model", offload_folder=tmp_path / "offload", **kwargs)
+    assert "disk" in offloaded.hf_device_map.values()
+    with torch.no_grad():
+        expected, got = model(**batch), offloaded(**batch)
+    assert_close(got.to_tuple(), expected.to_tuple(), **TIGHT)
+
+
 # ------------------------------------------------------------------------------------------- behaviour
 
 
@@ -487,7 +525,7 @@ def test_bad_input_raises_a_clear_error(case, inputs, message):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_forward_does_not_synchronise_and_bad_ids_still_fail():
+def test_cuda_forward_does_not_synchronise():
     _, model = twins(HfBertForPreTraining)
     model = model.cuda()
     batch = {key: value.cuda() for key, value in padded_batch().items()}
@@ -501,11 +539,43 @@ def test_cuda_forward_does_not_synchronise_and_bad_ids_still_fail():
         model(**batch, masked_positions=positions, labels=masked_labels).loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    bad = batch["input_ids"].clone()
-    bad[0, 0] = 1000
-    with pytest.raises(RuntimeError):
-        model(**{**batch, "input_ids": bad})
+
+
+# A device-side assert poisons the CUDA context of the process for good: every later CUDA call in it fails. So
+# the bad ids go to a child process, and this pytest worker's context stays usable for the tests after it.
+BAD_IDS_ON_CUDA = textwrap.dedent(
+    """
+    import sys
+    import torch
+    sys.path[:0] = sys.argv[1:3]  # tests/ (for conftest) and the repository (for hfbert)
+    from conftest import tiny_config
+    from hfbert import HfBertForPreTraining
+
+    model = HfBertForPreTraining(tiny_config()).cuda().eval()
+    ids = torch.full((2, 8), 5, device="cuda")
+    ids[0, 0] = 1000  # vocab_size is 1000
+    try:
+        model(input_ids=ids)
         torch.cuda.synchronize()
+    except RuntimeError as error:
+        print(f"RuntimeError: {error}")
+        sys.exit(3)
+    print("no error")
+    """
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bad_ids_on_cuda_fail_with_the_range_message():
+    tests_folder = Path(__file__).parent
+    command = [sys.executable, "-c", BAD_IDS_ON_CUDA, str(tests_folder), str(tests_folder.parent)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output[-3000:]
+    # The RuntimeError names the device-side assert (check_range's torch._assert_async or the lookup's own).
+    assert "device-side assert" in output, output[-3000:]
+    assert torch.zeros(1, device="cuda").add(1).item() == 1  # this process's context is still healthy
 
 
 # ------------------------------------------------------------------------------------------- config

@@ -4,10 +4,10 @@ import shutil
 from unittest import mock
 
 import pytest
-from conftest import tiny_config
+from conftest import DAMAGES, damage, tiny_config
 
 from hfbert import HfBertForPreTraining
-from hfbert.files import FINAL_READY
+from hfbert.files import FINAL_READY, write_json_atomic
 from hfbert.push import main
 
 
@@ -47,14 +47,21 @@ def test_push_first_finishes_an_interrupted_publication(run_folder, capsys):
     assert not ready.exists()
 
 
-def test_a_corrupted_model_file_is_named_and_nothing_is_uploaded(run_folder):
-    weights = run_folder / "model.safetensors"
-    weights.write_bytes(b"\x00" * 16)
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize(
+    "name", ["model.safetensors", "config.json", "tokenizer.json", "eval_results.json", "log_history.json"]
+)
+def test_a_damaged_final_file_is_named_and_nothing_is_uploaded(run_folder, name, how):
+    write_json_atomic(run_folder / "eval_results.json", {"step": 4, "eval_mlm_loss": 5.5})
+    write_json_atomic(run_folder / "log_history.json", [{"step": 2, "loss": 6.0}, {"step": 4, "loss": 5.0}])
+    damage(run_folder / name, how)
     with (
         mock.patch("huggingface_hub.HfApi.create_repo") as create_repo,
-        pytest.raises(ValueError, match=rf"{weights} is corrupted and cannot be loaded.*nothing was uploaded"),
+        pytest.raises(ValueError, match=r"nothing was uploaded") as error,
     ):
         main([str(run_folder), "--hub_model_id", "me/m"])
+    assert f"{run_folder / name} is " in str(error.value)
+    assert "--resume_from_checkpoint latest" in str(error.value)
     create_repo.assert_not_called()
 
 

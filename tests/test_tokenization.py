@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DAMAGES, damage
 from transformers import AutoTokenizer, BertTokenizer
 
 import hfbert.tokenization
@@ -343,6 +344,18 @@ def test_load_tokenizer_names_a_missing_folder_and_the_fix(tmp_path, monkeypatch
     assert f"--tokenizer_name {name}: no such folder ({Path(name).absolute()})" in message
     assert "train_tokenizer.py" in message and "leave --tokenizer_name out" in message
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_load_tokenizer_names_a_damaged_file_and_the_fix(tmp_path, sample_tokenizer, name, how):
+    sample_tokenizer.save_pretrained(tmp_path / "tok")
+    damage(tmp_path / "tok" / name, how)
+    with pytest.raises(ValueError) as refused:
+        load_tokenizer(tmp_path / "tok")
+    message = str(refused.value)
+    assert message.startswith(f"--tokenizer_name {tmp_path / 'tok'}: {tmp_path / 'tok' / name} is ")
+    assert "save the tokenizer there again" in message
 
 
 def test_load_tokenizer_names_a_hub_id_that_cannot_be_loaded(tmp_path, monkeypatch):

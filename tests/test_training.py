@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,10 +16,10 @@ from unittest import mock
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
-from conftest import tiny_config
+from conftest import DAMAGES, damage, tiny_config
 from safetensors.torch import load_file
 
-from hfbert.checkpointing import CheckpointError
+from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining_cli import main
 from hfbert.training import (
@@ -243,7 +244,7 @@ def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_
 def test_two_cpu_processes_with_torchrun(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",  # a free port, never another run's
         str(REPO / "run_pretraining.py"),
         *run_args(run_inputs, output_dir, "--max_train_steps", "6", "--checkpointing_steps", "3"),
     ]  # fmt: skip
@@ -315,8 +316,8 @@ def test_a_model_factory_trains_another_model_through_the_same_pipeline(tmp_path
         assert row["loss"] == pytest.approx(row["train_mlm_loss"] + row["train_nsp_loss"], rel=0.05)
     saved = final_weights(output_dir)
     for name, tensor in built[0].state_dict().items():
-        if name in saved:
-            assert torch.equal(saved[name], tensor.cpu()), name  # the run trained it on its device
+        if name in saved:  # the saved weights are read onto the CPU; the model may sit on a GPU
+            assert torch.equal(saved[name], tensor.cpu()), name
 
 
 @pytest.mark.parametrize("attention_init", ["structured", "bert"])
@@ -411,6 +412,30 @@ def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, ru
         args += ["--max_seq_length", "256"]
     with pytest.raises(ValueError, match=message):
         train_in_process(args)
+    assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("flag", ["--config_name", "--tokenizer_name"])
+def test_a_damaged_config_or_tokenizer_file_is_named_before_any_work(tmp_path, run_inputs, flag, how):
+    if flag == "--config_name":
+        damaged = tmp_path / "config.json"
+        shutil.copy(run_inputs["config"], damaged)
+        given = damaged
+    else:
+        given = tmp_path / "tokenizer"
+        shutil.copytree(run_inputs["tokenizer"], given)
+        damaged = given / "tokenizer.json"
+    damage(damaged, how)
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    (output_dir / "notes.txt").write_text("keep")
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir")
+    args[args.index(flag) + 1] = str(given)
+    with pytest.raises(ValueError) as refused:
+        train_in_process(args)
+    message = str(refused.value)
+    assert message.startswith(f"{flag} {given}: {damaged} is ") and f"pass another {flag}" in message
     assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
 
 
@@ -514,6 +539,18 @@ def test_an_output_dir_that_is_a_file_is_refused_before_any_work(tmp_path, run_i
     with pytest.raises(CheckpointError, match=r"--output_dir .*run is a file, not a folder"):
         train_in_process(run_args(run_inputs, output_file, "--max_train_steps", "2"))
     assert output_file.read_text() == "not a folder"
+
+
+def test_a_second_run_on_a_folder_in_use_is_refused_before_any_work(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    with run_folder_lock(output_dir):  # this process plays the first run
+        (output_dir / ".tmp-checkpoint-2").mkdir()  # the first run is mid-save
+        before = listing(output_dir)
+        with pytest.raises(CheckpointError, match=rf"{re.escape(str(output_dir))} is in use .*pid {os.getpid()} on host"):
+            train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"))
+        assert listing(output_dir) == before
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir"))
+    assert (output_dir / "model.safetensors").is_file() and not (output_dir / RUN_LOCK_NAME).exists()
 
 
 def test_a_folder_of_the_users_own_files_is_refused_untouched(tmp_path, run_inputs):
