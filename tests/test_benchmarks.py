@@ -67,3 +67,18 @@ def test_bench_batches_times_every_batch_builder_on_the_same_batches(capsys):
     with pytest.raises(SystemExit):
         bench_batches.main(["--batch_size", "0"])
     assert "--batch_size 0 must be >= 1" in capsys.readouterr().err
+
+
+def test_bench_loop_times_the_loop_its_bare_step_and_the_trainer_at_the_model_vocabulary(capsys):
+    bench_loop = load_script("bench_loop")
+    results = bench_loop.main(
+        ["--model_size", "tiny", "--batch_size", "8", "--steps", "2", "--warmup_steps", "2", "--vocab_size", "12000"]
+    )
+    assert set(results) == {"hfbert loop", "hfbert bare step", "transformers Trainer"}
+    assert all(tokens > 0 for tokens in results.values())
+    report = capsys.readouterr().out
+    # the model keeps the asked vocabulary although the sample trains a smaller tokenizer
+    assert "tiny, model vocab 12000 (tokenizer " in report and "| transformers Trainer |" in report
+    with pytest.raises(SystemExit):
+        bench_loop.main(["--steps", "0"])
+    assert "--steps 0 must be >= 1" in capsys.readouterr().err
