@@ -113,6 +113,7 @@ def report(output_dir: Path, recipe: list[str]) -> None:
     results = {m: json.loads((output_dir / m / "eval_results.json").read_text()) for m in MODELS}
     curves = {m: eval_curve(output_dir / m) for m in MODELS}
     precision = json.loads((output_dir / "hfbert" / "training_args.json").read_text())["precision"]
+    precision = {"no": "fp32"}.get(precision, precision)  # accelerate's name for no autocast
     print(f"\nTime to quality ({precision}, torch {torch.__version__}): run_pretraining.py {' '.join(recipe)}\n")
     print("| model | updates | train s | held-out MLM loss | MLM accuracy | NSP loss | NSP accuracy |")
     print("|---|---|---|---|---|---|---|")
@@ -133,11 +134,13 @@ def report(output_dir: Path, recipe: list[str]) -> None:
         print(f"hfbert reaches transformers' final held-out MLM loss after {reached:.0f} s of training, "
               f"{reached / reference['train_seconds']:.2f} of the time (target <= 0.33)")  # fmt: skip
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    for model, curve in curves.items():
+    for index, (model, curve) in enumerate(curves.items()):
+        color = f"C{index}"  # one colour per model in both panels
         seconds = [row["train_seconds"] for row in curve]
-        axes[0].plot(seconds, [row["eval_mlm_loss"] for row in curve], marker=".", label=model)
-        axes[1].plot(seconds, [row["eval_mlm_accuracy"] for row in curve], marker=".", label=f"{model} MLM")
-        axes[1].plot(seconds, [row["eval_nsp_accuracy"] for row in curve], linestyle="--", label=f"{model} NSP")
+        axes[0].plot(seconds, [row["eval_mlm_loss"] for row in curve], color=color, marker=".", label=model)
+        for metric, style in (("mlm", "-"), ("nsp", "--")):
+            axes[1].plot(seconds, [row[f"eval_{metric}_accuracy"] for row in curve], color=color,
+                         linestyle=style, marker=".", label=f"{model} {metric.upper()}")  # fmt: skip
     axes[0].set(xlabel="training seconds (evaluation excluded)", ylabel="held-out MLM loss")
     axes[1].set(xlabel="training seconds (evaluation excluded)", ylabel="held-out accuracy", ylim=(0, 1))
     for axis in axes:

@@ -1,6 +1,7 @@
 """The measurement scripts under benchmarks/ that the README's numbers come from."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,24 @@ def test_bench_loop_times_the_loop_its_bare_step_and_the_trainer_at_the_model_vo
     with pytest.raises(SystemExit):
         bench_loop.main(["--steps", "0"])
     assert "--steps 0 must be >= 1" in capsys.readouterr().err
+
+
+def test_time_to_quality_reports_fp32_runs_as_fp32_and_when_hfbert_reaches_the_reference(tmp_path, capsys):
+    time_to_quality = load_script("time_to_quality")
+    for model, losses in {"hfbert": (6.0, 5.5, 5.7), "transformers": (6.5, 6.2, 5.6)}.items():
+        folder = tmp_path / model
+        folder.mkdir()
+        rows = [
+            {"step": 10 * (i + 1), "train_seconds": 100.0 * (i + 1), "eval_mlm_loss": loss,
+             "eval_mlm_accuracy": 0.1, "eval_nsp_loss": 0.69, "eval_nsp_accuracy": 0.5}
+            for i, loss in enumerate(losses)
+        ]  # fmt: skip
+        (folder / "log_history.json").write_text(json.dumps(rows))
+        (folder / "eval_results.json").write_text(json.dumps(rows[-1]))
+        (folder / "training_args.json").write_text(json.dumps({"precision": "no"}))
+    time_to_quality.report(tmp_path, ["--max_train_seconds", "300"])
+    report = capsys.readouterr().out
+    assert "Time to quality (fp32, torch" in report  # accelerate calls fp32 "no"
+    assert "MLM loss NO, MLM accuracy NO, NSP accuracy NO" in report  # 5.7 > 5.6, ties are not better
+    assert "after 180 s of training, 0.60 of the time" in report  # 6.0 -> 5.5 crosses 5.6 at 180 s
+    assert (tmp_path / "time_to_quality.png").stat().st_size > 0
