@@ -424,7 +424,9 @@ def setup_run(
     set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
     train_loader, eval_loader, max_predictions = build_loaders(settings, data, accelerator.device)
     if optimization.torch_compile:  # static shapes throughout (see build_loaders): one graph, never dynamic
-        model = torch.compile(model, dynamic=False)
+        # In place: the model stays itself, so checkpoints and the final folder keep its parameter names
+        # (torch.compile's wrapper would prefix them with "_orig_mod.").
+        model.compile(dynamic=False)
     optimizer = torch.optim.AdamW(
         optimizer_parameter_groups(model, optimization.weight_decay),
         lr=optimization.learning_rate,

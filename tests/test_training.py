@@ -693,16 +693,23 @@ def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_
     torch._dynamo.reset()
     counters.clear()
     output_dir = tmp_path / "run"
-    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "6", "--eval_steps", "2", "--torch_compile"))
+    compiled = ("--max_train_steps", "6", "--eval_steps", "2", "--checkpointing_steps", "3", "--torch_compile")
+    train_in_process(run_args(run_inputs, output_dir, *compiled))
     assert not counters["graph_break"], dict(counters["graph_break"])
     # One graph for training, one for evaluation (eval mode, no grad); evaluations 2 and 3 and the training
     # steps after each evaluation reuse them.
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     summary = json.loads((output_dir / "training_args.json").read_text())
     assert summary["static_masked_slots"] == 32
+    assert summary["model_class"] == "HfBertForPreTraining"  # the model, not torch.compile's wrapper
     evaluations = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "eval_mlm_loss" in row]
     assert [row["step"] for row in evaluations] == [2, 4, 6]
     assert all(math.isfinite(row["eval_mlm_loss"]) for row in evaluations)
+    # Checkpoint and final folder name the model's own parameters (no "_orig_mod." of the compiled wrapper),
+    # so that a run resumes with or without --torch_compile.
+    expected = set(final_weights(output_dir))
+    assert not any("_orig_mod" in name for name in expected)
+    assert set(load_file(output_dir / "checkpoint-6" / "model.safetensors")) == expected
 
 
 @pytest.mark.gpu
