@@ -705,8 +705,8 @@ def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_
     evaluations = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "eval_mlm_loss" in row]
     assert [row["step"] for row in evaluations] == [2, 4, 6]
     assert all(math.isfinite(row["eval_mlm_loss"]) for row in evaluations)
-    # Checkpoint and final folder name the model's own parameters (no "_orig_mod." of the compiled wrapper),
-    # so that a run resumes with or without --torch_compile.
+    # Checkpoint and final folder name the model's own parameters, not the compiled wrapper's "_orig_mod.*",
+    # which from_pretrained would not load.
     expected = set(final_weights(output_dir))
     assert not any("_orig_mod" in name for name in expected)
     assert set(load_file(output_dir / "checkpoint-6" / "model.safetensors")) == expected
