@@ -49,6 +49,7 @@ from transformers import BertForPreTraining
 
 from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.collator import DataCollatorForPretraining
+from hfbert.configuration_hfbert import PRESETS
 from hfbert.convert import bert_config_for
 from hfbert.corpus import CorpusArguments, load_documents
 from hfbert.modeling_hfbert import IGNORE_INDEX, masked_positions_from_labels
@@ -425,7 +426,7 @@ def describe_machine(device: torch.device) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", nargs="+", default=["mini"], choices=["tiny", "mini", "small", "base"])
+    parser.add_argument("--sizes", nargs="+", default=["mini"], choices=list(PRESETS))
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES))
     parser.add_argument("--data", nargs="+", default=["nsp", "synthetic"], choices=["nsp", "synthetic"])
     parser.add_argument("--modes", nargs="+", default=["train", "infer"], choices=["train", "infer"])
