@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ import torch
 from transformers import DataCollatorForLanguageModeling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pretraining import SEED, sample_instances
+from bench_pretraining import SEED, describe_machine, sample_instances
 
 from hfbert.collator import DataCollatorForPretraining, EpochDraws, InstanceDraws, default_max_predictions
 
@@ -92,10 +91,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 times[name].append(time.perf_counter() - start)
     results = {name: statistics.median(values) * 1e3 for name, values in times.items()}
     baseline = results[next(iter(results))]
-    cpu = platform.processor() or platform.machine()
     print(
         f"\n{count} batches of {args.batch_size} NSP instances (length <= {args.seq_len}), {len(tokenizer)}-token "
-        f"tokenizer; {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}\n"
+        f"tokenizer; {describe_machine(torch.device('cpu'))}\n"
     )
     print("| batch builder | ms per batch | vs transformers |")
     print("|---|---|---|")

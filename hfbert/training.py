@@ -818,7 +818,7 @@ def finish(run: Run, metrics: dict[str, float]) -> Path:
     if accelerator.is_main_process:
         write_final_folder_or_explain(
             output_dir,
-            model=accelerator.unwrap_model(run.model, keep_torch_compile=False),
+            model=accelerator.unwrap_model(run.model),  # compiled in place: never a wrapper
             state_dict=state_dict,
             tokenizer=run.data.tokenizer,
             summary=run.summary,
