@@ -48,7 +48,7 @@ from transformers import (
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pretraining import describe_machine, flops_per_token, measure_matmul_peak, synchronize
 
-from hfbert.configuration_hfbert import HfBertConfig
+from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for
 from hfbert.pretraining_cli import parse_args as parse_run_flags
 from hfbert.training import (
@@ -206,7 +206,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model_size", default="base")
+    parser.add_argument("--model_size", default="base", choices=list(PRESETS))
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=300, help="timed updates, after the warm-up")
     parser.add_argument(

@@ -83,6 +83,9 @@ def test_bench_loop_times_the_loop_its_bare_step_and_the_trainer_at_the_model_vo
     with pytest.raises(SystemExit):
         bench_loop.main(["--steps", "0"])
     assert "--steps 0 must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_loop.main(["--model_size", "huge"])
+    assert "invalid choice: 'huge'" in capsys.readouterr().err
 
 
 def test_time_to_quality_reports_fp32_runs_as_fp32_and_when_hfbert_reaches_the_reference(tmp_path, capsys):
