@@ -34,7 +34,12 @@ from transformers import DataCollatorForLanguageModeling
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pretraining import SEED, describe_machine, sample_instances
 
-from hfbert.collator import DataCollatorForPretraining, EpochDraws, InstanceDraws, default_max_predictions
+from hfbert.pretraining.batches import (
+    DataCollatorForPretraining,
+    EpochDraws,
+    InstanceDraws,
+    default_max_predictions,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -50,7 +50,7 @@ from bench_pretraining import describe_machine, flops_per_token, measure_matmul_
 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for
-from hfbert.pretraining_cli import parse_args as parse_run_flags
+from hfbert.pretraining.cli import parse_args as parse_run_flags
 from hfbert.training import (
     build_accelerator,
     fit,

@@ -48,12 +48,12 @@ from torch import nn
 from transformers import BertForPreTraining
 
 from hfbert import HfBertConfig, HfBertForPreTraining
-from hfbert.collator import DataCollatorForPretraining
 from hfbert.configuration_hfbert import PRESETS
 from hfbert.convert import bert_config_for
 from hfbert.corpus import CorpusArguments, load_documents
 from hfbert.modeling_hfbert import IGNORE_INDEX, masked_positions_from_labels
-from hfbert.pretraining_data import build_nsp_instances, padding_fraction, tokenize_documents
+from hfbert.pretraining.batches import DataCollatorForPretraining
+from hfbert.pretraining.data import build_nsp_instances, padding_fraction, tokenize_documents
 from hfbert.tokenization import train_tokenizer
 
 SEED = 1234

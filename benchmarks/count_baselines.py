@@ -21,9 +21,9 @@ import math
 import torch
 from transformers import AutoTokenizer
 
-from hfbert.collator import DataCollatorForPretraining
 from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.pretraining_data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining.batches import DataCollatorForPretraining
+from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
 
 CANDIDATES = 3000  # bigram predictions are searched among the most frequent tokens
 COMMON_WORDS = 200  # NSP overlap ignores the most frequent tokens

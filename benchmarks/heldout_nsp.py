@@ -20,9 +20,9 @@ import torch
 from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
-from hfbert.collator import DataCollatorForPretraining
 from hfbert.corpus import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments, load_documents
-from hfbert.pretraining_data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining.batches import DataCollatorForPretraining
+from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:

@@ -83,7 +83,7 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
 
 
 def train_one(model: str, run_dir: Path, recipe: list[str]) -> None:
-    from hfbert.pretraining_cli import main
+    from hfbert.pretraining.cli import main
     from hfbert.training import hfbert_model
 
     main([*recipe, "--output_dir", str(run_dir), "--overwrite_output_dir"],

@@ -7,8 +7,8 @@ Command line (writes PNGs and ``inspect.md`` into ``--output_dir``, default ``CH
         --sentences "The cat sat." "A dog ran." "Stocks fell today."
 
 Library: `inspect_checkpoint` does the same from Python; `write_samples` writes ``samples.md`` (and its PNGs)
-into a model folder at the end of a training run, and `sample_sentences` picks its sentences from validation
-documents. Every input is checked before any file is written; a bad one raises `InspectError` (a
+into a model folder at the end of a training run, from validation sentences that
+`hfbert.pretraining.data.sample_sentences` picks. Every input is checked before any file is written; a bad one raises `InspectError` (a
 `ValueError`) that names the value and the fix.
 """
 
@@ -18,7 +18,7 @@ import argparse
 import contextlib
 import string
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForPreTraini
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
 from hfbert.files import FINAL_FOLDER_FIX, atomic_path, check_folder_readable
-from hfbert.pretraining_data import split_sentences
 
 MASK = "[MASK]"
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
@@ -50,7 +49,6 @@ FREQUENT_WORDS = (
     "the", "of", "and", "in", "to", "a", "was", "on", "as", "that", "with", "by", "for", "at", "he", "his",
     "were", "from", "it", "had", "is", "an", "which", "be", "first", "this", "two", "their", "its", "but",
 )  # fmt: skip
-SAMPLE_WORDS = (6, 40)  # write_samples uses sentences of 6 to 40 words
 
 
 class InspectError(ValueError):
@@ -554,34 +552,6 @@ def main(argv: list[str] | None = None) -> Inspection:
 # ------------------------------------------------------------------------------- samples (training run)
 
 
-def sample_sentences(documents: Iterable[Sequence[str] | Mapping[str, Sequence[str]]], count: int = 4):
-    """Pick `write_samples`' inputs from validation documents (paragraph lists, or ``{"paragraphs": ...}``).
-
-    Returns (sentences, other): `count` consecutive sentences of 6-40 words from the first document that has
-    that many, and one such sentence from a later document (for the random NSP pair; None if there is none).
-    Deterministic: the same documents give the same choice. Reads documents only until both are found.
-    """
-
-    def usable(sentence: str) -> bool:
-        return SAMPLE_WORDS[0] <= len(sentence.split()) <= SAMPLE_WORDS[1]
-
-    sentences: list[str] = []
-    for document in documents:
-        paragraphs = document["paragraphs"] if isinstance(document, Mapping) else document
-        all_sentences = [s for p in paragraphs for s in split_sentences(p)]
-        if sentences:
-            other = next((s for s in all_sentences if usable(s)), None)
-            if other is not None:
-                return sentences, other
-            continue
-        for start in range(len(all_sentences) - count + 1):
-            window = all_sentences[start : start + count]
-            if all(usable(s) for s in window):
-                sentences = window
-                break
-    return sentences, None
-
-
 def choose_masked_word(tokenizer: Any, sentence: str, used: set[str]) -> tuple[str, str] | None:
     """(masked sentence, true token): the first occurrence of the most frequent `FREQUENT_WORDS` entry in the
     sentence that the tokenizer keeps as one token, preferring one not in `used`; None if there is none.
@@ -615,7 +585,7 @@ def write_samples(
 ) -> Path:
     """Write ``samples.md`` (with ``samples_similarity.png`` and ``samples_attention.png``) into `model_dir`.
 
-    `sentences`: three or more consecutive validation sentences (see `sample_sentences`). ``samples.md``
+    `sentences`: three or more consecutive validation sentences (see `hfbert.pretraining.data.sample_sentences`). ``samples.md``
     holds fill-mask top-`top_k` for up to `max_fill_mask` of them, each with one frequent word masked (the
     rule is `choose_masked_word`) and the true word marked; the NSP probability for a real pair (sentences 1
     and 2) and a random one (sentence 1 and `other_sentence`, or else the last, non-adjacent, sentence); the
@@ -720,6 +690,5 @@ __all__ = [
     "choose_masked_word",
     "inspect_checkpoint",
     "main",
-    "sample_sentences",
     "write_samples",
 ]

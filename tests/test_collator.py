@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hfbert.collator import (
+from hfbert.pretraining.batches import (
     DRAW_KEY,
     DataCollatorForPretraining,
     EpochDraws,

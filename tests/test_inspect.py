@@ -13,9 +13,9 @@ from hfbert.inspect import (
     choose_masked_word,
     inspect_checkpoint,
     main,
-    sample_sentences,
     write_samples,
 )
+from hfbert.pretraining.data import sample_sentences
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TEXT = "The game was released in [MASK] and sold well ."

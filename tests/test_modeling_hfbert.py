@@ -28,7 +28,7 @@ from hfbert import (
     HfBertModel,
     modeling_hfbert,
 )
-from hfbert.modeling_hfbert import masked_positions_from_labels
+from hfbert.pretraining.batches import masked_positions_from_labels
 
 HEADS = [
     HfBertModel,

@@ -3,8 +3,8 @@ from collections import defaultdict
 import pytest
 from datasets import Dataset, DatasetDict, load_from_disk
 
-import hfbert.pretraining_data as pretraining_data
-from hfbert.pretraining_data import (
+import hfbert.pretraining.data as pretraining_data
+from hfbert.pretraining.data import (
     build_nsp_instances,
     padding_fraction,
     split_sentences,

@@ -1,4 +1,5 @@
-"""Batches for BERT pretraining: the one batch builder (padding, MLM masking, the static form) and the
+"""Batches for BERT pretraining: the batch plan (every decision about a batch's shape, in `plan_batches`), the
+loaders built from it, the one batch builder (padding, MLM masking, the static form) and the
 sampler that gives every row of every epoch its own draw id, so batches can be built ahead, in DataLoader
 workers, and still be reproduced exactly on resume.
 
@@ -11,15 +12,20 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, Sampler
 
-from hfbert.modeling_hfbert import IGNORE_INDEX, masked_positions_from_labels
+from hfbert.modeling_hfbert import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from hfbert.pretraining.settings import DataSettings, OptimizationSettings
 
 DRAW_KEY = "draw"  # a feature's draw id: epoch * num_instances + instance index (see InstanceDraws)
 FEATURE_KEYS = ("input_ids", "token_type_ids", "next_sentence_label")
@@ -34,13 +40,50 @@ def default_max_predictions(max_seq_length: int, mlm_probability: float) -> int:
     return min(max_seq_length, 8 * math.ceil((mean + spread) / 8))
 
 
+def masked_positions_from_labels(
+    labels: torch.Tensor,
+    max_predictions_per_seq: int,
+    input_ids: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(B, T) MLM labels -> the static-shape form of google-research/bert's `max_predictions_per_seq`.
+
+    Returns `(masked_positions, masked_labels, input_ids)`: (B, P) positions of the labelled tokens in
+    ascending order, their (B, P) labels, empty slots holding position 0 and label -100; P is
+    `max_predictions_per_seq`. A row with more than P labelled tokens keeps a uniformly random P of them
+    (drawn from `generator`, or torch's global RNG: B x T uniforms per call, whatever the masks); the others
+    are unmasked, as google never masks more than P: their label is dropped and, when `input_ids` is given,
+    the original token (the label) is written back into a copy of `input_ids`, so the model sees it unchanged.
+    Feed the result to the model as `model(input_ids=..., masked_positions=..., labels=masked_labels, ...)`.
+    """
+    if max_predictions_per_seq < 1:
+        raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
+    seq_len = labels.size(1)
+    masked = labels != IGNORE_INDEX
+    slots = min(max_predictions_per_seq, seq_len)
+    priority = torch.rand(labels.shape, generator=generator, device=labels.device)
+    keep = priority.masked_fill(~masked, -1.0).topk(slots, dim=1).indices  # the (at most) P to predict
+    chosen = torch.zeros_like(masked).scatter_(1, keep, True) & masked
+    if input_ids is not None:
+        input_ids = torch.where(masked & ~chosen, labels, input_ids)
+    order = torch.argsort((~chosen).int(), dim=1, stable=True)[:, :slots]  # chosen first, ascending
+    filled = chosen.gather(1, order)
+    positions = order.masked_fill(~filled, 0)
+    masked_labels = labels.gather(1, order).masked_fill(~filled, IGNORE_INDEX)
+    if slots < max_predictions_per_seq:  # P > T: pad with empty slots
+        extra = max_predictions_per_seq - slots
+        positions = F.pad(positions, (0, extra), value=0)
+        masked_labels = F.pad(masked_labels, (0, extra), value=IGNORE_INDEX)
+    return positions, masked_labels, input_ids
+
+
 @dataclass
 class DataCollatorForPretraining:
     """Pads NSP instances and masks them for MLM the way google-research/bert masks (80/10/10).
 
     Call it with features, either a list of dicts or a dict of columns, holding ``input_ids``,
     ``token_type_ids`` and, for pretraining, ``next_sentence_label`` (the rows of
-    :func:`hfbert.pretraining_data.build_nsp_instances`); it returns long tensors ``input_ids``,
+    :func:`hfbert.pretraining.data.build_nsp_instances`); it returns long tensors ``input_ids``,
     ``attention_mask``, ``token_type_ids``, ``labels`` and ``next_sentence_label``. Rows are right-padded to
     ``pad_to_length`` when given (static shapes), else to the longest row rounded up to ``pad_to_multiple_of``
     (padding: ``attention_mask`` 0, ``token_type_ids`` 0, ``labels`` -100). With ``pad_to_batch_size``,
@@ -50,7 +93,7 @@ class DataCollatorForPretraining:
     random non-special token with probability ``random_replace_prob``, and stays unchanged otherwise.
     ``labels`` hold the original id at chosen positions and -100 elsewhere. With ``max_predictions_per_seq``
     P the batch is in the static form instead: ``masked_positions`` and ``labels`` (B, P), see
-    :func:`hfbert.modeling_hfbert.masked_positions_from_labels`.
+    :func:`masked_positions_from_labels`.
 
     Randomness: features carrying a ``draw`` id (what :class:`InstanceDraws` adds) are masked from a
     generator seeded by ``seed`` and the batch's draw ids, so the same rows always get the same masks; without
@@ -220,3 +263,112 @@ class EpochDraws(Sampler[int]):
             order = range(self.num_instances)
         offset = self.epoch * self.num_instances
         return (offset + index for index in order)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The batch plan: every decision about a batch's shape, made once, from the settings and the device.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def resolve_max_predictions(data: DataSettings, torch_compile: bool, device: torch.device) -> int | None:
+    """Static masked slots per row: --max_predictions_per_seq, else a default on CUDA (static shapes keep the
+    step free of host synchronisation) and under --torch_compile; None (every masked token, dynamic shapes)
+    on a CPU, where the dynamic path is measured faster."""
+    if data.max_predictions_per_seq is not None:
+        return data.max_predictions_per_seq
+    if device.type == "cuda" or torch_compile:
+        return default_max_predictions(data.max_seq_length, data.mlm_probability)
+    return None
+
+
+def resolve_num_workers(requested: int | None, device: torch.device) -> int:
+    """DataLoader workers: --dataloader_num_workers, else 4 on CUDA (batches are built while the GPU steps)
+    and 0 on a CPU (a worker would take a core from the step; building a batch costs about a millisecond)."""
+    if requested is not None:
+        return requested
+    return min(4, os.cpu_count() or 1) if device.type == "cuda" else 0
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The shape of every batch of a run, decided once. Under --torch_compile every batch has one shape:
+    rows padded to --max_seq_length, full training batches (the last partial one of an epoch is dropped) and
+    evaluation batches filled up with padding rows."""
+
+    train_batch_size: int
+    eval_batch_size: int
+    max_predictions_per_seq: int | None  # static masked slots per row; None: every masked token (dynamic)
+    pad_to_length: int | None
+    fill_eval_batches: bool
+    drop_last: bool
+    num_workers: int
+    pin_memory: bool
+    mlm_probability: float
+    eval_mlm_probability: float
+    seed: int
+
+
+def plan_batches(
+    data: DataSettings, optimization: OptimizationSettings, eval_batch_size: int, device: torch.device
+) -> BatchPlan:
+    """The batch plan of a run from its data and optimization settings and the device it trains on."""
+    compiled = optimization.torch_compile
+    return BatchPlan(
+        train_batch_size=optimization.per_device_train_batch_size,
+        eval_batch_size=eval_batch_size,
+        max_predictions_per_seq=resolve_max_predictions(data, compiled, device),
+        pad_to_length=data.max_seq_length if compiled else None,
+        fill_eval_batches=compiled,
+        drop_last=compiled,
+        num_workers=resolve_num_workers(data.dataloader_num_workers, device),
+        pin_memory=device.type == "cuda",
+        mlm_probability=data.mlm_probability,
+        eval_mlm_probability=data.eval_mlm_probability,
+        seed=optimization.seed,
+    )
+
+
+def build_loaders(plan: BatchPlan, tokenizer: Any, train: Any, evaluation: Any) -> tuple[DataLoader, DataLoader]:
+    """Training and evaluation loaders whose collate_fn builds finished batches (padded, masked, static form
+    when planned) in worker processes, into pinned memory on CUDA."""
+    seed = plan.seed
+    shape = {
+        "max_predictions_per_seq": plan.max_predictions_per_seq,
+        "pad_to_length": plan.pad_to_length,
+        "seed": seed,
+    }
+    num_workers = plan.num_workers
+    loader_options = {
+        "num_workers": num_workers,
+        "pin_memory": plan.pin_memory,
+        "persistent_workers": num_workers > 0,
+        "prefetch_factor": 4 if num_workers > 0 else None,
+    }
+    train_batch = plan.train_batch_size
+    train_loader = DataLoader(
+        InstanceDraws(train),
+        batch_size=train_batch,
+        sampler=EpochDraws(len(train), seed),
+        collate_fn=DataCollatorForPretraining(tokenizer, mlm_probability=plan.mlm_probability, **shape),
+        drop_last=plan.drop_last and len(train) >= train_batch,
+        # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG
+        # and shifts the training dropout stream (the evaluation loader's too, at every evaluation).
+        generator=torch.Generator().manual_seed(seed),
+        **loader_options,
+    )
+    eval_batch = plan.eval_batch_size
+    eval_collator = DataCollatorForPretraining(
+        tokenizer,
+        mlm_probability=plan.eval_mlm_probability,
+        pad_to_batch_size=eval_batch if plan.fill_eval_batches else None,
+        **shape,
+    )
+    eval_loader = DataLoader(
+        InstanceDraws(evaluation),
+        batch_size=eval_batch,
+        sampler=EpochDraws(len(evaluation), seed, shuffle=False),
+        collate_fn=eval_collator,
+        generator=torch.Generator().manual_seed(seed),
+        **loader_options,
+    )
+    return train_loader, eval_loader

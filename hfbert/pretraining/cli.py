@@ -1,4 +1,4 @@
-"""run_pretraining.py's command line: flags -> `PretrainingSettings` -> `hfbert.training.pretrain`."""
+"""run_pretraining.py's command line: flags -> `PretrainingSettings` -> `hfbert.pretraining.run.pretrain`."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hfbert.corpus import CorpusArguments
 from hfbert.inspect import SAMPLES_NAME
-from hfbert.pretraining_settings import (
+from hfbert.pretraining.loop import Preempted
+from hfbert.pretraining.run import pretrain
+from hfbert.pretraining.settings import (
+    CorpusArguments,
     DataSettings,
     ModelSettings,
     OptimizationSettings,
     PretrainingSettings,
     RunSettings,
 )
-from hfbert.training import ModelFactory, Preempted, hfbert_model, pretrain
 
 
 def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
@@ -37,11 +38,11 @@ def fill_mask_section(model_dir: Path) -> str:
     return samples[start : end if end >= 0 else None].strip()
 
 
-def main(argv: list[str] | None = None, model_factory: ModelFactory = hfbert_model) -> None:
-    """Entry point of run_pretraining.py; benchmarks pass another `model_factory` (e.g. stock BERT). A run
-    stopped by SIGTERM/SIGUSR1 exits with 128 + the signal's number, as a process ended by it would."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of run_pretraining.py. A run stopped by SIGTERM/SIGUSR1 exits with 128 + the signal's
+    number, as a process ended by it would."""
     try:
-        output_dir = pretrain(parse_args(argv), model_factory=model_factory)
+        output_dir = pretrain(parse_args(argv))
     except Preempted as stopped:
         print(f"\n{stopped}", file=sys.stderr, flush=True)
         raise SystemExit(128 + stopped.signal_number) from None

@@ -3,20 +3,39 @@
 The instance builder follows google-research/bert's ``create_instances_from_document``
 (create_pretraining_data.py): fill a chunk of whole sentences up to a target length, split it into A and B at a
 random sentence boundary, replace B by a span of another document half of the time, and trim the longer side.
-Instances are neither padded nor masked; :mod:`hfbert.collator` does both per batch.
+Instances are neither padded nor masked; :mod:`hfbert.pretraining.batches` does both per batch.
+
+`prepare_data` is the data stage of a run: corpus -> documents -> tokenizer -> model config -> instances.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
+from accelerate import Accelerator
 from datasets import Dataset, DatasetDict, Features, List, Value
 from datasets.fingerprint import Hasher
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from hfbert.configuration_hfbert import HfBertConfig
+from hfbert.corpus import load_documents
+from hfbert.initialization import check_structured_attention_config
+from hfbert.pretraining.settings import CorpusArguments, DataSettings, ModelSettings
+from hfbert.tokenization import (
+    check_tokenizer_matches_config,
+    load_tokenizer,
+    model_config_for_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
+)
 
 # NLTK/punkt is not in the dependency stack; a regex is enough to find NSP segment boundaries.
 # A boundary is whitespace after . ! ? (optionally followed by a closing quote or bracket) and before an
@@ -364,7 +383,7 @@ def padding_fraction(lengths: list[int], batch_size: int, pad_to_multiple_of: in
     """Fraction of padded positions when ``lengths`` are batched in order and padded per batch.
 
     Each batch of ``batch_size`` consecutive rows is padded to its longest row, rounded up to
-    ``pad_to_multiple_of`` when given (what :class:`hfbert.collator.DataCollatorForPretraining` does).
+    ``pad_to_multiple_of`` when given (what :class:`hfbert.pretraining.batches.DataCollatorForPretraining` does).
     Shuffle ``lengths`` first to measure a shuffled loader.
     """
     if batch_size < 1:
@@ -376,3 +395,160 @@ def padding_fraction(lengths: list[int], batch_size: int, pad_to_multiple_of: in
         padded_length = -(-max(batch_lengths) // multiple) * multiple
         padded_positions += padded_length * len(batch_lengths)
     return 1.0 - sum(lengths) / padded_positions if padded_positions else 0.0
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The data stage: corpus -> documents -> tokenizer -> model config -> instances, and the sample sentences.
+# ---------------------------------------------------------------------------------------------------------
+
+TRAINED_TOKENIZER_DIR = ".tokenizer"  # hidden: never uploaded
+SAMPLE_WORDS = (6, 40)  # the final folder's samples use sentences of 6 to 40 words
+
+
+@dataclass
+class PretrainingData:
+    """What the run trains on: tokenizer, the model config that matches it, and the NSP instances."""
+
+    tokenizer: Any
+    config: HfBertConfig
+    train: datasets.Dataset
+    evaluation: datasets.Dataset
+    sample_sentences: list[str]  # validation sentences for the final folder's samples.md
+    other_sentence: str | None  # a sentence of another validation document (the random NSP pair)
+
+
+def load_run_tokenizer(
+    data: DataSettings,
+    output_dir: Path,
+    documents: datasets.DatasetDict,
+    accelerator: Accelerator,
+    checkpoint_tokenizer: Path | None,
+) -> Any:
+    """The tokenizer of the run: a resumed run's own (`checkpoint_tokenizer`, the folder its checkpoint holds),
+    --tokenizer_name, or one trained on the training corpus by the main process into `output_dir/.tokenizer`."""
+    if checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir():
+        checkpoint = checkpoint_tokenizer.parent
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint_tokenizer)
+        if data.tokenizer_name is not None:
+            named = load_tokenizer(data.tokenizer_name)
+            if named.get_vocab() != tokenizer.get_vocab():
+                raise ValueError(
+                    f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint} was trained "
+                    f"with ({len(named)} vs {len(tokenizer)} tokens, or other ids); drop --tokenizer_name to "
+                    "resume with the checkpoint's own tokenizer"
+                )
+        return tokenizer
+    if data.tokenizer_name is not None:
+        return load_tokenizer(data.tokenizer_name)
+    trained = output_dir / TRAINED_TOKENIZER_DIR
+    if accelerator.is_main_process:
+        logger.info(
+            f"No --tokenizer_name given: training a WordPiece tokenizer (vocab_size={data.vocab_size}) on the "
+            "training corpus first; it is saved with the model."
+        )
+        save_tokenizer(train_tokenizer(documents["train"], vocab_size=data.vocab_size), trained)
+    accelerator.wait_for_everyone()
+    return AutoTokenizer.from_pretrained(trained)
+
+
+def build_model_config(model: ModelSettings, max_seq_length: int, tokenizer: Any) -> HfBertConfig:
+    """The model config (--config_name or the --model_size preset, --dropout applied), checked against the
+    tokenizer, --max_seq_length and --attention_init."""
+    if model.config_name is not None:
+        config = HfBertConfig.from_pretrained(model.config_name)
+        check_tokenizer_matches_config(tokenizer, config)
+    else:
+        config = model_config_for_tokenizer(tokenizer, model.model_size)
+    if model.dropout is not None:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = model.dropout
+    if model.attention_init == "structured":
+        check_structured_attention_config(config)
+    if max_seq_length > config.max_position_embeddings:
+        raise ValueError(
+            f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
+            f"{config.max_position_embeddings}; pass --max_seq_length <= {config.max_position_embeddings}"
+        )
+    return config
+
+
+def build_instances(
+    documents: datasets.DatasetDict, tokenizer: Any, data: DataSettings, seed: int
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """NSP instances for training (`dupe_factor` passes) and evaluation (one pass), cached by datasets."""
+    nsp = {
+        "cls_token_id": tokenizer.cls_token_id,
+        "sep_token_id": tokenizer.sep_token_id,
+        "max_seq_length": data.max_seq_length,
+        "short_seq_prob": data.short_seq_prob,
+        "seed": seed,
+        "num_proc": data.preprocessing_num_workers,
+    }
+    tokenized = {
+        split: tokenize_documents(documents[split], tokenizer, num_proc=data.preprocessing_num_workers)
+        for split in ("train", "validation")
+    }
+    passes = [build_nsp_instances(tokenized["train"], pass_index=i, **nsp) for i in range(data.dupe_factor)]
+    evaluation = build_nsp_instances(tokenized["validation"], pass_index=0, **nsp)
+    if data.max_eval_samples is not None:
+        evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
+    return datasets.concatenate_datasets(passes), evaluation
+
+
+def prepare_data(
+    corpus: CorpusArguments,
+    data: DataSettings,
+    model: ModelSettings,
+    seed: int,
+    output_dir: Path,
+    accelerator: Accelerator,
+    checkpoint_tokenizer: Path | None = None,
+) -> PretrainingData:
+    """Corpus -> tokenizer -> model config -> NSP instances (the main process first, the others from cache).
+    `checkpoint_tokenizer`: the tokenizer folder of the checkpoint a resumed run continues from."""
+    with accelerator.main_process_first():
+        documents = load_documents(corpus, num_proc=data.preprocessing_num_workers)
+        documents = split_validation_documents(documents, data.validation_split_percentage, seed)
+    tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer)
+    config = build_model_config(model, data.max_seq_length, tokenizer)
+    tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
+    with accelerator.main_process_first():
+        train, evaluation = build_instances(documents, tokenizer, data, seed)
+    sentences, other = sample_sentences(documents["validation"])
+    return PretrainingData(
+        tokenizer=tokenizer,
+        config=config,
+        train=train,
+        evaluation=evaluation,
+        sample_sentences=sentences,
+        other_sentence=other,
+    )
+
+
+def sample_sentences(documents: Iterable[Sequence[str] | Mapping[str, Sequence[str]]], count: int = 4):
+    """Pick `write_samples`' inputs from validation documents (paragraph lists, or ``{"paragraphs": ...}``).
+
+    Returns (sentences, other): `count` consecutive sentences of 6-40 words from the first document that has
+    that many, and one such sentence from a later document (for the random NSP pair; None if there is none).
+    Deterministic: the same documents give the same choice. Reads documents only until both are found.
+    """
+
+    def usable(sentence: str) -> bool:
+        return SAMPLE_WORDS[0] <= len(sentence.split()) <= SAMPLE_WORDS[1]
+
+    sentences: list[str] = []
+    for document in documents:
+        paragraphs = document["paragraphs"] if isinstance(document, Mapping) else document
+        all_sentences = [s for p in paragraphs for s in split_sentences(p)]
+        if sentences:
+            other = next((s for s in all_sentences if usable(s)), None)
+            if other is not None:
+                return sentences, other
+            continue
+        for start in range(len(all_sentences) - count + 1):
+            window = all_sentences[start : start + count]
+            if all(usable(s) for s in window):
+                sentences = window
+                break
+    return sentences, None

@@ -1,4 +1,5 @@
-"""The final folder of a run: model, tokenizer, metrics, curves, model card, written as one set.
+"""Finish stage: the final folder of a run (model, tokenizer, metrics, curves, samples, model card, written as
+one set) and the push to the Hub.
 
 Everything is staged first and published together (`hfbert.files.staged_files`), so a crash never
 leaves a mix of an earlier run's files and this run's.
@@ -6,16 +7,20 @@ leaves a mix of an earlier run's files and this run's.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import Accelerator
 
-from hfbert.corpus import CorpusArguments
 from hfbert.files import staged_files, write_json_atomic
 from hfbert.inspect import write_samples
-from hfbert.model_card import CURVES_NAME, build_model_card, write_model_card
+from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
+from hfbert.pretraining.settings import CorpusArguments, RunSettings
+
+logger = logging.getLogger(__name__)
 
 EVAL_RESULTS_NAME = "eval_results.json"
 TRAINING_ARGS_NAME = "training_args.json"
@@ -59,3 +64,51 @@ def write_final_folder(
         )
         write_model_card(staging, card)
     return output_dir
+
+
+def finish(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    run: RunSettings,
+    corpus: CorpusArguments,
+    summary: dict[str, Any],
+    eval_results: dict[str, float],
+    log_history: list[dict[str, Any]],
+    sample_sentences: tuple[list[str], str | None],
+) -> Path:
+    """Gather the weights, write the final folder (main process) and push it if asked."""
+    accelerator.wait_for_everyone()
+    output_dir = Path(run.output_dir)
+    state_dict = accelerator.get_state_dict(model)  # on every process: gathers FSDP shards
+    if accelerator.is_main_process:
+        write_final_folder_or_explain(
+            output_dir,
+            model=accelerator.unwrap_model(model),  # compiled in place: never a wrapper
+            state_dict=state_dict,
+            tokenizer=tokenizer,
+            summary=summary,
+            eval_results=eval_results,
+            log_history=log_history,
+            corpus=corpus,
+            model_name=(run.hub_model_id or output_dir.name).split("/")[-1],
+            sample_sentences=sample_sentences,
+        )
+        if run.push_to_hub:
+            logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return output_dir
+
+
+def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> None:
+    """`write_final_folder`, with a failure (e.g. a full disk) explained: what is intact and how to finish."""
+    try:
+        write_final_folder(output_dir, **contents)
+    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
+        raise OSError(
+            f"Writing the final folder {output_dir} failed ({type(error).__name__}: {error}); its previous files, "
+            f"if any, are intact. If the disk is full (check with `df -h {output_dir}`), free space, then rerun "
+            "the same command with --resume_from_checkpoint latest: a run resumed at its last step goes straight "
+            "to this save (with --checkpointing_steps, the last checkpoint is at most that many steps back)"
+        ) from error

@@ -1,7 +1,7 @@
 """The settings of a pretraining run, grouped as litgpt groups them, and checked in one place.
 
 Each group is a dataclass whose fields are also run_pretraining.py's flags (`transformers.HfArgumentParser`
-reads the `help` metadata); the library (`hfbert.training`) takes the bundle `PretrainingSettings` whole.
+reads the `help` metadata); each stage of `hfbert.pretraining` takes the group(s) it needs; `pretrain` takes the bundle.
 `PretrainingSettings.__post_init__` is the only place flags are validated, so every bad flag is refused
 before any data is read or any file is written. Flag names follow transformers' run_mlm_no_trainer.py.
 """
@@ -12,7 +12,73 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from hfbert.configuration_hfbert import PRESETS
-from hfbert.corpus import CorpusArguments
+
+DocumentBoundary = Literal["heading", "blank_line", "row"]
+
+
+class CorpusError(ValueError):
+    """A corpus cannot be loaded: missing file, empty corpus, unreachable Hub dataset, bad column ..."""
+
+
+@dataclass
+class CorpusArguments:
+    """Where the text comes from (command-line flags through `transformers.HfArgumentParser`)."""
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
+            "repo. Without it and without --train_file, the WikiText-2 sample shipped with hfbert is used."
+        },
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "Configuration of --dataset_name (e.g. wikitext-103-raw-v1)."}
+    )
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local training text: plain text of any extension (.txt, .raw, ...), or parquet/json/csv."
+        },
+    )
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Local validation text, same formats as --train_file."}
+    )
+    text_column: str = field(
+        default="text",
+        metadata={"help": "Column holding the text in parquet/json/csv files and Hub datasets."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk)."
+        },
+    )
+    document_boundary: DocumentBoundary | None = field(
+        default=None,
+        metadata={
+            "help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
+            "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
+            "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
+            "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files, "
+            "blank_line for other text files."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.dataset_name is not None and self.train_file is not None:
+            raise CorpusError(
+                f"both --dataset_name {self.dataset_name} and --train_file {self.train_file} were given; "
+                "pass only one of them"
+            )
+        if self.validation_file is not None and self.train_file is None:
+            raise CorpusError(
+                f"--validation_file {self.validation_file} was given without --train_file; pass --train_file too"
+            )
+        if self.dataset_config_name is not None and self.dataset_name is None:
+            raise CorpusError(
+                f"--dataset_config_name {self.dataset_config_name} was given without --dataset_name; "
+                "pass --dataset_name too"
+            )
 
 
 @dataclass
@@ -264,7 +330,7 @@ BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
 
 @dataclass
 class PretrainingSettings:
-    """Everything a pretraining run is told, passed whole to `hfbert.training.pretrain`."""
+    """Everything a pretraining run is told, passed whole to `hfbert.pretraining.run.pretrain`."""
 
     corpus: CorpusArguments
     data: DataSettings

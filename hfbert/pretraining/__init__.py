@@ -1,0 +1,16 @@
+"""BERT pretraining (masked LM + next sentence prediction) with accelerate, as a package of stages, one module
+each, in the order data flows through them:
+
+    settings     the run's flags, in groups (corpus, data, model, optimization, run)
+    data         corpus -> documents -> tokenizer -> model config -> NSP instances (cached by datasets)
+    batches      the batch plan, the loaders and the one collator (padding, masking, the static form)
+    precision    the precision and the Accelerator
+    setup        model, optimizer, schedule and budget, prepared by accelerate; the checkpointed TrainingState
+    loop         fit: step, log, evaluate, checkpoint; preemption
+    evaluation   held-out evaluation, the metrics' sums, model FLOPs and MFU
+    finish       the final folder (model, tokenizer, card, curves, samples) and the push
+    run          pretrain(settings): the stages composed; cli: run_pretraining.py's flags -> pretrain
+
+No module imports one later in the flow. This file imports nothing, so that reading the settings (as
+hfbert.corpus does) loads none of the rest. See docs/architecture.md.
+"""
