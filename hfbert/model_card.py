@@ -9,8 +9,7 @@ from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, constants
 
-from hfbert.checkpointing import CHECKPOINT_PREFIX
-from hfbert.files import FINAL_FOLDER_FIX, atomic_path, check_readable
+from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, atomic_path, check_readable
 
 MODEL_CARD_NAME = "README.md"
 CURVES_NAME = "training_curves.png"

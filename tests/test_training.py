@@ -305,7 +305,7 @@ def test_another_model_trains_through_the_public_stages(tmp_path, run_inputs):
         checkpoint = check_before_work(settings, accelerator)
         data = prepare_run_data(settings, accelerator, checkpoint)
         model = HfBertForPreTraining(data.config)
-        assert train(settings, accelerator, precision, data, model, checkpoint) == output_dir
+        assert train(settings, accelerator, precision, data, model, checkpoint).path == output_dir
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()

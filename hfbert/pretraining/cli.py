@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hfbert.inspect import SAMPLES_NAME
 from hfbert.pretraining.loop import Preempted
-from hfbert.pretraining.run import pretrain
+from hfbert.pretraining.run import pretrain_run
 from hfbert.pretraining.settings import (
     CorpusArguments,
     DataSettings,
@@ -30,24 +28,16 @@ def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
     return PretrainingSettings(corpus=corpus, data=data, model=model, optimization=optimization, run=run)
 
 
-def fill_mask_section(model_dir: Path) -> str:
-    """The fill-mask part of the run's samples.md: top-5 on validation sentences, the true word marked."""
-    samples = (model_dir / SAMPLES_NAME).read_text(encoding="utf-8")
-    start = samples.index("## Fill-mask")
-    end = samples.find("\n## ", start + 1)
-    return samples[start : end if end >= 0 else None].strip()
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of run_pretraining.py. A run stopped by SIGTERM/SIGUSR1 exits with 128 + the signal's
     number, as a process ended by it would."""
     try:
-        output_dir = pretrain(parse_args(argv))
+        final = pretrain_run(parse_args(argv))
     except Preempted as stopped:
         print(f"\n{stopped}", file=sys.stderr, flush=True)
         raise SystemExit(128 + stopped.signal_number) from None
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"\nModel, tokenizer, model card, curves and samples: {output_dir.resolve()}\n")
-        if (output_dir / SAMPLES_NAME).is_file():
-            print(fill_mask_section(output_dir))
+        print(f"\nModel, tokenizer, model card, curves and samples: {final.path.resolve()}\n")
+        if final.fill_mask is not None:
+            print(final.fill_mask)
         sys.stdout.flush()

@@ -8,16 +8,18 @@ leaves a mix of an earlier run's files and this run's.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 
+from hfbert.analysis import ModelAnalysis
 from hfbert.files import staged_files, write_json_atomic
-from hfbert.inspect import write_samples
 from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
+from hfbert.pretraining.samples import write_samples
 from hfbert.pretraining.settings import CorpusArguments, RunSettings
 
 logger = logging.getLogger(__name__)
@@ -25,6 +27,15 @@ logger = logging.getLogger(__name__)
 EVAL_RESULTS_NAME = "eval_results.json"
 TRAINING_ARGS_NAME = "training_args.json"
 LOG_HISTORY_NAME = "log_history.json"
+
+
+@dataclass(frozen=True)
+class FinalFolder:
+    """The run's final folder, and the fill-mask section of its samples.md (printed at the end of a run;
+    None where no samples were written, or on a process other than the main one)."""
+
+    path: Path
+    fill_mask: str | None = None
 
 
 def write_final_folder(
@@ -39,7 +50,7 @@ def write_final_folder(
     corpus: CorpusArguments,
     model_name: str,
     sample_sentences: tuple[list[str], str | None] = ([], None),
-) -> Path:
+) -> FinalFolder:
     """Write model (with its code), tokenizer, eval_results.json, training_args.json, log_history.json, the
     curves, samples.md (fill-mask, NSP and similarity on `sample_sentences`: validation sentences and one of
     another document) and the model card into `output_dir` as one set. Main process only."""
@@ -52,18 +63,21 @@ def write_final_folder(
         plot_training_curves(log_history, staging / CURVES_NAME, title=f"{model_name} pretraining")
         sentences, other_sentence = sample_sentences
         samples = None
-        if len(sentences) >= 2:
-            samples = write_samples(staging, sentences, other_sentence=other_sentence, model_name=model_name).name
+        if len(sentences) >= 2:  # computed on the weights in memory, on CPU copies of the model
+            analysis = ModelAnalysis.of_weights(model.config, state_dict, tokenizer)
+            samples = write_samples(
+                staging, analysis, sentences, other_sentence=other_sentence, model_name=model_name
+            )
         card = build_model_card(
             model_name=model_name,
             training_config=summary,
             eval_results=eval_results,
             dataset_name=corpus.dataset_name,
             dataset_config_name=corpus.dataset_config_name,
-            samples_name=samples,
+            samples_name=None if samples is None else samples.path.name,
         )
         write_model_card(staging, card)
-    return output_dir
+    return FinalFolder(output_dir, None if samples is None else samples.fill_mask)
 
 
 def finish(
@@ -76,13 +90,14 @@ def finish(
     eval_results: dict[str, float],
     log_history: list[dict[str, Any]],
     sample_sentences: tuple[list[str], str | None],
-) -> Path:
+) -> FinalFolder:
     """Gather the weights, write the final folder (main process) and push it if asked."""
     accelerator.wait_for_everyone()
     output_dir = Path(run.output_dir)
+    final = FinalFolder(output_dir)
     state_dict = accelerator.get_state_dict(model)  # on every process: gathers FSDP shards
     if accelerator.is_main_process:
-        write_final_folder_or_explain(
+        final = write_final_folder_or_explain(
             output_dir,
             model=accelerator.unwrap_model(model),  # compiled in place: never a wrapper
             state_dict=state_dict,
@@ -98,13 +113,13 @@ def finish(
             logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    return output_dir
+    return final
 
 
-def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> None:
+def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> FinalFolder:
     """`write_final_folder`, with a failure (e.g. a full disk) explained: what is intact and how to finish."""
     try:
-        write_final_folder(output_dir, **contents)
+        return write_final_folder(output_dir, **contents)
     except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
         raise OSError(
             f"Writing the final folder {output_dir} failed ({type(error).__name__}: {error}); its previous files, "

@@ -38,7 +38,7 @@ from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import BatchPlan, build_loaders, plan_batches
 from hfbert.pretraining.data import PretrainingData, prepare_data
 from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
-from hfbert.pretraining.finish import finish
+from hfbert.pretraining.finish import FinalFolder, finish
 from hfbert.pretraining.loop import CheckpointWriter, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.settings import PretrainingSettings, check_resume_settings
@@ -143,7 +143,7 @@ def train(
     data: PretrainingData,
     model: torch.nn.Module,
     checkpoint: Path | None,
-) -> Path:
+) -> FinalFolder:
     """Batches -> setup -> resume -> fit -> finish for `model` (built from `data.config` right after
     `prepare_run_data`); returns the final model folder."""
     optimization = settings.optimization
@@ -203,6 +203,11 @@ def train(
 
 def pretrain(settings: PretrainingSettings) -> Path:
     """Pretrain HfBertForPreTraining and return the final model folder."""
+    return pretrain_run(settings).path
+
+
+def pretrain_run(settings: PretrainingSettings) -> FinalFolder:
+    """`pretrain`, returning the final folder with the fill-mask section of its samples."""
     accelerator, precision = start(settings)
     with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
         checkpoint = check_before_work(settings, accelerator)
