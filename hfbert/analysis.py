@@ -105,9 +105,14 @@ class ModelAnalysis:
     @classmethod
     def of_weights(cls, config: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> ModelAnalysis:
         """The analysis of weights in memory (e.g. a run's final state dict), on CPU copies of the model."""
+        state_dict = dict(state_dict)  # its own key set: save_pretrained empties the dict it is given
         with quiet_transformers():
             model = AutoModelForPreTraining.from_config(config, attn_implementation="eager")
-        missing = model.load_state_dict(state_dict, strict=False).missing_keys
+        # A state dict read from a folder lacks tied weights (the decoder's); tied, they load anyway.
+        tied = getattr(model, "all_tied_weights_keys", None) or {}
+        missing = [
+            key for key in model.load_state_dict(state_dict, strict=False).missing_keys if key not in tied
+        ]
         return cls(model, tokenizer, missing, masked_lm=partial(masked_lm_of_weights, config, state_dict))
 
     @property

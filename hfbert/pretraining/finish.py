@@ -54,6 +54,9 @@ def write_final_folder(
     """Write model (with its code), tokenizer, eval_results.json, training_args.json, log_history.json, the
     curves, samples.md (fill-mask, NSP and similarity on `sample_sentences`: validation sentences and one of
     another document) and the model card into `output_dir` as one set. Main process only."""
+    sentences, other_sentence = sample_sentences
+    # Before save_pretrained, which empties the state dict it is given.
+    analysis = ModelAnalysis.of_weights(model.config, state_dict, tokenizer) if len(sentences) >= 2 else None
     with staged_files(output_dir) as staging:
         model.save_pretrained(staging, state_dict=state_dict)
         tokenizer.save_pretrained(staging)
@@ -61,10 +64,8 @@ def write_final_folder(
         write_json_atomic(staging / TRAINING_ARGS_NAME, summary)
         write_json_atomic(staging / LOG_HISTORY_NAME, log_history)
         plot_training_curves(log_history, staging / CURVES_NAME, title=f"{model_name} pretraining")
-        sentences, other_sentence = sample_sentences
         samples = None
-        if len(sentences) >= 2:  # computed on the weights in memory, on CPU copies of the model
-            analysis = ModelAnalysis.of_weights(model.config, state_dict, tokenizer)
+        if analysis is not None:  # computed on the weights in memory, on CPU copies of the model
             samples = write_samples(
                 staging, analysis, sentences, other_sentence=other_sentence, model_name=model_name
             )
