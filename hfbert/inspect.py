@@ -186,6 +186,37 @@ def inspect_checkpoint(
     Every check runs before any file is written; a failed one raises `InspectError`.
     """
     folder, tokenizer_folder = check_model_folder(checkpoint, tokenizer_name)
+    tasks = choose_tasks(tasks, text, pair, sentences)
+    config = AutoConfig.from_pretrained(folder)
+    layer = config.num_hidden_layers - 1 if layer is None else layer
+    if "attention" in tasks:
+        check_index("--layer", layer, config.num_hidden_layers, "layers")
+        check_index("--head", head, config.num_attention_heads, "attention heads per layer")
+    if "fill-mask" in tasks and not 1 <= top_k <= config.vocab_size:
+        raise InspectError(f"--top_k {top_k} is out of range; pass a value between 1 and {config.vocab_size}")
+
+    inspector = Inspector(folder, tokenizer_folder, device)
+    text = None if text is None else text.replace(MASK, inspector.tokenizer.mask_token)
+    check_inputs_fit(inspector, folder, tasks, text, pair, sentences)
+
+    inspection = Inspection(checkpoint=folder, model_summary=inspector.summary())
+    if "attention" in tasks:
+        inspection.attention = inspector.attention(text, layer, head)
+    if "fill-mask" in tasks:
+        inspection.fill_mask = inspector.fill_mask(text, top_k)
+    if "nsp" in tasks:
+        inspection.nsp = [inspector.nsp(pair[0], pair[1])]
+    if "similarity" in tasks:
+        inspection.similarity = inspector.similarity(sentences)
+    # Everything is computed: only now touch the disk.
+    write_inspection(inspection, folder / "inspect" if output_dir is None else Path(output_dir))
+    return inspection
+
+
+def choose_tasks(
+    tasks: Sequence[str] | None, text: str | None, pair: Sequence[str] | None, sentences: Sequence[str] | None
+) -> Sequence[str]:
+    """The tasks to run (default: every task whose input is given), each checked against its input."""
     if tasks is None:
         tasks = [
             task
@@ -215,17 +246,18 @@ def inspect_checkpoint(
         raise InspectError(f"--pair needs exactly two sentences, A and B; got {len(pair)}")
     if "similarity" in tasks and len(sentences) < 2:
         raise InspectError(f"--sentences needs at least two sentences to compare; got {len(sentences)}")
+    return tasks
 
-    config = AutoConfig.from_pretrained(folder)
-    layer = config.num_hidden_layers - 1 if layer is None else layer
-    if "attention" in tasks:
-        check_index("--layer", layer, config.num_hidden_layers, "layers")
-        check_index("--head", head, config.num_attention_heads, "attention heads per layer")
-    if "fill-mask" in tasks and not 1 <= top_k <= config.vocab_size:
-        raise InspectError(f"--top_k {top_k} is out of range; pass a value between 1 and {config.vocab_size}")
 
-    inspector = Inspector(folder, tokenizer_folder, device)
-    text = None if text is None else text.replace(MASK, inspector.tokenizer.mask_token)
+def check_inputs_fit(
+    inspector: Inspector,
+    folder: Path,
+    tasks: Sequence[str],
+    text: str | None,
+    pair: Sequence[str] | None,
+    sentences: Sequence[str] | None,
+) -> None:
+    """Every input fits the model (length) and the model has the heads its tasks need."""
     limit = inspector.max_length
     if text is not None and {"attention", "fill-mask"} & set(tasks):
         check_length(inspector.tokenizer, "--text", text, None, limit)
@@ -244,21 +276,14 @@ def inspect_checkpoint(
     for index, sentence in enumerate(sentences if "similarity" in tasks else []):
         check_length(inspector.tokenizer, f"--sentences item {index + 1}", sentence, None, limit)
 
-    inspection = Inspection(checkpoint=folder, model_summary=inspector.summary())
-    if "attention" in tasks:
-        inspection.attention = inspector.attention(text, layer, head)
-    if "fill-mask" in tasks:
-        inspection.fill_mask = inspector.fill_mask(text, top_k)
-    if "nsp" in tasks:
-        inspection.nsp = [inspector.nsp(pair[0], pair[1])]
-    if "similarity" in tasks:
-        inspection.similarity = inspector.similarity(sentences)
 
-    # Everything is computed: only now touch the disk.
-    out = folder / "inspect" if output_dir is None else Path(output_dir)
+def write_inspection(inspection: Inspection, out: Path) -> None:
+    """The plots and ``inspect.md`` of a computed inspection, into `out` (their paths into `inspection.files`)."""
+    folder = inspection.checkpoint
     out.mkdir(parents=True, exist_ok=True)
     images: dict[str, str] = {}
     if inspection.attention is not None:
+        layer, head = inspection.attention.layer, inspection.attention.head
         name = f"attention_layer{layer}_head{head}.png"
         title = f"{folder.name}: attention, layer {layer}, head {head}"
         inspection.files.append(plot_attention(inspection.attention, out / name, title))
@@ -268,7 +293,6 @@ def inspect_checkpoint(
         images["similarity"] = "similarity.png"
     report = render_report(inspection, images)
     inspection.files.append(write_text(out / REPORT_NAME, report))
-    return inspection
 
 
 def build_parser() -> argparse.ArgumentParser:

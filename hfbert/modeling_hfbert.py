@@ -145,6 +145,17 @@ def check_masked_positions(
     check_range("masked_positions", masked_positions, seq_len, "seq_len")
 
 
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, training_path: bool) -> torch.Tensor:
+    """Cross-entropy of MLM logits against labels (-100 ignored), in fp32. On the training paths (masked rows,
+    static slots) a batch in which nothing was masked adds zero loss, not 0/0 = NaN; otherwise transformers'
+    semantics (the mean over labelled tokens)."""
+    logits_2d, labels_1d = logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1)
+    if training_path:
+        counted = (labels_1d != IGNORE_INDEX).sum().clamp(min=1)
+        return F.cross_entropy(logits_2d, labels_1d, reduction="sum") / counted
+    return F.cross_entropy(logits_2d, labels_1d)
+
+
 def gather_positions(hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """(B, T, d) gathered at `positions` (B, m) -> (B, m, d)."""
     return hidden_states.gather(1, positions[..., None].expand(-1, -1, hidden_states.size(-1)))
@@ -649,13 +660,7 @@ class HfBertMaskedLMMixin:
             logits = self.cls.predictions(sequence_output)
         loss = None
         if labels is not None:
-            logits_2d, labels_1d = logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1)
-            if mlm_masked_rows_only or masked_positions is not None:
-                # Training paths: a batch in which nothing was masked adds zero loss, not 0/0 = NaN.
-                counted = (labels_1d != IGNORE_INDEX).sum().clamp(min=1)
-                loss = F.cross_entropy(logits_2d, labels_1d, reduction="sum") / counted
-            else:
-                loss = F.cross_entropy(logits_2d, labels_1d)  # transformers' semantics
+            loss = masked_lm_loss(logits, labels, training_path=mlm_masked_rows_only or masked_positions is not None)
         return outputs, logits, loss
 
 

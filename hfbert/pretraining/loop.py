@@ -174,19 +174,17 @@ def stop_for_preemption(
     )
 
 
-def log_window(
+def log_training_row(
     accelerator: Accelerator,
     progress: TrainingProgress,
-    window: TrainingWindow,
-    epoch: int,
-    learning_rate: float,
+    row: dict[str, Any],
     bar: tqdm,
     precision: str,
-    flops: ModelFlops,
     with_tracking: bool,
 ) -> None:
-    """Read the window's statistics (the one host synchronisation of a logging interval) into the log and bar."""
-    row = window.row(accelerator, progress, epoch, learning_rate, flops)
+    """A training window's row (`TrainingWindow.row`: the one host synchronisation of a logging interval),
+    checked, into the log and the bar."""
+    learning_rate = row["learning_rate"]
     check_loss_is_finite(torch.tensor(row["loss"]), precision, row["step"], learning_rate)
     log_row(accelerator, progress, row, with_tracking)
     bar.set_postfix(
@@ -239,14 +237,9 @@ def fit(
         for epoch in range(progress.epoch, budget.num_epochs):
             if out_of_budget(progress, budget, seconds):
                 break
-            train_loader.set_epoch(epoch)
-            batches = train_loader
-            if progress.batch_in_epoch:  # resumed mid-epoch
-                batches = accelerator.skip_first_batches(train_loader, progress.batch_in_epoch)
-            for batch in batches:
+            for batch in epoch_batches(accelerator, train_loader, epoch, progress):
                 learning_rate = budget.schedule(progress.completed_steps, seconds)
-                for group in state.optimizer.param_groups:
-                    group["lr"] = learning_rate
+                set_learning_rate(state.optimizer, learning_rate)
                 outputs, loss = train_step(accelerator, state, batch, learning_rate, optimization, precision)
                 progress.batch_in_epoch += 1
                 window.add(outputs, loss, batch)
@@ -259,17 +252,8 @@ def fit(
                 bar.update(1)
                 log_due = is_due(step, run.logging_steps) or step == budget.max_train_steps
                 if log_due:
-                    log_window(
-                        accelerator,
-                        progress,
-                        window,
-                        epoch,
-                        learning_rate,
-                        bar,
-                        precision,
-                        flops,
-                        run.with_tracking,
-                    )
+                    row = window.row(accelerator, progress, epoch, learning_rate, flops)
+                    log_training_row(accelerator, progress, row, bar, precision, run.with_tracking)
                     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
                 if is_due(step, run.eval_steps):
                     metrics = run_evaluation(accelerator, state, eval_loader, run.with_tracking)
@@ -287,6 +271,21 @@ def fit(
                 clock = time.perf_counter()
     bar.close()
     return final_metrics(accelerator, state, eval_loader, run.with_tracking, metrics)
+
+
+def epoch_batches(
+    accelerator: Accelerator, train_loader: DataLoader, epoch: int, progress: TrainingProgress
+) -> DataLoader:
+    """The epoch's batches: its own shuffle, and past the batches already trained on when resumed mid-epoch."""
+    train_loader.set_epoch(epoch)
+    if progress.batch_in_epoch:
+        return accelerator.skip_first_batches(train_loader, progress.batch_in_epoch)
+    return train_loader
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate
 
 
 def end_epoch(

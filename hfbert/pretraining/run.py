@@ -41,7 +41,7 @@ from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
 from hfbert.pretraining.finish import FinalFolder, finish
 from hfbert.pretraining.loop import CheckpointWriter, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
-from hfbert.pretraining.settings import PretrainingSettings, check_resume_settings
+from hfbert.pretraining.settings import OptimizationSettings, PretrainingSettings, check_resume_settings
 from hfbert.pretraining.setup import Budget, count_parameters, setup_training
 
 logger = logging.getLogger(__name__)
@@ -136,6 +136,21 @@ def run_summary(
     }
 
 
+def log_plan(
+    data: PretrainingData,
+    optimization: OptimizationSettings,
+    budget: Budget,
+    num_processes: int,
+    num_parameters: int,
+) -> None:
+    logger.info(
+        f"{len(data.train)} training instances, {len(data.evaluation)} evaluation instances; up to "
+        f"{budget.max_train_steps} updates of {optimization.per_device_train_batch_size} x "
+        f"{num_processes} x {optimization.gradient_accumulation_steps} instances; "
+        f"{num_parameters / 1e6:.1f}M parameters."
+    )
+
+
 def train(
     settings: PretrainingSettings,
     accelerator: Accelerator,
@@ -157,12 +172,7 @@ def train(
         model, train_loader, eval_loader, optimization, settings.model.attention_init, accelerator
     )
     summary = run_summary(settings, summary_model, data, precision, plan, budget, accelerator.num_processes)
-    logger.info(
-        f"{len(data.train)} training instances, {len(data.evaluation)} evaluation instances; up to "
-        f"{budget.max_train_steps} updates of {optimization.per_device_train_batch_size} x "
-        f"{accelerator.num_processes} x {optimization.gradient_accumulation_steps} instances; "
-        f"{summary['num_parameters'] / 1e6:.1f}M parameters."
-    )
+    log_plan(data, optimization, budget, accelerator.num_processes, summary["num_parameters"])
     if checkpoint is not None:
         logger.info(f"Resuming from {checkpoint}")
         load_checkpoint(accelerator, checkpoint)
