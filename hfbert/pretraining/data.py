@@ -242,21 +242,7 @@ def build_nsp_instances(
         ``next_sentence_label`` (0 = B really follows A, 1 = B comes from another document). Not padded, not
         masked. Cached by the datasets fingerprint when ``tokenized`` is backed by cache files.
     """
-    if max_seq_length < 5:
-        raise ValueError(
-            f"max_seq_length {max_seq_length} leaves no room for two segments besides [CLS] [SEP] [SEP]; "
-            "pass max_seq_length >= 5"
-        )
-    if not 0.0 <= short_seq_prob <= 1.0:
-        raise ValueError(f"short_seq_prob {short_seq_prob} is not a probability; pass a value in [0, 1]")
-    if len(tokenized) < _MIN_NSP_DOCUMENTS:
-        raise ValueError(
-            f"Next-sentence prediction needs at least {_MIN_NSP_DOCUMENTS} documents to draw random next "
-            f"segments from, but this split has {_documents(len(tokenized))} with text left after tokenizing; "
-            "use a larger corpus: more documents in --train_file or --validation_file, or a larger "
-            f"--validation_split_percentage when the validation documents are held out of the training corpus; "
-            f"{_BOUNDARY_HINT}"
-        )
+    check_nsp_inputs(tokenized, max_seq_length, short_seq_prob)
     return tokenized.map(
         _build_instances_batch,
         batched=True,
@@ -277,6 +263,26 @@ def build_nsp_instances(
         },
         desc=f"Building NSP instances (pass {pass_index})",
     )
+
+
+def check_nsp_inputs(tokenized: Dataset, max_seq_length: int, short_seq_prob: float) -> None:
+    """Refuse what cannot make NSP instances, before any work: too short a length, a bad probability, or too
+    few documents to draw random next segments from."""
+    if max_seq_length < 5:
+        raise ValueError(
+            f"max_seq_length {max_seq_length} leaves no room for two segments besides [CLS] [SEP] [SEP]; "
+            "pass max_seq_length >= 5"
+        )
+    if not 0.0 <= short_seq_prob <= 1.0:
+        raise ValueError(f"short_seq_prob {short_seq_prob} is not a probability; pass a value in [0, 1]")
+    if len(tokenized) < _MIN_NSP_DOCUMENTS:
+        raise ValueError(
+            f"Next-sentence prediction needs at least {_MIN_NSP_DOCUMENTS} documents to draw random next "
+            f"segments from, but this split has {_documents(len(tokenized))} with text left after tokenizing; "
+            "use a larger corpus: more documents in --train_file or --validation_file, or a larger "
+            f"--validation_split_percentage when the validation documents are held out of the training corpus; "
+            f"{_BOUNDARY_HINT}"
+        )
 
 
 def _build_instances_batch(
@@ -378,23 +384,6 @@ def _truncate_seq_pair(
         else:
             longer.pop()
 
-
-def padding_fraction(lengths: list[int], batch_size: int, pad_to_multiple_of: int | None = None) -> float:
-    """Fraction of padded positions when ``lengths`` are batched in order and padded per batch.
-
-    Each batch of ``batch_size`` consecutive rows is padded to its longest row, rounded up to
-    ``pad_to_multiple_of`` when given (what :class:`hfbert.pretraining.batches.DataCollatorForPretraining` does).
-    Shuffle ``lengths`` first to measure a shuffled loader.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size {batch_size} must be >= 1")
-    multiple = pad_to_multiple_of or 1
-    padded_positions = 0
-    for start in range(0, len(lengths), batch_size):
-        batch_lengths = lengths[start : start + batch_size]
-        padded_length = -(-max(batch_lengths) // multiple) * multiple
-        padded_positions += padded_length * len(batch_lengths)
-    return 1.0 - sum(lengths) / padded_positions if padded_positions else 0.0
 
 logger = logging.getLogger(__name__)
 
