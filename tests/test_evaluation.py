@@ -7,7 +7,13 @@ import torch
 from conftest import tiny_config
 
 from hfbert import HfBertForPreTraining
-from hfbert.pretraining.evaluation import STATISTICS, ModelFlops, flops_per_token, metrics_from_statistics
+from hfbert.pretraining.evaluation import (
+    STATISTICS,
+    ModelFlops,
+    check_loss_is_finite,
+    flops_per_token,
+    metrics_from_statistics,
+)
 
 
 def test_metrics_come_from_the_summed_statistics():
@@ -42,3 +48,10 @@ def test_the_log_row_has_model_flops_and_mfu_only_with_a_known_peak():
     assert row["model_flops_per_second"] == pytest.approx(1000 * flops_per_token(config, model, 100, 0.15) / 2)
     with_peak = ModelFlops(config, model, peak_flops_per_process=1e12).utilization(1000.0, totals, 2.0, 2)
     assert with_peak["mfu"] == pytest.approx(with_peak["model_flops_per_second"] / 2e12)
+
+
+def test_non_finite_loss_is_an_error_except_under_fp16():
+    with pytest.raises(FloatingPointError, match=r"loss became nan at step 7.*--learning_rate"):
+        check_loss_is_finite(torch.tensor(float("nan")), "no", 7, 1e-3)
+    check_loss_is_finite(torch.tensor(float("inf")), "fp16", 7, 1e-3)  # the grad scaler skips it
+    check_loss_is_finite(torch.tensor(2.0), "bf16", 7, 1e-3)

@@ -22,9 +22,7 @@ from safetensors.torch import load_file
 from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.cli import main
-from hfbert.pretraining.evaluation import check_loss_is_finite
-from hfbert.pretraining.precision import resolve_mixed_precision
-from hfbert.pretraining.setup import UNBOUNDED_STEPS, LearningRateSchedule, optimizer_parameter_groups
+from hfbert.pretraining.setup import UNBOUNDED_STEPS
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL_FILES = {
@@ -486,39 +484,6 @@ def test_bad_flags_are_refused(flags, message, capsys):
 # ----------------------------------------------------------------------------------------------- units
 
 
-def test_precision_choice(caplog):
-    native = "bf16" if resolve_mixed_precision("auto", None, cuda=False)[0] == "bf16" else "no"
-    assert resolve_mixed_precision("auto", None, cuda=True)[0] == "fp16"
-    assert resolve_mixed_precision("auto", "no", cuda=True)[0] == "fp16"  # 'no' is accelerate's default
-    assert resolve_mixed_precision("auto", "bf16", cuda=True)[0] == "bf16"
-    assert resolve_mixed_precision("no", "fp16", cuda=True)[0] == "no"
-    assert resolve_mixed_precision("fp16", None, cuda=False) == (
-        native,
-        f"fp16 unavailable on CPU, fell back to {native}",
-    )
-
-
-def test_non_finite_loss_is_an_error_except_under_fp16():
-    with pytest.raises(FloatingPointError, match=r"loss became nan at step 7.*--learning_rate"):
-        check_loss_is_finite(torch.tensor(float("nan")), "no", 7, 1e-3)
-    check_loss_is_finite(torch.tensor(float("inf")), "fp16", 7, 1e-3)  # the grad scaler skips it
-    check_loss_is_finite(torch.tensor(2.0), "bf16", 7, 1e-3)
-
-
-def test_no_weight_decay_on_biases_and_layer_norm():
-    model = HfBertForPreTraining(tiny_config())
-    decay, no_decay = optimizer_parameter_groups(model, 0.01)
-    names = {id(p): n for n, p in model.named_parameters()}
-    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
-    assert all(names[id(p)].endswith("weight") and "LayerNorm" not in names[id(p)] for p in decay["params"])
-    assert {names[id(p)] for p in no_decay["params"]} >= {
-        "bert.embeddings.LayerNorm.weight",
-        "cls.predictions.bias",
-        "bert.encoder.layer.0.attention.self.query.bias",
-    }
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-
-
 # ----------------------------------------------------------------------------------------------- faults
 
 
@@ -611,18 +576,6 @@ def test_push_is_checked_before_any_work(tmp_path, run_inputs, monkeypatch):
     with pytest.raises(ValueError, match=r"--push_to_hub me/m: the Hub cannot be used.*python -m hfbert.push"):
         train_in_process(run_args(run_inputs, output_dir, *push))
     assert not output_dir.exists()
-
-
-def test_the_schedule_warms_up_then_reaches_zero_exactly_at_the_budget():
-    by_steps = LearningRateSchedule(peak=1e-3, warmup_steps=10, max_steps=110, max_seconds=None, shape="linear")
-    assert by_steps(0, 0.0) < by_steps(9, 0.0) < by_steps(10, 0.0) == 1e-3
-    assert by_steps(60, 0.0) == pytest.approx(5e-4) and by_steps(110, 0.0) == 0.0
-    by_time = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=10**9, max_seconds=600.0, shape="linear")
-    assert by_time(50, 300.0) == pytest.approx(5e-4) and by_time(51, 600.0) == 0.0 and by_time(52, 700.0) == 0.0
-    cosine = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=100, max_seconds=None, shape="cosine")
-    assert cosine(50, 0.0) == pytest.approx(5e-4) and cosine(100, 0.0) == pytest.approx(0.0)
-    constant = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=100, max_seconds=10.0, shape="constant")
-    assert constant(99, 9.0) == 1e-3
 
 
 def test_a_missing_tokenizer_folder_is_named_before_any_work(tmp_path, run_inputs):
