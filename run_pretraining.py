@@ -2,10 +2,10 @@
 
     accelerate launch run_pretraining.py --model_size tiny --max_train_steps 300 --output_dir runs/hfbert-tiny
 
-Run with --help for every flag; the library behind it is hfbert.training (flags: hfbert.pretraining_settings).
+Run with --help for every flag; the library behind it is the package hfbert.pretraining (flags: hfbert.pretraining.settings).
 """
 
-from hfbert.pretraining_cli import main
+from hfbert.pretraining.cli import main
 
 if __name__ == "__main__":
     main()

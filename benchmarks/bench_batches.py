@@ -12,7 +12,7 @@ the same batches, alternately, in one process (medians over `--batches` batches,
 - hfbert, loader, static: the same with every row padded to `--seq_len` and `--max_predictions_per_seq`
   static masked slots (the CUDA default and --torch_compile's form).
 
-    python benchmarks/bench_batches.py --batch_size 128 --seq_len 128
+    python -m benchmarks.bench_batches --batch_size 128 --seq_len 128
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before datasets is imported: the sample is local
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -31,10 +29,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 from transformers import DataCollatorForLanguageModeling
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pretraining import SEED, describe_machine, sample_instances
-
-from hfbert.collator import DataCollatorForPretraining, EpochDraws, InstanceDraws, default_max_predictions
+from benchmarks.bench_pretraining import SEED, describe_machine, sample_instances
+from hfbert.pretraining.batches import (
+    DataCollatorForPretraining,
+    EpochDraws,
+    InstanceDraws,
+    default_max_predictions,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,7 +4,7 @@ Both train on the same NSP instances (run_pretraining.py's data pipeline on the 
 the corpus flags passed after `--`), from the same initial weights, with the same batch size, precision and
 learning rate, one after the other in one process:
 
-- hfbert: run_pretraining.py's own loop (`hfbert.training`: setup_run -> fit), with its defaults for the
+- hfbert: run_pretraining.py's own loop (`hfbert.pretraining`: data -> batches -> setup -> fit), with its defaults for the
   device (on CUDA: fp16, static masked slots, DataLoader workers, pinned memory); `--compile` adds
   `--torch_compile`;
 - transformers: `Trainer` + `BertForPreTraining` (sdpa) + `DataCollatorForLanguageModeling`, the same
@@ -13,11 +13,11 @@ learning rate, one after the other in one process:
 
 Throughput is non-padding tokens/s over the updates after `--warmup_steps` (instances x their mean length /
 seconds, both loops drawing uniformly shuffled batches), MFU against the measured matmul peak with
-bench_pretraining.py's FLOPs per token (hfbert's MLM head counted at the masked rows, transformers' at every
+the library's FLOPs per token (`hfbert.pretraining.evaluation.flops_per_token`) (hfbert's MLM head counted at the masked rows, transformers' at every
 position), and the loop's share of the bare step.
 
-    python benchmarks/bench_loop.py --model_size base --batch_size 128 --steps 300 --warmup_steps 50
-    python benchmarks/bench_loop.py --model_size mini --batch_size 32 --steps 60 --warmup_steps 20  # CPU
+    python -m benchmarks.bench_loop --model_size base --batch_size 128 --steps 300 --warmup_steps 50
+    python -m benchmarks.bench_loop --model_size mini --batch_size 32 --steps 60 --warmup_steps 20  # CPU
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before datasets is imported: the sample is local
@@ -36,7 +36,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
+from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import set_seed
 from transformers import (
     BertForPreTraining,
     DataCollatorForLanguageModeling,
@@ -45,20 +47,17 @@ from transformers import (
     TrainingArguments,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pretraining import describe_machine, flops_per_token, measure_matmul_peak, synchronize
-
+from benchmarks.bench_pretraining import describe_machine, measure_matmul_peak, synchronize
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for
-from hfbert.pretraining_cli import parse_args as parse_run_flags
-from hfbert.training import (
-    build_accelerator,
-    fit,
-    hfbert_model,
-    prepare_data,
-    setup_run,
-    train_step,
-)
+from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.pretraining.batches import build_loaders, plan_batches
+from hfbert.pretraining.cli import parse_args as parse_run_flags
+from hfbert.pretraining.evaluation import ModelFlops, flops_per_token
+from hfbert.pretraining.loop import CheckpointWriter, fit, train_step
+from hfbert.pretraining.run import prepare_run_data
+from hfbert.pretraining.run import start as start_run
+from hfbert.pretraining.setup import setup_training
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "no": torch.float32}
 
@@ -95,27 +94,47 @@ def run_flags(args: argparse.Namespace, output_dir: str) -> list[str]:
     return flags + (["--torch_compile"] if args.compile else []) + args.run_flags
 
 
+@dataclass
+class HfbertRun:
+    """What the Trainer run and the report take from hfbert's."""
+
+    accelerator: Accelerator
+    precision: str
+    model: torch.nn.Module  # unwrapped
+    num_workers: int
+    seed: int
+
+
 def hfbert_loop(args: argparse.Namespace, output_dir: str):
-    """Train with hfbert's loop; returns (run, data, tokens/s after warm-up, bare-step tokens/s)."""
+    """Train with hfbert's loop (its stages as `hfbert.pretraining.run.train` composes them, without the final
+    folder); returns (run, data, initial weights, mean length, tokens/s after warm-up, bare-step tokens/s)."""
     settings = parse_run_flags(run_flags(args, output_dir))
-    accelerator, precision = build_accelerator(settings)
-    data = prepare_data(settings, accelerator, checkpoint=None)
-    run = setup_run(settings, data, accelerator, precision, model_factory=hfbert_model)
-    initial = {
-        name: tensor.clone() for name, tensor in accelerator.unwrap_model(run.model).state_dict().items()
-    }
-    fit(run)
-    rows = {row["step"]: row for row in run.progress.log_history if "loss" in row}
+    optimization = settings.optimization
+    accelerator, precision = start_run(settings)
+    data = prepare_run_data(settings, accelerator, checkpoint=None)
+    model = HfBertForPreTraining(data.config)
+    set_seed(optimization.seed, device_specific=True)
+    plan = plan_batches(settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device)
+    loaders = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+    state, train_loader, eval_loader, budget = setup_training(
+        model, *loaders, optimization, settings.model.attention_init, accelerator
+    )
+    initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    checkpoints = CheckpointWriter(output_dir, None, settings.resume_invariant(), data.tokenizer)
+    flops = ModelFlops(data.config, model, peak_flops_per_process=None)
+    fit(accelerator, state, train_loader, eval_loader, budget, optimization, settings.run, precision, checkpoints, flops)
+    run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed)
+    rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
     last = max(rows)
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
     mean_length = statistics.mean(len(ids) for ids in data.train["input_ids"])
     loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds
-    batch = next(iter(run.train_loader))
+    batch = next(iter(train_loader))
     times = []
     for _ in range(args.warmup_steps // 2 + 20):
         synchronize(accelerator.device)
         start = time.perf_counter()
-        train_step(run, batch, learning_rate=1e-4)
+        train_step(accelerator, state, batch, 1e-4, optimization, precision)
         synchronize(accelerator.device)
         times.append(time.perf_counter() - start)
     bare = int(batch["attention_mask"].sum()) / statistics.median(times[args.warmup_steps // 2 :])
@@ -143,14 +162,14 @@ def trainer_loop(
         learning_rate=1e-4,
         fp16=precision == "fp16",
         bf16=precision == "bf16",
-        dataloader_num_workers=run.train_loader.num_workers,
+        dataloader_num_workers=run.num_workers,
         dataloader_pin_memory=device.type == "cuda",
         logging_steps=args.steps,
         save_strategy="no",
         report_to=[],
         use_cpu=device.type == "cpu",
         torch_compile=args.compile,
-        seed=run.settings.optimization.seed,
+        seed=run.seed,
         disable_tqdm=True,
     )
     collator = DataCollatorForLanguageModeling(data.tokenizer, mlm_probability=0.15, pad_to_multiple_of=8)
@@ -171,9 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as scratch:
         run, data, initial, mean_length, loop, bare = hfbert_loop(args, str(Path(scratch) / "hfbert"))
         device, precision = run.accelerator.device, run.precision
-        hfbert_flops = flops_per_token(
-            data.config, run.accelerator.unwrap_model(run.model), mean_length, 0.15
-        )
+        hfbert_flops = flops_per_token(data.config, run.model, mean_length, 0.15)
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
         scratch_trainer = str(Path(scratch) / "trainer")

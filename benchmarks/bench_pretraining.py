@@ -22,8 +22,8 @@ P, the rest unmasked; transformers gets the same masks back in (B, T) form). `--
 torch.compile (compilation happens in the warm-up steps; use --data synthetic, whose rows all have the same
 length, or every new padded length compiles again).
 
-    python benchmarks/bench_pretraining.py --sizes mini --precision fp32 bf16 --data nsp synthetic
-    python benchmarks/bench_pretraining.py --data synthetic --modes train --max_predictions_per_seq 20 --compile
+    python -m benchmarks.bench_pretraining --sizes mini --precision fp32 bf16 --data nsp synthetic
+    python -m benchmarks.bench_pretraining --data synthetic --modes train --max_predictions_per_seq 20 --compile
 """
 
 from __future__ import annotations
@@ -48,12 +48,14 @@ from torch import nn
 from transformers import BertForPreTraining
 
 from hfbert import HfBertConfig, HfBertForPreTraining
-from hfbert.collator import DataCollatorForPretraining
 from hfbert.configuration_hfbert import PRESETS
 from hfbert.convert import bert_config_for
-from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.modeling_hfbert import IGNORE_INDEX, masked_positions_from_labels
-from hfbert.pretraining_data import build_nsp_instances, padding_fraction, tokenize_documents
+from hfbert.corpus import load_documents
+from hfbert.modeling_hfbert import IGNORE_INDEX
+from hfbert.pretraining.batches import DataCollatorForPretraining, masked_positions_from_labels
+from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining.evaluation import flops_per_token
+from hfbert.pretraining.settings import CorpusArguments
 from hfbert.tokenization import train_tokenizer
 
 SEED = 1234
@@ -201,15 +203,22 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def flops_per_token(config: HfBertConfig, model: nn.Module, seq_len: int, head_fraction: float) -> float:
-    """6 N_nonembedding + 12 L d T + 6 (d^2 + d V) f_head (forward + backward FLOPs per token)."""
-    non_embedding = sum(p.numel() for p in model.bert.encoder.parameters())
-    d, vocab = config.hidden_size, config.vocab_size
-    return (
-        6 * non_embedding
-        + 12 * config.num_hidden_layers * d * seq_len
-        + 6 * (d * d + d * vocab) * head_fraction
-    )
+def padding_fraction(lengths: list[int], batch_size: int, pad_to_multiple_of: int | None = None) -> float:
+    """Fraction of padded positions when ``lengths`` are batched in order and padded per batch.
+
+    Each batch of ``batch_size`` consecutive rows is padded to its longest row, rounded up to
+    ``pad_to_multiple_of`` when given (what :class:`hfbert.pretraining.batches.DataCollatorForPretraining` does).
+    Shuffle ``lengths`` first to measure a shuffled loader.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size {batch_size} must be >= 1")
+    multiple = pad_to_multiple_of or 1
+    padded_positions = 0
+    for start in range(0, len(lengths), batch_size):
+        batch_lengths = lengths[start : start + batch_size]
+        padded_length = -(-max(batch_lengths) // multiple) * multiple
+        padded_positions += padded_length * len(batch_lengths)
+    return 1.0 - sum(lengths) / padded_positions if padded_positions else 0.0
 
 
 def saved_activation_mib(step: Callable[[], None], model: nn.Module) -> float:

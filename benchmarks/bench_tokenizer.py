@@ -9,7 +9,7 @@ joined by spaces, and random letters without any whitespace (one huge word, whic
 grow with the square of its length). Prints a markdown table and the ratio to the targets (sample < 1 s,
 100 MB < 60 s, a single line < 10 s).
 
-    python benchmarks/bench_tokenizer.py [--size_mb 100] [--line_mb 5] [--vocab_size 30522]
+    python -m benchmarks.bench_tokenizer [--size_mb 100] [--line_mb 5] [--vocab_size 30522]
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def write_single_line(path: Path, size_mb: float, sample_words: list[str] | None
 
 
 def measure(corpus: str, train_file: Path | None, vocab_size: int, encode_mb: float) -> Measurement:
-    from hfbert.corpus import CorpusArguments, load_documents
+    from hfbert.corpus import load_documents
+    from hfbert.pretraining.settings import CorpusArguments
     from hfbert.tokenization import ParagraphBatches, train_tokenizer
 
     started = time.perf_counter()

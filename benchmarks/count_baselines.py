@@ -8,7 +8,7 @@ Counts come from the training split; scores are on the validation instances run_
   bigram counts of the left and right neighbours.
 - NSP: one threshold, fitted on training pairs, on the share of rare words A and B have in common.
 
-    python benchmarks/count_baselines.py --tokenizer_name tok8192
+    python -m benchmarks.count_baselines --tokenizer_name tok8192
 
 A reference for reading the quality numbers, not a tuning signal.
 """
@@ -21,9 +21,10 @@ import math
 import torch
 from transformers import AutoTokenizer
 
-from hfbert.collator import DataCollatorForPretraining
-from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.pretraining_data import build_nsp_instances, tokenize_documents
+from hfbert.corpus import load_documents
+from hfbert.pretraining.batches import DataCollatorForPretraining
+from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining.settings import CorpusArguments
 
 CANDIDATES = 3000  # bigram predictions are searched among the most frequent tokens
 COMMON_WORDS = 200  # NSP overlap ignores the most frequent tokens

@@ -5,8 +5,8 @@ about 0.02), so two pairings of the same articles can differ by 0.05. This score
 never used), masked like the run's evaluation (15%, 80/10/10, fixed seed), and prints each pairing's
 accuracy, their mean and spread, and the AUC of P(random) so that ranking and threshold can be told apart.
 
-    python benchmarks/heldout_nsp.py runs/hfbert-quality                       # the shipped validation split
-    python benchmarks/heldout_nsp.py runs/hfbert-quality --text_file other_articles.raw --pairings 10
+    python -m benchmarks.heldout_nsp runs/hfbert-quality                       # the shipped validation split
+    python -m benchmarks.heldout_nsp runs/hfbert-quality --text_file other_articles.raw --pairings 10
 
 A measurement tool, not a tuning signal: choose settings on a split of the training articles.
 """
@@ -20,9 +20,10 @@ import torch
 from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
-from hfbert.collator import DataCollatorForPretraining
-from hfbert.corpus import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments, load_documents
-from hfbert.pretraining_data import build_nsp_instances, tokenize_documents
+from hfbert.corpus import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, load_documents
+from hfbert.pretraining.batches import DataCollatorForPretraining
+from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining.settings import CorpusArguments
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:

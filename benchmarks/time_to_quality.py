@@ -1,4 +1,4 @@
-"""Time to quality: hfbert against transformers' BertForPreTraining, through run_pretraining.py's own pipeline.
+"""Time to quality: hfbert against transformers' BertForPreTraining, through run_pretraining.py's own stages.
 
 Both runs get the same run_pretraining.py flags (the recipe, after `--`), so the same tokenizer, the same
 initial weights (the stock model is built from hfbert's initial state dict), the same NSP instances, masks and
@@ -6,7 +6,7 @@ batch order and the same budget of training time (evaluation excluded); only the
 held-out MLM loss and accuracy and NSP loss and accuracy at the end of the budget, the time hfbert needs to
 reach transformers' final held-out MLM loss, and writes a PNG of the held-out curves over training seconds.
 
-    python benchmarks/time_to_quality.py --output_dir runs/ttq -- --model_size mini --max_train_seconds 240 ...
+    python -m benchmarks.time_to_quality --output_dir runs/ttq -- --model_size mini --max_train_seconds 240 ...
 
 Targets: at the same budget hfbert is strictly better on held-out MLM loss, MLM accuracy and NSP accuracy,
 and it reaches transformers' final MLM loss in at most 1/3 of the time.
@@ -62,7 +62,7 @@ class StockBertForPreTraining(transformers.BertForPreTraining):
 
 
 def stock_bert(config) -> StockBertForPreTraining:
-    """The model factory for the reference run: stock BERT holding hfbert's initial weights exactly."""
+    """The reference run's model: stock BERT holding hfbert's initial weights exactly."""
     from hfbert import HfBertForPreTraining
     from hfbert.convert import bert_config_for
 
@@ -83,11 +83,20 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
 
 
 def train_one(model: str, run_dir: Path, recipe: list[str]) -> None:
-    from hfbert.pretraining_cli import main
-    from hfbert.training import hfbert_model
+    """One run of run_pretraining.py's pipeline, composed from its public stages as `pretrain` composes them,
+    with `model` in place of HfBertForPreTraining (the seam `hfbert.pretraining.setup.setup_training` names)."""
+    from hfbert import HfBertForPreTraining
+    from hfbert.checkpointing import run_folder_lock
+    from hfbert.pretraining.cli import parse_args
+    from hfbert.pretraining.run import check_before_work, prepare_run_data, start, train
 
-    main([*recipe, "--output_dir", str(run_dir), "--overwrite_output_dir"],
-         model_factory=hfbert_model if model == "hfbert" else stock_bert)  # fmt: skip
+    settings = parse_args([*recipe, "--output_dir", str(run_dir), "--overwrite_output_dir"])
+    accelerator, precision = start(settings)
+    with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
+        checkpoint = check_before_work(settings, accelerator)
+        data = prepare_run_data(settings, accelerator, checkpoint)
+        build = HfBertForPreTraining if model == "hfbert" else stock_bert
+        train(settings, accelerator, precision, data, build(data.config), checkpoint)
 
 
 def eval_curve(run_dir: Path) -> list[dict]:
@@ -159,9 +168,10 @@ def main() -> None:
         return
     args.output_dir.mkdir(parents=True, exist_ok=True)
     for model in MODELS:
-        command = [sys.executable, __file__, "--train", model, "--output_dir", str(args.output_dir), "--", *recipe]
+        command = [sys.executable, "-m", "benchmarks.time_to_quality", "--train", model,
+                   "--output_dir", str(args.output_dir), "--", *recipe]  # fmt: skip
         print("+", " ".join(command), flush=True)
-        subprocess.run(command, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     report(args.output_dir, recipe)
 
 

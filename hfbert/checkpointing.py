@@ -32,11 +32,18 @@ except ImportError:  # Windows: no flock
 from accelerate import Accelerator
 from safetensors import SafetensorError
 
-from hfbert.files import FINAL_READY, FINAL_STAGING, check_readable, read_json, sha256_file, write_json_atomic
+from hfbert.files import (
+    CHECKPOINT_PREFIX,
+    FINAL_READY,
+    FINAL_STAGING,
+    check_readable,
+    read_json,
+    sha256_file,
+    write_json_atomic,
+)
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_PREFIX = "checkpoint-"
 TEMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
 # A checkpoint being replaced by a save at the same step is parked under this prefix until the new one is in place.
 REPLACED_CHECKPOINT_PREFIX = ".replaced-checkpoint-"

@@ -27,16 +27,15 @@ import codecs
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import datasets
 from datasets.fingerprint import Hasher
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-DocumentBoundary = Literal["heading", "blank_line", "row"]
+# The corpus flags live with the other settings; imported here, where they are read.
+from hfbert.pretraining.settings import CorpusArguments, CorpusError, DocumentBoundary
 
 SPLITS = ("train", "validation")
 SHIPPED_SAMPLE_DIR = Path(__file__).parent / "data" / "wikitext-2-raw-sample"
@@ -47,71 +46,6 @@ DOCUMENT_FEATURES = datasets.Features({"paragraphs": datasets.List(datasets.Valu
 _ROWS_PER_READ = 1000
 _HUB_PROBE_TIMEOUT_S = 10
 _UTF8_CHECK_BYTES_PER_READ = 1 << 24
-
-
-class CorpusError(ValueError):
-    """A corpus cannot be loaded: missing file, empty corpus, unreachable Hub dataset, bad column ..."""
-
-
-@dataclass
-class CorpusArguments:
-    """Where the text comes from (command-line flags through `transformers.HfArgumentParser`)."""
-
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
-            "repo. Without it and without --train_file, the WikiText-2 sample shipped with hfbert is used."
-        },
-    )
-    dataset_config_name: str | None = field(
-        default=None, metadata={"help": "Configuration of --dataset_name (e.g. wikitext-103-raw-v1)."}
-    )
-    train_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "Local training text: plain text of any extension (.txt, .raw, ...), or parquet/json/csv."
-        },
-    )
-    validation_file: str | None = field(
-        default=None, metadata={"help": "Local validation text, same formats as --train_file."}
-    )
-    text_column: str = field(
-        default="text",
-        metadata={"help": "Column holding the text in parquet/json/csv files and Hub datasets."},
-    )
-    streaming: bool = field(
-        default=False,
-        metadata={
-            "help": "Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk)."
-        },
-    )
-    document_boundary: DocumentBoundary | None = field(
-        default=None,
-        metadata={
-            "help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
-            "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
-            "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
-            "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files, "
-            "blank_line for other text files."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.dataset_name is not None and self.train_file is not None:
-            raise CorpusError(
-                f"both --dataset_name {self.dataset_name} and --train_file {self.train_file} were given; "
-                "pass only one of them"
-            )
-        if self.validation_file is not None and self.train_file is None:
-            raise CorpusError(
-                f"--validation_file {self.validation_file} was given without --train_file; pass --train_file too"
-            )
-        if self.dataset_config_name is not None and self.dataset_name is None:
-            raise CorpusError(
-                f"--dataset_config_name {self.dataset_config_name} was given without --dataset_name; "
-                "pass --dataset_name too"
-            )
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from safetensors import SafetensorError, safe_open
 # A set of files for a folder is staged here, then renamed to FINAL_READY once complete (see publish_files).
 FINAL_STAGING = ".final-staging"
 FINAL_READY = ".final-ready"
+# The names of a run folder's checkpoints (written by hfbert.checkpointing, never uploaded by hfbert.model_card).
+CHECKPOINT_PREFIX = "checkpoint-"
 # Moved into a run folder last, so a reader never loads new weights with an old config or vice versa.
 COMMIT_FILE = "model.safetensors"
 

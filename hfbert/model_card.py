@@ -9,8 +9,7 @@ from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, constants
 
-from hfbert.checkpointing import CHECKPOINT_PREFIX
-from hfbert.files import FINAL_FOLDER_FIX, atomic_path, check_readable
+from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, atomic_path, check_readable
 
 MODEL_CARD_NAME = "README.md"
 CURVES_NAME = "training_curves.png"
@@ -77,13 +76,29 @@ def build_model_card(
         if dataset_name and metrics
         else None,
     )
+    body = card_body(
+        model_name, data_source(dataset_name, dataset_config_name), metrics, samples_name, training_config
+    )
+    return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
+
+
+def data_source(dataset_name: str | None, dataset_config_name: str | None) -> str:
+    """The card's words for where the training text came from."""
     if dataset_name:
-        data_source = (
-            f"the Hub dataset [`{dataset_name}`](https://huggingface.co/datasets/{dataset_name})"
-            + (f" (configuration `{dataset_config_name}`)" if dataset_config_name else "")
+        return f"the Hub dataset [`{dataset_name}`](https://huggingface.co/datasets/{dataset_name})" + (
+            f" (configuration `{dataset_config_name}`)" if dataset_config_name else ""
         )
-    else:
-        data_source = "the corpus named `corpus` in the training configuration below"
+    return "the corpus named `corpus` in the training configuration below"
+
+
+def card_body(
+    model_name: str,
+    data_source: str,
+    metrics: dict[str, float],
+    samples_name: str | None,
+    training_config: dict[str, Any],
+) -> str:
+    """The card's markdown below the metadata: what the model is, how to load it, its numbers and config."""
     eval_section = (
         _table(metrics, ("metric", "value")) if metrics else "No evaluation was run (no validation split)."
     )
@@ -93,7 +108,7 @@ def build_model_card(
         if samples_name
         else ""
     )
-    body = f"""
+    return f"""
 # {model_name}
 
 A BERT model pretrained from scratch with `hfbert` on the masked language modelling
@@ -138,7 +153,6 @@ Measured on the validation split at the end of training (`eval_results.json`):
 
 {_table(training_config, ("parameter", "value"))}
 """
-    return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
 
 
 def write_model_card(output_dir: str | os.PathLike, card: ModelCard) -> Path:

@@ -140,51 +140,25 @@ def check_masked_positions(
     if labels is not None and labels.shape != masked_positions.shape:
         raise ValueError(
             f"With masked_positions {tuple(masked_positions.shape)}, labels must have the same shape (one label "
-            f"per slot, -100 on empty slots), got {tuple(labels.shape)}; see masked_positions_from_labels()."
+            f"per slot, -100 on empty slots), got {tuple(labels.shape)}; see hfbert.pretraining.batches.masked_positions_from_labels()."
         )
     check_range("masked_positions", masked_positions, seq_len, "seq_len")
+
+
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, training_path: bool) -> torch.Tensor:
+    """Cross-entropy of MLM logits against labels (-100 ignored), in fp32. On the training paths (masked rows,
+    static slots) a batch in which nothing was masked adds zero loss, not 0/0 = NaN; otherwise transformers'
+    semantics (the mean over labelled tokens)."""
+    logits_2d, labels_1d = logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1)
+    if training_path:
+        counted = (labels_1d != IGNORE_INDEX).sum().clamp(min=1)
+        return F.cross_entropy(logits_2d, labels_1d, reduction="sum") / counted
+    return F.cross_entropy(logits_2d, labels_1d)
 
 
 def gather_positions(hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """(B, T, d) gathered at `positions` (B, m) -> (B, m, d)."""
     return hidden_states.gather(1, positions[..., None].expand(-1, -1, hidden_states.size(-1)))
-
-
-def masked_positions_from_labels(
-    labels: torch.Tensor,
-    max_predictions_per_seq: int,
-    input_ids: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(B, T) MLM labels -> the static-shape form of google-research/bert's `max_predictions_per_seq`.
-
-    Returns `(masked_positions, masked_labels, input_ids)`: (B, P) positions of the labelled tokens in
-    ascending order, their (B, P) labels, empty slots holding position 0 and label -100; P is
-    `max_predictions_per_seq`. A row with more than P labelled tokens keeps a uniformly random P of them
-    (drawn from `generator`, or torch's global RNG: B x T uniforms per call, whatever the masks); the others
-    are unmasked, as google never masks more than P: their label is dropped and, when `input_ids` is given,
-    the original token (the label) is written back into a copy of `input_ids`, so the model sees it unchanged.
-    Feed the result to the model as `model(input_ids=..., masked_positions=..., labels=masked_labels, ...)`.
-    """
-    if max_predictions_per_seq < 1:
-        raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
-    seq_len = labels.size(1)
-    masked = labels != IGNORE_INDEX
-    slots = min(max_predictions_per_seq, seq_len)
-    priority = torch.rand(labels.shape, generator=generator, device=labels.device)
-    keep = priority.masked_fill(~masked, -1.0).topk(slots, dim=1).indices  # the (at most) P to predict
-    chosen = torch.zeros_like(masked).scatter_(1, keep, True) & masked
-    if input_ids is not None:
-        input_ids = torch.where(masked & ~chosen, labels, input_ids)
-    order = torch.argsort((~chosen).int(), dim=1, stable=True)[:, :slots]  # chosen first, ascending
-    filled = chosen.gather(1, order)
-    positions = order.masked_fill(~filled, 0)
-    masked_labels = labels.gather(1, order).masked_fill(~filled, IGNORE_INDEX)
-    if slots < max_predictions_per_seq:  # P > T: pad with empty slots
-        extra = max_predictions_per_seq - slots
-        positions = F.pad(positions, (0, extra), value=0)
-        masked_labels = F.pad(masked_labels, (0, extra), value=IGNORE_INDEX)
-    return positions, masked_labels, input_ids
 
 
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -686,13 +660,7 @@ class HfBertMaskedLMMixin:
             logits = self.cls.predictions(sequence_output)
         loss = None
         if labels is not None:
-            logits_2d, labels_1d = logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1)
-            if mlm_masked_rows_only or masked_positions is not None:
-                # Training paths: a batch in which nothing was masked adds zero loss, not 0/0 = NaN.
-                counted = (labels_1d != IGNORE_INDEX).sum().clamp(min=1)
-                loss = F.cross_entropy(logits_2d, labels_1d, reduction="sum") / counted
-            else:
-                loss = F.cross_entropy(logits_2d, labels_1d)  # transformers' semantics
+            loss = masked_lm_loss(logits, labels, training_path=mlm_masked_rows_only or masked_positions is not None)
         return outputs, logits, loss
 
 
@@ -728,7 +696,7 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
                 at the masked rows only (same loss and gradients as the dense head, much less work);
                 `prediction_logits` is then (M, V), in row-major order of `labels != -100`.
             masked_positions: (B, P) positions of the MLM targets, `labels` (B, P) with -100 on empty slots
-                (see `masked_positions_from_labels`): the same path with static shapes (torch.compile);
+                (see `hfbert.pretraining.batches.masked_positions_from_labels`): the same path with static shapes (torch.compile);
                 `prediction_logits` is (B, P, V).
             Other arguments: see `HfBertModel.forward`.
         """
@@ -1000,5 +968,4 @@ __all__ = [
     "HfBertForTokenClassification",
     "HfBertModel",
     "HfBertPreTrainedModel",
-    "masked_positions_from_labels",
 ]

@@ -231,6 +231,44 @@ def check_special_token_ids(tokenizer: PreTrainedTokenizerBase) -> None:
         )
 
 
+def train_vocabulary(
+    batches: ParagraphBatches,
+    untrained: BertTokenizer,
+    forms: list[str],
+    vocab_size: int,
+    min_frequency: int,
+    show_progress: bool,
+) -> dict[str, int]:
+    """The WordPiece vocabulary (token -> id, in id order) the trainer learns, the ## forms of the corpus'
+    characters (`forms`) numbered in a fixed order."""
+    # The ## forms go in as special tokens, which the trainer numbers in the order given (after
+    # SPECIAL_TOKENS and before the alphabet, which it sorts itself) instead of in HashMap order. Should the
+    # scan have missed one, the trainer adds it in HashMap order: train again with it (still deterministic).
+    for _attempt in range(2):
+        trained = untrained.train_new_from_iterator(
+            _BoundedBatches(batches, "Reading documents (2/2: training)"),
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
+            new_special_tokens=forms,
+            show_progress=show_progress,
+        )
+        missed = {
+            token
+            for token in trained.get_vocab()
+            if token.startswith(CONTINUING_SUBWORD_PREFIX)
+            and len(token) == len(CONTINUING_SUBWORD_PREFIX) + 1
+        } - set(forms)
+        if not missed:
+            break
+        forms = sorted({*forms, *missed})
+    # Rebuilt from the vocabulary so that the ## forms are ordinary vocabulary entries, not added tokens.
+    vocab = dict(sorted(trained.get_vocab().items(), key=lambda token_and_id: token_and_id[1]))
+    if list(vocab.values()) != list(range(len(vocab))):
+        raise RuntimeError("the tokenizers trainer returned a vocabulary with gaps in its ids")
+    return vocab
+
+
 def train_tokenizer(
     documents: datasets.Dataset | datasets.IterableDataset | ParagraphBatches,
     *,
@@ -266,31 +304,7 @@ def train_tokenizer(
     forms = possible_continuation_forms(
         batches.iter_batches("Reading documents (1/2: characters)"), untrained
     )
-    # The ## forms go in as special tokens, which the trainer numbers in the order given (after
-    # SPECIAL_TOKENS and before the alphabet, which it sorts itself) instead of in HashMap order. Should the
-    # scan have missed one, the trainer adds it in HashMap order: train again with it (still deterministic).
-    for _attempt in range(2):
-        trained = untrained.train_new_from_iterator(
-            _BoundedBatches(batches, "Reading documents (2/2: training)"),
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
-            new_special_tokens=forms,
-            show_progress=show_progress,
-        )
-        missed = {
-            token
-            for token in trained.get_vocab()
-            if token.startswith(CONTINUING_SUBWORD_PREFIX)
-            and len(token) == len(CONTINUING_SUBWORD_PREFIX) + 1
-        } - set(forms)
-        if not missed:
-            break
-        forms = sorted({*forms, *missed})
-    # Rebuilt from the vocabulary so that the ## forms are ordinary vocabulary entries, not added tokens.
-    vocab = dict(sorted(trained.get_vocab().items(), key=lambda token_and_id: token_and_id[1]))
-    if list(vocab.values()) != list(range(len(vocab))):
-        raise RuntimeError("the tokenizers trainer returned a vocabulary with gaps in its ids")
+    vocab = train_vocabulary(batches, untrained, forms, vocab_size, min_frequency, show_progress)
     tokenizer = _bert_tokenizer(vocab, lowercase, model_max_length)
     if len(tokenizer) <= len(SPECIAL_TOKENS):
         raise ValueError("the corpus gave the tokenizer trainer no text; pass a corpus with text")

@@ -1,26 +1,15 @@
 """The measurement scripts under benchmarks/ that the README's numbers come from."""
 
-import importlib.util
 import json
-from pathlib import Path
+import sys
 
 import pytest
 import torch
 from conftest import tiny_config
 
+from benchmarks import bench_batches, bench_loop, heldout_nsp, time_to_quality
+from benchmarks.bench_pretraining import padding_fraction
 from hfbert import HfBertForPreTraining
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-heldout_nsp = load_script("heldout_nsp")
 
 
 def test_auc_ranks_random_pairs_above_real_ones():
@@ -59,7 +48,6 @@ def test_heldout_nsp_refuses_a_folder_without_model_or_tokenizer(tmp_path, capsy
 
 
 def test_bench_batches_times_every_batch_builder_on_the_same_batches(capsys):
-    bench_batches = load_script("bench_batches")
     results = bench_batches.main(["--batch_size", "16", "--seq_len", "64", "--batches", "2", "--vocab_size", "2000"])
     assert len(results) == 4 and all(ms > 0 for ms in results.values())
     report = capsys.readouterr().out
@@ -71,7 +59,6 @@ def test_bench_batches_times_every_batch_builder_on_the_same_batches(capsys):
 
 
 def test_bench_loop_times_the_loop_its_bare_step_and_the_trainer_at_the_model_vocabulary(capsys):
-    bench_loop = load_script("bench_loop")
     results = bench_loop.main(
         ["--model_size", "tiny", "--batch_size", "8", "--steps", "2", "--warmup_steps", "2", "--vocab_size", "12000"]
     )
@@ -89,7 +76,6 @@ def test_bench_loop_times_the_loop_its_bare_step_and_the_trainer_at_the_model_vo
 
 
 def test_time_to_quality_reports_fp32_runs_as_fp32_and_when_hfbert_reaches_the_reference(tmp_path, capsys):
-    time_to_quality = load_script("time_to_quality")
     for model, losses in {"hfbert": (6.0, 5.5, 5.7), "transformers": (6.5, 6.2, 5.6)}.items():
         folder = tmp_path / model
         folder.mkdir()
@@ -107,3 +93,53 @@ def test_time_to_quality_reports_fp32_runs_as_fp32_and_when_hfbert_reaches_the_r
     assert "MLM loss NO, MLM accuracy NO, NSP accuracy NO" in report  # 5.7 > 5.6, ties are not better
     assert "after 180 s of training, 0.60 of the time" in report  # 6.0 -> 5.5 crosses 5.6 at 180 s
     assert (tmp_path / "time_to_quality.png").stat().st_size > 0
+
+
+def test_padding_fraction():
+    lengths = [5, 7, 3, 9]
+    # Batches [5, 7] -> 2 x 7 and [3, 9] -> 2 x 9: 32 positions for 24 tokens.
+    assert padding_fraction(lengths, batch_size=2) == pytest.approx(0.25)
+    # Rounded up to 8: 2 x 8 + 2 x 16 = 48 positions.
+    assert padding_fraction(lengths, batch_size=2, pad_to_multiple_of=8) == pytest.approx(0.5)
+    assert padding_fraction([4, 4], batch_size=1) == 0.0
+    with pytest.raises(ValueError, match="batch_size 0"):
+        padding_fraction(lengths, batch_size=0)
+
+
+@pytest.mark.slow
+def test_gpu_report_runs_every_part_into_one_report_and_keeps_what_a_cut_off_part_leaves(tmp_path):
+    from benchmarks import gpu_report
+
+    report = tmp_path / "report.md"
+    parts = gpu_report.main(
+        ["--output", str(report), "--sizes", "tiny", "--seq_lens", "64", "--batch_sizes", "8",
+         "--steps", "2", "--warmup_steps", "2", "--suite", "tests/test_plotting.py",
+         "--resume_seconds", "1", "--compile_seconds", "1", "--bench_seconds", "300", "--budget_seconds", "900"]
+    )  # fmt: skip
+    titles = [part.title for part in parts]
+    assert titles == [
+        "test suite",
+        "--deterministic resume (bit for bit)",
+        "bench_loop tiny, T=64",
+        "bench_loop tiny, T=64, --compile",
+        "bench_loop tiny, T=64, --deterministic",
+    ]
+    status = {part.title: part.status for part in parts}
+    assert status["test suite"] == "ok" and status["bench_loop tiny, T=64"] == "ok", status
+    assert status["--deterministic resume (bit for bit)"].startswith("timed out after 1 s")
+    text = report.read_text()
+    assert text.startswith("# GPU report\n\ndevice: ")
+    assert "| transformers Trainer |" in text and "| hfbert loop |" in text  # bench_loop's table, in full
+    assert "`" + " ".join(parts[2].command) + "`: ok" in text
+    assert "| bench_loop tiny, T=64, --compile | timed out after 1 s |" in text
+
+
+def test_gpu_report_skips_parts_once_the_budget_is_spent():
+    from benchmarks import gpu_report
+
+    part = gpu_report.Part("anything", [sys.executable, "-c", "print(1)"], limit_seconds=60)
+    gpu_report.run_part(part, seconds_left=0.5)
+    assert part.status == "skipped: the budget is spent"
+    assert gpu_report.markdown_tables("setting A\n| a | b |\n|---|---|\n| 1 | 2 |\nafter") == [
+        "setting A\n\n| a | b |\n|---|---|\n| 1 | 2 |"
+    ]

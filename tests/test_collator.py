@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hfbert.collator import (
+from hfbert.pretraining.batches import (
     DRAW_KEY,
     DataCollatorForPretraining,
     EpochDraws,
@@ -226,3 +226,22 @@ def test_a_loader_with_workers_builds_the_same_batches(sample_tokenizer):
     assert len(in_process) == 4
     for one, other in zip(in_process, in_workers, strict=True):
         assert all(torch.equal(one[key], other[key]) for key in one)
+
+
+def test_the_batch_plan_decides_every_shape_once():
+    from hfbert.pretraining.batches import plan_batches
+    from hfbert.pretraining.settings import DataSettings, OptimizationSettings
+
+    data = DataSettings(max_seq_length=128)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    plain = plan_batches(data, OptimizationSettings(per_device_train_batch_size=8), 16, cpu)
+    assert (plain.max_predictions_per_seq, plain.pad_to_length, plain.drop_last, plain.num_workers) == (None, None, False, 0)
+    assert not plain.fill_eval_batches and not plain.pin_memory
+    compiled = plan_batches(data, OptimizationSettings(torch_compile=True), 16, cpu)
+    assert (compiled.max_predictions_per_seq, compiled.pad_to_length) == (32, 128)  # static slots, full rows
+    assert compiled.drop_last and compiled.fill_eval_batches
+    on_gpu = plan_batches(data, OptimizationSettings(), 16, cuda)
+    assert on_gpu.max_predictions_per_seq == 32 and on_gpu.pin_memory and on_gpu.num_workers >= 1
+    assert on_gpu.pad_to_length is None  # static slots, dynamic lengths
+    asked = plan_batches(DataSettings(max_predictions_per_seq=20, dataloader_num_workers=2), OptimizationSettings(), 16, cpu)
+    assert (asked.max_predictions_per_seq, asked.num_workers) == (20, 2)

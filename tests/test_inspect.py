@@ -8,14 +8,14 @@ from transformers import BertConfig, BertForPreTraining
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
 from hfbert.inspect import (
-    FREQUENT_WORDS,
     InspectError,
     choose_masked_word,
     inspect_checkpoint,
     main,
-    sample_sentences,
     write_samples,
 )
+from hfbert.pretraining.data import sample_sentences
+from hfbert.pretraining.samples import FREQUENT_WORDS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TEXT = "The game was released in [MASK] and sold well ."

@@ -28,7 +28,7 @@ from hfbert import (
     HfBertModel,
     modeling_hfbert,
 )
-from hfbert.modeling_hfbert import masked_positions_from_labels
+from hfbert.pretraining.batches import masked_positions_from_labels
 
 HEADS = [
     HfBertModel,
@@ -578,30 +578,6 @@ def test_bad_ids_on_cuda_fail_with_the_range_message():
     assert torch.zeros(1, device="cuda").add(1).item() == 1  # this process's context is still healthy
 
 
-# ------------------------------------------------------------------------------------------- config
-
-
-@pytest.mark.parametrize(
-    ("preset", "layers", "hidden", "heads"),
-    [
-        ("tiny", 2, 128, 2),
-        ("mini", 4, 256, 4),
-        ("small", 4, 512, 8),
-        ("medium", 8, 512, 8),
-        ("base", 12, 768, 12),
-        ("large", 24, 1024, 16),
-    ],
-)
-def test_presets_follow_the_google_bert_grid(preset, layers, hidden, heads):
-    config = HfBertConfig.from_preset(preset, vocab_size=500)
-    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (
-        layers,
-        hidden,
-        heads,
-    )
-    assert config.intermediate_size == 4 * hidden and config.vocab_size == 500
-
-
 def test_old_config_with_mlm_masked_rows_only_loads_quietly_and_drops_it(tmp_path):
     model = HfBertForPreTraining(tiny_config())
     model.save_pretrained(tmp_path)
@@ -618,36 +594,6 @@ def test_old_config_with_mlm_masked_rows_only_loads_quietly_and_drops_it(tmp_pat
     batch = padded_batch()
     labels = labels_for(HfBertForPreTraining, batch)
     assert loaded(**batch, **labels).prediction_logits.shape == (3, 16, 1000)  # dense, as in transformers
-
-
-def test_defaults_are_bert_base():
-    ours, theirs = HfBertConfig().to_dict(), BertConfig().to_dict()
-    shared = set(ours) & set(theirs) - {"model_type", "transformers_version"}
-    assert {key: ours[key] for key in shared} == {key: theirs[key] for key in shared}
-    assert "vocab_size" in shared and "layer_norm_eps" in shared
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (
-            {"hidden_size": 30, "num_attention_heads": 4},
-            "hidden_size \\(30\\) must be divisible by num_attention_heads",
-        ),
-        ({"vocab_size": 0}, "vocab_size must be >= 1"),
-        ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob must be in"),
-        ({"hidden_act": "swish2"}, "hidden_act must be one of"),
-        ({"pad_token_id": 40000}, "pad_token_id \\(40000\\) must be in"),
-    ],
-)
-def test_invalid_config_fails_at_construction_naming_the_field(overrides, message):
-    with pytest.raises(Exception, match=message):
-        HfBertConfig(**overrides)
-
-
-def test_unknown_preset_lists_the_choices():
-    with pytest.raises(ValueError, match="choose one of"):
-        HfBertConfig.from_preset("huge")
 
 
 def test_import_registers_every_auto_class():

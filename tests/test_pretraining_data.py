@@ -3,10 +3,9 @@ from collections import defaultdict
 import pytest
 from datasets import Dataset, DatasetDict, load_from_disk
 
-import hfbert.pretraining_data as pretraining_data
-from hfbert.pretraining_data import (
+import hfbert.pretraining.data as pretraining_data
+from hfbert.pretraining.data import (
     build_nsp_instances,
-    padding_fraction,
     split_sentences,
     split_validation_documents,
     tokenize_documents,
@@ -298,14 +297,3 @@ def test_validation_split_percentage_out_of_range_is_refused(tmp_path):
 def test_max_seq_length_too_small_is_an_error(tokenized):
     with pytest.raises(ValueError, match="max_seq_length 4"):
         build_nsp_instances(tokenized, cls_token_id=2, sep_token_id=3, max_seq_length=4)
-
-
-def test_padding_fraction():
-    lengths = [5, 7, 3, 9]
-    # Batches [5, 7] -> 2 x 7 and [3, 9] -> 2 x 9: 32 positions for 24 tokens.
-    assert padding_fraction(lengths, batch_size=2) == pytest.approx(0.25)
-    # Rounded up to 8: 2 x 8 + 2 x 16 = 48 positions.
-    assert padding_fraction(lengths, batch_size=2, pad_to_multiple_of=8) == pytest.approx(0.5)
-    assert padding_fraction([4, 4], batch_size=1) == 0.0
-    with pytest.raises(ValueError, match="batch_size 0"):
-        padding_fraction(lengths, batch_size=0)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from hfbert.pretraining_cli import parse_args
-from hfbert.pretraining_settings import check_resume_settings
+from hfbert.pretraining.cli import parse_args
+from hfbert.pretraining.settings import check_resume_settings
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from conftest import tiny_config
 from torch.testing import assert_close
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining
-from hfbert.modeling_hfbert import masked_positions_from_labels
+from hfbert.pretraining.batches import masked_positions_from_labels
 
 TIGHT = {"atol": 1e-6, "rtol": 1e-6}
 

@@ -21,14 +21,8 @@ from safetensors.torch import load_file
 
 from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
 from hfbert.modeling_hfbert import HfBertForPreTraining
-from hfbert.pretraining_cli import main
-from hfbert.training import (
-    UNBOUNDED_STEPS,
-    LearningRateSchedule,
-    check_loss_is_finite,
-    optimizer_parameter_groups,
-    resolve_mixed_precision,
-)
+from hfbert.pretraining.cli import main
+from hfbert.pretraining.setup import UNBOUNDED_STEPS
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL_FILES = {
@@ -294,28 +288,33 @@ def test_push_to_hub_uploads_exactly_the_final_folder(tmp_path, run_inputs):
     assert_loads_without_hfbert(upload_copy)
 
 
-# ----------------------------------------------------------------------------------------------- model factory
+# ------------------------------------------------------------------------------- another model, the same stages
 
 
-def test_a_model_factory_trains_another_model_through_the_same_pipeline(tmp_path, run_inputs):
-    built = []
-
-    def factory(config):
-        model = HfBertForPreTraining(config)
-        built.append(model)
-        return model
+def test_another_model_trains_through_the_public_stages(tmp_path, run_inputs):
+    """The seam benchmarks/time_to_quality.py uses: compose the stages as `pretrain` does, with another model."""
+    from hfbert.pretraining.cli import parse_args
+    from hfbert.pretraining.run import check_before_work, prepare_run_data, start, train
 
     output_dir = tmp_path / "run"
-    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--gradient_accumulation_steps", "2")
-    train_in_process(args, model_factory=factory)
-    assert len(built) == 1
+    settings = parse_args(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--gradient_accumulation_steps", "2"))
+    try:
+        accelerator, precision = start(settings)
+        checkpoint = check_before_work(settings, accelerator)
+        data = prepare_run_data(settings, accelerator, checkpoint)
+        model = HfBertForPreTraining(data.config)
+        assert train(settings, accelerator, precision, data, model, checkpoint).path == output_dir
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
     train_rows = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "loss" in row]
     for key in ("train_mlm_loss", "train_mlm_accuracy", "train_nsp_loss", "train_nsp_accuracy"):
         assert all(math.isfinite(row[key]) for row in train_rows), key
     for row in train_rows:  # the logged loss is the mean over micro-batches, = MLM + NSP (weight 1)
         assert row["loss"] == pytest.approx(row["train_mlm_loss"] + row["train_nsp_loss"], rel=0.05)
+        assert row["model_flops_per_second"] > 0  # the MFU's numerator; "mfu" itself needs a known GPU peak
     saved = final_weights(output_dir)
-    for name, tensor in built[0].state_dict().items():
+    for name, tensor in model.state_dict().items():
         if name in saved:  # the saved weights are read onto the CPU; the model may sit on a GPU
             assert torch.equal(saved[name], tensor.cpu()), name
 
@@ -485,39 +484,6 @@ def test_bad_flags_are_refused(flags, message, capsys):
 # ----------------------------------------------------------------------------------------------- units
 
 
-def test_precision_choice(caplog):
-    native = "bf16" if resolve_mixed_precision("auto", None, cuda=False)[0] == "bf16" else "no"
-    assert resolve_mixed_precision("auto", None, cuda=True)[0] == "fp16"
-    assert resolve_mixed_precision("auto", "no", cuda=True)[0] == "fp16"  # 'no' is accelerate's default
-    assert resolve_mixed_precision("auto", "bf16", cuda=True)[0] == "bf16"
-    assert resolve_mixed_precision("no", "fp16", cuda=True)[0] == "no"
-    assert resolve_mixed_precision("fp16", None, cuda=False) == (
-        native,
-        f"fp16 unavailable on CPU, fell back to {native}",
-    )
-
-
-def test_non_finite_loss_is_an_error_except_under_fp16():
-    with pytest.raises(FloatingPointError, match=r"loss became nan at step 7.*--learning_rate"):
-        check_loss_is_finite(torch.tensor(float("nan")), "no", 7, 1e-3)
-    check_loss_is_finite(torch.tensor(float("inf")), "fp16", 7, 1e-3)  # the grad scaler skips it
-    check_loss_is_finite(torch.tensor(2.0), "bf16", 7, 1e-3)
-
-
-def test_no_weight_decay_on_biases_and_layer_norm():
-    model = HfBertForPreTraining(tiny_config())
-    decay, no_decay = optimizer_parameter_groups(model, 0.01)
-    names = {id(p): n for n, p in model.named_parameters()}
-    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
-    assert all(names[id(p)].endswith("weight") and "LayerNorm" not in names[id(p)] for p in decay["params"])
-    assert {names[id(p)] for p in no_decay["params"]} >= {
-        "bert.embeddings.LayerNorm.weight",
-        "cls.predictions.bias",
-        "bert.encoder.layer.0.attention.self.query.bias",
-    }
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-
-
 # ----------------------------------------------------------------------------------------------- faults
 
 
@@ -610,18 +576,6 @@ def test_push_is_checked_before_any_work(tmp_path, run_inputs, monkeypatch):
     with pytest.raises(ValueError, match=r"--push_to_hub me/m: the Hub cannot be used.*python -m hfbert.push"):
         train_in_process(run_args(run_inputs, output_dir, *push))
     assert not output_dir.exists()
-
-
-def test_the_schedule_warms_up_then_reaches_zero_exactly_at_the_budget():
-    by_steps = LearningRateSchedule(peak=1e-3, warmup_steps=10, max_steps=110, max_seconds=None, shape="linear")
-    assert by_steps(0, 0.0) < by_steps(9, 0.0) < by_steps(10, 0.0) == 1e-3
-    assert by_steps(60, 0.0) == pytest.approx(5e-4) and by_steps(110, 0.0) == 0.0
-    by_time = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=10**9, max_seconds=600.0, shape="linear")
-    assert by_time(50, 300.0) == pytest.approx(5e-4) and by_time(51, 600.0) == 0.0 and by_time(52, 700.0) == 0.0
-    cosine = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=100, max_seconds=None, shape="cosine")
-    assert cosine(50, 0.0) == pytest.approx(5e-4) and cosine(100, 0.0) == pytest.approx(0.0)
-    constant = LearningRateSchedule(peak=1e-3, warmup_steps=0, max_steps=100, max_seconds=10.0, shape="constant")
-    assert constant(99, 9.0) == 1e-3
 
 
 def test_a_missing_tokenizer_folder_is_named_before_any_work(tmp_path, run_inputs):
@@ -717,7 +671,7 @@ def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_
 def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, monkeypatch):
     """Every update but the logging ones (loader, step, optimizer, window statistics) runs under
     torch.cuda.set_sync_debug_mode("error"): any host synchronisation raises."""
-    from hfbert import training
+    from hfbert.pretraining import evaluation, loop
 
     def strict(function):
         def run_strictly(*args, **kwargs):
@@ -729,8 +683,8 @@ def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, mon
 
         return run_strictly
 
-    monkeypatch.setattr(training, "train_step", strict(training.train_step))
-    monkeypatch.setattr(training.TrainingWindow, "add", strict(training.TrainingWindow.add))
+    monkeypatch.setattr(loop, "train_step", strict(loop.train_step))
+    monkeypatch.setattr(evaluation.TrainingWindow, "add", strict(evaluation.TrainingWindow.add))
     output_dir = tmp_path / "run"
     # The last value of a repeated flag wins: the precision CUDA picks (fp16), logging every 3 updates.
     extra = ("--max_train_steps", "6", "--mixed_precision", "auto", "--logging_steps", "3")

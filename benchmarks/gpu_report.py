@@ -1,0 +1,193 @@
+"""Everything a GPU session owes, in one call, into one markdown report.
+
+Parts, in this order, each a subprocess under its own time limit (the report is rewritten after every part, so
+a call cut off still leaves the parts done so far):
+
+1. the test suite (`pytest -n 8` where pytest-xdist is installed), which runs the GPU-marked tests too;
+2. `--deterministic` resume: N steps straight against N/2 + resume + N/2, bit for bit
+   (tests/test_training.py::test_half_then_resume_then_half_equals_straight_training, on the GPU);
+3. `bench_loop` (hfbert's loop against transformers' Trainer) for every --sizes x --seq_lens, plain and
+   with `--compile`;
+4. the loop's cost under `--deterministic`: bench_loop at the first size and length with `--deterministic`,
+   against the plain row of part 3.
+
+The whole call stays within --budget_seconds (default 600: one device call): a part gets its own limit or
+what is left of the budget, whichever is less, and is skipped when nothing is left.
+
+    python -m benchmarks.gpu_report --output benchmarks/results/gpu_report.md
+    python -m benchmarks.gpu_report --sizes tiny --seq_lens 64 --steps 2 --warmup_steps 2 \\
+        --batch_sizes 8 --suite tests/test_files.py --output /tmp/report.md   # a CPU rehearsal
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_pretraining import describe_machine
+from hfbert.configuration_hfbert import PRESETS
+from hfbert.files import atomic_path
+
+REPO = Path(__file__).resolve().parents[1]
+RESUME_TEST = "tests/test_training.py::test_half_then_resume_then_half_equals_straight_training"
+# Per-device batch sizes of bench_loop by model size and sequence length (fit an 80 GB GPU in fp16).
+DEFAULT_BATCH_SIZES = {("base", 128): 128, ("base", 512): 32, ("large", 128): 64, ("large", 512): 16}
+
+
+@dataclass
+class Part:
+    """One command of the report and what came of it."""
+
+    title: str
+    command: list[str]
+    limit_seconds: float
+    status: str = "not run"
+    seconds: float = 0.0
+    output: str = ""
+    tables: list[str] = field(default_factory=list)
+
+
+def markdown_tables(output: str) -> list[str]:
+    """The markdown tables (runs of lines starting with '|') in a command's output, with the line before each
+    (bench_loop prints its setting there)."""
+    lines = output.splitlines()
+    tables, start = [], None
+    for index, line in enumerate([*lines, ""]):
+        if line.startswith("|") and start is None:
+            start = index
+        elif not line.startswith("|") and start is not None:
+            context = next((lines[i] for i in range(start - 1, -1, -1) if lines[i].strip()), "")
+            tables.append("\n".join([context, "", *lines[start:index]]).strip())
+            start = None
+    return tables
+
+
+def run_part(part: Part, seconds_left: float) -> None:
+    """Run the part's command under min(its limit, what is left); record status, time, output and tables."""
+    limit = min(part.limit_seconds, seconds_left)
+    if limit < 1:
+        part.status = "skipped: the budget is spent"
+        return
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(part.command, cwd=REPO, capture_output=True, text=True, timeout=limit)
+        part.output = done.stdout + done.stderr
+        part.status = "ok" if done.returncode == 0 else f"failed (exit {done.returncode})"
+    except subprocess.TimeoutExpired as expired:
+        part.output = _text(expired.stdout) + _text(expired.stderr)
+        part.status = f"timed out after {limit:.0f} s"
+    part.seconds = time.perf_counter() - started
+    part.tables = markdown_tables(part.output)
+
+
+def _text(output: bytes | str | None) -> str:
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
+
+
+def render(parts: list[Part], device: str, started: str) -> str:
+    lines = [
+        "# GPU report",
+        "",
+        f"{device}; started {started}; `python -m benchmarks.gpu_report {' '.join(sys.argv[1:])}`",
+        "",
+        "| part | status | seconds |",
+        "|---|---|---|",
+        *(f"| {part.title} | {part.status} | {part.seconds:.0f} |" for part in parts),
+        "",
+    ]
+    for part in parts:
+        lines += [f"## {part.title}", "", f"`{' '.join(part.command)}`: {part.status}", ""]
+        lines += [*(table + "\n" for table in part.tables)]
+        if not part.tables and part.output:
+            tail = "\n".join(part.output.strip().splitlines()[-15:])
+            lines += ["```", tail, "```", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as temp_path:
+        temp_path.write_text(text, encoding="utf-8")
+
+
+def bench_loop_command(
+    args: argparse.Namespace, size: str, seq_len: int, bench_flags: list[str], run_flags: list[str]
+) -> list[str]:
+    """bench_loop at `size` and `seq_len` (`bench_flags` its own, `run_flags` run_pretraining.py's)."""
+    batch_size = args.batch_sizes[0] if args.batch_sizes else DEFAULT_BATCH_SIZES.get((size, seq_len), 32)
+    return [
+        sys.executable, "-m", "benchmarks.bench_loop", "--model_size", size, "--batch_size", str(batch_size),
+        "--steps", str(args.steps), "--warmup_steps", str(args.warmup_steps), *bench_flags,
+        "--", "--max_seq_length", str(seq_len), *run_flags,
+    ]  # fmt: skip
+
+
+def plan_parts(args: argparse.Namespace) -> list[Part]:
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    workers = ["-n", str(args.workers)] if importlib.util.find_spec("xdist") is not None else []
+    parts = [Part("test suite", [*pytest, *workers, *args.suite], args.suite_seconds)]
+    parts.append(Part("--deterministic resume (bit for bit)", [*pytest, RESUME_TEST], args.resume_seconds))
+    for size in args.sizes:
+        for seq_len in args.seq_lens:
+            command = bench_loop_command(args, size, seq_len, [], [])
+            parts.append(Part(f"bench_loop {size}, T={seq_len}", command, args.bench_seconds))
+            command = bench_loop_command(args, size, seq_len, ["--compile"], [])
+            parts.append(Part(f"bench_loop {size}, T={seq_len}, --compile", command, args.compile_seconds))
+    size, seq_len = args.sizes[0], args.seq_lens[0]
+    command = bench_loop_command(args, size, seq_len, [], ["--deterministic"])
+    parts.append(Part(f"bench_loop {size}, T={seq_len}, --deterministic", command, args.bench_seconds))
+    return parts
+
+
+def main(argv: list[str] | None = None) -> list[Part]:
+    args = parse_args(argv)
+    clock = time.perf_counter()
+    device = describe_machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = plan_parts(args)
+    write_report(args.output, render(parts, device, started))
+    for part in parts:
+        run_part(part, args.budget_seconds - (time.perf_counter() - clock))
+        write_report(args.output, render(parts, device, started))
+        print(f"{part.title}: {part.status} ({part.seconds:.0f} s)", flush=True)
+    print(f"\nReport: {args.output}")
+    return parts
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results" / "gpu_report.md")
+    parser.add_argument("--budget_seconds", type=float, default=600.0, help="the whole call (default: 600)")
+    parser.add_argument("--suite_seconds", type=float, default=150.0, help="limit of the test suite")
+    parser.add_argument("--resume_seconds", type=float, default=40.0, help="limit of the resume test")
+    parser.add_argument("--bench_seconds", type=float, default=35.0, help="limit of each plain bench_loop run")
+    parser.add_argument("--compile_seconds", type=float, default=55.0, help="limit of each --compile run")
+    parser.add_argument("--suite", nargs="+", default=["tests"], help="what pytest runs (default: tests)")
+    parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers, where installed")
+    parser.add_argument("--sizes", nargs="+", default=["base", "large"], choices=list(PRESETS))
+    parser.add_argument("--seq_lens", nargs="+", type=int, default=[128, 512])
+    parser.add_argument("--batch_sizes", nargs=1, type=int, help="one batch size for every run (default: by size)")
+    parser.add_argument("--steps", type=int, default=30, help="timed updates of each bench_loop run")
+    parser.add_argument("--warmup_steps", type=int, default=10, help="untimed updates first")
+    args = parser.parse_args(argv)
+    limits = ("budget_seconds", "suite_seconds", "resume_seconds", "bench_seconds", "compile_seconds")
+    for name in (*limits, "steps", "warmup_steps"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} {getattr(args, name)} must be > 0")
+    return args
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""Analyses of a pretrained BERT in memory: fill-mask, next-sentence probability, sentence similarity and
+attention maps, their plots and their markdown. `hfbert.inspect` runs them on a model folder; the finish stage
+of pretraining (`hfbert.pretraining.samples`) on the run's final weights."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: runs on servers without a display
+
+import matplotlib.pyplot as plt  # after matplotlib.use: the backend is chosen before pyplot loads
+import torch
+import transformers
+from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
+
+import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
+from hfbert.files import atomic_path
+
+
+@dataclass
+class FillMaskResult:
+    text: str
+    predictions: list[list[dict[str, Any]]]  # one top-k list per [MASK], each {"token_str", "score", ...}
+
+
+@dataclass
+class NspResult:
+    sentence_a: str
+    sentence_b: str
+    probability_follows: float  # softmax of seq_relationship_logits, index 0 (= B follows A)
+
+
+@dataclass
+class SimilarityResult:
+    sentences: list[str]
+    cls: list[list[float]]  # cosine similarity of the final [CLS] vectors
+    mean: list[list[float]]  # cosine similarity of the final vectors averaged over non-padding tokens
+
+
+@dataclass
+class AttentionResult:
+    tokens: list[str]
+    layer: int
+    head: int
+    weights: list[list[float]]  # (query, key): row i is where token i attends
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence load reports (e.g. the NSP head a masked-LM model leaves unused): they are noise here."""
+    logging = transformers.utils.logging
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def masked_lm_of_weights(config: Any, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A masked-LM model holding the encoder and MLM head of `state_dict` (an NSP head in it is left out)."""
+    with quiet_transformers():
+        model = AutoModelForMaskedLM.from_config(config)
+    model.load_state_dict(state_dict, strict=False)
+    return model.eval()
+
+
+# -------------------------------------------------------------------------------------------- computing
+
+
+class ModelAnalysis:
+    """A pretraining model (eager attention) and its tokenizer, for every analysis (eval mode, no gradients).
+
+    `missing_keys`: the weights the model did not receive (from_pretrained's or load_state_dict's report), which
+    tell whether it has its MLM and NSP heads; `masked_lm` builds the masked-LM model the fill-mask pipeline
+    runs (on first use)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        missing_keys: Sequence[str],
+        masked_lm: Callable[[], torch.nn.Module],
+        device: str = "cpu",
+    ):
+        self.device = torch.device(device)
+        self.tokenizer = tokenizer
+        self.model = model.to(self.device).eval()
+        self.config = self.model.config
+        self.has_nsp_head = not any("seq_relationship" in key for key in missing_keys)
+        self.has_mlm_head = not any("predictions" in key for key in missing_keys)
+        self._masked_lm = masked_lm
+        self._fill_mask = None
+
+    @classmethod
+    def of_weights(cls, config: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> ModelAnalysis:
+        """The analysis of weights in memory (e.g. a run's final state dict), on CPU copies of the model."""
+        state_dict = dict(state_dict)  # its own key set: save_pretrained empties the dict it is given
+        with quiet_transformers():
+            model = AutoModelForPreTraining.from_config(config, attn_implementation="eager")
+        # A state dict read from a folder lacks tied weights (the decoder's); tied, they load anyway.
+        tied = getattr(model, "all_tied_weights_keys", None) or {}
+        missing = [
+            key for key in model.load_state_dict(state_dict, strict=False).missing_keys if key not in tied
+        ]
+        return cls(model, tokenizer, missing, masked_lm=partial(masked_lm_of_weights, config, state_dict))
+
+    @property
+    def max_length(self) -> int:
+        return int(self.config.max_position_embeddings)
+
+    def summary(self) -> str:
+        c = self.config
+        parameters = sum(p.numel() for p in self.model.parameters())
+        return (
+            f"{c.model_type}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads, hidden size "
+            f"{c.hidden_size}, vocabulary {c.vocab_size}, {parameters / 1e6:.2f}M parameters"
+        )
+
+    def _encode(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        encoded = self.tokenizer(*args, return_tensors="pt", return_token_type_ids=True, **kwargs)
+        return {key: value.to(self.device) for key, value in encoded.items()}
+
+    @torch.no_grad()
+    def attention(self, text: str, layer: int, head: int) -> AttentionResult:
+        encoded = self._encode(text)
+        output = self.model.base_model(**encoded, output_attentions=True)
+        weights = output.attentions[layer][0, head].float().cpu()
+        tokens = self.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
+        return AttentionResult(tokens=tokens, layer=layer, head=head, weights=weights.tolist())
+
+    def fill_mask(self, text: str, top_k: int) -> FillMaskResult:
+        predictions = self.fill_mask_pipeline(text, top_k=top_k)
+        if predictions and isinstance(predictions[0], dict):  # one [MASK]: the pipeline drops a list level
+            predictions = [predictions]
+        return FillMaskResult(text=text, predictions=predictions)
+
+    @property
+    def fill_mask_pipeline(self) -> Any:
+        if self._fill_mask is None:
+            with quiet_transformers():
+                model = self._masked_lm()
+                self._fill_mask = transformers.pipeline(
+                    "fill-mask", model=model, tokenizer=self.tokenizer, device=self.device
+                )
+        return self._fill_mask
+
+    @torch.no_grad()
+    def nsp(self, sentence_a: str, sentence_b: str) -> NspResult:
+        encoded = self._encode(sentence_a, sentence_b, truncation="longest_first", max_length=self.max_length)
+        logits = self.model(**encoded).seq_relationship_logits[0].float()
+        probability = torch.softmax(logits, dim=-1)[0].item()
+        return NspResult(sentence_a=sentence_a, sentence_b=sentence_b, probability_follows=probability)
+
+    @torch.no_grad()
+    def similarity(self, sentences: Sequence[str]) -> SimilarityResult:
+        encoded = self._encode(list(sentences), padding=True, truncation=True, max_length=self.max_length)
+        hidden = self.model.base_model(**encoded).last_hidden_state.float()
+        mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        mean = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
+
+        def cosine(vectors: torch.Tensor) -> list[list[float]]:
+            unit = torch.nn.functional.normalize(vectors, dim=-1)
+            return (unit @ unit.T).clamp(-1.0, 1.0).cpu().tolist()
+
+        return SimilarityResult(sentences=list(sentences), cls=cosine(hidden[:, 0]), mean=cosine(mean))
+
+
+def _short(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def plot_attention(result: AttentionResult, path: Path, title: str) -> Path:
+    """Heatmap of one head's attention: queries down, keys across, every token labelled on both axes."""
+    n = len(result.tokens)
+    side = min(max(4.0, 0.32 * n + 2.0), 40.0)
+    font = min(9.0, 0.6 * 72 * (side - 2.0) / n)  # 60% of a cell's height, in points
+    figure, axis = plt.subplots(figsize=(side + 1.2, side), constrained_layout=True)
+    # Scaled to the largest weight, so a diffuse head (an untrained model) still shows its pattern.
+    top = max(max(row) for row in result.weights)
+    image = axis.imshow(result.weights, cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest")
+    axis.set_xticks(range(n), result.tokens, rotation=90, fontsize=font)
+    axis.set_yticks(range(n), result.tokens, fontsize=font)
+    axis.xaxis.tick_top()
+    axis.xaxis.set_label_position("top")
+    axis.set_xlabel("attended to (key)")
+    axis.set_ylabel("attending token (query)")
+    figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02, label="attention weight")
+    axis.set_title(title, fontsize=10)
+    return save_figure(figure, path)
+
+
+def plot_similarity(result: SimilarityResult, path: Path, title: str) -> Path:
+    """Two cosine-similarity heatmaps ([CLS], mean-pooled), each cell annotated, sentences numbered."""
+    n = len(result.sentences)
+    side = max(3.2, 0.55 * n + 1.6)
+    figure, axes = plt.subplots(1, 2, figsize=(2 * side + 3.2, side + 0.6), constrained_layout=True)
+    labels = [f"s{i + 1}" for i in range(n)]
+    ylabels = [f"s{i + 1}: {_short(s, 32)}" for i, s in enumerate(result.sentences)]
+    # One colour scale for both panels, at least 0.05 wide: an untrained model gives every pair ~1.
+    low = min(m[i][j] for m in (result.cls, result.mean) for i in range(n) for j in range(n) if i != j)
+    low = min(low, 0.95)
+    for index, (axis, name, matrix) in enumerate(
+        zip(axes, ("[CLS] vector", "mean-pooled vectors"), (result.cls, result.mean), strict=True)
+    ):
+        image = axis.imshow(matrix, cmap="magma", vmin=low, vmax=1.0, interpolation="nearest")
+        for i in range(n):
+            for j in range(n):
+                shade = (matrix[i][j] - low) / (1.0 - low)
+                axis.text(
+                    j, i, f"{matrix[i][j]:.2f}", ha="center", va="center", fontsize=8,
+                    color="black" if shade > 0.6 else "white",
+                )  # fmt: skip
+        axis.set_xticks(range(n), labels, fontsize=8)
+        axis.set_yticks(range(n), ylabels if index == 0 else labels, fontsize=8)
+        axis.set_title(f"cosine similarity, {name}", fontsize=10)
+    figure.colorbar(image, ax=axes, fraction=0.03, pad=0.02, label="cosine similarity")
+    figure.suptitle(title, fontsize=10)
+    return save_figure(figure, path)
+
+
+def save_figure(figure: Any, path: Path) -> Path:
+    try:
+        with atomic_path(path) as temp_path:
+            figure.savefig(temp_path, format="png", dpi=110, bbox_inches="tight", pad_inches=0.15)
+    finally:
+        plt.close(figure)
+    return path
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def code(text: str) -> str:
+    return f"`{text}`" if "`" not in text else f"`` {text} ``"
+
+
+def similarity_tables(result: SimilarityResult) -> list[str]:
+    n = len(result.sentences)
+    lines = [f"- s{i + 1}: {cell(s)}" for i, s in enumerate(result.sentences)]
+    for name, matrix in (("[CLS] vector", result.cls), ("mean-pooled (non-padding tokens)", result.mean)):
+        lines += ["", f"Cosine similarity, {name}:", ""]
+        lines.append("| | " + " | ".join(f"s{j + 1}" for j in range(n)) + " |")
+        lines.append("|---" * (n + 1) + "|")
+        lines += [
+            f"| s{i + 1} | " + " | ".join(f"{v:.3f}" for v in row) + " |" for i, row in enumerate(matrix)
+        ]
+    return lines
+
+
+def fill_mask_lines(result: FillMaskResult) -> list[str]:
+    lines = [f"Text: {code(result.text)}", ""]
+    many = len(result.predictions) > 1
+    for index, predictions in enumerate(result.predictions):
+        if many:
+            lines += [f"[MASK] {index + 1} of {len(result.predictions)}:", ""]
+        lines += ["| rank | token | probability |", "|---|---|---|"]
+        lines += [
+            f"| {rank} | {code(p['token_str'])} | {p['score']:.3f} |" for rank, p in enumerate(predictions, 1)
+        ]
+        lines.append("")
+    return lines
+
+
+def nsp_lines(results: Sequence[NspResult], names: Sequence[str] | None = None) -> list[str]:
+    header = "| pair | A | B | P(B follows A) |" if names else "| A | B | P(B follows A) |"
+    lines = [header, "|---" * header.count(" | ") + "|---|"]
+    for index, result in enumerate(results):
+        row = f"| {cell(result.sentence_a)} | {cell(result.sentence_b)} | {result.probability_follows:.3f} |"
+        lines.append(f"| {names[index]} " + row if names else row)
+    return lines
+
+
+def write_text(path: Path, text: str) -> Path:
+    with atomic_path(path) as temp_path:
+        temp_path.write_text(text, encoding="utf-8")
+    return path

@@ -1,0 +1,17 @@
+"""BERT pretraining (masked LM + next sentence prediction) with accelerate, as a package of stages, one module
+each, in the order data flows through them:
+
+    settings     the run's flags, in groups (corpus, data, model, optimization, run)
+    data         corpus -> documents -> tokenizer -> model config -> NSP instances (cached by datasets)
+    batches      the batch plan, the loaders and the one collator (padding, masking, the static form)
+    precision    the precision and the Accelerator
+    setup        model, optimizer, schedule and budget, prepared by accelerate; the checkpointed TrainingState
+    evaluation   held-out evaluation, the metrics' sums, model FLOPs and MFU (used by the loop)
+    loop         fit: step, log, evaluate, checkpoint; preemption
+    finish       the final folder (model, tokenizer, card, curves, samples) and the push
+    samples      the final folder's samples.md, from the weights in memory
+    run          pretrain(settings): the stages composed; cli: run_pretraining.py's flags -> pretrain
+
+No stage imports a later one. This file imports nothing, so that reading the settings (as
+hfbert.corpus does) loads none of the rest. See docs/architecture.md.
+"""

@@ -1,0 +1,374 @@
+"""Batches for BERT pretraining: the batch plan (every decision about a batch's shape, in `plan_batches`), the
+loaders built from it, the one batch builder (padding, MLM masking, the static form) and the
+sampler that gives every row of every epoch its own draw id, so batches can be built ahead, in DataLoader
+workers, and still be reproduced exactly on resume.
+
+Masks are drawn from a generator seeded by the batch's draw ids (seed, epoch and instance index), not from
+torch's global RNG: a batch is the same whichever process or worker builds it, however far ahead it is
+prefetched, and evaluation, which draws its masks the same way, touches no training RNG stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from hfbert.modeling_hfbert import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from hfbert.pretraining.settings import DataSettings, OptimizationSettings
+
+DRAW_KEY = "draw"  # a feature's draw id: epoch * num_instances + instance index (see InstanceDraws)
+FEATURE_KEYS = ("input_ids", "token_type_ids", "next_sentence_label")
+
+
+def default_max_predictions(max_seq_length: int, mlm_probability: float) -> int:
+    """Static masked slots per row for CUDA's default static path: the mean number of masked tokens plus three
+    standard deviations (tokens are chosen independently), rounded up to a multiple of 8, so that hardly any
+    masked token is dropped (32 at length 128 and 15%)."""
+    mean = max_seq_length * mlm_probability
+    spread = 3.0 * math.sqrt(max_seq_length * mlm_probability * (1.0 - mlm_probability))
+    return min(max_seq_length, 8 * math.ceil((mean + spread) / 8))
+
+
+def masked_positions_from_labels(
+    labels: torch.Tensor,
+    max_predictions_per_seq: int,
+    input_ids: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(B, T) MLM labels -> the static-shape form of google-research/bert's `max_predictions_per_seq`.
+
+    Returns `(masked_positions, masked_labels, input_ids)`: (B, P) positions of the labelled tokens in
+    ascending order, their (B, P) labels, empty slots holding position 0 and label -100; P is
+    `max_predictions_per_seq`. A row with more than P labelled tokens keeps a uniformly random P of them
+    (drawn from `generator`, or torch's global RNG: B x T uniforms per call, whatever the masks); the others
+    are unmasked, as google never masks more than P: their label is dropped and, when `input_ids` is given,
+    the original token (the label) is written back into a copy of `input_ids`, so the model sees it unchanged.
+    Feed the result to the model as `model(input_ids=..., masked_positions=..., labels=masked_labels, ...)`.
+    """
+    if max_predictions_per_seq < 1:
+        raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
+    seq_len = labels.size(1)
+    masked = labels != IGNORE_INDEX
+    slots = min(max_predictions_per_seq, seq_len)
+    priority = torch.rand(labels.shape, generator=generator, device=labels.device)
+    keep = priority.masked_fill(~masked, -1.0).topk(slots, dim=1).indices  # the (at most) P to predict
+    chosen = torch.zeros_like(masked).scatter_(1, keep, True) & masked
+    if input_ids is not None:
+        input_ids = torch.where(masked & ~chosen, labels, input_ids)
+    order = torch.argsort((~chosen).int(), dim=1, stable=True)[:, :slots]  # chosen first, ascending
+    filled = chosen.gather(1, order)
+    positions = order.masked_fill(~filled, 0)
+    masked_labels = labels.gather(1, order).masked_fill(~filled, IGNORE_INDEX)
+    if slots < max_predictions_per_seq:  # P > T: pad with empty slots
+        extra = max_predictions_per_seq - slots
+        positions = F.pad(positions, (0, extra), value=0)
+        masked_labels = F.pad(masked_labels, (0, extra), value=IGNORE_INDEX)
+    return positions, masked_labels, input_ids
+
+
+@dataclass
+class DataCollatorForPretraining:
+    """Pads NSP instances and masks them for MLM the way google-research/bert masks (80/10/10).
+
+    Call it with features, either a list of dicts or a dict of columns, holding ``input_ids``,
+    ``token_type_ids`` and, for pretraining, ``next_sentence_label`` (the rows of
+    :func:`hfbert.pretraining.data.build_nsp_instances`); it returns long tensors ``input_ids``,
+    ``attention_mask``, ``token_type_ids``, ``labels`` and ``next_sentence_label``. Rows are right-padded to
+    ``pad_to_length`` when given (static shapes), else to the longest row rounded up to ``pad_to_multiple_of``
+    (padding: ``attention_mask`` 0, ``token_type_ids`` 0, ``labels`` -100). With ``pad_to_batch_size``,
+    all-padding rows (every label -100, ``next_sentence_label`` -100) fill a short batch up to that size. Of
+    the tokens that are neither special (``[CLS]``, ``[SEP]``, ``[UNK]``, ...) nor padding, a fraction
+    ``mlm_probability`` is chosen; a chosen token becomes ``[MASK]`` with probability ``mask_replace_prob``, a
+    random non-special token with probability ``random_replace_prob``, and stays unchanged otherwise.
+    ``labels`` hold the original id at chosen positions and -100 elsewhere. With ``max_predictions_per_seq``
+    P the batch is in the static form instead: ``masked_positions`` and ``labels`` (B, P), see
+    :func:`masked_positions_from_labels`.
+
+    Randomness: features carrying a ``draw`` id (what :class:`InstanceDraws` adds) are masked from a
+    generator seeded by ``seed`` and the batch's draw ids, so the same rows always get the same masks; without
+    draw ids, masks come from torch's global RNG, as in transformers' collators.
+    """
+
+    tokenizer: Any
+    mlm_probability: float = 0.15
+    mask_replace_prob: float = 0.8
+    random_replace_prob: float = 0.1
+    pad_to_multiple_of: int | None = 8
+    pad_to_length: int | None = None
+    pad_to_batch_size: int | None = None
+    max_predictions_per_seq: int | None = None
+    seed: int = 0
+    # Lookup tables in numpy: torch's indexing kernel spreads a (B, T) lookup over its threads, which costs
+    # milliseconds when a core is busy (e.g. with the training step); numpy's stays on one.
+    _special: np.ndarray = field(init=False, repr=False)  # (V,) bool, True for special ids
+    _non_special_ids: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.tokenizer.pad_token_id is None:
+            raise ValueError("The tokenizer has no pad token; BERT pretraining needs one, e.g. '[PAD]'")
+        if self.tokenizer.mask_token_id is None:
+            raise ValueError("The tokenizer has no mask token; BERT pretraining needs one, e.g. '[MASK]'")
+        for name in ("mlm_probability", "mask_replace_prob", "random_replace_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} {getattr(self, name)} must be in [0, 1]")
+        if self.mask_replace_prob + self.random_replace_prob > 1.0:
+            raise ValueError(
+                f"mask_replace_prob {self.mask_replace_prob} + random_replace_prob {self.random_replace_prob} "
+                "should not exceed 1 (the rest of the chosen tokens stay unchanged)"
+            )
+        for name in ("pad_to_multiple_of", "pad_to_length", "pad_to_batch_size", "max_predictions_per_seq"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} {value} must be a positive integer, or None")
+        special = np.zeros(len(self.tokenizer), dtype=bool)
+        special[sorted(set(self.tokenizer.all_special_ids))] = True
+        self._special = special
+        self._non_special_ids = np.flatnonzero(~special)
+
+    def __call__(
+        self, features: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]
+    ) -> dict[str, torch.Tensor]:
+        columns = (
+            features
+            if isinstance(features, Mapping)
+            else {key: [feature[key] for feature in features] for key in features[0]}
+        )
+        generator = self.batch_generator(columns.get(DRAW_KEY))
+        input_ids, token_type_ids, attention_mask = self.pad(columns["input_ids"], columns["token_type_ids"])
+        masked_ids, labels = self.mask_tokens(input_ids, generator)
+        batch = {
+            "input_ids": masked_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+            "labels": labels,
+        }
+        if "next_sentence_label" in columns:  # padding rows added by pad_to_batch_size carry -100
+            nsp = torch.full((len(input_ids),), IGNORE_INDEX, dtype=torch.long)
+            nsp[: len(columns["next_sentence_label"])] = torch.as_tensor(columns["next_sentence_label"])
+            batch["next_sentence_label"] = nsp
+        if self.max_predictions_per_seq is not None:
+            positions, labels, masked_ids = masked_positions_from_labels(
+                labels, self.max_predictions_per_seq, masked_ids, generator=generator
+            )
+            batch.update(input_ids=masked_ids, labels=labels, masked_positions=positions)
+        return batch
+
+    def batch_generator(self, draws: Sequence[int] | None) -> torch.Generator | None:
+        """The batch's own generator, seeded by `seed` and its draw ids; None (global RNG) without them."""
+        if draws is None:
+            return None
+        state = np.random.SeedSequence([self.seed, *map(int, draws)]).generate_state(1, np.uint64)[0]
+        return torch.Generator().manual_seed(int(state))
+
+    def pad(self, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]]):
+        """(B, L) input_ids, token_type_ids and attention_mask, right-padded; filled from one flat array,
+        because tokenizer.pad over Python lists costs tens of milliseconds a batch."""
+        lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
+        longest = int(lengths.max())
+        if self.pad_to_length is not None:
+            if longest > self.pad_to_length:
+                raise ValueError(
+                    f"A row of {longest} tokens is longer than pad_to_length {self.pad_to_length}"
+                )
+            width = self.pad_to_length
+        elif self.pad_to_multiple_of is not None:
+            width = self.pad_to_multiple_of * math.ceil(longest / self.pad_to_multiple_of)
+        else:
+            width = longest
+        rows = max(len(lengths), self.pad_to_batch_size or 0)
+        attention_mask = np.zeros((rows, width), dtype=np.int64)
+        attention_mask[: len(lengths)] = np.arange(width) < lengths[:, None]
+        is_token = attention_mask.astype(bool)
+        total = int(lengths.sum())
+        ids = np.full((rows, width), self.tokenizer.pad_token_id, dtype=np.int64)
+        ids[is_token] = np.fromiter(itertools.chain.from_iterable(input_ids), dtype=np.int64, count=total)
+        types = np.zeros((rows, width), dtype=np.int64)
+        types[is_token] = np.fromiter(
+            itertools.chain.from_iterable(token_type_ids), dtype=np.int64, count=total
+        )
+        return torch.from_numpy(ids), torch.from_numpy(types), torch.from_numpy(attention_mask)
+
+    def mask_tokens(
+        self, input_ids: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Choose and replace tokens of (B, L) ``input_ids``: returns new ``(input_ids, labels)``. Whole-tensor
+        operations only (no boolean indexing), so the cost does not depend on how many tokens are chosen."""
+        eligible = torch.from_numpy(~self._special[input_ids.numpy()])  # never [CLS], [SEP], [PAD], ...
+        chosen = (torch.rand(input_ids.shape, generator=generator) < self.mlm_probability) & eligible
+        kind = torch.rand(input_ids.shape, generator=generator)
+        to_mask = chosen & (kind < self.mask_replace_prob)
+        to_random = (
+            chosen
+            & (kind >= self.mask_replace_prob)
+            & (kind < self.mask_replace_prob + self.random_replace_prob)
+        )
+        picks = torch.randint(len(self._non_special_ids), input_ids.shape, generator=generator)
+        masked = torch.where(to_random, torch.from_numpy(self._non_special_ids[picks.numpy()]), input_ids)
+        masked = masked.masked_fill(to_mask, self.tokenizer.mask_token_id)
+        labels = input_ids.masked_fill(~chosen, IGNORE_INDEX)
+        return masked, labels
+
+
+class InstanceDraws(Dataset):
+    """NSP instances addressed by draw id (epoch * len + index): each row comes back with its `draw` id, for
+    the collator to seed its masks with. Rows are fetched a batch at a time (`__getitems__`), as columns."""
+
+    def __init__(self, instances: Any):
+        self.instances = instances
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+    def __getitem__(self, draw: int) -> dict[str, Any]:
+        return {**self.instances[draw % len(self.instances)], DRAW_KEY: draw}
+
+    def __getitems__(self, draws: list[int]) -> dict[str, list[Any]]:
+        size = len(self.instances)
+        rows = self.instances[[draw % size for draw in draws]]
+        return {key: rows[key] for key in FEATURE_KEYS} | {DRAW_KEY: list(draws)}
+
+
+class EpochDraws(Sampler[int]):
+    """Draw ids of one epoch: a permutation of the instances seeded by (seed, epoch), offset by epoch * len.
+    Deterministic, so every process of a launch draws the same ids and accelerate shards them; accelerate's
+    loader calls `set_epoch`. With `shuffle=False` (evaluation) it is the instances in order with draw ids
+    0..len-1 in every epoch, so every evaluation scores the same masks."""
+
+    def __init__(self, num_instances: int, seed: int, shuffle: bool = True):
+        self.num_instances, self.seed, self.shuffle, self.epoch = num_instances, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle:
+            self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_instances
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_instances, generator=generator).tolist()
+        else:
+            order = range(self.num_instances)
+        offset = self.epoch * self.num_instances
+        return (offset + index for index in order)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The batch plan: every decision about a batch's shape, made once, from the settings and the device.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def resolve_max_predictions(data: DataSettings, torch_compile: bool, device: torch.device) -> int | None:
+    """Static masked slots per row: --max_predictions_per_seq, else a default on CUDA (static shapes keep the
+    step free of host synchronisation) and under --torch_compile; None (every masked token, dynamic shapes)
+    on a CPU, where the dynamic path is measured faster."""
+    if data.max_predictions_per_seq is not None:
+        return data.max_predictions_per_seq
+    if device.type == "cuda" or torch_compile:
+        return default_max_predictions(data.max_seq_length, data.mlm_probability)
+    return None
+
+
+def resolve_num_workers(requested: int | None, device: torch.device) -> int:
+    """DataLoader workers: --dataloader_num_workers, else 4 on CUDA (batches are built while the GPU steps)
+    and 0 on a CPU (a worker would take a core from the step; building a batch costs about a millisecond)."""
+    if requested is not None:
+        return requested
+    return min(4, os.cpu_count() or 1) if device.type == "cuda" else 0
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The shape of every batch of a run, decided once. Under --torch_compile every batch has one shape:
+    rows padded to --max_seq_length, full training batches (the last partial one of an epoch is dropped) and
+    evaluation batches filled up with padding rows."""
+
+    train_batch_size: int
+    eval_batch_size: int
+    max_predictions_per_seq: int | None  # static masked slots per row; None: every masked token (dynamic)
+    pad_to_length: int | None
+    fill_eval_batches: bool
+    drop_last: bool
+    num_workers: int
+    pin_memory: bool
+    mlm_probability: float
+    eval_mlm_probability: float
+    seed: int
+
+
+def plan_batches(
+    data: DataSettings, optimization: OptimizationSettings, eval_batch_size: int, device: torch.device
+) -> BatchPlan:
+    """The batch plan of a run from its data and optimization settings and the device it trains on."""
+    compiled = optimization.torch_compile
+    return BatchPlan(
+        train_batch_size=optimization.per_device_train_batch_size,
+        eval_batch_size=eval_batch_size,
+        max_predictions_per_seq=resolve_max_predictions(data, compiled, device),
+        pad_to_length=data.max_seq_length if compiled else None,
+        fill_eval_batches=compiled,
+        drop_last=compiled,
+        num_workers=resolve_num_workers(data.dataloader_num_workers, device),
+        pin_memory=device.type == "cuda",
+        mlm_probability=data.mlm_probability,
+        eval_mlm_probability=data.eval_mlm_probability,
+        seed=optimization.seed,
+    )
+
+
+def build_loaders(plan: BatchPlan, tokenizer: Any, train: Any, evaluation: Any) -> tuple[DataLoader, DataLoader]:
+    """Training and evaluation loaders whose collate_fn builds finished batches (padded, masked, static form
+    when planned) in worker processes, into pinned memory on CUDA."""
+    seed = plan.seed
+    shape = {
+        "max_predictions_per_seq": plan.max_predictions_per_seq,
+        "pad_to_length": plan.pad_to_length,
+        "seed": seed,
+    }
+    num_workers = plan.num_workers
+    loader_options = {
+        "num_workers": num_workers,
+        "pin_memory": plan.pin_memory,
+        "persistent_workers": num_workers > 0,
+        "prefetch_factor": 4 if num_workers > 0 else None,
+    }
+    train_batch = plan.train_batch_size
+    train_loader = DataLoader(
+        InstanceDraws(train),
+        batch_size=train_batch,
+        sampler=EpochDraws(len(train), seed),
+        collate_fn=DataCollatorForPretraining(tokenizer, mlm_probability=plan.mlm_probability, **shape),
+        drop_last=plan.drop_last and len(train) >= train_batch,
+        # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG
+        # and shifts the training dropout stream (the evaluation loader's too, at every evaluation).
+        generator=torch.Generator().manual_seed(seed),
+        **loader_options,
+    )
+    eval_batch = plan.eval_batch_size
+    eval_collator = DataCollatorForPretraining(
+        tokenizer,
+        mlm_probability=plan.eval_mlm_probability,
+        pad_to_batch_size=eval_batch if plan.fill_eval_batches else None,
+        **shape,
+    )
+    eval_loader = DataLoader(
+        InstanceDraws(evaluation),
+        batch_size=eval_batch,
+        sampler=EpochDraws(len(evaluation), seed, shuffle=False),
+        collate_fn=eval_collator,
+        generator=torch.Generator().manual_seed(seed),
+        **loader_options,
+    )
+    return train_loader, eval_loader

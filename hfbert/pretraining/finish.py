@@ -1,0 +1,130 @@
+"""Finish stage: the final folder of a run (model, tokenizer, metrics, curves, samples, model card, written as
+one set) and the push to the Hub.
+
+Everything is staged first and published together (`hfbert.files.staged_files`), so a crash never
+leaves a mix of an earlier run's files and this run's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from hfbert.analysis import ModelAnalysis
+from hfbert.files import staged_files, write_json_atomic
+from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
+from hfbert.plotting import plot_training_curves
+from hfbert.pretraining.samples import write_samples
+from hfbert.pretraining.settings import CorpusArguments, RunSettings
+
+logger = logging.getLogger(__name__)
+
+EVAL_RESULTS_NAME = "eval_results.json"
+TRAINING_ARGS_NAME = "training_args.json"
+LOG_HISTORY_NAME = "log_history.json"
+
+
+@dataclass(frozen=True)
+class FinalFolder:
+    """The run's final folder, and the fill-mask section of its samples.md (printed at the end of a run;
+    None where no samples were written, or on a process other than the main one)."""
+
+    path: Path
+    fill_mask: str | None = None
+
+
+def write_final_folder(
+    output_dir: Path,
+    *,
+    model: torch.nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    tokenizer: Any,
+    summary: dict[str, Any],
+    eval_results: dict[str, float],
+    log_history: list[dict[str, Any]],
+    corpus: CorpusArguments,
+    model_name: str,
+    sample_sentences: tuple[list[str], str | None] = ([], None),
+) -> FinalFolder:
+    """Write model (with its code), tokenizer, eval_results.json, training_args.json, log_history.json, the
+    curves, samples.md (fill-mask, NSP and similarity on `sample_sentences`: validation sentences and one of
+    another document) and the model card into `output_dir` as one set. Main process only."""
+    sentences, other_sentence = sample_sentences
+    # Before save_pretrained, which empties the state dict it is given.
+    analysis = ModelAnalysis.of_weights(model.config, state_dict, tokenizer) if len(sentences) >= 2 else None
+    with staged_files(output_dir) as staging:
+        model.save_pretrained(staging, state_dict=state_dict)
+        tokenizer.save_pretrained(staging)
+        write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)
+        write_json_atomic(staging / TRAINING_ARGS_NAME, summary)
+        write_json_atomic(staging / LOG_HISTORY_NAME, log_history)
+        plot_training_curves(log_history, staging / CURVES_NAME, title=f"{model_name} pretraining")
+        samples = None
+        if analysis is not None:  # computed on the weights in memory, on CPU copies of the model
+            samples = write_samples(
+                staging, analysis, sentences, other_sentence=other_sentence, model_name=model_name
+            )
+        card = build_model_card(
+            model_name=model_name,
+            training_config=summary,
+            eval_results=eval_results,
+            dataset_name=corpus.dataset_name,
+            dataset_config_name=corpus.dataset_config_name,
+            samples_name=None if samples is None else samples.path.name,
+        )
+        write_model_card(staging, card)
+    return FinalFolder(output_dir, None if samples is None else samples.fill_mask)
+
+
+def finish(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    run: RunSettings,
+    corpus: CorpusArguments,
+    summary: dict[str, Any],
+    eval_results: dict[str, float],
+    log_history: list[dict[str, Any]],
+    sample_sentences: tuple[list[str], str | None],
+) -> FinalFolder:
+    """Gather the weights, write the final folder (main process) and push it if asked."""
+    accelerator.wait_for_everyone()
+    output_dir = Path(run.output_dir)
+    final = FinalFolder(output_dir)
+    state_dict = accelerator.get_state_dict(model)  # on every process: gathers FSDP shards
+    if accelerator.is_main_process:
+        final = write_final_folder_or_explain(
+            output_dir,
+            model=accelerator.unwrap_model(model),  # compiled in place: never a wrapper
+            state_dict=state_dict,
+            tokenizer=tokenizer,
+            summary=summary,
+            eval_results=eval_results,
+            log_history=log_history,
+            corpus=corpus,
+            model_name=(run.hub_model_id or output_dir.name).split("/")[-1],
+            sample_sentences=sample_sentences,
+        )
+        if run.push_to_hub:
+            logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return final
+
+
+def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> FinalFolder:
+    """`write_final_folder`, with a failure (e.g. a full disk) explained: what is intact and how to finish."""
+    try:
+        return write_final_folder(output_dir, **contents)
+    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
+        raise OSError(
+            f"Writing the final folder {output_dir} failed ({type(error).__name__}: {error}); its previous files, "
+            f"if any, are intact. If the disk is full (check with `df -h {output_dir}`), free space, then rerun "
+            "the same command with --resume_from_checkpoint latest: a run resumed at its last step goes straight "
+            "to this save (with --checkpointing_steps, the last checkpoint is at most that many steps back)"
+        ) from error

@@ -1,0 +1,95 @@
+"""Precision stage: the precision a run trains in (and why), --deterministic, and the Accelerator built in it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import datasets
+import torch
+import transformers
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import parse_flag_from_env
+
+from hfbert.pretraining.settings import OptimizationSettings, RunSettings
+
+logger = logging.getLogger(__name__)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU executes bf16 dot products natively (AVX512-BF16 or AMX), where bf16 pays."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_mixed_precision(requested: str, launcher_choice: str | None, cuda: bool) -> tuple[str, str]:
+    """The precision to train in and why. `launcher_choice` is ACCELERATE_MIXED_PRECISION, which accelerate
+    launch sets to 'no' also when --mixed_precision was not given, so only fp16/bf16 there count as a choice."""
+    if requested == "auto" and launcher_choice in ("fp16", "bf16"):
+        requested, reason = launcher_choice, "accelerate launch --mixed_precision"
+    elif requested == "auto":
+        if cuda:
+            return "fp16", "CUDA device (fp16 with loss scaling)"
+        if cpu_has_native_bf16():
+            return "bf16", "CPU with native bf16"
+        return "no", "CPU without native bf16"
+    else:
+        reason = "--mixed_precision"
+    if requested == "fp16" and not cuda:
+        fallback = "bf16" if cpu_has_native_bf16() else "no"
+        logger.warning(
+            f"fp16 was asked for ({reason}) but there is no CUDA device and accelerate would silently ignore it "
+            f"on a CPU; training in {fallback} instead."
+        )
+        return fallback, f"fp16 unavailable on CPU, fell back to {fallback}"
+    return requested, reason
+
+
+def use_deterministic_algorithms() -> None:
+    """--deterministic: deterministic kernels only (an op without one raises). Not transformers'
+    `enable_full_determinism`, which also sets CUDA_LAUNCH_BLOCKING=1 and so makes every launch wait for the GPU."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any matmul
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+def build_accelerator(optimization: OptimizationSettings, run: RunSettings) -> tuple[Accelerator, str]:
+    """The Accelerator in the resolved precision (logged), with loggers quiet on non-main processes."""
+    use_cuda = torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU")
+    precision, reason = resolve_mixed_precision(
+        optimization.mixed_precision, os.environ.get("ACCELERATE_MIXED_PRECISION"), use_cuda
+    )
+    accelerator = Accelerator(
+        mixed_precision=precision,
+        gradient_accumulation_steps=optimization.gradient_accumulation_steps,
+        log_with=run.report_to if run.with_tracking else None,
+        project_dir=run.output_dir,
+        # Pinned batches are copied while the previous step runs (accelerate's loader moves one batch ahead).
+        dataloader_config=DataLoaderConfiguration(non_blocking=torch.cuda.is_available()),
+    )
+    logging.getLogger("hfbert").setLevel(logging.INFO if accelerator.is_main_process else logging.WARNING)
+    # accelerate warns at every save that the tied decoder weight is stored once; that is intended here.
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
+    if not accelerator.is_main_process:
+        datasets.utils.logging.set_verbosity_error()
+        transformers.utils.logging.set_verbosity_error()
+    logger.info(
+        f"Precision: {precision} ({reason}); device {accelerator.device}, {accelerator.num_processes} process(es)."
+    )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if (
+        accelerator.device.type == "cpu"
+        and torch.get_num_threads() == 1
+        and cores > accelerator.num_processes
+    ):
+        logger.warning(
+            f"Training on the CPU with 1 thread per process although {cores} cores are free: `accelerate launch` "
+            "sets OMP_NUM_THREADS=1 on a machine without a GPU unless told otherwise. Use `accelerate launch "
+            "--num_cpu_threads_per_process $(nproc) ...` (divided by --num_processes) for full speed."
+        )
+    return accelerator, precision

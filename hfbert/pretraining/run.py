@@ -1,0 +1,225 @@
+"""The whole run: `pretrain(settings)` composes the stages in the order of the flow.
+
+    check_before_work   the run folder, the checkpoint to resume and its settings, Hub access   (checkpointing)
+    precision           the precision and the Accelerator                                     (precision)
+    data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data)
+    batches             the batch plan and the loaders                                         (batches)
+    setup               model, optimizer, schedule, budget, prepared by accelerate             (setup)
+    fit                 the loop: step, log, evaluate, checkpoint, preemption                  (loop, evaluation)
+    finish              final folder (model, tokenizer, card, curves, samples) and push         (finish)
+
+Every stage is public; to pretrain another model through the same pipeline, compose them as `pretrain` does
+with that model in place of `HfBertForPreTraining` (see `setup_training` for what its forward must return, and
+benchmarks/time_to_quality.py). Every process of a multi-process launch calls `pretrain`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, set_seed
+
+from hfbert.checkpointing import (
+    TOKENIZER_FOLDER,
+    check_run_folder,
+    load_checkpoint,
+    read_run_settings,
+    remove_checkpoints,
+    resolve_resume_checkpoint,
+    run_folder_lock,
+)
+from hfbert.files import check_local_files, publish_files
+from hfbert.model_card import check_hub_access
+from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.pretraining.batches import BatchPlan, build_loaders, plan_batches
+from hfbert.pretraining.data import PretrainingData, prepare_data
+from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
+from hfbert.pretraining.finish import FinalFolder, finish
+from hfbert.pretraining.loop import CheckpointWriter, fit
+from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
+from hfbert.pretraining.settings import OptimizationSettings, PretrainingSettings, check_resume_settings
+from hfbert.pretraining.setup import Budget, count_parameters, setup_training
+
+logger = logging.getLogger(__name__)
+
+
+def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -> Path | None:
+    """Everything that can refuse the run, before data is read or a file written: the run folder, the
+    checkpoint to resume (verified once, on the main process) and its settings, and Hub access for a push.
+    Returns the checkpoint to resume from, if any."""
+    run = settings.run
+    check_run_folder(
+        run.output_dir,
+        resume_from_checkpoint=run.resume_from_checkpoint,
+        overwrite_output_dir=run.overwrite_output_dir,
+    )
+    for flag, value in (
+        ("--config_name", settings.model.config_name),
+        ("--tokenizer_name", settings.data.tokenizer_name),
+    ):
+        if value is not None:  # a truncated or garbled file is named now, not deep inside transformers later
+            check_local_files(value, flag, f"write or copy it again, or pass another {flag}")
+    if run.push_to_hub:
+        check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
+    if run.resume_from_checkpoint is None:
+        return None
+    verified = [None]
+    if accelerator.is_main_process:
+        checkpoint = resolve_resume_checkpoint(run.output_dir, run.resume_from_checkpoint)
+        for note in check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
+            logger.warning(note)
+        verified = [str(checkpoint)]
+    if accelerator.num_processes > 1:  # every process resumes the folder the main process verified
+        broadcast_object_list(verified, from_process=0)
+    return Path(verified[0])
+
+
+def start(settings: PretrainingSettings) -> tuple[Accelerator, str]:
+    """Logging, --deterministic and the Accelerator in the run's precision: the first thing a run does."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    if settings.optimization.deterministic:
+        use_deterministic_algorithms()
+    return build_accelerator(settings.optimization, settings.run)
+
+
+def prepare_run_data(
+    settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path | None
+) -> PretrainingData:
+    """The data stage, then the run folder made ready (checkpoints of a replaced run removed, an interrupted
+    final folder published). Seeds the run first, so the model built next starts from the same weights."""
+    set_seed(settings.optimization.seed)
+    data = prepare_data(
+        settings.corpus,
+        settings.data,
+        settings.model,
+        settings.optimization.seed,
+        Path(settings.run.output_dir),
+        accelerator,
+        checkpoint_tokenizer=None if checkpoint is None else checkpoint / TOKENIZER_FOLDER,
+    )
+    output_dir = Path(settings.run.output_dir)
+    if accelerator.is_main_process:
+        if settings.run.overwrite_output_dir:
+            remove_checkpoints(output_dir)
+        publish_files(output_dir)  # finishes a final folder whose publication was interrupted
+    accelerator.wait_for_everyone()
+    return data
+
+
+def run_summary(
+    settings: PretrainingSettings,
+    model: torch.nn.Module,
+    data: PretrainingData,
+    precision: str,
+    plan: BatchPlan,
+    budget: Budget,
+    num_processes: int,
+) -> dict[str, Any]:
+    """Facts of the run for training_args.json, the tracker and the model card."""
+    corpus = settings.corpus
+    return {
+        **settings.to_dict(),
+        "model_class": type(model).__name__,
+        "num_parameters": count_parameters(model),
+        "model_vocab_size": data.config.vocab_size,
+        "precision": precision,
+        "static_masked_slots": plan.max_predictions_per_seq,
+        "num_processes": num_processes,
+        "planned_train_steps": budget.max_train_steps,
+        "train_instances": len(data.train),
+        "eval_instances": len(data.evaluation),
+        "corpus": corpus.dataset_name or corpus.train_file or "shipped WikiText-2 sample",
+    }
+
+
+def log_plan(
+    data: PretrainingData,
+    optimization: OptimizationSettings,
+    budget: Budget,
+    num_processes: int,
+    num_parameters: int,
+) -> None:
+    logger.info(
+        f"{len(data.train)} training instances, {len(data.evaluation)} evaluation instances; up to "
+        f"{budget.max_train_steps} updates of {optimization.per_device_train_batch_size} x "
+        f"{num_processes} x {optimization.gradient_accumulation_steps} instances; "
+        f"{num_parameters / 1e6:.1f}M parameters."
+    )
+
+
+def train(
+    settings: PretrainingSettings,
+    accelerator: Accelerator,
+    precision: str,
+    data: PretrainingData,
+    model: torch.nn.Module,
+    checkpoint: Path | None,
+) -> FinalFolder:
+    """Batches -> setup -> resume -> fit -> finish for `model` (built from `data.config` right after
+    `prepare_run_data`); returns the final model folder."""
+    optimization = settings.optimization
+    summary_model = model
+    set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
+    plan = plan_batches(
+        settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device
+    )
+    train_loader, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+    state, train_loader, eval_loader, budget = setup_training(
+        model, train_loader, eval_loader, optimization, settings.model.attention_init, accelerator
+    )
+    summary = run_summary(settings, summary_model, data, precision, plan, budget, accelerator.num_processes)
+    log_plan(data, optimization, budget, accelerator.num_processes, summary["num_parameters"])
+    if checkpoint is not None:
+        logger.info(f"Resuming from {checkpoint}")
+        load_checkpoint(accelerator, checkpoint)
+    if settings.run.with_tracking:
+        accelerator.init_trackers("hfbert-pretraining", config=summary)
+    checkpoints = CheckpointWriter(
+        settings.run.output_dir,
+        settings.run.checkpoints_total_limit,
+        settings.resume_invariant(),
+        data.tokenizer,
+    )
+    flops = ModelFlops(data.config, summary_model, datasheet_peak_flops(accelerator.device, precision))
+    metrics = fit(
+        accelerator,
+        state,
+        train_loader,
+        eval_loader,
+        budget,
+        optimization,
+        settings.run,
+        precision,
+        checkpoints,
+        flops,
+    )
+    progress = state.progress
+    return finish(
+        accelerator,
+        state.model,
+        data.tokenizer,
+        settings.run,
+        settings.corpus,
+        summary,
+        eval_results={"step": progress.completed_steps, "train_seconds": progress.train_seconds, **metrics},
+        log_history=progress.log_history,
+        sample_sentences=(data.sample_sentences, data.other_sentence),
+    )
+
+
+def pretrain(settings: PretrainingSettings) -> Path:
+    """Pretrain HfBertForPreTraining and return the final model folder."""
+    return pretrain_run(settings).path
+
+
+def pretrain_run(settings: PretrainingSettings) -> FinalFolder:
+    """`pretrain`, returning the final folder with the fill-mask section of its samples."""
+    accelerator, precision = start(settings)
+    with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
+        checkpoint = check_before_work(settings, accelerator)
+        data = prepare_run_data(settings, accelerator, checkpoint)
+        return train(settings, accelerator, precision, data, HfBertForPreTraining(data.config), checkpoint)

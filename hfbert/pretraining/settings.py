@@ -1,0 +1,472 @@
+"""The settings of a pretraining run, grouped as litgpt groups them, and checked in one place.
+
+Each group is a dataclass whose fields are also run_pretraining.py's flags (`transformers.HfArgumentParser`
+reads the `help` metadata); each stage of `hfbert.pretraining` takes the group(s) it needs; `pretrain` takes the bundle.
+`PretrainingSettings.__post_init__` is the only place flags are validated, so every bad flag is refused
+before any data is read or any file is written. Flag names follow transformers' run_mlm_no_trainer.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from hfbert.configuration_hfbert import PRESETS
+
+DocumentBoundary = Literal["heading", "blank_line", "row"]
+
+
+class CorpusError(ValueError):
+    """A corpus cannot be loaded: missing file, empty corpus, unreachable Hub dataset, bad column ..."""
+
+
+@dataclass
+class CorpusArguments:
+    """Where the text comes from (command-line flags through `transformers.HfArgumentParser`)."""
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
+            "repo. Without it and without --train_file, the WikiText-2 sample shipped with hfbert is used."
+        },
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "Configuration of --dataset_name (e.g. wikitext-103-raw-v1)."}
+    )
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local training text: plain text of any extension (.txt, .raw, ...), or parquet/json/csv."
+        },
+    )
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Local validation text, same formats as --train_file."}
+    )
+    text_column: str = field(
+        default="text",
+        metadata={"help": "Column holding the text in parquet/json/csv files and Hub datasets."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk)."
+        },
+    )
+    document_boundary: DocumentBoundary | None = field(
+        default=None,
+        metadata={
+            "help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
+            "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
+            "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
+            "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files, "
+            "blank_line for other text files."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.dataset_name is not None and self.train_file is not None:
+            raise CorpusError(
+                f"both --dataset_name {self.dataset_name} and --train_file {self.train_file} were given; "
+                "pass only one of them"
+            )
+        if self.validation_file is not None and self.train_file is None:
+            raise CorpusError(
+                f"--validation_file {self.validation_file} was given without --train_file; pass --train_file too"
+            )
+        if self.dataset_config_name is not None and self.dataset_name is None:
+            raise CorpusError(
+                f"--dataset_config_name {self.dataset_config_name} was given without --dataset_name; "
+                "pass --dataset_name too"
+            )
+
+
+@dataclass
+class DataSettings:
+    """Tokenizer, NSP instances and masking."""
+
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A trained tokenizer folder (train_tokenizer.py). Without it, a WordPiece tokenizer of "
+            "--vocab_size is trained on the training corpus first and saved with the model."
+        },
+    )
+    vocab_size: int = field(
+        default=30522,
+        metadata={"help": "Vocabulary of the tokenizer trained when --tokenizer_name is not given."},
+    )
+    max_seq_length: int = field(
+        default=128, metadata={"help": "Longest instance, [CLS] A [SEP] B [SEP] included."}
+    )
+    short_seq_prob: float = field(
+        default=0.1, metadata={"help": "Share of instances with a shorter random target."}
+    )
+    dupe_factor: int = field(
+        default=1,
+        metadata={
+            "help": "Passes over the corpus with fresh NSP pairings (google-research/bert). 1 (default) suits a "
+            "corpus larger than the run; on a small one (the shipped sample) use 10-40, so NSP sees fresh pairs "
+            "instead of memorising repeated ones."
+        },
+    )
+    mlm_probability: float = field(
+        default=0.15, metadata={"help": "Share of tokens chosen for the MLM loss during training."}
+    )
+    max_predictions_per_seq: int | None = field(
+        default=None,
+        metadata={
+            "help": "Static shapes (google-research/bert): at most this many masked tokens per row, padded to "
+            "exactly this many, so every step has the same shapes (for torch.compile / CUDA graphs); extra "
+            "masked tokens are unmasked. Unset: the mean plus three standard deviations, rounded up to a "
+            "multiple of 8 (32 at length 128), on CUDA and under --torch_compile; on a CPU every masked token "
+            "counts (dynamic shapes, faster there)."
+        },
+    )
+    dataloader_num_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes that build batches (pad, mask) while the model steps. Unset: 4 on CUDA, 0 on a "
+            "CPU (a worker would take a core from the step). Batches and masks do not depend on it."
+        },
+    )
+    eval_mlm_probability: float = field(
+        default=0.15,
+        metadata={"help": "Share of tokens masked at evaluation (kept at BERT's 15% so runs compare)."},
+    )
+    validation_split_percentage: int = field(
+        default=5,
+        metadata={"help": "Documents held out for evaluation when the corpus has no validation split."},
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Evaluate on at most this many instances."}
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for datasets.map."}
+    )
+
+
+@dataclass
+class ModelSettings:
+    """Which BERT to build."""
+
+    config_name: str | None = field(
+        default=None,
+        metadata={"help": "A config.json (or its folder) for the model; overrides --model_size."},
+    )
+    model_size: Literal["tiny", "mini", "small", "medium", "base", "large"] = field(
+        default="mini", metadata={"help": f"BERT size preset: {', '.join(PRESETS)}."}
+    )
+    dropout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Hidden and attention dropout of the model (default: the config's, 0.1 for the presets)."
+        },
+    )
+    attention_init: Literal["structured", "bert"] = field(
+        default="structured",
+        metadata={
+            "help": "structured (default: on a short budget it is what lifts held-out MLM accuracy off the "
+            "unigram plateau and lets NSP generalise, see README Quality): BERT's initialisation, except that "
+            "position embeddings start as a cos/sin code and three attention heads start looking at the "
+            "previous token, the next token and the same word in the other segment (hfbert.initialization); "
+            "everything trains from there. bert: transformers' initialisation throughout."
+        },
+    )
+
+
+@dataclass
+class OptimizationSettings:
+    """Batches, optimizer, learning-rate schedule, budget and precision."""
+
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "Batch size per process."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimizer update."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak AdamW learning rate."})
+    weight_decay: float = field(
+        default=0.01, metadata={"help": "AdamW weight decay (none on biases, LayerNorm)."}
+    )
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
+    adam_epsilon: float = field(default=1e-6, metadata={"help": "AdamW epsilon (BERT used 1e-6)."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
+    lr_scheduler_type: Literal["linear", "cosine", "constant"] = field(
+        default="linear",
+        metadata={
+            "help": "After --num_warmup_steps of linear warmup: linear or cosine decay to zero at the end of "
+            "the budget (--max_train_steps or --max_train_seconds, whichever comes first), or constant."
+        },
+    )
+    num_warmup_steps: int = field(default=0, metadata={"help": "Linear warmup updates."})
+    nsp_loss_weight: float = field(
+        default=1.0, metadata={"help": "Weight of the NSP loss in the training loss (mlm + w * nsp)."}
+    )
+    num_train_epochs: int = field(
+        default=3, metadata={"help": "Epochs, unless --max_train_steps or --max_train_seconds is given."}
+    )
+    max_train_steps: int | None = field(
+        default=None, metadata={"help": "Optimizer updates; overrides epochs."}
+    )
+    max_train_seconds: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop after this much training time (evaluation and saving excluded), e.g. 600; the "
+            "learning-rate schedule then reaches zero exactly at the budget."
+        },
+    )
+    seed: int = field(
+        default=42, metadata={"help": "Seed of initialisation, pairing, masking and shuffling."}
+    )
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = field(
+        default="auto",
+        metadata={
+            "help": "auto: what `accelerate launch --mixed_precision` asked for, else fp16 on CUDA, bf16 on a "
+            "CPU with native bf16, fp32 otherwise. fp16 on a CPU warns and falls back."
+        },
+    )
+    torch_compile: bool = field(
+        default=False,
+        metadata={
+            "help": "Compile the model with torch.compile on static shapes (rows padded to --max_seq_length, "
+            "full batches, static masked slots), so training and evaluation each compile once."
+        },
+    )
+    deterministic: bool = field(
+        default=False,
+        metadata={
+            "help": "Deterministic algorithms only (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, "
+            "cuDNN), so that on a GPU, too, a resumed run equals an uninterrupted one bit for bit; slower on "
+            "CUDA (see README). CPU training is deterministic without it."
+        },
+    )
+
+
+@dataclass
+class RunSettings:
+    """Output folder, evaluation / logging / checkpoint schedules, resume and push."""
+
+    output_dir: str = field(metadata={"help": "Where checkpoints and the final model folder are written."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Replace another run, or write into a folder holding other files, in --output_dir."},
+    )
+    per_device_eval_batch_size: int = field(
+        default=64, metadata={"help": "Evaluation batch size per process."}
+    )
+    eval_steps: int | None = field(
+        default=None, metadata={"help": "Evaluate every N updates (default: at the end of each epoch)."}
+    )
+    logging_steps: int = field(default=10, metadata={"help": "Log training metrics every N updates."})
+    checkpointing_steps: str | None = field(
+        default=None, metadata={"help": "Save the full training state every N updates, or 'epoch'."}
+    )
+    checkpoints_total_limit: int | None = field(
+        default=None, metadata={"help": "Keep only the newest N checkpoints."}
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "A checkpoint folder, or 'latest' (newest in --output_dir)."}
+    )
+    with_tracking: bool = field(
+        default=False, metadata={"help": "Log metrics to the trackers of --report_to."}
+    )
+    report_to: str = field(
+        default="all", metadata={"help": "accelerate trackers: tensorboard, wandb, ... or all."}
+    )
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload the final folder to the Hub."})
+    hub_model_id: str | None = field(
+        default=None, metadata={"help": "Hub repo id, e.g. user/hfbert-mini-wikitext."}
+    )
+    hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: the logged-in one)."})
+    train_if_hub_unreachable: bool = field(
+        default=False,
+        metadata={
+            "help": "With --push_to_hub, train even if the Hub check at start fails (push later with "
+            "`python -m hfbert.push RUN_DIR --hub_model_id ...`)."
+        },
+    )
+
+
+# Settings a resumed run must share with its checkpoint (the rest may change between launches).
+RESUME_INVARIANT = {
+    "data": (
+        "vocab_size",
+        "max_seq_length",
+        "short_seq_prob",
+        "dupe_factor",
+        "mlm_probability",
+        "max_predictions_per_seq",
+        "validation_split_percentage",
+    ),
+    "model": ("config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
+    "optimization": (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "learning_rate",
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "max_grad_norm",
+        "lr_scheduler_type",
+        "num_warmup_steps",
+        "nsp_loss_weight",
+        "seed",
+        "mixed_precision",
+        "torch_compile",  # compiled runs pad every batch to --max_seq_length and drop an epoch's short last batch
+    ),
+    "corpus": (
+        "dataset_name",
+        "dataset_config_name",
+        "train_file",
+        "validation_file",
+        "text_column",
+        "document_boundary",
+    ),
+}
+
+
+# The budget may change on resume when the learning rate does not depend on it (a constant schedule).
+BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
+
+
+@dataclass
+class PretrainingSettings:
+    """Everything a pretraining run is told, passed whole to `hfbert.pretraining.run.pretrain`."""
+
+    corpus: CorpusArguments
+    data: DataSettings
+    model: ModelSettings
+    optimization: OptimizationSettings
+    run: RunSettings
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
+        data, optimization, run = self.data, self.optimization, self.run
+        positive = {
+            "vocab_size": data.vocab_size,
+            "max_seq_length": data.max_seq_length,
+            "dupe_factor": data.dupe_factor,
+            "per_device_train_batch_size": optimization.per_device_train_batch_size,
+            "per_device_eval_batch_size": run.per_device_eval_batch_size,
+            "gradient_accumulation_steps": optimization.gradient_accumulation_steps,
+            "num_train_epochs": optimization.num_train_epochs,
+            "logging_steps": run.logging_steps,
+            "learning_rate": optimization.learning_rate,
+        }
+        optional_positive = {
+            "max_train_steps": optimization.max_train_steps,
+            "max_train_seconds": optimization.max_train_seconds,
+            "eval_steps": run.eval_steps,
+            "checkpoints_total_limit": run.checkpoints_total_limit,
+            "max_eval_samples": data.max_eval_samples,
+            "max_predictions_per_seq": data.max_predictions_per_seq,
+            "preprocessing_num_workers": data.preprocessing_num_workers,
+        }
+        if data.dataloader_num_workers is not None and data.dataloader_num_workers < 0:
+            raise ValueError(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
+        for name, value in {**positive, **optional_positive}.items():
+            if value is not None and value <= 0:
+                unset = " (or leave it unset)" if name in optional_positive else ""
+                raise ValueError(f"--{name} {value} must be > 0{unset}")
+        if data.max_seq_length < 8:
+            raise ValueError(f"--max_seq_length {data.max_seq_length} must be >= 8 ([CLS] A [SEP] B [SEP])")
+        for name in ("mlm_probability", "eval_mlm_probability"):
+            if not 0.0 < getattr(data, name) < 1.0:
+                raise ValueError(f"--{name} {getattr(data, name)} must be in (0, 1), e.g. 0.15")
+        if not 0.0 <= data.short_seq_prob <= 1.0:
+            raise ValueError(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
+        if not 0 < data.validation_split_percentage < 100:
+            raise ValueError(
+                f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)"
+            )
+        if self.model.dropout is not None and not 0.0 <= self.model.dropout < 1.0:
+            raise ValueError(f"--dropout {self.model.dropout} must be in [0, 1)")
+        nonnegative = {
+            "weight_decay": optimization.weight_decay,
+            "max_grad_norm": optimization.max_grad_norm,
+            "num_warmup_steps": optimization.num_warmup_steps,
+            "nsp_loss_weight": optimization.nsp_loss_weight,
+        }
+        for name, value in nonnegative.items():
+            if value < 0:
+                raise ValueError(f"--{name} {value} must be >= 0")
+        steps = run.checkpointing_steps
+        if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
+            raise ValueError(
+                f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'"
+            )
+        if run.checkpoints_total_limit is not None and steps is None:
+            raise ValueError(
+                "--checkpoints_total_limit was given without --checkpointing_steps; pass --checkpointing_steps "
+                "N or 'epoch' too"
+            )
+        if run.push_to_hub and not run.hub_model_id:
+            raise ValueError("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
+        if self.corpus.streaming:
+            raise ValueError(
+                "run_pretraining.py pairs sentences across the whole corpus (next sentence prediction) and "
+                "needs the datasets cache: drop --streaming (train_tokenizer.py supports it)"
+            )
+
+    def resume_invariant(self) -> dict[str, Any]:
+        """The settings a checkpoint records: those a resumed run must repeat (`RESUME_INVARIANT`) and the
+        budget (`BUDGET_FLAGS`)."""
+        groups = {
+            "data": self.data,
+            "model": self.model,
+            "optimization": self.optimization,
+            "corpus": self.corpus,
+        }
+        return {
+            name: value
+            for group, names in RESUME_INVARIANT.items()
+            for name, value in asdict(groups[group]).items()
+            if name in names
+        } | {name: getattr(self.optimization, name) for name in BUDGET_FLAGS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting, flat (flag name -> value), without the Hub token."""
+        flat: dict[str, Any] = {}
+        for group in (self.corpus, self.data, self.model, self.optimization, self.run):
+            flat.update(asdict(group))
+        flat.pop("hub_token", None)
+        return flat
+
+
+def check_resume_settings(
+    saved: dict[str, Any] | None, settings: PretrainingSettings, checkpoint: str
+) -> list[str]:
+    """Compare a checkpoint's recorded settings with this launch's; raise on any difference that would change
+    the run, naming each flag with both values. Returns notes on deliberate changes (for the log)."""
+    if saved is None:
+        return [f"{checkpoint} records no run settings (written by an older hfbert); flags are not checked"]
+    current = settings.resume_invariant()
+    changed = [
+        f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now"
+        for name in sorted(current)
+        if name not in BUDGET_FLAGS and name in saved and saved[name] != current[name]
+    ]
+    notes = []
+    budget = {name: getattr(settings.optimization, name) for name in BUDGET_FLAGS}
+    for name, value in budget.items():
+        if name not in saved or saved[name] == value:
+            continue
+        if settings.optimization.lr_scheduler_type == "constant":
+            notes.append(f"--{name} changed from {saved[name]!r} to {value!r}: training continues to the new budget")
+        else:
+            changed.append(
+                f"--{name} {saved[name]!r} in the checkpoint, {value!r} now (the "
+                f"{settings.optimization.lr_scheduler_type} learning-rate schedule is laid out over the "
+                "planned budget, so changing it makes the learning rate jump; only a constant schedule can be "
+                "extended)"
+            )
+    if changed:
+        raise ValueError(
+            f"--resume_from_checkpoint {checkpoint}: these flags differ from the run that wrote the checkpoint: "
+            + "; ".join(changed)
+            + ". Resume with the original values (see run_settings.json in the checkpoint), or start a new run "
+            "with a new --output_dir"
+        )
+    return notes

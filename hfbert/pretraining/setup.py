@@ -1,0 +1,160 @@
+"""Setup stage: the model to train, its optimizer and learning-rate schedule, the step budget, all prepared by
+accelerate. What a checkpoint holds is one explicit `TrainingState`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from hfbert.checkpointing import TrainingProgress
+from hfbert.initialization import init_structured_attention
+from hfbert.pretraining.settings import OptimizationSettings
+
+UNBOUNDED_STEPS = 10**12  # the step budget of a run bounded by --max_train_seconds alone
+
+
+def optimizer_parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups as in BERT: weight decay on weight matrices only, none on biases and LayerNorm."""
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@dataclass(frozen=True)
+class LearningRateSchedule:
+    """Linear warmup to `peak`, then linear or cosine decay to zero, or constant.
+
+    transformers' schedulers only know steps; a time budget needs the elapsed time too, so the decay follows
+    progress = max(step / max_steps, seconds / max_seconds) and reaches zero exactly when the budget that
+    ends the run (steps or seconds) runs out (Izsak et al. 2021). It is a pure function of the checkpointed
+    progress, so nothing about it needs saving.
+    """
+
+    peak: float
+    warmup_steps: int
+    max_steps: int
+    max_seconds: float | None
+    shape: str
+
+    def __call__(self, step: int, seconds: float) -> float:
+        if step < self.warmup_steps:
+            return self.peak * (step + 1) / (self.warmup_steps + 1)
+        if self.shape == "constant":
+            return self.peak
+        progress = (step - self.warmup_steps) / max(1, self.max_steps - self.warmup_steps)
+        if self.max_seconds is not None:
+            progress = max(progress, seconds / self.max_seconds)
+        progress = min(progress, 1.0)
+        if self.shape == "cosine":
+            return self.peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.peak * (1.0 - progress)
+
+
+@dataclass
+class TrainingState:
+    """Exactly what a checkpoint holds (accelerate adds the RNG states and the loaders' positions follow from
+    `progress`): the prepared model and optimizer, and the progress through the budget."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    progress: TrainingProgress
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long the run trains: the schedule (a pure function of the progress), the planned updates and the
+    epochs they span."""
+
+    schedule: LearningRateSchedule
+    max_train_steps: int
+    num_epochs: int
+
+
+def build_optimizer(model: torch.nn.Module, optimization: OptimizationSettings, device: torch.device):
+    """AdamW as in BERT (see `optimizer_parameter_groups`), fused on CPU and CUDA."""
+    return torch.optim.AdamW(
+        optimizer_parameter_groups(model, optimization.weight_decay),
+        lr=optimization.learning_rate,
+        betas=(optimization.adam_beta1, optimization.adam_beta2),
+        eps=optimization.adam_epsilon,
+        fused=device.type in ("cpu", "cuda"),  # one kernel for all parameters: measured faster
+    )
+
+
+def plan_budget(optimization: OptimizationSettings, batches_per_epoch: int, num_processes: int) -> Budget:
+    """The updates of the run (--max_train_steps, or the epochs', or unbounded under a time budget alone)
+    and the schedule laid out over them."""
+    updates_per_epoch = math.ceil(
+        math.ceil(batches_per_epoch / num_processes) / optimization.gradient_accumulation_steps
+    )
+    max_train_steps = optimization.max_train_steps or (
+        # A time budget alone runs as many epochs as fit in it; otherwise --num_train_epochs.
+        UNBOUNDED_STEPS
+        if optimization.max_train_seconds
+        else optimization.num_train_epochs * updates_per_epoch
+    )
+    schedule = LearningRateSchedule(
+        peak=optimization.learning_rate,
+        warmup_steps=optimization.num_warmup_steps,
+        max_steps=max_train_steps,
+        max_seconds=optimization.max_train_seconds,
+        shape=optimization.lr_scheduler_type,
+    )
+    return Budget(schedule, max_train_steps, num_epochs=math.ceil(max_train_steps / updates_per_epoch))
+
+
+def setup_training(
+    model: torch.nn.Module,
+    train_loader: DataLoader,
+    eval_loader: DataLoader,
+    optimization: OptimizationSettings,
+    attention_init: str,
+    accelerator: Accelerator,
+) -> tuple[TrainingState, DataLoader, DataLoader, Budget]:
+    """Optimizer, schedule and budget for `model`, everything prepared by accelerate (not yet resumed).
+
+    `model` is any module whose forward takes a batch plus `mlm_masked_rows_only=True` and returns `mlm_loss`,
+    `nsp_loss`, `prediction_logits` at the masked rows (row-major order of labels != -100) and
+    `seq_relationship_logits`, as `HfBertForPreTraining` does; on the static path (the default on CUDA) the
+    batch also holds `masked_positions` (B, P) and labels are (B, P). This is the seam through which another
+    model trains in the same pipeline (benchmarks/time_to_quality.py trains transformers' BERT this way)."""
+    if attention_init == "structured":  # a resumed run then loads its checkpoint over it
+        init_structured_attention(model, seed=optimization.seed)
+    if (
+        optimization.torch_compile
+    ):  # static shapes throughout (see batches.plan_batches): one graph, never dynamic
+        # In place: the model stays itself, so checkpoints and the final folder keep its parameter names
+        # (torch.compile's wrapper would prefix them with "_orig_mod.").
+        model.compile(dynamic=False)
+    optimizer = build_optimizer(model, optimization, accelerator.device)
+    budget = plan_budget(optimization, len(train_loader), accelerator.num_processes)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    train_loader = accelerator.prepare_data_loader(train_loader)
+    eval_loader = accelerator.prepare_data_loader(eval_loader)
+    progress = TrainingProgress()
+    accelerator.register_for_checkpointing(progress)
+    return TrainingState(model, optimizer, progress), train_loader, eval_loader, budget
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = [
+    "UNBOUNDED_STEPS",
+    "Budget",
+    "LearningRateSchedule",
+    "TrainingState",
+    "build_optimizer",
+    "optimizer_parameter_groups",
+    "plan_budget",
+    "setup_training",
+]

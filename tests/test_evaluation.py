@@ -1,0 +1,57 @@
+"""hfbert.pretraining.evaluation: the metrics' sums, the FLOPs formula behind the logged MFU."""
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from hfbert import HfBertForPreTraining
+from hfbert.pretraining.evaluation import (
+    STATISTICS,
+    ModelFlops,
+    check_loss_is_finite,
+    flops_per_token,
+    metrics_from_statistics,
+)
+
+
+def test_metrics_come_from_the_summed_statistics():
+    totals = torch.tensor([20.0, 3.0, 10.0, 4.0, 6.0, 8.0], dtype=torch.float64)  # see STATISTICS
+    metrics = metrics_from_statistics(totals, prefix="eval_")
+    assert metrics == {
+        "eval_mlm_loss": 2.0,
+        "eval_mlm_accuracy": 0.3,
+        "eval_perplexity": pytest.approx(math.exp(2.0)),
+        "eval_nsp_loss": 0.5,
+        "eval_nsp_accuracy": 0.75,
+    }
+    assert metrics_from_statistics(torch.zeros(len(STATISTICS), dtype=torch.float64), "")["mlm_loss"] == 0.0
+
+
+def test_flops_per_token_counts_the_encoder_attention_and_the_head_share():
+    config = tiny_config()
+    model = HfBertForPreTraining(config)
+    encoder = sum(p.numel() for p in model.bert.encoder.parameters())
+    d, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    assert flops_per_token(config, model, 64, 0.0) == 6 * encoder + 12 * layers * d * 64
+    head = 6 * (d * d + d * vocab)
+    assert flops_per_token(config, model, 64, 1.0) - flops_per_token(config, model, 64, 0.0) == head
+
+
+def test_the_log_row_has_model_flops_and_mfu_only_with_a_known_peak():
+    config = tiny_config()
+    model = HfBertForPreTraining(config)
+    totals = torch.tensor([0.0, 0.0, 150.0, 0.0, 0.0, 10.0], dtype=torch.float64)  # 150 masked, 10 rows
+    row = ModelFlops(config, model, peak_flops_per_process=None).utilization(1000.0, totals, 2.0, 1)
+    assert set(row) == {"model_flops_per_second"}
+    assert row["model_flops_per_second"] == pytest.approx(1000 * flops_per_token(config, model, 100, 0.15) / 2)
+    with_peak = ModelFlops(config, model, peak_flops_per_process=1e12).utilization(1000.0, totals, 2.0, 2)
+    assert with_peak["mfu"] == pytest.approx(with_peak["model_flops_per_second"] / 2e12)
+
+
+def test_non_finite_loss_is_an_error_except_under_fp16():
+    with pytest.raises(FloatingPointError, match=r"loss became nan at step 7.*--learning_rate"):
+        check_loss_is_finite(torch.tensor(float("nan")), "no", 7, 1e-3)
+    check_loss_is_finite(torch.tensor(float("inf")), "fp16", 7, 1e-3)  # the grad scaler skips it
+    check_loss_is_finite(torch.tensor(2.0), "bf16", 7, 1e-3)

@@ -1,0 +1,61 @@
+"""hfbert.pretraining.finish (and samples): the final folder written as one set, its samples computed on the
+weights in memory, and the fill-mask section handed back instead of parsed out of samples.md."""
+
+import json
+
+import torch
+from conftest import tiny_config
+
+from hfbert import HfBertForPreTraining
+from hfbert.inspect import write_samples as write_samples_from_folder
+from hfbert.pretraining.finish import FinalFolder, write_final_folder
+from hfbert.pretraining.settings import CorpusArguments
+
+SENTENCES = [
+    "The game was released in Japan in 2011 and sold well .",
+    "It was the first game in the series to be released on a handheld .",
+    "Critics praised the story of the game and its music .",
+]
+OTHER = "The band toured Europe in the summer ."
+
+
+def write(output_dir, model, tokenizer, sentences=(SENTENCES, OTHER)) -> FinalFolder:
+    return write_final_folder(
+        output_dir,
+        model=model,
+        state_dict=model.state_dict(),
+        tokenizer=tokenizer,
+        summary={"precision": "no", "corpus": "shipped WikiText-2 sample"},
+        eval_results={"step": 2, "eval_mlm_loss": 6.5, "eval_mlm_accuracy": 0.01},
+        log_history=[{"step": 1, "loss": 7.0, "learning_rate": 1e-4}, {"step": 2, "eval_mlm_loss": 6.5}],
+        corpus=CorpusArguments(),
+        model_name="hfbert-tiny",
+        sample_sentences=sentences,
+    )
+
+
+def test_the_final_folder_is_one_set_with_samples_from_the_weights_in_memory(tmp_path, sample_tokenizer):
+    torch.manual_seed(0)
+    model = HfBertForPreTraining(tiny_config())
+    final = write(tmp_path / "run", model, sample_tokenizer)
+    folder = final.path
+    for name in ("config.json", "model.safetensors", "README.md", "samples.md", "samples_attention.png",
+                 "training_curves.png", "eval_results.json", "training_args.json", "log_history.json"):  # fmt: skip
+        assert (folder / name).is_file(), name
+    assert json.loads((folder / "eval_results.json").read_text())["eval_mlm_loss"] == 6.5
+    samples = (folder / "samples.md").read_text()
+    # The section handed back is the one in samples.md, with the model's MLM head (not "no masked-LM head").
+    assert final.fill_mask.startswith("## Fill-mask") and final.fill_mask in samples
+    assert final.fill_mask.count("true word **") == 3
+    assert "[samples.md](samples.md)" in (folder / "README.md").read_text()
+    # In memory or reloaded from the folder, the same weights give the same samples.
+    reloaded = tmp_path / "reloaded"
+    folder.rename(reloaded)
+    write_samples_from_folder(reloaded, SENTENCES, other_sentence=OTHER, model_name="hfbert-tiny")
+    assert (reloaded / "samples.md").read_text().split("\n", 4)[4] == samples.split("\n", 4)[4]
+
+
+def test_without_sample_sentences_there_are_no_samples(tmp_path, sample_tokenizer):
+    final = write(tmp_path / "run", HfBertForPreTraining(tiny_config()), sample_tokenizer, sentences=([], None))
+    assert final.fill_mask is None and not (final.path / "samples.md").exists()
+    assert "samples.md" not in (final.path / "README.md").read_text()
