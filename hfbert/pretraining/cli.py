@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -19,12 +20,22 @@ from hfbert.pretraining.settings import (
 )
 
 
-def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
-    """Parse and validate run_pretraining.py's flags (every check runs here, before any work)."""
+def build_parser() -> HfArgumentParser:
+    """run_pretraining.py's flags: the corpus flags it shares with train_tokenizer.py, then its own groups."""
     parser = HfArgumentParser(
         (CorpusArguments, DataSettings, ModelSettings, OptimizationSettings, RunSettings)  # type: ignore[arg-type]
     )
-    corpus, data, model, optimization, run = parser.parse_args_into_dataclasses(args=argv)
+    # --streaming is train_tokenizer.py's: pretraining pairs sentences across the whole cached corpus, so the
+    # flag stays parseable (validate refuses it with that reason) but is not offered in --help.
+    for action in parser._actions:
+        if action.dest == "streaming":
+            action.help = argparse.SUPPRESS
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
+    """Parse and validate run_pretraining.py's flags (every check runs here, before any work)."""
+    corpus, data, model, optimization, run = build_parser().parse_args_into_dataclasses(args=argv)
     return PretrainingSettings(corpus=corpus, data=data, model=model, optimization=optimization, run=run)
 
 

@@ -132,7 +132,7 @@ class DataSettings:
     )
     eval_mlm_probability: float = field(
         default=0.15,
-        metadata={"help": "Share of tokens masked at evaluation (kept at BERT's 15% so runs compare)."},
+        metadata={"help": "Share of tokens masked at evaluation (kept at BERT's 15%% so runs compare)."},
     )
     validation_split_percentage: int = field(
         default=5,
