@@ -32,7 +32,15 @@ except ImportError:  # Windows: no flock
 from accelerate import Accelerator
 from safetensors import SafetensorError
 
-from hfbert.files import FINAL_READY, FINAL_STAGING, check_readable, read_json, sha256_file, write_json_atomic
+from hfbert.files import (
+    FINAL_READY,
+    FINAL_STAGING,
+    check_folder_writable,
+    check_readable,
+    read_json,
+    sha256_file,
+    write_json_atomic,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -482,6 +490,7 @@ def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True)
     if not main_process or fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
         yield  # a file in the way is refused by check_run_folder, with the fix
         return
+    check_folder_writable(output_dir, "--output_dir")  # named here, not as a raw OSError on the lock file
     created = not output_dir.exists()
     output_dir.mkdir(parents=True, exist_ok=True)
     lock_path = output_dir / RUN_LOCK_NAME

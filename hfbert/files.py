@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shutil
+import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -37,6 +38,25 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(temp_path, path)
     finally:
         temp_path.unlink(missing_ok=True)
+
+
+def check_folder_writable(folder: str | os.PathLike, flag: str) -> None:
+    """Raise a ValueError naming `flag`, the folder and the fix unless a file can be created in `folder` (or,
+    while it does not exist yet, in its nearest existing parent). Tries it: os.access says yes to root even on
+    a read-only mount."""
+    folder = Path(folder).absolute()
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".hfbert-write-probe-"):
+            pass
+    except OSError as error:
+        where = "" if existing == folder else f" (it does not exist yet and its parent {existing} is not writable)"
+        raise ValueError(
+            f"{flag} {folder} cannot be written{where}: {error.strerror or error}; pass a folder you can write "
+            "to, or fix its permissions (or free space on its disk)"
+        ) from None
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
 from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.files import check_local_files, staged_files
+from hfbert.files import check_folder_writable, check_local_files, staged_files
 
 if TYPE_CHECKING:
     from hfbert.configuration_hfbert import HfBertConfig
@@ -463,12 +463,25 @@ class TokenizerTrainingArguments:
         },
     )
 
+    def __post_init__(self) -> None:
+        # Refused at parse time, before the corpus is read (the trainer would raise OverflowError on -3).
+        if self.vocab_size <= len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"--vocab_size {self.vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
+                "pass a larger --vocab_size (e.g. 30522)"
+            )
+        if self.min_frequency < 0:
+            raise ValueError(f"--min_frequency {self.min_frequency} must be >= 0, e.g. 2")
+        if self.model_max_length <= 0:
+            raise ValueError(f"--model_max_length {self.model_max_length} must be > 0, e.g. 512")
+
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: train a tokenizer on a corpus, save it, print a summary."""
     parser = HfArgumentParser((CorpusArguments, TokenizerTrainingArguments))
     corpus_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
+    check_folder_writable(training_args.output_dir, "--output_dir")  # now, not after training
     documents = load_documents(corpus_args)
 
     started = time.perf_counter()

@@ -52,7 +52,12 @@ from hfbert.inspect import sample_sentences
 from hfbert.model_card import check_hub_access, push_to_hub
 from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining
 from hfbert.pretraining_data import build_nsp_instances, split_validation_documents, tokenize_documents
-from hfbert.pretraining_settings import PretrainingSettings, check_resume_settings
+from hfbert.pretraining_settings import (
+    PretrainingSettings,
+    check_config_file,
+    check_max_seq_length,
+    check_resume_settings,
+)
 from hfbert.tokenization import (
     check_tokenizer_matches_config,
     load_tokenizer,
@@ -140,11 +145,7 @@ def build_model_config(settings: PretrainingSettings, tokenizer: Any) -> HfBertC
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = model.dropout
     if model.attention_init == "structured":
         check_structured_attention_config(config)
-    if settings.data.max_seq_length > config.max_position_embeddings:
-        raise ValueError(
-            f"--max_seq_length {settings.data.max_seq_length} exceeds the model's max_position_embeddings "
-            f"{config.max_position_embeddings}; pass --max_seq_length <= {config.max_position_embeddings}"
-        )
+    check_max_seq_length(settings.data.max_seq_length, config, "the model")
     return config
 
 
@@ -859,6 +860,7 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
     for flag, value in (("--config_name", settings.model.config_name), ("--tokenizer_name", settings.data.tokenizer_name)):
         if value is not None:  # a truncated or garbled file is named now, not deep inside transformers later
             check_local_files(value, flag, f"write or copy it again, or pass another {flag}")
+    check_config_file(settings)  # --max_seq_length against its position embeddings, before a tokenizer is trained
     if run.push_to_hub:
         check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
     if run.resume_from_checkpoint is None:

@@ -192,6 +192,37 @@ def test_main_refuses_a_foreign_non_empty_folder(tmp_path):
     assert len(AutoTokenizer.from_pretrained(tmp_path)) == 1000
 
 
+
+def refuse_to_read_the_corpus(monkeypatch):
+    def read(*args, **kwargs):
+        raise AssertionError("the corpus was read before the flags were checked")
+
+    monkeypatch.setattr(hfbert.tokenization, "load_documents", read)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--min_frequency", "-3"], "--min_frequency -3 must be >= 0, e.g. 2"),
+        (["--model_max_length", "0"], "--model_max_length 0 must be > 0, e.g. 512"),
+        (["--vocab_size", "5"], "--vocab_size 5 leaves no room beside the 5 special tokens"),
+    ],
+)
+def test_main_refuses_bad_values_before_reading_the_corpus(tmp_path, monkeypatch, flags, message):
+    refuse_to_read_the_corpus(monkeypatch)
+    with pytest.raises(ValueError) as error:
+        main(["--output_dir", str(tmp_path / "tok"), *flags])
+    assert message in str(error.value)
+    assert not (tmp_path / "tok").exists()
+
+
+@pytest.mark.parametrize("missing", [False, True])
+def test_main_refuses_a_read_only_output_folder_before_training(read_only_folder, monkeypatch, missing):
+    refuse_to_read_the_corpus(monkeypatch)
+    output_dir = read_only_folder / "tok" if missing else read_only_folder
+    with pytest.raises(ValueError, match=rf"--output_dir {output_dir} cannot be written.*a folder you can write to"):
+        main(["--vocab_size", "1000", "--output_dir", str(output_dir)])
+
 def test_crash_while_saving_leaves_no_half_written_folder(sample_tokenizer, tmp_path, monkeypatch):
     def crash(self, folder, **kwargs):
         (Path(folder) / "tokenizer.json").write_text("{")

@@ -392,7 +392,7 @@ def write_config(folder: Path, **overrides) -> Path:
     [
         ("vocab too small", r"the tokenizer has \d+ tokens but the model config's vocab_size is 500"),
         ("pad id differs", r"pad_token_id 0 differs from the model config's pad_token_id 1"),
-        ("sequence too long", r"--max_seq_length 256 exceeds the model's max_position_embeddings 128"),
+        ("sequence too long", r"--max_seq_length 256 exceeds the max_position_embeddings 128 of --config_name"),
         ("one layer", r"needs at least 2 layers and 2 attention heads .* pass --attention_init bert"),
     ],
 )
@@ -575,6 +575,19 @@ def test_a_run_killed_during_its_first_save_points_to_a_way_out(tmp_path, run_in
     train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir"))
     assert (output_dir / "model.safetensors").is_file() and not (output_dir / ".tmp-checkpoint-3").exists()
 
+
+
+def test_a_read_only_output_dir_is_named_before_any_work(read_only_folder, run_inputs):
+    with pytest.raises(ValueError, match=rf"--output_dir {read_only_folder} cannot be written.*write to"):
+        train_in_process(run_args(run_inputs, read_only_folder, "--max_train_steps", "2"))
+
+
+def test_a_max_seq_length_beyond_the_position_embeddings_is_refused_before_a_tokenizer_is_trained(tmp_path, run_inputs):
+    args = run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2", "--max_seq_length", "256")
+    del args[args.index("--tokenizer_name") : args.index("--tokenizer_name") + 2]  # would train one into .tokenizer
+    with pytest.raises(ValueError, match=r"--max_seq_length 256 exceeds the max_position_embeddings 128 of --config_name"):
+        train_in_process(args)
+    assert not (tmp_path / "run").exists()
 
 @pytest.mark.slow
 def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_inputs):
