@@ -35,8 +35,11 @@ from safetensors import SafetensorError
 from hfbert.files import (
     FINAL_READY,
     FINAL_STAGING,
+    WRITE_ERRORS,
     check_folder_writable,
     check_readable,
+    describe_write_failure,
+    is_disk_full,
     read_json,
     sha256_file,
     write_json_atomic,
@@ -271,15 +274,9 @@ def save_checkpoint(
             if tokenizer is not None:
                 tokenizer.save_pretrained(temp_folder / TOKENIZER_FOLDER)
             _write_manifest(temp_folder, step, accelerator.num_processes)
-    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
+    except WRITE_ERRORS as error:
         shutil.rmtree(temp_folder, ignore_errors=True)
-        earlier = find_checkpoints(output_dir)
-        kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "no earlier checkpoint exists"
-        raise CheckpointError(
-            f"Saving checkpoint {final_folder} failed ({type(error).__name__}: {error}); {kept}. If the disk is "
-            f"full (check with `df -h {output_dir}`), free space or lower --checkpoints_total_limit, then rerun "
-            "with --resume_from_checkpoint latest"
-        ) from error
+        raise CheckpointError(write_failure_message(error, final_folder, output_dir)) from error
     if accelerator.is_main_process:
         if final_folder.exists():
             # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
@@ -293,6 +290,26 @@ def save_checkpoint(
             _prune_checkpoints(output_dir, total_limit)
     accelerator.wait_for_everyone()
     return final_folder
+
+
+def write_failure_message(
+    error: BaseException, path: str | os.PathLike, output_dir: str | os.PathLike
+) -> str:
+    """What a failed write of a checkpoint or the final folder `path` means for the run in `output_dir`: the
+    cause (a full disk named as such), the last complete checkpoint (intact: writes are staged) and the fix."""
+    what = describe_write_failure(error, path)
+    checkpoints = find_checkpoints(output_dir)
+    if not checkpoints:
+        return (
+            f"{what}; no complete checkpoint exists yet. Free space (`df -h {output_dir}`) or fix the cause, then "
+            "start the run again (same command plus --overwrite_output_dir)"
+        )
+    full = f"free space (`df -h {output_dir}`, or lower --checkpoints_total_limit)"
+    return (
+        f"{what}; the last complete checkpoint {checkpoints[-1]} is intact; "
+        f"{full if is_disk_full(error) else 'fix the cause'} and resume with the same command plus "
+        "--resume_from_checkpoint latest"
+    )
 
 
 def relaunch_command(num_processes: int, cpu: bool) -> str:

@@ -36,6 +36,8 @@ from datasets.fingerprint import Hasher
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
+from hfbert.files import describe_write_failure, is_disk_full
+
 DocumentBoundary = Literal["heading", "blank_line", "row"]
 
 SPLITS = ("train", "validation")
@@ -397,6 +399,24 @@ def _group_split(
         )
 
 
+@contextlib.contextmanager
+def naming_cache_failures() -> Iterator[None]:
+    """Turn a failed write into the datasets cache (a full disk, a read-only or foreign cache folder), which
+    datasets and pyarrow raise as a bare OSError, into one naming the cache and the fix."""
+    try:
+        yield
+    except OSError as error:
+        cache = str(datasets.config.HF_DATASETS_CACHE)
+        in_cache = str(getattr(error, "filename", None) or "").startswith(cache)
+        if not (is_disk_full(error) or in_cache):
+            raise
+        raise OSError(
+            f"The datasets cache {cache} cannot be used: {describe_write_failure(error, cache)}; free space "
+            "there, or point HF_DATASETS_CACHE at a writable folder on a disk with room, then rerun the same command",
+        ) from error
+
+
+@naming_cache_failures()
 def load_documents(
     args: CorpusArguments, num_proc: int | None = None
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:

@@ -7,6 +7,7 @@ Hidden names (leading dot) are never uploaded and are ignored by every reader.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +27,28 @@ FINAL_STAGING = ".final-staging"
 FINAL_READY = ".final-ready"
 # Moved into a run folder last, so a reader never loads new weights with an old config or vice versa.
 COMMIT_FILE = "model.safetensors"
+
+# What a failed write raises: OSError, and for a full disk also RuntimeError (torch.save) and SafetensorError
+# (safetensors' "Error while serializing: I/O error: No space left on device", not an OSError).
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error` (one of `WRITE_ERRORS`) reports a full disk (or quota)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
+
+
+def describe_write_failure(error: BaseException, path: str | os.PathLike) -> str:
+    """'no space left writing <path>' for a full disk, else 'writing <path> failed (<error>)'; the file the
+    OSError names, if any, stands for `path`."""
+    path = getattr(error, "filename", None) or path
+    if is_disk_full(error):
+        return f"no space left writing {path}"
+    if isinstance(error, OSError) and error.strerror:
+        return f"cannot write {path}: {error.strerror}"
+    return f"writing {path} failed ({type(error).__name__}: {error})"
 
 
 @contextmanager

@@ -39,7 +39,13 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
 from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.files import check_folder_writable, check_local_files, staged_files
+from hfbert.files import (
+    WRITE_ERRORS,
+    check_folder_writable,
+    check_local_files,
+    describe_write_failure,
+    staged_files,
+)
 
 if TYPE_CHECKING:
     from hfbert.configuration_hfbert import HfBertConfig
@@ -433,8 +439,14 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike) -> None:
     """``save_pretrained`` staged and published as one set (``hfbert.files.staged_files``): a crash never
     leaves a half-written tokenizer, and other files in ``output_dir`` are kept."""
-    with staged_files(output_dir, commit_file="tokenizer.json") as staging:
-        tokenizer.save_pretrained(staging)
+    try:
+        with staged_files(output_dir, commit_file="tokenizer.json") as staging:
+            tokenizer.save_pretrained(staging)
+    except WRITE_ERRORS as error:
+        raise OSError(
+            f"{describe_write_failure(error, output_dir)}; the tokenizer was not saved and the folder's previous "
+            f"files are intact: free space (`df -h {output_dir}`) or pass another --output_dir, then rerun"
+        ) from error
 
 
 @dataclass

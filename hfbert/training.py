@@ -41,11 +41,12 @@ from hfbert.checkpointing import (
     resolve_resume_checkpoint,
     run_folder_lock,
     save_checkpoint,
+    write_failure_message,
 )
 from hfbert.collator import DataCollatorForPretraining, EpochDraws, InstanceDraws, default_max_predictions
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.corpus import load_documents
-from hfbert.files import check_local_files, publish_files
+from hfbert.corpus import load_documents, naming_cache_failures
+from hfbert.files import WRITE_ERRORS, check_local_files, publish_files
 from hfbert.final_folder import write_final_folder
 from hfbert.initialization import check_structured_attention_config, init_structured_attention
 from hfbert.inspect import sample_sentences
@@ -185,7 +186,7 @@ def prepare_data(
     tokenizer = load_run_tokenizer(settings, documents, accelerator, checkpoint)
     config = build_model_config(settings, tokenizer)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
-    with accelerator.main_process_first():
+    with accelerator.main_process_first(), naming_cache_failures():
         train, evaluation = build_instances(documents, tokenizer, settings)
     sentences, other = sample_sentences(documents["validation"])
     return PretrainingData(
@@ -840,13 +841,8 @@ def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> None:
     """`write_final_folder`, with a failure (e.g. a full disk) explained: what is intact and how to finish."""
     try:
         write_final_folder(output_dir, **contents)
-    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
-        raise OSError(
-            f"Writing the final folder {output_dir} failed ({type(error).__name__}: {error}); its previous files, "
-            f"if any, are intact. If the disk is full (check with `df -h {output_dir}`), free space, then rerun "
-            "the same command with --resume_from_checkpoint latest: a run resumed at its last step goes straight "
-            "to this save (with --checkpointing_steps, the last checkpoint is at most that many steps back)"
-        ) from error
+    except WRITE_ERRORS as error:  # the folder's previous files are intact: the final files are staged
+        raise OSError(write_failure_message(error, output_dir, output_dir)) from error
 
 
 def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -> Path | None:

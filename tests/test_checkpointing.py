@@ -1,3 +1,4 @@
+import errno
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import ProjectConfiguration, set_seed
 from conftest import DAMAGES, damage
+from safetensors import SafetensorError
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -318,11 +320,41 @@ def test_a_failed_save_names_the_cause_and_keeps_earlier_checkpoints(tmp_path):
     accelerator = build_run()[0]
     with (
         mock.patch.object(accelerator, "save_state", side_effect=RuntimeError("unexpected pos 64 vs 0")),
-        pytest.raises(CheckpointError, match=r"Saving checkpoint .*checkpoint-2 failed.*checkpoint-1 is intact.*df -h"),
+        pytest.raises(CheckpointError, match=r"writing .*checkpoint-2 failed.*unexpected pos.*checkpoint-1 is intact"),
     ):
         save_checkpoint(accelerator, tmp_path, 2)
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
 
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+        OSError(errno.ENOSPC, "No space left on device"),
+    ],
+    ids=["safetensors", "oserror"],
+)
+def test_a_full_disk_while_writing_the_weights_names_the_intact_checkpoint(tmp_path, error):
+    save_steps(tmp_path, [1])
+    accelerator = build_run()[0]
+
+    def write_then_fail(tensors, filename, metadata=None):  # a part of the file made it to disk
+        Path(filename).write_bytes(b"\0" * 100)
+        raise error
+
+    # safetensors' error is no OSError: it escaped the save's handler and left .tmp-checkpoint-2 behind.
+    with (
+        mock.patch("accelerate.utils.other.safe_save_file", write_then_fail),
+        pytest.raises(CheckpointError) as raised,
+    ):
+        save_checkpoint(accelerator, tmp_path, 2)
+    assert str(raised.value) == (
+        f"no space left writing {tmp_path / 'checkpoint-2'}; the last complete checkpoint {tmp_path / 'checkpoint-1'} "
+        f"is intact; free space (`df -h {tmp_path}`, or lower --checkpoints_total_limit) and resume with the same "
+        "command plus --resume_from_checkpoint latest"
+    )
+    assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
 
 def test_remove_checkpoints_for_overwrite(tmp_path):
     save_steps(tmp_path, [1, 2])

@@ -1,5 +1,6 @@
 """hfbert.tokenization: the trained tokenizer is a stock BERT tokenizer that the hfbert model agrees with."""
 
+import errno
 import json
 import random
 import subprocess
@@ -233,6 +234,16 @@ def test_crash_while_saving_leaves_no_half_written_folder(sample_tokenizer, tmp_
         save_tokenizer(sample_tokenizer, tmp_path / "tok")
     assert list(tmp_path.iterdir()) == []
 
+
+
+def test_a_full_disk_while_saving_names_the_folder(sample_tokenizer, tmp_path, monkeypatch):
+    def full_disk(self, folder, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(type(sample_tokenizer), "save_pretrained", full_disk)
+    with pytest.raises(OSError, match=rf"^no space left writing {tmp_path / 'tok'}; the tokenizer was not saved"):
+        save_tokenizer(sample_tokenizer, tmp_path / "tok")
+    assert list(tmp_path.iterdir()) == []
 
 @pytest.mark.slow
 def test_train_tokenizer_script(tmp_path):

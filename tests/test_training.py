@@ -17,6 +17,7 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 from conftest import DAMAGES, damage, tiny_config
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
@@ -588,6 +589,26 @@ def test_a_max_seq_length_beyond_the_position_embeddings_is_refused_before_a_tok
     with pytest.raises(ValueError, match=r"--max_seq_length 256 exceeds the max_position_embeddings 128 of --config_name"):
         train_in_process(args)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_full_disk_at_the_final_save_names_the_intact_checkpoint_and_the_resume_finishes(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2")
+
+    def full_disk(self, folder, **kwargs):  # safetensors' own error: no OSError
+        (Path(folder) / "model.safetensors").write_bytes(b"\0" * 100)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with mock.patch.object(HfBertForPreTraining, "save_pretrained", full_disk), pytest.raises(OSError) as error:
+        train_in_process(args)
+    assert str(error.value).startswith(
+        f"no space left writing {output_dir}; the last complete checkpoint {output_dir / 'checkpoint-2'} is intact; "
+        "free space"
+    )
+    assert str(error.value).endswith("resume with the same command plus --resume_from_checkpoint latest")
+    assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-2"]
+    train_in_process([*args, "--resume_from_checkpoint", "latest"])
+    assert final_weights(output_dir).keys() == load_file(output_dir / "checkpoint-2" / "model.safetensors").keys()
 
 @pytest.mark.slow
 def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_inputs):
