@@ -404,6 +404,27 @@ def read_run_settings(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
         raise CheckpointError(f"Checkpoint {checkpoint} is corrupted: {error}") from None
 
 
+def _resumes_from(output_dir: Path, resume_from_checkpoint: str) -> bool:
+    """Whether `--resume_from_checkpoint` names a checkpoint of `output_dir` itself ('latest' does)."""
+    if resume_from_checkpoint == "latest":
+        return True
+    return Path(resume_from_checkpoint).absolute().parent.resolve() == output_dir.absolute().resolve()
+
+
+def _describe_folder(output_dir: Path, names: list[str]) -> str:
+    """What a folder holds, for a refusal: a run (its files, corpus and step where it records them) or files."""
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    if not any(name in FINAL_MODEL_FILES or _CHECKPOINT_NAME.match(name) or name.startswith(_RUN_MARKERS) for name in names):
+        return f"other files ({shown})"
+    facts = []
+    for name, key in (("training_args.json", "corpus"), ("eval_results.json", "step")):
+        try:
+            facts.append(f"{key} {json.loads((output_dir / name).read_text(encoding='utf-8'))[key]}")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # an interrupted run has neither file
+    return f"another run ({shown}{'; ' if facts else ''}{', '.join(facts)})"
+
+
 def check_run_folder(
     output_dir: str | os.PathLike, *, resume_from_checkpoint: str | None, overwrite_output_dir: bool
 ) -> None:
@@ -411,22 +432,29 @@ def check_run_folder(
 
     A fresh run needs a new or empty folder; a folder holding another run (complete or interrupted) needs
     --resume_from_checkpoint or --overwrite_output_dir; a folder holding the user's own files needs
-    --overwrite_output_dir. Never deletes anything: with `overwrite_output_dir` the caller removes the old
+    --overwrite_output_dir, and so does a non-empty folder resumed into from another folder's checkpoint. Never deletes anything: with `overwrite_output_dir` the caller removes the old
     run (see `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
     """
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise CheckpointError(f"--output_dir {output_dir} is a file, not a folder; pass a folder path")
-    if resume_from_checkpoint is not None and overwrite_output_dir:
+    resumes_own_run = resume_from_checkpoint is not None and _resumes_from(output_dir, resume_from_checkpoint)
+    if resumes_own_run and overwrite_output_dir:
         raise CheckpointError(
             "--resume_from_checkpoint and --overwrite_output_dir contradict each other (overwriting removes the "
             "checkpoints to resume from); pass only one of them"
         )
-    if resume_from_checkpoint is not None or overwrite_output_dir or not output_dir.is_dir():
+    if resumes_own_run or overwrite_output_dir or not output_dir.is_dir():
         return
     names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
     if not names:
         return
+    if resume_from_checkpoint is not None:  # a checkpoint of another folder, resumed into this one
+        raise CheckpointError(
+            f"--output_dir {output_dir} already holds {_describe_folder(output_dir, names)}, and "
+            f"--resume_from_checkpoint {resume_from_checkpoint} is not one of its checkpoints: resuming there "
+            "would replace it. Pass a new or empty --output_dir, or --overwrite_output_dir to replace it"
+        )
     complete = [name for name in names if _CHECKPOINT_NAME.match(name) or name in FINAL_MODEL_FILES]
     if find_checkpoints(output_dir) or any(name in FINAL_MODEL_FILES for name in complete):
         raise CheckpointError(

@@ -38,10 +38,10 @@ from huggingface_hub.utils import validate_repo_id
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
+from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.corpus import CorpusArguments, load_documents
 from hfbert.files import (
     WRITE_ERRORS,
-    check_folder_writable,
     check_local_files,
     describe_write_failure,
     staged_files,
@@ -420,13 +420,21 @@ def _is_saved_tokenizer(folder: Path) -> bool:
 
 
 def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) -> None:
-    """Refuse a non-empty ``output_dir`` that is not a saved tokenizer unless ``overwrite_output_dir``."""
+    """Refuse a run folder (its model goes with its tokenizer) always, and a non-empty ``output_dir`` that is
+    not a saved tokenizer unless ``overwrite_output_dir``."""
     folder = Path(output_dir)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--output_dir {folder} is a file; pass a folder path")
+    model_files = [name for name in FINAL_MODEL_FILES if (folder / name).exists()]
+    if model_files or find_checkpoints(folder):
+        found = ", ".join(model_files or [path.name for path in find_checkpoints(folder)])
+        raise ValueError(
+            f"--output_dir {folder} holds a pretraining run ({found}): its tokenizer belongs to that model, and "
+            "a new one would silently disagree with it; pass another --output_dir"
+        )
     if (
         folder.is_dir()
-        and any(folder.iterdir())
+        and any(path.name != RUN_LOCK_NAME for path in folder.iterdir())
         and not _is_saved_tokenizer(folder)
         and not overwrite_output_dir
     ):
@@ -492,8 +500,14 @@ def main(argv: list[str] | None = None) -> None:
     """Command line: train a tokenizer on a corpus, save it, print a summary."""
     parser = HfArgumentParser((CorpusArguments, TokenizerTrainingArguments))
     corpus_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
-    check_folder_writable(training_args.output_dir, "--output_dir")  # now, not after training
+    # Held from the check to the save: two tokenizers trained into one folder would both report "Saved".
+    with run_folder_lock(training_args.output_dir):  # checks that the folder is writable first
+        check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
+        train_and_save(corpus_args, training_args)
+
+
+def train_and_save(corpus_args: CorpusArguments, training_args: TokenizerTrainingArguments) -> None:
+    """Train the tokenizer of train_tokenizer.py, save it and print a summary."""
     documents = load_documents(corpus_args)
 
     started = time.perf_counter()

@@ -294,6 +294,29 @@ def test_an_interrupted_run_without_a_complete_checkpoint_needs_overwrite(tmp_pa
         resolve_resume_checkpoint(tmp_path, "latest")
 
 
+
+def test_resuming_another_folders_checkpoint_into_a_finished_run_is_refused_naming_it(tmp_path):
+    other, finished = tmp_path / "A" / "checkpoint-20", tmp_path / "B"
+    finished.mkdir()
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        (finished / name).write_text("B's")
+    (finished / "training_args.json").write_text(json.dumps({"corpus": "b.txt"}))
+    (finished / "eval_results.json").write_text(json.dumps({"step": 30}))
+    with pytest.raises(CheckpointError) as error:
+        check_run_folder(finished, resume_from_checkpoint=str(other), overwrite_output_dir=False)
+    assert str(error.value).startswith(
+        f"--output_dir {finished} already holds another run (config.json, eval_results.json, model.safetensors, "
+        f"tokenizer.json, training_args.json; corpus b.txt, step 30), and --resume_from_checkpoint {other} is not "
+        "one of its checkpoints"
+    )
+    assert str(error.value).endswith("--overwrite_output_dir to replace it")
+    check_run_folder(finished, resume_from_checkpoint=str(other), overwrite_output_dir=True)  # replaced, as asked
+    check_run_folder(tmp_path / "new", resume_from_checkpoint=str(other), overwrite_output_dir=False)
+    own = finished / "checkpoint-30"
+    check_run_folder(finished, resume_from_checkpoint=str(own), overwrite_output_dir=False)
+    with pytest.raises(CheckpointError, match="pass only one of them"):
+        check_run_folder(finished, resume_from_checkpoint=str(own), overwrite_output_dir=True)
+
 def test_output_dir_checks(tmp_path):
     check_run_folder(tmp_path / "new", resume_from_checkpoint=None, overwrite_output_dir=False)
     check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)  # empty

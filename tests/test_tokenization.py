@@ -2,6 +2,7 @@
 
 import errno
 import json
+import os
 import random
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from transformers import AutoTokenizer, BertTokenizer
 
 import hfbert.tokenization
 from hfbert import HfBertForPreTraining
+from hfbert.checkpointing import run_folder_lock
 from hfbert.corpus import CorpusArguments, load_documents
 from hfbert.tokenization import (
     MAX_WORD_CHARS,
@@ -223,6 +225,28 @@ def test_main_refuses_a_read_only_output_folder_before_training(read_only_folder
     output_dir = read_only_folder / "tok" if missing else read_only_folder
     with pytest.raises(ValueError, match=rf"--output_dir {output_dir} cannot be written.*a folder you can write to"):
         main(["--vocab_size", "1000", "--output_dir", str(output_dir)])
+
+
+@pytest.mark.parametrize("run", ["finished", "checkpointed"])
+def test_main_refuses_a_pretraining_run_folder(tmp_path, monkeypatch, run):
+    refuse_to_read_the_corpus(monkeypatch)
+    (tmp_path / "tokenizer.json").write_text("{}")  # a run's folder holds a tokenizer too
+    if run == "finished":
+        (tmp_path / "model.safetensors").write_bytes(b"weights")
+    else:
+        (tmp_path / "checkpoint-10").mkdir()
+        (tmp_path / "checkpoint-10" / "checkpoint_manifest.json").write_text("{}")
+    for overwrite in ([], ["--overwrite_output_dir"]):
+        with pytest.raises(ValueError, match=rf"--output_dir {tmp_path} holds a pretraining run .*another --output_dir"):
+            main(["--vocab_size", "1000", "--output_dir", str(tmp_path), *overwrite])
+    assert (tmp_path / "tokenizer.json").read_text() == "{}"
+
+
+def test_main_refuses_a_folder_another_tokenizer_is_being_trained_into(tmp_path, monkeypatch):
+    refuse_to_read_the_corpus(monkeypatch)
+    in_use = rf"--output_dir {tmp_path / 'tok'} is in use by another .*pid {os.getpid()}"
+    with run_folder_lock(tmp_path / "tok"), pytest.raises(ValueError, match=in_use):  # we play the first run
+        main(["--vocab_size", "1000", "--output_dir", str(tmp_path / "tok")])
 
 def test_crash_while_saving_leaves_no_half_written_folder(sample_tokenizer, tmp_path, monkeypatch):
     def crash(self, folder, **kwargs):

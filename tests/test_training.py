@@ -610,6 +610,18 @@ def test_a_full_disk_at_the_final_save_names_the_intact_checkpoint_and_the_resum
     train_in_process([*args, "--resume_from_checkpoint", "latest"])
     assert final_weights(output_dir).keys() == load_file(output_dir / "checkpoint-2" / "model.safetensors").keys()
 
+
+@pytest.mark.slow
+def test_resuming_into_a_folder_of_another_finished_run_is_refused_untouched(tmp_path, run_inputs):
+    first, finished = tmp_path / "A", tmp_path / "B"
+    train_in_process(run_args(run_inputs, first, "--max_train_steps", "2", "--checkpointing_steps", "2"))
+    train_in_process(run_args(run_inputs, finished, "--max_train_steps", "2"))
+    before = listing(finished)
+    resume = ["--resume_from_checkpoint", str(first / "checkpoint-2")]
+    with pytest.raises(CheckpointError, match=rf"--output_dir {finished} already holds another run \(.*model.safetensors"):
+        train_in_process(run_args(run_inputs, finished, "--max_train_steps", "2", *resume))
+    assert listing(finished) == before
+
 @pytest.mark.slow
 def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
