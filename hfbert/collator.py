@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import signal
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -220,3 +221,12 @@ class EpochDraws(Sampler[int]):
             order = range(self.num_instances)
         offset = self.epoch * self.num_instances
         return (offset + index for index in order)
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: the worker ignores SIGTERM, SIGINT and SIGUSR1. A scheduler (Slurm,
+    `kill -- -PGID`) and Ctrl-C signal the whole process group; a worker dying of it made the loop fail before
+    it could checkpoint. The main process handles these signals and shuts its workers down itself (and a
+    worker exits on its own when its parent is gone)."""
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(number, signal.SIG_IGN)

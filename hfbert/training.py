@@ -43,7 +43,13 @@ from hfbert.checkpointing import (
     save_checkpoint,
     write_failure_message,
 )
-from hfbert.collator import DataCollatorForPretraining, EpochDraws, InstanceDraws, default_max_predictions
+from hfbert.collator import (
+    DataCollatorForPretraining,
+    EpochDraws,
+    InstanceDraws,
+    default_max_predictions,
+    ignore_stop_signals,
+)
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import load_documents, naming_cache_failures
 from hfbert.files import WRITE_ERRORS, check_local_files, publish_files
@@ -358,6 +364,7 @@ def build_loaders(
         "pin_memory": device.type == "cuda",
         "persistent_workers": num_workers > 0,
         "prefetch_factor": 4 if num_workers > 0 else None,
+        "worker_init_fn": ignore_stop_signals,  # a signal to the whole process group is the main process's
     }
     train_batch = settings.optimization.per_device_train_batch_size
     train_loader = DataLoader(

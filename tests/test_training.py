@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -695,41 +696,78 @@ def test_static_shape_masking_trains_through_the_loop(tmp_path, run_inputs):
     assert json.loads((output_dir / "training_args.json").read_text())["max_predictions_per_seq"] == 20
 
 
-@pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, run_inputs):
-    output_dir, uninterrupted = tmp_path / "run", tmp_path / "uninterrupted"
-    # A constant schedule, so that the resumed run may stop at a budget chosen after the signal.
-    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000")
+def start_and_signal(tmp_path: Path, args: list[str], wait_for: str, send: Callable[[subprocess.Popen], None]) -> tuple[int, str]:
+    """Start run_pretraining.py in a session (process group) of its own, call `send` once `wait_for` appears
+    in its stderr; return its exit status and stderr."""
     stderr = tmp_path / "stderr.txt"
     with stderr.open("w") as sink:
         process = subprocess.Popen(
-            [sys.executable, str(REPO / "run_pretraining.py"), *args, "--max_train_steps", "100000"],
-            env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=sink,
+            [sys.executable, str(REPO / "run_pretraining.py"), *args],
+            env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 240
-        while "| 2/100000" not in stderr.read_text():  # tqdm's bar: training is under way
+        while wait_for not in stderr.read_text():
             assert process.poll() is None, stderr.read_text()[-3000:]
-            assert time.monotonic() < deadline, "training did not start within 240 s"
+            assert time.monotonic() < deadline, f"no {wait_for!r} within 240 s"
             time.sleep(0.05)
+        send(process)
+        returncode = process.wait(timeout=120)
+    return returncode, stderr.read_text()
+
+
+def resumed_equals_uninterrupted(tmp_path: Path, args: list[str], extra: tuple[str, ...] = ()) -> int:
+    """Resume the stopped run in args' --output_dir (its one checkpoint) 3 updates further, train the same
+    budget straight into another folder, assert equal weights; returns the step the run had stopped at."""
+    output_dir = Path(args[args.index("--output_dir") + 1])
+    (checkpoint,) = output_dir.glob("checkpoint-*")
+    stopped_at = int(checkpoint.name.split("-")[1])
+    budget = ["--max_train_steps", str(stopped_at + 3)]
+    train_in_process([*args, *budget, *extra, "--resume_from_checkpoint", "latest"])
+    straight = [*args, *budget, *extra]
+    straight[straight.index("--output_dir") + 1] = str(tmp_path / "uninterrupted")
+    train_in_process(straight)
+    expected, actual = final_weights(tmp_path / "uninterrupted"), final_weights(output_dir)
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+    return stopped_at
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    # A constant schedule, so that the resumed run may stop at a budget chosen after the signal.
+    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000")
+
+    def two_signals(process):
         # Two signals at once: the first one handled stops the run, the other changes nothing (which comes
         # first is a race: Python runs pending handlers in signal-number order).
         process.send_signal(signal.SIGTERM)
         process.send_signal(signal.SIGUSR1)
-        returncode = process.wait(timeout=120)
+
+    returncode, message = start_and_signal(tmp_path, [*args, "--max_train_steps", "100000"], "| 2/100000", two_signals)
     assert returncode in (128 + signal.SIGTERM, 128 + signal.SIGUSR1), returncode
     first = signal.Signals(returncode - 128)
-    message = stderr.read_text()
     assert f"Stopped by {first.name} after update" in message and "--resume_from_checkpoint latest" in message
-    (checkpoint,) = output_dir.glob("checkpoint-*")
-    stopped_at = int(checkpoint.name.split("-")[1])
-    assert stopped_at >= 2 and not (output_dir / "model.safetensors").exists()
+    assert not (output_dir / "model.safetensors").exists()
+    assert resumed_equals_uninterrupted(tmp_path, args) >= 2
 
-    budget = str(stopped_at + 3)
-    train_in_process([*args, "--max_train_steps", budget, "--resume_from_checkpoint", "latest"])
-    train_in_process([*args[:5], str(uninterrupted), *args[6:], "--max_train_steps", budget])
-    expected, actual = final_weights(uninterrupted), final_weights(output_dir)
-    for name, tensor in expected.items():
-        assert torch.equal(actual[name], tensor), name
+
+@pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_with_dataloader_workers_saves_a_checkpoint(tmp_path, run_inputs):
+    # Slurm and `kill -TERM -- -PGID` signal every process of the job, DataLoader workers too; a worker
+    # killed by it made the loop fail with "DataLoader worker (pid N) is killed by signal: Terminated".
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000")
+    workers = ("--dataloader_num_workers", "2")
+    returncode, message = start_and_signal(
+        tmp_path,
+        [*args, *workers, "--max_train_steps", "100000"],
+        "| 2/100000",
+        lambda process: os.killpg(process.pid, signal.SIGTERM),
+    )
+    assert returncode == 128 + signal.SIGTERM, message[-3000:]
+    assert "Stopped by SIGTERM after update" in message and "--resume_from_checkpoint latest" in message
+    resumed_equals_uninterrupted(tmp_path, args, workers)
 
 
 @pytest.mark.slow
