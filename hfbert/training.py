@@ -669,12 +669,12 @@ class Preempted(RuntimeError):
 
 
 class PreemptionSignals:
-    """While active, SIGTERM and SIGUSR1 (what Slurm and Kubernetes send before they kill) are recorded
-    instead of ending the process, so the loop can finish its update and write a checkpoint; a second signal
-    during that save changes nothing. Previous handlers come back on exit. Only the main thread can install
-    handlers; elsewhere signals keep their handlers."""
+    """While active, SIGTERM and SIGUSR1 (what Slurm and Kubernetes send before they kill) and SIGINT (Ctrl-C)
+    are recorded instead of ending the process, so the loop can finish its update and write a checkpoint; a
+    second signal during that save changes nothing. Previous handlers come back on exit. Only the main thread
+    can install handlers; elsewhere signals keep their handlers."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self) -> None:
         self.signal_number: int | None = None
@@ -794,11 +794,17 @@ def fit(run: Run) -> dict[str, float]:
                 if every_checkpoint == "epoch":
                     save_run_checkpoint(run)
                 clock = time.perf_counter()
-    bar.close()
-    last_eval = next((row["step"] for row in reversed(progress.log_history) if "eval_mlm_loss" in row), None)
-    if metrics is None or last_eval != progress.completed_steps:
-        metrics = run_evaluation(run)
+        bar.close()
+        last_eval = next((row["step"] for row in reversed(progress.log_history) if "eval_mlm_loss" in row), None)
+        if metrics is None or last_eval != progress.completed_steps:
+            metrics = run_evaluation(run)
+        if preemption.agreed(run, due=True):  # a signal after the last update, e.g. during that evaluation
+            stop_for_preemption(run, preemption.signal_number, has_checkpoint_at_this_step(run))
     return metrics
+
+
+def has_checkpoint_at_this_step(run: Run) -> bool:
+    return (Path(run.settings.run.output_dir) / f"checkpoint-{run.progress.completed_steps}").is_dir()
 
 
 def save_run_checkpoint(run: Run) -> Path:
@@ -902,4 +908,5 @@ def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert
         if settings.run.with_tracking:
             accelerator.init_trackers("hfbert-pretraining", config=run.summary)
         metrics = fit(run)
-        return finish(run, metrics)
+        with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits for it
+            return finish(run, metrics)

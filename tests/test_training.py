@@ -770,6 +770,55 @@ def test_sigterm_to_the_whole_process_group_with_dataloader_workers_saves_a_chec
     resumed_equals_uninterrupted(tmp_path, args, workers)
 
 
+
+def run_signalling_itself(tmp_path: Path, args: list[str], function: str, signal_name: str) -> subprocess.CompletedProcess:
+    """run_pretraining.py in a subprocess whose hfbert.training.<function> first sends the process
+    `signal_name`: a signal that arrives exactly there."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        import hfbert.training as training
+        original = training.{function}
+
+        def signal_first(*args, **kwargs):
+            os.kill(os.getpid(), signal.{signal_name})
+            return original(*args, **kwargs)
+
+        training.{function} = signal_first
+        from hfbert.pretraining_cli import main
+        main(sys.argv[1:])
+    """)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=subprocess_env(), cwd=REPO
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(tmp_path, run_inputs, signal_name):
+    # Only the final evaluation: --eval_steps beyond the budget. Without --checkpointing_steps, too.
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "3", "--eval_steps", "1000")
+    result = run_signalling_itself(tmp_path, args, "run_evaluation", signal_name)
+    assert result.returncode == 128 + signal.Signals[signal_name], result.stderr[-3000:]
+    assert f"Stopped by {signal_name} after update 3; the training state is saved in {output_dir / 'checkpoint-3'}" in result.stderr
+    assert "--resume_from_checkpoint latest" in result.stderr
+    assert not (output_dir / "model.safetensors").exists()
+    if signal_name == "SIGTERM":  # the resumed run goes straight to the final evaluation and save
+        train_in_process([*args, "--resume_from_checkpoint", "latest"])
+        train_in_process(run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "3", "--eval_steps", "1000"))
+        expected, actual = final_weights(tmp_path / "straight"), final_weights(output_dir)
+        assert all(torch.equal(actual[name], tensor) for name, tensor in expected.items())
+
+
+@pytest.mark.slow
+def test_a_signal_during_the_final_save_lets_it_finish(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    result = run_signalling_itself(
+        tmp_path, run_args(run_inputs, output_dir, "--max_train_steps", "2"), "write_final_folder", "SIGTERM"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES
+
 @pytest.mark.slow
 def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_path, run_inputs):
     from torch._dynamo.utils import counters
