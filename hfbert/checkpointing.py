@@ -363,12 +363,15 @@ def _incomplete_checkpoints(output_dir: Path) -> list[str]:
     )
 
 
-def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpoint: str) -> Path:
+def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpoint: str) -> Path | None:
     """The verified checkpoint folder meant by `--resume_from_checkpoint` ('latest' = newest complete
-    checkpoint in `output_dir`, else a folder path). Raises `CheckpointError` before anything is written.
-    Hashes every file: call it once, on the main process."""
+    checkpoint in `output_dir`; 'auto' = the same, or None when there is none: a fresh start; else a folder
+    path). Raises `CheckpointError` before anything is written. Hashes every file: call it once, on the main
+    process."""
     output_dir = Path(output_dir)
-    if resume_from_checkpoint == "latest":
+    if resume_from_checkpoint == "auto" and not find_checkpoints(output_dir):
+        return None
+    if resume_from_checkpoint in ("latest", "auto"):
         checkpoints = find_checkpoints(output_dir)
         incomplete = _incomplete_checkpoints(output_dir)
         if not checkpoints:
@@ -376,7 +379,8 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
             raise CheckpointError(
                 f"--resume_from_checkpoint latest: {output_dir} holds no complete checkpoint{interrupted}; "
                 "there is nothing to resume: start the run over with the same command without "
-                "--resume_from_checkpoint, plus --overwrite_output_dir"
+                "--resume_from_checkpoint, plus --overwrite_output_dir (or use --resume_from_checkpoint auto, "
+                "which starts over when there is no checkpoint)"
             )
         checkpoint = checkpoints[-1]
         newer = [name for name in incomplete if int(name.rsplit("-", 1)[1]) > checkpoint_step(checkpoint)]
@@ -404,9 +408,35 @@ def read_run_settings(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
         raise CheckpointError(f"Checkpoint {checkpoint} is corrupted: {error}") from None
 
 
+def starts_over_with_auto(output_dir: str | os.PathLike, resume_from_checkpoint: str | None) -> bool:
+    """Whether `--resume_from_checkpoint auto` starts a fresh run: `output_dir` has no complete checkpoint
+    (the leftovers of a run interrupted before its first one are then removed, as --overwrite_output_dir does)."""
+    return resume_from_checkpoint == "auto" and not find_checkpoints(output_dir)
+
+
+def _check_auto_start(output_dir: Path) -> None:
+    """--resume_from_checkpoint auto resumes the newest complete checkpoint, or starts over a folder that is
+    new, empty or holds only an interrupted run; a finished run without checkpoints or other files are refused."""
+    if find_checkpoints(output_dir) or not output_dir.is_dir():
+        return
+    names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
+    if any(name in FINAL_MODEL_FILES for name in names):
+        raise CheckpointError(
+            f"--resume_from_checkpoint auto: {output_dir} holds a finished run without checkpoints "
+            f"({', '.join(names[:6])}); nothing to resume: pass a new --output_dir, or --overwrite_output_dir "
+            "instead to replace it"
+        )
+    foreign = [name for name in names if not (name.startswith(_RUN_MARKERS) or _CHECKPOINT_NAME.match(name))]
+    if foreign:
+        raise CheckpointError(
+            f"--resume_from_checkpoint auto: {output_dir} holds no hfbert run but other files "
+            f"({', '.join(foreign[:6])}); pass a new or empty --output_dir"
+        )
+
+
 def _resumes_from(output_dir: Path, resume_from_checkpoint: str) -> bool:
     """Whether `--resume_from_checkpoint` names a checkpoint of `output_dir` itself ('latest' does)."""
-    if resume_from_checkpoint == "latest":
+    if resume_from_checkpoint in ("latest", "auto"):
         return True
     return Path(resume_from_checkpoint).absolute().parent.resolve() == output_dir.absolute().resolve()
 
@@ -444,6 +474,9 @@ def check_run_folder(
             "--resume_from_checkpoint and --overwrite_output_dir contradict each other (overwriting removes the "
             "checkpoints to resume from); pass only one of them"
         )
+    if resume_from_checkpoint == "auto":
+        _check_auto_start(output_dir)
+        return
     if resumes_own_run or overwrite_output_dir or not output_dir.is_dir():
         return
     names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)

@@ -198,7 +198,12 @@ class RunSettings:
         default=None, metadata={"help": "Keep only the newest N checkpoints."}
     )
     resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "A checkpoint folder, or 'latest' (newest in --output_dir)."}
+        default=None,
+        metadata={
+            "help": "A checkpoint folder, 'latest' (newest in --output_dir), or 'auto': the newest if there is "
+            "one, else a fresh start (also over a run interrupted before its first checkpoint): one command "
+            "for a first start and every requeue (Slurm --requeue, Kubernetes restarts)."
+        },
     )
     with_tracking: bool = field(
         default=False, metadata={"help": "Log metrics to the trackers of --report_to."}

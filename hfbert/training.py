@@ -41,6 +41,7 @@ from hfbert.checkpointing import (
     resolve_resume_checkpoint,
     run_folder_lock,
     save_checkpoint,
+    starts_over_with_auto,
     write_failure_message,
 )
 from hfbert.collator import (
@@ -877,12 +878,12 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
     verified = [None]
     if accelerator.is_main_process:
         checkpoint = resolve_resume_checkpoint(run.output_dir, run.resume_from_checkpoint)
-        for note in check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
+        for note in [] if checkpoint is None else check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
             logger.warning(note)
-        verified = [str(checkpoint)]
+        verified = [None if checkpoint is None else str(checkpoint)]  # None: 'auto' found none, starts fresh
     if accelerator.num_processes > 1:  # every process resumes the folder the main process verified
         broadcast_object_list(verified, from_process=0)
-    return Path(verified[0])
+    return None if verified[0] is None else Path(verified[0])
 
 
 def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert_model) -> Path:
@@ -897,7 +898,7 @@ def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert
         data = prepare_data(settings, accelerator, checkpoint)
         output_dir = Path(settings.run.output_dir)
         if accelerator.is_main_process:
-            if settings.run.overwrite_output_dir:
+            if settings.run.overwrite_output_dir or starts_over_with_auto(output_dir, settings.run.resume_from_checkpoint):
                 remove_checkpoints(output_dir)
             publish_files(output_dir)  # finishes a final folder whose publication was interrupted
         accelerator.wait_for_everyone()

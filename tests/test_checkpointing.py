@@ -317,6 +317,29 @@ def test_resuming_another_folders_checkpoint_into_a_finished_run_is_refused_nami
     with pytest.raises(CheckpointError, match="pass only one of them"):
         check_run_folder(finished, resume_from_checkpoint=str(own), overwrite_output_dir=True)
 
+
+def test_auto_resumes_the_newest_checkpoint_or_starts_over_an_interrupted_run(tmp_path):
+    def auto(folder):
+        check_run_folder(folder, resume_from_checkpoint="auto", overwrite_output_dir=False)
+        return resolve_resume_checkpoint(folder, "auto")
+
+    assert auto(tmp_path / "new") is None
+    for leftover in (".tokenizer", ".tmp-checkpoint-5", "checkpoint-7", RUN_LOCK_NAME):  # no complete checkpoint
+        (tmp_path / leftover).mkdir()
+    assert auto(tmp_path) is None
+    save_steps(tmp_path, [2, 4])
+    assert auto(tmp_path) == tmp_path / "checkpoint-4"
+    with pytest.raises(CheckpointError, match="pass only one of them"):
+        check_run_folder(tmp_path, resume_from_checkpoint="auto", overwrite_output_dir=True)
+    finished, mine = tmp_path / "finished", tmp_path / "mine"
+    for folder, name in ((finished, "model.safetensors"), (mine, "notes.txt")):
+        folder.mkdir()
+        (folder / name).write_text("keep")
+    with pytest.raises(CheckpointError, match=r"auto: .*finished holds a finished run without checkpoints"):
+        auto(finished)
+    with pytest.raises(CheckpointError, match=r"auto: .*mine holds no hfbert run but other files \(notes.txt\)"):
+        auto(mine)
+
 def test_output_dir_checks(tmp_path):
     check_run_folder(tmp_path / "new", resume_from_checkpoint=None, overwrite_output_dir=False)
     check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)  # empty

@@ -623,6 +623,18 @@ def test_resuming_into_a_folder_of_another_finished_run_is_refused_untouched(tmp
         train_in_process(run_args(run_inputs, finished, "--max_train_steps", "2", *resume))
     assert listing(finished) == before
 
+
+def test_one_auto_command_starts_a_run_interrupted_during_data_preparation_and_then_resumes_it(tmp_path, run_inputs, caplog):
+    output_dir = tmp_path / "run"
+    (output_dir / ".tokenizer").mkdir(parents=True)  # SIGTERM while preparing data: no checkpoint yet
+    (output_dir / RUN_LOCK_NAME).write_text("{}")
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2")
+    args += ["--resume_from_checkpoint", "auto"]
+    train_in_process(args)
+    assert (output_dir / "model.safetensors").is_file() and "Resuming from" not in caplog.text
+    train_in_process(args)  # the requeued job: the same command resumes the newest checkpoint
+    assert f"Resuming from {output_dir / 'checkpoint-2'}" in caplog.text
+
 @pytest.mark.slow
 def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
