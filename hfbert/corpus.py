@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
+import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -36,7 +38,7 @@ from datasets.fingerprint import Hasher
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-from hfbert.files import describe_write_failure, is_disk_full
+from hfbert.files import describe_write_failure, is_disk_full, sha256_file
 
 DocumentBoundary = Literal["heading", "blank_line", "row"]
 
@@ -271,6 +273,28 @@ def _local_files(args: CorpusArguments) -> dict[str, Path]:
     if args.validation_file is not None:
         files["validation"] = Path(args.validation_file)
     return files
+
+
+def corpus_fingerprint(args: CorpusArguments) -> str | None:
+    """sha256 of the content of the corpus's local files (the shipped sample without --train_file), recorded in
+    every checkpoint so that a corpus edited before a resume is refused instead of silently changing the run.
+    None for a Hub dataset (its revision is the Hub's) or a path that is no file (refused when loaded)."""
+    if args.dataset_name is not None:
+        return None
+    files = sorted(_local_files(args).items())
+    if not all(path.is_file() for _, path in files):
+        return None
+    stats = tuple((split, str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for split, path in files)
+    return _fingerprint_of_files(stats)
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint_of_files(stats: tuple[tuple[str, str, int, int], ...]) -> str:
+    # Keyed by size and mtime too, so a file changed in between is hashed again (each checkpoint asks).
+    digest = hashlib.sha256()
+    for split, path, _size, _mtime in stats:
+        digest.update(f"{split}\0{sha256_file(path)}\0".encode())
+    return digest.hexdigest()
 
 
 def _flag_of(split: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
-from hfbert.corpus import CorpusArguments
+from hfbert.corpus import CorpusArguments, corpus_fingerprint
 
 
 @dataclass
@@ -266,6 +266,8 @@ RESUME_INVARIANT = {
 
 # The budget may change on resume when the learning rate does not depend on it (a constant schedule).
 BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
+# Recorded with the settings: sha256 of the corpus's files (hfbert.corpus.corpus_fingerprint), not a flag.
+CORPUS_FINGERPRINT = "corpus_sha256"
 
 
 @dataclass
@@ -296,8 +298,8 @@ class PretrainingSettings:
             )
 
     def resume_invariant(self) -> dict[str, Any]:
-        """The settings a checkpoint records: those a resumed run must repeat (`RESUME_INVARIANT`) and the
-        budget (`BUDGET_FLAGS`)."""
+        """The settings a checkpoint records: those a resumed run must repeat (`RESUME_INVARIANT`), the
+        budget (`BUDGET_FLAGS`) and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
         groups = {
             "data": self.data,
             "model": self.model,
@@ -309,7 +311,9 @@ class PretrainingSettings:
             for group, names in RESUME_INVARIANT.items()
             for name, value in asdict(groups[group]).items()
             if name in names
-        } | {name: getattr(self.optimization, name) for name in BUDGET_FLAGS}
+        } | {name: getattr(self.optimization, name) for name in BUDGET_FLAGS} | {
+            CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus)
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, flat (flag name -> value), without the Hub token."""
@@ -434,8 +438,16 @@ def check_resume_settings(
     changed = [
         f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now"
         for name in sorted(current)
-        if name not in BUDGET_FLAGS and name in saved and saved[name] != current[name]
+        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT) and name in saved and saved[name] != current[name]
     ]
+    if saved.get(CORPUS_FINGERPRINT) not in (None, current[CORPUS_FINGERPRINT]):
+        corpus = settings.corpus
+        files = corpus.train_file if corpus.train_file is not None else "the shipped sample"
+        changed.append(
+            f"the corpus ({files}{', ' + corpus.validation_file if corpus.validation_file else ''}) has changed "
+            f"since the checkpoint was written (content sha256 {saved[CORPUS_FINGERPRINT][:12]}... then, "
+            f"{str(current[CORPUS_FINGERPRINT])[:12]}... now): restore the files it was trained on"
+        )
     notes = []
     budget = {name: getattr(settings.optimization, name) for name in BUDGET_FLAGS}
     for name, value in budget.items():

@@ -55,3 +55,14 @@ def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
     notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt")
     assert notes == ["--max_train_steps changed from 10 to 20: training continues to the new budget"]
     assert check_resume_settings(None, longer, "old")[0].startswith("old records no run settings")
+
+
+def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("First sentence here. Second one.\n")
+    flags = ["--output_dir", "o", "--train_file", str(corpus), "--max_train_steps", "10"]
+    saved = parse_args(flags).resume_invariant()
+    assert check_resume_settings(saved, parse_args(flags), "ckpt") == []
+    corpus.write_text("First sentence here. Second one, edited.\n")
+    with pytest.raises(ValueError, match=rf"the corpus \({corpus}\) has changed since the checkpoint was written"):
+        check_resume_settings(saved, parse_args(flags), "ckpt")

@@ -649,6 +649,24 @@ def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_in
     assert listing(output_dir) == before
 
 
+
+@pytest.mark.slow
+def test_a_corpus_edited_before_the_resume_is_refused_naming_it(tmp_path, run_inputs):
+    from hfbert.corpus import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+
+    corpus = {split: tmp_path / name for split, name in SHIPPED_SAMPLE_FILES.items()}
+    for split, path in corpus.items():
+        shutil.copy(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES[split], path)
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "2")
+    args += ["--train_file", str(corpus["train"]), "--validation_file", str(corpus["validation"])]
+    train_in_process(args)
+    corpus["train"].write_text(corpus["train"].read_text().replace(" the ", " a "))
+    before = listing(output_dir)
+    with pytest.raises(ValueError, match=rf"the corpus \({corpus['train']}, {corpus['validation']}\) has changed"):
+        train_in_process([*args, "--resume_from_checkpoint", "latest"])
+    assert listing(output_dir) == before
+
 @pytest.mark.slow
 def test_resume_into_a_new_folder_uses_the_checkpoints_own_tokenizer(tmp_path, run_inputs):
     first = tmp_path / "first"
