@@ -312,6 +312,18 @@ def write_failure_message(
     )
 
 
+def last_finite_checkpoint(output_dir: str | os.PathLike) -> tuple[Path, float] | None:
+    """The newest complete checkpoint in `output_dir` whose weights are all finite, with its largest absolute
+    weight (weights far above 1 are diverging already), or None. Reads weights: for an error path only."""
+    from safetensors.torch import load_file
+
+    for checkpoint in reversed(find_checkpoints(output_dir)):
+        tensors = [tensor for path in sorted(checkpoint.glob("*.safetensors")) for tensor in load_file(path).values()]
+        if tensors and all(bool(tensor.isfinite().all()) for tensor in tensors):
+            return checkpoint, max(float(tensor.abs().max()) for tensor in tensors if tensor.numel())
+    return None
+
+
 def relaunch_command(num_processes: int, cpu: bool) -> str:
     """How to start `num_processes` training processes (on a CPU, accelerate launch starts only one)."""
     if cpu:

@@ -35,6 +35,7 @@ from hfbert.checkpointing import (
     TOKENIZER_FOLDER,
     TrainingProgress,
     check_run_folder,
+    last_finite_checkpoint,
     load_checkpoint,
     read_run_settings,
     remove_checkpoints,
@@ -559,7 +560,9 @@ def evaluate(run: Run) -> dict[str, float]:
     return metrics_from_statistics(accelerator.reduce(totals, "sum"), prefix="eval_")
 
 
-def check_loss_is_finite(loss: torch.Tensor, precision: str, step: int, learning_rate: float) -> None:
+def check_loss_is_finite(
+    loss: torch.Tensor, precision: str, step: int, learning_rate: float, output_dir: str | None = None
+) -> None:
     """Stop with advice on a NaN/inf loss; under fp16 the grad scaler skips such steps, so only warn."""
     if torch.isfinite(loss):
         return
@@ -568,9 +571,18 @@ def check_loss_is_finite(loss: torch.Tensor, precision: str, step: int, learning
         return
     raise FloatingPointError(
         f"The training loss became {loss.item()} at step {step} (learning rate {learning_rate:.3g}, precision "
-        f"{precision}). Lower --learning_rate, raise --num_warmup_steps or keep --max_grad_norm > 0, then resume "
-        "from the last good checkpoint with --resume_from_checkpoint latest."
+        f"{precision}). Resuming would diverge again, as a resume keeps the learning rate, warmup and clipping: "
+        "start a new run (a new --output_dir, or --overwrite_output_dir) with a lower --learning_rate, more "
+        f"--num_warmup_steps or --max_grad_norm > 0.{finite_checkpoint_note(output_dir)}"
     )
+
+
+def finite_checkpoint_note(output_dir: str | None) -> str:
+    found = last_finite_checkpoint(output_dir) if output_dir is not None else None
+    if found is None:
+        return ""
+    checkpoint, largest = found
+    return f" The last checkpoint whose weights are all finite is {checkpoint} (largest |weight| {largest:.3g})."
 
 
 @dataclass
@@ -642,7 +654,7 @@ def train_step(run: Run, batch: dict[str, torch.Tensor], learning_rate: float) -
         loss = outputs.mlm_loss + optimization.nsp_loss_weight * outputs.nsp_loss
         # On CUDA the check waits for the device, so it runs once per logging interval instead (in fit).
         if accelerator.device.type != "cuda":
-            check_loss_is_finite(loss, run.precision, run.progress.completed_steps + 1, learning_rate)
+            check_loss_is_finite(loss, run.precision, run.progress.completed_steps + 1, learning_rate, run.settings.run.output_dir)
         accelerator.backward(loss)
         if accelerator.sync_gradients and optimization.max_grad_norm > 0:
             accelerator.clip_grad_norm_(run.model.parameters(), optimization.max_grad_norm)
@@ -720,7 +732,7 @@ def stop_for_preemption(run: Run, signal_number: int, checkpoint_saved: bool) ->
 def log_window(run: Run, window: TrainingWindow, epoch: int, learning_rate: float, bar: tqdm) -> None:
     """Read the window's statistics (the one host synchronisation of a logging interval) into the log and bar."""
     row = window.row(run, epoch, learning_rate)
-    check_loss_is_finite(torch.tensor(row["loss"]), run.precision, row["step"], learning_rate)
+    check_loss_is_finite(torch.tensor(row["loss"]), run.precision, row["step"], learning_rate, run.settings.run.output_dir)
     log_row(run, row)
     bar.set_postfix(
         mlm=f"{row['train_mlm_loss']:.3f}",
