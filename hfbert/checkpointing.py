@@ -275,8 +275,9 @@ def save_checkpoint(
                 tokenizer.save_pretrained(temp_folder / TOKENIZER_FOLDER)
             _write_manifest(temp_folder, step, accelerator.num_processes)
     except WRITE_ERRORS as error:
+        message = write_failure_message(error, final_folder, output_dir)  # before the cleanup frees space
         shutil.rmtree(temp_folder, ignore_errors=True)
-        raise CheckpointError(write_failure_message(error, final_folder, output_dir)) from error
+        raise CheckpointError(message) from error
     if accelerator.is_main_process:
         if final_folder.exists():
             # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
@@ -297,17 +298,18 @@ def write_failure_message(
 ) -> str:
     """What a failed write of a checkpoint or the final folder `path` means for the run in `output_dir`: the
     cause (a full disk named as such), the last complete checkpoint (intact: writes are staged) and the fix."""
-    what = describe_write_failure(error, path)
+    disk_full = is_disk_full(error, output_dir)
+    what = describe_write_failure(error, path, disk_full)
     checkpoints = find_checkpoints(output_dir)
     if not checkpoints:
         return (
             f"{what}; no complete checkpoint exists yet. Free space (`df -h {output_dir}`) or fix the cause, then "
-            "start the run again (same command plus --overwrite_output_dir)"
+            "start the run again (the same command with --resume_from_checkpoint auto, or --overwrite_output_dir)"
         )
     full = f"free space (`df -h {output_dir}`, or lower --checkpoints_total_limit)"
     return (
         f"{what}; the last complete checkpoint {checkpoints[-1]} is intact; "
-        f"{full if is_disk_full(error) else 'fix the cause'} and resume with the same command plus "
+        f"{full if disk_full else 'fix the cause'} and resume with the same command plus "
         "--resume_from_checkpoint latest"
     )
 

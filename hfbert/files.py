@@ -33,18 +33,29 @@ COMMIT_FILE = "model.safetensors"
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 
-def is_disk_full(error: BaseException) -> bool:
-    """Whether `error` (one of `WRITE_ERRORS`) reports a full disk (or quota)."""
+# Less free space than this right after a failed write: the disk is full, whatever the error says (torch.save
+# reports a full disk as "unexpected pos 138880 vs 138768").
+NEARLY_FULL_BYTES = 64 << 20
+
+
+def is_disk_full(error: BaseException, folder: str | os.PathLike | None = None) -> bool:
+    """Whether `error` (one of `WRITE_ERRORS`) reports a full disk (or quota), or, given the `folder` written
+    to, the disk holding it is (nearly) full now: ask before the failed write's leftovers are removed."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
+    if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
+        return True
+    try:
+        return folder is not None and shutil.disk_usage(folder).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
 
 
-def describe_write_failure(error: BaseException, path: str | os.PathLike) -> str:
-    """'no space left writing <path>' for a full disk, else 'writing <path> failed (<error>)'; the file the
-    OSError names, if any, stands for `path`."""
+def describe_write_failure(error: BaseException, path: str | os.PathLike, disk_full: bool | None = None) -> str:
+    """'no space left writing <path>' for a full disk (`is_disk_full(error)` unless `disk_full` says), else
+    'writing <path> failed (<error>)'; the file the OSError names, if any, stands for `path`."""
     path = getattr(error, "filename", None) or path
-    if is_disk_full(error):
+    if is_disk_full(error) if disk_full is None else disk_full:
         return f"no space left writing {path}"
     if isinstance(error, OSError) and error.strerror:
         return f"cannot write {path}: {error.strerror}"

@@ -651,6 +651,33 @@ def test_one_auto_command_starts_a_run_interrupted_during_data_preparation_and_t
     train_in_process(args)  # the requeued job: the same command resumes the newest checkpoint
     assert f"Resuming from {output_dir / 'checkpoint-2'}" in caplog.text
 
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1.2 MB tmpfs (root only; skipped elsewhere): room for one tiny checkpoint, not two."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.slow
+def test_a_really_full_disk_while_checkpointing_names_the_intact_checkpoint(tmp_path, run_inputs, tiny_disk):
+    # torch.save reports it as "unexpected pos 138880 vs 138768", naming no full disk: the free space tells.
+    output_dir = tiny_disk / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--checkpointing_steps", "2")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run_pretraining.py"), *args], capture_output=True, text=True, env=subprocess_env()
+    )
+    assert result.returncode == 1
+    assert (
+        f"no space left writing {output_dir / 'checkpoint-4'}; the last complete checkpoint "
+        f"{output_dir / 'checkpoint-2'} is intact; free space"
+    ) in result.stderr, result.stderr[-3000:]
+    assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-2"]
+
 @pytest.mark.slow
 def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
