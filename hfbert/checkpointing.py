@@ -31,6 +31,7 @@ except ImportError:  # Windows: no flock
 
 from accelerate import Accelerator
 from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from hfbert.files import (
     FINAL_READY,
@@ -314,16 +315,16 @@ def write_failure_message(
     )
 
 
-def last_finite_checkpoint(output_dir: str | os.PathLike) -> tuple[Path, float] | None:
-    """The newest complete checkpoint in `output_dir` whose weights are all finite, with its largest absolute
-    weight (weights far above 1 are diverging already), or None. Reads weights: for an error path only."""
-    from safetensors.torch import load_file
-
+def last_finite_checkpoint_note(output_dir: str | os.PathLike) -> str:
+    """For a NaN stop: ' The last checkpoint whose weights are all finite is <path> (largest |weight| <w>).' for
+    the newest such checkpoint in `output_dir` (weights far above 1 are diverging already), else ''. Reads the
+    weights: for an error path only."""
     for checkpoint in reversed(find_checkpoints(output_dir)):
         tensors = [tensor for path in sorted(checkpoint.glob("*.safetensors")) for tensor in load_file(path).values()]
         if tensors and all(bool(tensor.isfinite().all()) for tensor in tensors):
-            return checkpoint, max(float(tensor.abs().max()) for tensor in tensors if tensor.numel())
-    return None
+            largest = max(float(tensor.abs().max()) for tensor in tensors if tensor.numel())
+            return f" The last checkpoint whose weights are all finite is {checkpoint} (largest |weight| {largest:.3g})."
+    return ""
 
 
 def relaunch_command(num_processes: int, cpu: bool) -> str:

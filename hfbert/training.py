@@ -35,7 +35,7 @@ from hfbert.checkpointing import (
     TOKENIZER_FOLDER,
     TrainingProgress,
     check_run_folder,
-    last_finite_checkpoint,
+    last_finite_checkpoint_note,
     load_checkpoint,
     read_run_settings,
     remove_checkpoints,
@@ -573,16 +573,8 @@ def check_loss_is_finite(
         f"The training loss became {loss.item()} at step {step} (learning rate {learning_rate:.3g}, precision "
         f"{precision}). Resuming would diverge again, as a resume keeps the learning rate, warmup and clipping: "
         "start a new run (a new --output_dir, or --overwrite_output_dir) with a lower --learning_rate, more "
-        f"--num_warmup_steps or --max_grad_norm > 0.{finite_checkpoint_note(output_dir)}"
+        f"--num_warmup_steps or --max_grad_norm > 0.{'' if output_dir is None else last_finite_checkpoint_note(output_dir)}"
     )
-
-
-def finite_checkpoint_note(output_dir: str | None) -> str:
-    found = last_finite_checkpoint(output_dir) if output_dir is not None else None
-    if found is None:
-        return ""
-    checkpoint, largest = found
-    return f" The last checkpoint whose weights are all finite is {checkpoint} (largest |weight| {largest:.3g})."
 
 
 @dataclass
@@ -654,7 +646,8 @@ def train_step(run: Run, batch: dict[str, torch.Tensor], learning_rate: float) -
         loss = outputs.mlm_loss + optimization.nsp_loss_weight * outputs.nsp_loss
         # On CUDA the check waits for the device, so it runs once per logging interval instead (in fit).
         if accelerator.device.type != "cuda":
-            check_loss_is_finite(loss, run.precision, run.progress.completed_steps + 1, learning_rate, run.settings.run.output_dir)
+            step, output_dir = run.progress.completed_steps + 1, run.settings.run.output_dir
+            check_loss_is_finite(loss, run.precision, step, learning_rate, output_dir)
         accelerator.backward(loss)
         if accelerator.sync_gradients and optimization.max_grad_norm > 0:
             accelerator.clip_grad_norm_(run.model.parameters(), optimization.max_grad_norm)
@@ -732,7 +725,8 @@ def stop_for_preemption(run: Run, signal_number: int, checkpoint_saved: bool) ->
 def log_window(run: Run, window: TrainingWindow, epoch: int, learning_rate: float, bar: tqdm) -> None:
     """Read the window's statistics (the one host synchronisation of a logging interval) into the log and bar."""
     row = window.row(run, epoch, learning_rate)
-    check_loss_is_finite(torch.tensor(row["loss"]), run.precision, row["step"], learning_rate, run.settings.run.output_dir)
+    loss, output_dir = torch.tensor(row["loss"]), run.settings.run.output_dir
+    check_loss_is_finite(loss, run.precision, row["step"], learning_rate, output_dir)
     log_row(run, row)
     bar.set_postfix(
         mlm=f"{row['train_mlm_loss']:.3f}",
@@ -890,8 +884,9 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
     verified = [None]
     if accelerator.is_main_process:
         checkpoint = resolve_resume_checkpoint(run.output_dir, run.resume_from_checkpoint)
-        for note in [] if checkpoint is None else check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
-            logger.warning(note)
+        if checkpoint is not None:
+            for note in check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
+                logger.warning(note)
         verified = [None if checkpoint is None else str(checkpoint)]  # None: 'auto' found none, starts fresh
     if accelerator.num_processes > 1:  # every process resumes the folder the main process verified
         broadcast_object_list(verified, from_process=0)
@@ -910,7 +905,8 @@ def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert
         data = prepare_data(settings, accelerator, checkpoint)
         output_dir = Path(settings.run.output_dir)
         if accelerator.is_main_process:
-            if settings.run.overwrite_output_dir or starts_over_with_auto(output_dir, settings.run.resume_from_checkpoint):
+            resume = settings.run.resume_from_checkpoint
+            if settings.run.overwrite_output_dir or starts_over_with_auto(output_dir, resume):
                 remove_checkpoints(output_dir)
             publish_files(output_dir)  # finishes a final folder whose publication was interrupted
         accelerator.wait_for_everyone()
@@ -921,5 +917,5 @@ def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert
         if settings.run.with_tracking:
             accelerator.init_trackers("hfbert-pretraining", config=run.summary)
         metrics = fit(run)
-        with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits for it
+        with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
             return finish(run, metrics)
