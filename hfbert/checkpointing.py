@@ -31,12 +31,17 @@ except ImportError:  # Windows: no flock
 
 from accelerate import Accelerator
 from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from hfbert.files import (
     CHECKPOINT_PREFIX,
     FINAL_READY,
     FINAL_STAGING,
+    WRITE_ERRORS,
+    check_folder_writable,
     check_readable,
+    describe_write_failure,
+    is_disk_full,
     read_json,
     sha256_file,
     write_json_atomic,
@@ -270,15 +275,10 @@ def save_checkpoint(
             if tokenizer is not None:
                 tokenizer.save_pretrained(temp_folder / TOKENIZER_FOLDER)
             _write_manifest(temp_folder, step, accelerator.num_processes)
-    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
+    except WRITE_ERRORS as error:
+        message = write_failure_message(error, final_folder, output_dir)  # before the cleanup frees space
         shutil.rmtree(temp_folder, ignore_errors=True)
-        earlier = find_checkpoints(output_dir)
-        kept = f"the previous checkpoint {earlier[-1]} is intact" if earlier else "no earlier checkpoint exists"
-        raise CheckpointError(
-            f"Saving checkpoint {final_folder} failed ({type(error).__name__}: {error}); {kept}. If the disk is "
-            f"full (check with `df -h {output_dir}`), free space or lower --checkpoints_total_limit, then rerun "
-            "with --resume_from_checkpoint latest"
-        ) from error
+        raise CheckpointError(message) from error
     if accelerator.is_main_process:
         if final_folder.exists():
             # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
@@ -292,6 +292,39 @@ def save_checkpoint(
             _prune_checkpoints(output_dir, total_limit)
     accelerator.wait_for_everyone()
     return final_folder
+
+
+def write_failure_message(
+    error: BaseException, path: str | os.PathLike, output_dir: str | os.PathLike
+) -> str:
+    """What a failed write of a checkpoint or the final folder `path` means for the run in `output_dir`: the
+    cause (a full disk named as such), the last complete checkpoint (intact: writes are staged) and the fix."""
+    disk_full = is_disk_full(error, output_dir)
+    what = describe_write_failure(error, path, disk_full)
+    checkpoints = find_checkpoints(output_dir)
+    if not checkpoints:
+        return (
+            f"{what}; no complete checkpoint exists yet. Free space (`df -h {output_dir}`) or fix the cause, then "
+            "start the run again (the same command with --resume_from_checkpoint auto, or --overwrite_output_dir)"
+        )
+    full = f"free space (`df -h {output_dir}`, or lower --checkpoints_total_limit)"
+    return (
+        f"{what}; the last complete checkpoint {checkpoints[-1]} is intact; "
+        f"{full if disk_full else 'fix the cause'} and resume with the same command plus "
+        "--resume_from_checkpoint latest"
+    )
+
+
+def last_finite_checkpoint_note(output_dir: str | os.PathLike) -> str:
+    """For a NaN stop: ' The last checkpoint whose weights are all finite is <path> (largest |weight| <w>).' for
+    the newest such checkpoint in `output_dir` (weights far above 1 are diverging already), else ''. Reads the
+    weights: for an error path only."""
+    for checkpoint in reversed(find_checkpoints(output_dir)):
+        tensors = [tensor for path in sorted(checkpoint.glob("*.safetensors")) for tensor in load_file(path).values()]
+        if tensors and all(bool(tensor.isfinite().all()) for tensor in tensors):
+            largest = max(float(tensor.abs().max()) for tensor in tensors if tensor.numel())
+            return f" The last checkpoint whose weights are all finite is {checkpoint} (largest |weight| {largest:.3g})."
+    return ""
 
 
 def relaunch_command(num_processes: int, cpu: bool) -> str:
@@ -345,12 +378,15 @@ def _incomplete_checkpoints(output_dir: Path) -> list[str]:
     )
 
 
-def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpoint: str) -> Path:
+def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpoint: str) -> Path | None:
     """The verified checkpoint folder meant by `--resume_from_checkpoint` ('latest' = newest complete
-    checkpoint in `output_dir`, else a folder path). Raises `CheckpointError` before anything is written.
-    Hashes every file: call it once, on the main process."""
+    checkpoint in `output_dir`; 'auto' = the same, or None when there is none: a fresh start; else a folder
+    path). Raises `CheckpointError` before anything is written. Hashes every file: call it once, on the main
+    process."""
     output_dir = Path(output_dir)
-    if resume_from_checkpoint == "latest":
+    if resume_from_checkpoint == "auto" and not find_checkpoints(output_dir):
+        return None
+    if resume_from_checkpoint in ("latest", "auto"):
         checkpoints = find_checkpoints(output_dir)
         incomplete = _incomplete_checkpoints(output_dir)
         if not checkpoints:
@@ -358,7 +394,8 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
             raise CheckpointError(
                 f"--resume_from_checkpoint latest: {output_dir} holds no complete checkpoint{interrupted}; "
                 "there is nothing to resume: start the run over with the same command without "
-                "--resume_from_checkpoint, plus --overwrite_output_dir"
+                "--resume_from_checkpoint, plus --overwrite_output_dir (or use --resume_from_checkpoint auto, "
+                "which starts over when there is no checkpoint)"
             )
         checkpoint = checkpoints[-1]
         newer = [name for name in incomplete if int(name.rsplit("-", 1)[1]) > checkpoint_step(checkpoint)]
@@ -386,6 +423,53 @@ def read_run_settings(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
         raise CheckpointError(f"Checkpoint {checkpoint} is corrupted: {error}") from None
 
 
+def starts_over_with_auto(output_dir: str | os.PathLike, resume_from_checkpoint: str | None) -> bool:
+    """Whether `--resume_from_checkpoint auto` starts a fresh run: `output_dir` has no complete checkpoint
+    (the leftovers of a run interrupted before its first one are then removed, as --overwrite_output_dir does)."""
+    return resume_from_checkpoint == "auto" and not find_checkpoints(output_dir)
+
+
+def _check_auto_start(output_dir: Path) -> None:
+    """--resume_from_checkpoint auto resumes the newest complete checkpoint, or starts over a folder that is
+    new, empty or holds only an interrupted run; a finished run without checkpoints or other files are refused."""
+    if find_checkpoints(output_dir) or not output_dir.is_dir():
+        return
+    names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
+    if any(name in FINAL_MODEL_FILES for name in names):
+        raise CheckpointError(
+            f"--resume_from_checkpoint auto: {output_dir} holds a finished run without checkpoints "
+            f"({', '.join(names[:6])}); nothing to resume: pass a new --output_dir, or --overwrite_output_dir "
+            "instead to replace it"
+        )
+    foreign = [name for name in names if not (name.startswith(_RUN_MARKERS) or _CHECKPOINT_NAME.match(name))]
+    if foreign:
+        raise CheckpointError(
+            f"--resume_from_checkpoint auto: {output_dir} holds no hfbert run but other files "
+            f"({', '.join(foreign[:6])}); pass a new or empty --output_dir"
+        )
+
+
+def _resumes_from(output_dir: Path, resume_from_checkpoint: str) -> bool:
+    """Whether `--resume_from_checkpoint` names a checkpoint of `output_dir` itself ('latest' does)."""
+    if resume_from_checkpoint in ("latest", "auto"):
+        return True
+    return Path(resume_from_checkpoint).absolute().parent.resolve() == output_dir.absolute().resolve()
+
+
+def _describe_folder(output_dir: Path, names: list[str]) -> str:
+    """What a folder holds, for a refusal: a run (its files, corpus and step where it records them) or files."""
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    if not any(name in FINAL_MODEL_FILES or _CHECKPOINT_NAME.match(name) or name.startswith(_RUN_MARKERS) for name in names):
+        return f"other files ({shown})"
+    facts = []
+    for name, key in (("training_args.json", "corpus"), ("eval_results.json", "step")):
+        try:
+            facts.append(f"{key} {json.loads((output_dir / name).read_text(encoding='utf-8'))[key]}")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # an interrupted run has neither file
+    return f"another run ({shown}{'; ' if facts else ''}{', '.join(facts)})"
+
+
 def check_run_folder(
     output_dir: str | os.PathLike, *, resume_from_checkpoint: str | None, overwrite_output_dir: bool
 ) -> None:
@@ -393,22 +477,32 @@ def check_run_folder(
 
     A fresh run needs a new or empty folder; a folder holding another run (complete or interrupted) needs
     --resume_from_checkpoint or --overwrite_output_dir; a folder holding the user's own files needs
-    --overwrite_output_dir. Never deletes anything: with `overwrite_output_dir` the caller removes the old
+    --overwrite_output_dir, and so does a non-empty folder resumed into from another folder's checkpoint. Never deletes anything: with `overwrite_output_dir` the caller removes the old
     run (see `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
     """
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise CheckpointError(f"--output_dir {output_dir} is a file, not a folder; pass a folder path")
-    if resume_from_checkpoint is not None and overwrite_output_dir:
+    resumes_own_run = resume_from_checkpoint is not None and _resumes_from(output_dir, resume_from_checkpoint)
+    if resumes_own_run and overwrite_output_dir:
         raise CheckpointError(
             "--resume_from_checkpoint and --overwrite_output_dir contradict each other (overwriting removes the "
             "checkpoints to resume from); pass only one of them"
         )
-    if resume_from_checkpoint is not None or overwrite_output_dir or not output_dir.is_dir():
+    if resume_from_checkpoint == "auto":
+        _check_auto_start(output_dir)
+        return
+    if resumes_own_run or overwrite_output_dir or not output_dir.is_dir():
         return
     names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
     if not names:
         return
+    if resume_from_checkpoint is not None:  # a checkpoint of another folder, resumed into this one
+        raise CheckpointError(
+            f"--output_dir {output_dir} already holds {_describe_folder(output_dir, names)}, and "
+            f"--resume_from_checkpoint {resume_from_checkpoint} is not one of its checkpoints: resuming there "
+            "would replace it. Pass a new or empty --output_dir, or --overwrite_output_dir to replace it"
+        )
     complete = [name for name in names if _CHECKPOINT_NAME.match(name) or name in FINAL_MODEL_FILES]
     if find_checkpoints(output_dir) or any(name in FINAL_MODEL_FILES for name in complete):
         raise CheckpointError(
@@ -489,6 +583,7 @@ def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True)
     if not main_process or fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
         yield  # a file in the way is refused by check_run_folder, with the fix
         return
+    check_folder_writable(output_dir, "--output_dir")  # named here, not as a raw OSError on the lock file
     created = not output_dir.exists()
     output_dir.mkdir(parents=True, exist_ok=True)
     lock_path = output_dir / RUN_LOCK_NAME

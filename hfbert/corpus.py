@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
+import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -33,6 +35,8 @@ import datasets
 from datasets.fingerprint import Hasher
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+from hfbert.files import describe_write_failure, is_disk_full, sha256_file
 
 # The corpus flags live with the other settings; imported here, where they are read.
 from hfbert.pretraining.settings import CorpusArguments, CorpusError, DocumentBoundary
@@ -205,6 +209,28 @@ def _local_files(args: CorpusArguments) -> dict[str, Path]:
     return files
 
 
+def corpus_fingerprint(args: CorpusArguments) -> str | None:
+    """sha256 of the content of the corpus's local files (the shipped sample without --train_file), recorded in
+    every checkpoint so that a corpus edited before a resume is refused instead of silently changing the run.
+    None for a Hub dataset (its revision is the Hub's) or a path that is no file (refused when loaded)."""
+    if args.dataset_name is not None:
+        return None
+    files = sorted(_local_files(args).items())
+    if not all(path.is_file() for _, path in files):
+        return None
+    stats = tuple((split, str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for split, path in files)
+    return _fingerprint_of_files(stats)
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint_of_files(stats: tuple[tuple[str, str, int, int], ...]) -> str:
+    # Keyed by size and mtime too, so a file changed in between is hashed again (each checkpoint asks).
+    digest = hashlib.sha256()
+    for split, path, _size, _mtime in stats:
+        digest.update(f"{split}\0{sha256_file(path)}\0".encode())
+    return digest.hexdigest()
+
+
 def _flag_of(split: str) -> str:
     return "--train_file" if split == "train" else "--validation_file"
 
@@ -331,6 +357,24 @@ def _group_split(
         )
 
 
+@contextlib.contextmanager
+def naming_cache_failures() -> Iterator[None]:
+    """Turn a failed write into the datasets cache (a full disk, a read-only or foreign cache folder), which
+    datasets and pyarrow raise as a bare OSError, into one naming the cache and the fix."""
+    try:
+        yield
+    except OSError as error:
+        cache = str(datasets.config.HF_DATASETS_CACHE)
+        in_cache = str(getattr(error, "filename", None) or "").startswith(cache)
+        if not (is_disk_full(error) or in_cache):
+            raise
+        raise OSError(
+            f"The datasets cache {cache} cannot be used: {describe_write_failure(error, cache)}; free space "
+            "there, or point HF_DATASETS_CACHE at a writable folder on a disk with room, then rerun the same command",
+        ) from error
+
+
+@naming_cache_failures()
 def load_documents(
     args: CorpusArguments, num_proc: int | None = None
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:

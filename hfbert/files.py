@@ -7,11 +7,13 @@ Hidden names (leading dot) are never uploaded and are ignored by every reader.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import secrets
 import shutil
+import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -28,6 +30,39 @@ CHECKPOINT_PREFIX = "checkpoint-"
 # Moved into a run folder last, so a reader never loads new weights with an old config or vice versa.
 COMMIT_FILE = "model.safetensors"
 
+# What a failed write raises: OSError, and for a full disk also RuntimeError (torch.save) and SafetensorError
+# (safetensors' "Error while serializing: I/O error: No space left on device", not an OSError).
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+# Less free space than this right after a failed write: the disk is full, whatever the error says (torch.save
+# reports a full disk as "unexpected pos 138880 vs 138768").
+NEARLY_FULL_BYTES = 64 << 20
+
+
+def is_disk_full(error: BaseException, folder: str | os.PathLike | None = None) -> bool:
+    """Whether `error` (one of `WRITE_ERRORS`) reports a full disk (or quota), or, given the `folder` written
+    to, the disk holding it is (nearly) full now: ask before the failed write's leftovers are removed."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
+        return True
+    try:
+        return folder is not None and shutil.disk_usage(folder).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
+
+
+def describe_write_failure(error: BaseException, path: str | os.PathLike, disk_full: bool | None = None) -> str:
+    """'no space left writing <path>' for a full disk (`is_disk_full(error)` unless `disk_full` says), else
+    'writing <path> failed (<error>)'; the file the OSError names, if any, stands for `path`."""
+    path = getattr(error, "filename", None) or path
+    if is_disk_full(error) if disk_full is None else disk_full:
+        return f"no space left writing {path}"
+    if isinstance(error, OSError) and error.strerror:
+        return f"cannot write {path}: {error.strerror}"
+    return f"writing {path} failed ({type(error).__name__}: {error})"
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -39,6 +74,25 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(temp_path, path)
     finally:
         temp_path.unlink(missing_ok=True)
+
+
+def check_folder_writable(folder: str | os.PathLike, flag: str) -> None:
+    """Raise a ValueError naming `flag`, the folder and the fix unless a file can be created in `folder` (or,
+    while it does not exist yet, in its nearest existing parent). Tries it: os.access says yes to root even on
+    a read-only mount."""
+    folder = Path(folder).absolute()
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".hfbert-write-probe-"):
+            pass
+    except OSError as error:
+        where = "" if existing == folder else f" (it does not exist yet and its parent {existing} is not writable)"
+        raise ValueError(
+            f"{flag} {folder} cannot be written{where}: {error.strerror or error}; pass a folder you can write "
+            "to, or fix its permissions (or free space on its disk)"
+        ) from None
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:

@@ -38,8 +38,14 @@ from huggingface_hub.utils import validate_repo_id
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
+from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.files import check_local_files, staged_files
+from hfbert.files import (
+    WRITE_ERRORS,
+    check_local_files,
+    describe_write_failure,
+    staged_files,
+)
 
 if TYPE_CHECKING:
     from hfbert.configuration_hfbert import HfBertConfig
@@ -428,13 +434,21 @@ def _is_saved_tokenizer(folder: Path) -> bool:
 
 
 def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) -> None:
-    """Refuse a non-empty ``output_dir`` that is not a saved tokenizer unless ``overwrite_output_dir``."""
+    """Refuse a run folder (its model goes with its tokenizer) always, and a non-empty ``output_dir`` that is
+    not a saved tokenizer unless ``overwrite_output_dir``."""
     folder = Path(output_dir)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--output_dir {folder} is a file; pass a folder path")
+    model_files = [name for name in FINAL_MODEL_FILES if (folder / name).exists()]
+    if model_files or find_checkpoints(folder):
+        found = ", ".join(model_files or [path.name for path in find_checkpoints(folder)])
+        raise ValueError(
+            f"--output_dir {folder} holds a pretraining run ({found}): its tokenizer belongs to that model, and "
+            "a new one would silently disagree with it; pass another --output_dir"
+        )
     if (
         folder.is_dir()
-        and any(folder.iterdir())
+        and any(path.name != RUN_LOCK_NAME for path in folder.iterdir())
         and not _is_saved_tokenizer(folder)
         and not overwrite_output_dir
     ):
@@ -447,8 +461,14 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike) -> None:
     """``save_pretrained`` staged and published as one set (``hfbert.files.staged_files``): a crash never
     leaves a half-written tokenizer, and other files in ``output_dir`` are kept."""
-    with staged_files(output_dir, commit_file="tokenizer.json") as staging:
-        tokenizer.save_pretrained(staging)
+    try:
+        with staged_files(output_dir, commit_file="tokenizer.json") as staging:
+            tokenizer.save_pretrained(staging)
+    except WRITE_ERRORS as error:
+        raise OSError(
+            f"{describe_write_failure(error, output_dir)}; the tokenizer was not saved and the folder's previous "
+            f"files are intact: free space (`df -h {output_dir}`) or pass another --output_dir, then rerun"
+        ) from error
 
 
 @dataclass
@@ -477,12 +497,31 @@ class TokenizerTrainingArguments:
         },
     )
 
+    def __post_init__(self) -> None:
+        # Refused at parse time, before the corpus is read (the trainer would raise OverflowError on -3).
+        if self.vocab_size <= len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"--vocab_size {self.vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
+                "pass a larger --vocab_size (e.g. 30522)"
+            )
+        if self.min_frequency < 0:
+            raise ValueError(f"--min_frequency {self.min_frequency} must be >= 0, e.g. 2")
+        if self.model_max_length <= 0:
+            raise ValueError(f"--model_max_length {self.model_max_length} must be > 0, e.g. 512")
+
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: train a tokenizer on a corpus, save it, print a summary."""
     parser = HfArgumentParser((CorpusArguments, TokenizerTrainingArguments))
     corpus_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
+    # Held from the check to the save: two tokenizers trained into one folder would both report "Saved".
+    with run_folder_lock(training_args.output_dir):  # checks that the folder is writable first
+        check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
+        train_and_save(corpus_args, training_args)
+
+
+def train_and_save(corpus_args: CorpusArguments, training_args: TokenizerTrainingArguments) -> None:
+    """Train the tokenizer of train_tokenizer.py, save it and print a summary."""
     documents = load_documents(corpus_args)
 
     started = time.perf_counter()

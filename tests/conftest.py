@@ -64,3 +64,29 @@ def damage(path, how: str) -> None:
         path.write_bytes(data[: len(data) // 2])
     else:
         path.write_bytes(data[:8] + b'"}]{#!@%' + data[16:])  # ends any string or object
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """An empty folder nobody can create files in: chmod for a user, the immutable attribute for root (whom
+    permissions do not stop); skipped where neither works."""
+    import subprocess
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    as_root = os.geteuid() == 0
+    if as_root:
+        subprocess.run(["chattr", "+i", str(folder)], capture_output=True, check=False)
+    else:
+        folder.chmod(0o555)
+    try:
+        (folder / "probe").touch()
+        (folder / "probe").unlink()
+        pytest.skip("cannot make a read-only folder here")
+    except OSError:
+        pass
+    yield folder
+    if as_root:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    else:
+        folder.chmod(0o755)

@@ -1,3 +1,4 @@
+import errno
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import ProjectConfiguration, set_seed
 from conftest import DAMAGES, damage
+from safetensors import SafetensorError
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -292,6 +294,52 @@ def test_an_interrupted_run_without_a_complete_checkpoint_needs_overwrite(tmp_pa
         resolve_resume_checkpoint(tmp_path, "latest")
 
 
+
+def test_resuming_another_folders_checkpoint_into_a_finished_run_is_refused_naming_it(tmp_path):
+    other, finished = tmp_path / "A" / "checkpoint-20", tmp_path / "B"
+    finished.mkdir()
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        (finished / name).write_text("B's")
+    (finished / "training_args.json").write_text(json.dumps({"corpus": "b.txt"}))
+    (finished / "eval_results.json").write_text(json.dumps({"step": 30}))
+    with pytest.raises(CheckpointError) as error:
+        check_run_folder(finished, resume_from_checkpoint=str(other), overwrite_output_dir=False)
+    assert str(error.value).startswith(
+        f"--output_dir {finished} already holds another run (config.json, eval_results.json, model.safetensors, "
+        f"tokenizer.json, training_args.json; corpus b.txt, step 30), and --resume_from_checkpoint {other} is not "
+        "one of its checkpoints"
+    )
+    assert str(error.value).endswith("--overwrite_output_dir to replace it")
+    check_run_folder(finished, resume_from_checkpoint=str(other), overwrite_output_dir=True)  # replaced, as asked
+    check_run_folder(tmp_path / "new", resume_from_checkpoint=str(other), overwrite_output_dir=False)
+    own = finished / "checkpoint-30"
+    check_run_folder(finished, resume_from_checkpoint=str(own), overwrite_output_dir=False)
+    with pytest.raises(CheckpointError, match="pass only one of them"):
+        check_run_folder(finished, resume_from_checkpoint=str(own), overwrite_output_dir=True)
+
+
+def test_auto_resumes_the_newest_checkpoint_or_starts_over_an_interrupted_run(tmp_path):
+    def auto(folder):
+        check_run_folder(folder, resume_from_checkpoint="auto", overwrite_output_dir=False)
+        return resolve_resume_checkpoint(folder, "auto")
+
+    assert auto(tmp_path / "new") is None
+    for leftover in (".tokenizer", ".tmp-checkpoint-5", "checkpoint-7", RUN_LOCK_NAME):  # no complete checkpoint
+        (tmp_path / leftover).mkdir()
+    assert auto(tmp_path) is None
+    save_steps(tmp_path, [2, 4])
+    assert auto(tmp_path) == tmp_path / "checkpoint-4"
+    with pytest.raises(CheckpointError, match="pass only one of them"):
+        check_run_folder(tmp_path, resume_from_checkpoint="auto", overwrite_output_dir=True)
+    finished, mine = tmp_path / "finished", tmp_path / "mine"
+    for folder, name in ((finished, "model.safetensors"), (mine, "notes.txt")):
+        folder.mkdir()
+        (folder / name).write_text("keep")
+    with pytest.raises(CheckpointError, match=r"auto: .*finished holds a finished run without checkpoints"):
+        auto(finished)
+    with pytest.raises(CheckpointError, match=r"auto: .*mine holds no hfbert run but other files \(notes.txt\)"):
+        auto(mine)
+
 def test_output_dir_checks(tmp_path):
     check_run_folder(tmp_path / "new", resume_from_checkpoint=None, overwrite_output_dir=False)
     check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)  # empty
@@ -318,11 +366,41 @@ def test_a_failed_save_names_the_cause_and_keeps_earlier_checkpoints(tmp_path):
     accelerator = build_run()[0]
     with (
         mock.patch.object(accelerator, "save_state", side_effect=RuntimeError("unexpected pos 64 vs 0")),
-        pytest.raises(CheckpointError, match=r"Saving checkpoint .*checkpoint-2 failed.*checkpoint-1 is intact.*df -h"),
+        pytest.raises(CheckpointError, match=r"writing .*checkpoint-2 failed.*unexpected pos.*checkpoint-1 is intact"),
     ):
         save_checkpoint(accelerator, tmp_path, 2)
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
 
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+        OSError(errno.ENOSPC, "No space left on device"),
+    ],
+    ids=["safetensors", "oserror"],
+)
+def test_a_full_disk_while_writing_the_weights_names_the_intact_checkpoint(tmp_path, error):
+    save_steps(tmp_path, [1])
+    accelerator = build_run()[0]
+
+    def write_then_fail(tensors, filename, metadata=None):  # a part of the file made it to disk
+        Path(filename).write_bytes(b"\0" * 100)
+        raise error
+
+    # safetensors' error is no OSError: it escaped the save's handler and left .tmp-checkpoint-2 behind.
+    with (
+        mock.patch("accelerate.utils.other.safe_save_file", write_then_fail),
+        pytest.raises(CheckpointError) as raised,
+    ):
+        save_checkpoint(accelerator, tmp_path, 2)
+    assert str(raised.value) == (
+        f"no space left writing {tmp_path / 'checkpoint-2'}; the last complete checkpoint {tmp_path / 'checkpoint-1'} "
+        f"is intact; free space (`df -h {tmp_path}`, or lower --checkpoints_total_limit) and resume with the same "
+        "command plus --resume_from_checkpoint latest"
+    )
+    assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
 
 def test_remove_checkpoints_for_overwrite(tmp_path):
     save_steps(tmp_path, [1, 2])

@@ -341,3 +341,9 @@ def test_invalid_utf8_in_a_jsonl_file_is_named(tmp_path):
         CorpusError, match=r"rows\.jsonl is not valid UTF-8: byte 0xe9 at byte offset 30 \(line 2\)"
     ):
         load_documents(CorpusArguments(train_file=str(path)))
+
+
+def test_a_read_only_datasets_cache_is_named_with_the_fix(read_only_folder, monkeypatch):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", read_only_folder)
+    with pytest.raises(OSError, match=rf"^The datasets cache {read_only_folder} cannot be used: cannot write .*HF_DATASETS_CACHE"):
+        load_documents(CorpusArguments())

@@ -51,7 +51,23 @@ def test_the_log_row_has_model_flops_and_mfu_only_with_a_known_peak():
 
 
 def test_non_finite_loss_is_an_error_except_under_fp16():
-    with pytest.raises(FloatingPointError, match=r"loss became nan at step 7.*--learning_rate"):
+    with pytest.raises(FloatingPointError, match=r"loss became nan at step 7.*--learning_rate") as error:
         check_loss_is_finite(torch.tensor(float("nan")), "no", 7, 1e-3)
+    assert "start a new run" in str(error.value) and "resume from" not in str(error.value)  # resume refuses a new rate
     check_loss_is_finite(torch.tensor(float("inf")), "fp16", 7, 1e-3)  # the grad scaler skips it
     check_loss_is_finite(torch.tensor(2.0), "bf16", 7, 1e-3)
+
+
+def test_the_nan_stop_names_the_last_checkpoint_whose_weights_are_finite(tmp_path):
+    from safetensors.torch import save_file
+
+    for step, value in ((2, 3.0), (4, 1e6), (6, float("nan"))):
+        checkpoint = tmp_path / f"checkpoint-{step}"
+        checkpoint.mkdir()
+        save_file({"w": torch.tensor([1.0, -value])}, checkpoint / "model.safetensors")
+        (checkpoint / "checkpoint_manifest.json").write_text("{}")
+    with pytest.raises(FloatingPointError) as error:
+        check_loss_is_finite(torch.tensor(float("inf")), "bf16", 7, 1e-3, str(tmp_path))
+    assert str(error.value).endswith(
+        f"The last checkpoint whose weights are all finite is {tmp_path / 'checkpoint-4'} (largest |weight| 1e+06)."
+    )

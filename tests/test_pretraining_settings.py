@@ -21,6 +21,19 @@ from hfbert.pretraining.settings import check_resume_settings
         (["--nsp_loss_weight", "-1"], "--nsp_loss_weight -1.0 must be >= 0"),
         (["--validation_split_percentage", "0"], "must be in (0, 100)"),
         (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
+        (["--max_grad_norm", "nan"], "--max_grad_norm nan must be a finite number, e.g. 1.0"),
+        (["--max_train_seconds", "nan"], "--max_train_seconds nan must be a finite number"),
+        (["--max_train_seconds", "inf"], "--max_train_seconds inf must be a finite number"),
+        (["--learning_rate", "nan"], "--learning_rate nan must be a finite number, e.g. 0.0001"),
+        (["--adam_beta1", "1.5"], "--adam_beta1 1.5 must be in [0, 1)"),
+        (["--adam_beta2", "1.0"], "--adam_beta2 1.0 must be in [0, 1)"),
+        (["--adam_epsilon", "-1"], "--adam_epsilon -1.0 must be > 0"),
+        (["--adam_epsilon", "0"], "--adam_epsilon 0.0 must be > 0"),
+        (
+            ["--model_size", "tiny", "--max_seq_length", "1024"],
+            "--max_seq_length 1024 exceeds the max_position_embeddings 512 of --model_size tiny; pass "
+            "--max_seq_length <= 512",
+        ),
     ],
 )
 def test_bad_flags_are_refused_when_parsed(flags, message):
@@ -42,3 +55,14 @@ def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
     notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt")
     assert notes == ["--max_train_steps changed from 10 to 20: training continues to the new budget"]
     assert check_resume_settings(None, longer, "old")[0].startswith("old records no run settings")
+
+
+def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("First sentence here. Second one.\n")
+    flags = ["--output_dir", "o", "--train_file", str(corpus), "--max_train_steps", "10"]
+    saved = parse_args(flags).resume_invariant()
+    assert check_resume_settings(saved, parse_args(flags), "ckpt") == []
+    corpus.write_text("First sentence here. Second one, edited.\n")
+    with pytest.raises(ValueError, match=rf"the corpus \({corpus}\) has changed since the checkpoint was written"):
+        check_resume_settings(saved, parse_args(flags), "ckpt")

@@ -1,6 +1,8 @@
 """hfbert.tokenization: the trained tokenizer is a stock BERT tokenizer that the hfbert model agrees with."""
 
+import errno
 import json
+import os
 import random
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from transformers import AutoTokenizer, BertTokenizer
 
 import hfbert.tokenization
 from hfbert import HfBertForPreTraining
+from hfbert.checkpointing import run_folder_lock
 from hfbert.corpus import CorpusArguments, load_documents
 from hfbert.tokenization import (
     MAX_WORD_CHARS,
@@ -192,6 +195,59 @@ def test_main_refuses_a_foreign_non_empty_folder(tmp_path):
     assert len(AutoTokenizer.from_pretrained(tmp_path)) == 1000
 
 
+
+def refuse_to_read_the_corpus(monkeypatch):
+    def read(*args, **kwargs):
+        raise AssertionError("the corpus was read before the flags were checked")
+
+    monkeypatch.setattr(hfbert.tokenization, "load_documents", read)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--min_frequency", "-3"], "--min_frequency -3 must be >= 0, e.g. 2"),
+        (["--model_max_length", "0"], "--model_max_length 0 must be > 0, e.g. 512"),
+        (["--vocab_size", "5"], "--vocab_size 5 leaves no room beside the 5 special tokens"),
+    ],
+)
+def test_main_refuses_bad_values_before_reading_the_corpus(tmp_path, monkeypatch, flags, message):
+    refuse_to_read_the_corpus(monkeypatch)
+    with pytest.raises(ValueError) as error:
+        main(["--output_dir", str(tmp_path / "tok"), *flags])
+    assert message in str(error.value)
+    assert not (tmp_path / "tok").exists()
+
+
+@pytest.mark.parametrize("missing", [False, True])
+def test_main_refuses_a_read_only_output_folder_before_training(read_only_folder, monkeypatch, missing):
+    refuse_to_read_the_corpus(monkeypatch)
+    output_dir = read_only_folder / "tok" if missing else read_only_folder
+    with pytest.raises(ValueError, match=rf"--output_dir {output_dir} cannot be written.*a folder you can write to"):
+        main(["--vocab_size", "1000", "--output_dir", str(output_dir)])
+
+
+@pytest.mark.parametrize("run", ["finished", "checkpointed"])
+def test_main_refuses_a_pretraining_run_folder(tmp_path, monkeypatch, run):
+    refuse_to_read_the_corpus(monkeypatch)
+    (tmp_path / "tokenizer.json").write_text("{}")  # a run's folder holds a tokenizer too
+    if run == "finished":
+        (tmp_path / "model.safetensors").write_bytes(b"weights")
+    else:
+        (tmp_path / "checkpoint-10").mkdir()
+        (tmp_path / "checkpoint-10" / "checkpoint_manifest.json").write_text("{}")
+    for overwrite in ([], ["--overwrite_output_dir"]):
+        with pytest.raises(ValueError, match=rf"--output_dir {tmp_path} holds a pretraining run .*another --output_dir"):
+            main(["--vocab_size", "1000", "--output_dir", str(tmp_path), *overwrite])
+    assert (tmp_path / "tokenizer.json").read_text() == "{}"
+
+
+def test_main_refuses_a_folder_another_tokenizer_is_being_trained_into(tmp_path, monkeypatch):
+    refuse_to_read_the_corpus(monkeypatch)
+    in_use = rf"--output_dir {tmp_path / 'tok'} is in use by another .*pid {os.getpid()}"
+    with run_folder_lock(tmp_path / "tok"), pytest.raises(ValueError, match=in_use):  # we play the first run
+        main(["--vocab_size", "1000", "--output_dir", str(tmp_path / "tok")])
+
 def test_crash_while_saving_leaves_no_half_written_folder(sample_tokenizer, tmp_path, monkeypatch):
     def crash(self, folder, **kwargs):
         (Path(folder) / "tokenizer.json").write_text("{")
@@ -202,6 +258,16 @@ def test_crash_while_saving_leaves_no_half_written_folder(sample_tokenizer, tmp_
         save_tokenizer(sample_tokenizer, tmp_path / "tok")
     assert list(tmp_path.iterdir()) == []
 
+
+
+def test_a_full_disk_while_saving_names_the_folder(sample_tokenizer, tmp_path, monkeypatch):
+    def full_disk(self, folder, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(type(sample_tokenizer), "save_pretrained", full_disk)
+    with pytest.raises(OSError, match=rf"^no space left writing {tmp_path / 'tok'}; the tokenizer was not saved"):
+        save_tokenizer(sample_tokenizer, tmp_path / "tok")
+    assert list(tmp_path.iterdir()) == []
 
 @pytest.mark.slow
 def test_train_tokenizer_script(tmp_path):

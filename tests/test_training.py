@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 from conftest import DAMAGES, damage, tiny_config
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
@@ -391,7 +393,7 @@ def write_config(folder: Path, **overrides) -> Path:
     [
         ("vocab too small", r"the tokenizer has \d+ tokens but the model config's vocab_size is 500"),
         ("pad id differs", r"pad_token_id 0 differs from the model config's pad_token_id 1"),
-        ("sequence too long", r"--max_seq_length 256 exceeds the model's max_position_embeddings 128"),
+        ("sequence too long", r"--max_seq_length 256 exceeds the max_position_embeddings 128 of --config_name"),
         ("one layer", r"needs at least 2 layers and 2 attention heads .* pass --attention_init bert"),
     ],
 )
@@ -542,6 +544,90 @@ def test_a_run_killed_during_its_first_save_points_to_a_way_out(tmp_path, run_in
     assert (output_dir / "model.safetensors").is_file() and not (output_dir / ".tmp-checkpoint-3").exists()
 
 
+
+def test_a_read_only_output_dir_is_named_before_any_work(read_only_folder, run_inputs):
+    with pytest.raises(ValueError, match=rf"--output_dir {read_only_folder} cannot be written.*write to"):
+        train_in_process(run_args(run_inputs, read_only_folder, "--max_train_steps", "2"))
+
+
+def test_a_max_seq_length_beyond_the_position_embeddings_is_refused_before_a_tokenizer_is_trained(tmp_path, run_inputs):
+    args = run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2", "--max_seq_length", "256")
+    del args[args.index("--tokenizer_name") : args.index("--tokenizer_name") + 2]  # would train one into .tokenizer
+    with pytest.raises(ValueError, match=r"--max_seq_length 256 exceeds the max_position_embeddings 128 of --config_name"):
+        train_in_process(args)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_full_disk_at_the_final_save_names_the_intact_checkpoint_and_the_resume_finishes(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2")
+
+    def full_disk(self, folder, **kwargs):  # safetensors' own error: no OSError
+        (Path(folder) / "model.safetensors").write_bytes(b"\0" * 100)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with mock.patch.object(HfBertForPreTraining, "save_pretrained", full_disk), pytest.raises(OSError) as error:
+        train_in_process(args)
+    assert str(error.value).startswith(
+        f"no space left writing {output_dir}; the last complete checkpoint {output_dir / 'checkpoint-2'} is intact; "
+        "free space"
+    )
+    assert str(error.value).endswith("resume with the same command plus --resume_from_checkpoint latest")
+    assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-2"]
+    train_in_process([*args, "--resume_from_checkpoint", "latest"])
+    assert final_weights(output_dir).keys() == load_file(output_dir / "checkpoint-2" / "model.safetensors").keys()
+
+
+@pytest.mark.slow
+def test_resuming_into_a_folder_of_another_finished_run_is_refused_untouched(tmp_path, run_inputs):
+    first, finished = tmp_path / "A", tmp_path / "B"
+    train_in_process(run_args(run_inputs, first, "--max_train_steps", "2", "--checkpointing_steps", "2"))
+    train_in_process(run_args(run_inputs, finished, "--max_train_steps", "2"))
+    before = listing(finished)
+    resume = ["--resume_from_checkpoint", str(first / "checkpoint-2")]
+    with pytest.raises(CheckpointError, match=rf"--output_dir {finished} already holds another run \(.*model.safetensors"):
+        train_in_process(run_args(run_inputs, finished, "--max_train_steps", "2", *resume))
+    assert listing(finished) == before
+
+
+def test_one_auto_command_starts_a_run_interrupted_during_data_preparation_and_then_resumes_it(tmp_path, run_inputs, caplog):
+    output_dir = tmp_path / "run"
+    (output_dir / ".tokenizer").mkdir(parents=True)  # SIGTERM while preparing data: no checkpoint yet
+    (output_dir / RUN_LOCK_NAME).write_text("{}")
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2")
+    args += ["--resume_from_checkpoint", "auto"]
+    train_in_process(args)
+    assert (output_dir / "model.safetensors").is_file() and "Resuming from" not in caplog.text
+    train_in_process(args)  # the requeued job: the same command resumes the newest checkpoint
+    assert f"Resuming from {output_dir / 'checkpoint-2'}" in caplog.text
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1.2 MB tmpfs (root only; skipped elsewhere): room for one tiny checkpoint, not two."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.slow
+def test_a_really_full_disk_while_checkpointing_names_the_intact_checkpoint(tmp_path, run_inputs, tiny_disk):
+    # torch.save reports it as "unexpected pos 138880 vs 138768", naming no full disk: the free space tells.
+    output_dir = tiny_disk / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--checkpointing_steps", "2")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run_pretraining.py"), *args], capture_output=True, text=True, env=subprocess_env()
+    )
+    assert result.returncode == 1
+    assert (
+        f"no space left writing {output_dir / 'checkpoint-4'}; the last complete checkpoint "
+        f"{output_dir / 'checkpoint-2'} is intact; free space"
+    ) in result.stderr, result.stderr[-3000:]
+    assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-2"]
+
 @pytest.mark.slow
 def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
@@ -555,6 +641,24 @@ def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_in
     assert "--per_device_train_batch_size 8 in the checkpoint, 4 now" in str(error.value)
     assert listing(output_dir) == before
 
+
+
+@pytest.mark.slow
+def test_a_corpus_edited_before_the_resume_is_refused_naming_it(tmp_path, run_inputs):
+    from hfbert.corpus import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+
+    corpus = {split: tmp_path / name for split, name in SHIPPED_SAMPLE_FILES.items()}
+    for split, path in corpus.items():
+        shutil.copy(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES[split], path)
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "2")
+    args += ["--train_file", str(corpus["train"]), "--validation_file", str(corpus["validation"])]
+    train_in_process(args)
+    corpus["train"].write_text(corpus["train"].read_text().replace(" the ", " a "))
+    before = listing(output_dir)
+    with pytest.raises(ValueError, match=rf"the corpus \({corpus['train']}, {corpus['validation']}\) has changed"):
+        train_in_process([*args, "--resume_from_checkpoint", "latest"])
+    assert listing(output_dir) == before
 
 @pytest.mark.slow
 def test_resume_into_a_new_folder_uses_the_checkpoints_own_tokenizer(tmp_path, run_inputs):
@@ -603,42 +707,128 @@ def test_static_shape_masking_trains_through_the_loop(tmp_path, run_inputs):
     assert json.loads((output_dir / "training_args.json").read_text())["max_predictions_per_seq"] == 20
 
 
-@pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, run_inputs):
-    output_dir, uninterrupted = tmp_path / "run", tmp_path / "uninterrupted"
-    # A constant schedule, so that the resumed run may stop at a budget chosen after the signal.
-    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000")
+def start_and_signal(tmp_path: Path, args: list[str], wait_for: str, send: Callable[[subprocess.Popen], None]) -> tuple[int, str]:
+    """Start run_pretraining.py in a session (process group) of its own, call `send` once `wait_for` appears
+    in its stderr; return its exit status and stderr."""
     stderr = tmp_path / "stderr.txt"
     with stderr.open("w") as sink:
         process = subprocess.Popen(
-            [sys.executable, str(REPO / "run_pretraining.py"), *args, "--max_train_steps", "100000"],
-            env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=sink,
+            [sys.executable, str(REPO / "run_pretraining.py"), *args],
+            env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 240
-        while "| 2/100000" not in stderr.read_text():  # tqdm's bar: training is under way
+        while wait_for not in stderr.read_text():
             assert process.poll() is None, stderr.read_text()[-3000:]
-            assert time.monotonic() < deadline, "training did not start within 240 s"
+            assert time.monotonic() < deadline, f"no {wait_for!r} within 240 s"
             time.sleep(0.05)
+        send(process)
+        returncode = process.wait(timeout=120)
+    return returncode, stderr.read_text()
+
+
+def resumed_equals_uninterrupted(tmp_path: Path, args: list[str], extra: tuple[str, ...] = ()) -> int:
+    """Resume the stopped run in args' --output_dir (its one checkpoint) 3 updates further, train the same
+    budget straight into another folder, assert equal weights; returns the step the run had stopped at."""
+    output_dir = Path(args[args.index("--output_dir") + 1])
+    (checkpoint,) = output_dir.glob("checkpoint-*")
+    stopped_at = int(checkpoint.name.split("-")[1])
+    budget = ["--max_train_steps", str(stopped_at + 3)]
+    train_in_process([*args, *budget, *extra, "--resume_from_checkpoint", "latest"])
+    straight = [*args, *budget, *extra]
+    straight[straight.index("--output_dir") + 1] = str(tmp_path / "uninterrupted")
+    train_in_process(straight)
+    expected, actual = final_weights(tmp_path / "uninterrupted"), final_weights(output_dir)
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+    return stopped_at
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    # A constant schedule, so that the resumed run may stop at a budget chosen after the signal.
+    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000")
+
+    def two_signals(process):
         # Two signals at once: the first one handled stops the run, the other changes nothing (which comes
         # first is a race: Python runs pending handlers in signal-number order).
         process.send_signal(signal.SIGTERM)
         process.send_signal(signal.SIGUSR1)
-        returncode = process.wait(timeout=120)
+
+    returncode, message = start_and_signal(tmp_path, [*args, "--max_train_steps", "100000"], "| 2/100000", two_signals)
     assert returncode in (128 + signal.SIGTERM, 128 + signal.SIGUSR1), returncode
     first = signal.Signals(returncode - 128)
-    message = stderr.read_text()
     assert f"Stopped by {first.name} after update" in message and "--resume_from_checkpoint latest" in message
-    (checkpoint,) = output_dir.glob("checkpoint-*")
-    stopped_at = int(checkpoint.name.split("-")[1])
-    assert stopped_at >= 2 and not (output_dir / "model.safetensors").exists()
+    assert not (output_dir / "model.safetensors").exists()
+    assert resumed_equals_uninterrupted(tmp_path, args) >= 2
 
-    budget = str(stopped_at + 3)
-    train_in_process([*args, "--max_train_steps", budget, "--resume_from_checkpoint", "latest"])
-    train_in_process([*args[:5], str(uninterrupted), *args[6:], "--max_train_steps", budget])
-    expected, actual = final_weights(uninterrupted), final_weights(output_dir)
-    for name, tensor in expected.items():
-        assert torch.equal(actual[name], tensor), name
 
+@pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_with_dataloader_workers_saves_a_checkpoint(tmp_path, run_inputs):
+    # Slurm and `kill -TERM -- -PGID` signal every process of the job, DataLoader workers too; a worker
+    # killed by it made the loop fail with "DataLoader worker (pid N) is killed by signal: Terminated".
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000")
+    workers = ("--dataloader_num_workers", "2")
+    returncode, message = start_and_signal(
+        tmp_path,
+        [*args, *workers, "--max_train_steps", "100000"],
+        "| 2/100000",
+        lambda process: os.killpg(process.pid, signal.SIGTERM),
+    )
+    assert returncode == 128 + signal.SIGTERM, message[-3000:]
+    assert "Stopped by SIGTERM after update" in message and "--resume_from_checkpoint latest" in message
+    resumed_equals_uninterrupted(tmp_path, args, workers)
+
+
+
+def run_signalling_itself(tmp_path: Path, args: list[str], function: str, signal_name: str) -> subprocess.CompletedProcess:
+    """run_pretraining.py in a subprocess whose hfbert.training.<function> first sends the process
+    `signal_name`: a signal that arrives exactly there."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        import hfbert.training as training
+        original = training.{function}
+
+        def signal_first(*args, **kwargs):
+            os.kill(os.getpid(), signal.{signal_name})
+            return original(*args, **kwargs)
+
+        training.{function} = signal_first
+        from hfbert.pretraining_cli import main
+        main(sys.argv[1:])
+    """)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=subprocess_env(), cwd=REPO
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(tmp_path, run_inputs, signal_name):
+    # Only the final evaluation: --eval_steps beyond the budget. Without --checkpointing_steps, too.
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "3", "--eval_steps", "1000")
+    result = run_signalling_itself(tmp_path, args, "run_evaluation", signal_name)
+    assert result.returncode == 128 + signal.Signals[signal_name], result.stderr[-3000:]
+    assert f"Stopped by {signal_name} after update 3; the training state is saved in {output_dir / 'checkpoint-3'}" in result.stderr
+    assert "--resume_from_checkpoint latest" in result.stderr
+    assert not (output_dir / "model.safetensors").exists()
+    if signal_name == "SIGTERM":  # the resumed run goes straight to the final evaluation and save
+        train_in_process([*args, "--resume_from_checkpoint", "latest"])
+        train_in_process(run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "3", "--eval_steps", "1000"))
+        expected, actual = final_weights(tmp_path / "straight"), final_weights(output_dir)
+        assert all(torch.equal(actual[name], tensor) for name, tensor in expected.items())
+
+
+@pytest.mark.slow
+def test_a_signal_during_the_final_save_lets_it_finish(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    result = run_signalling_itself(
+        tmp_path, run_args(run_inputs, output_dir, "--max_train_steps", "2"), "write_final_folder", "SIGTERM"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES
 
 @pytest.mark.slow
 def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_path, run_inputs):

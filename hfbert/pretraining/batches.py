@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import signal
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -343,6 +344,7 @@ def build_loaders(plan: BatchPlan, tokenizer: Any, train: Any, evaluation: Any) 
         "pin_memory": plan.pin_memory,
         "persistent_workers": num_workers > 0,
         "prefetch_factor": 4 if num_workers > 0 else None,
+        "worker_init_fn": ignore_stop_signals,  # a signal to the whole process group is the main process's
     }
     train_batch = plan.train_batch_size
     train_loader = DataLoader(
@@ -372,3 +374,12 @@ def build_loaders(plan: BatchPlan, tokenizer: Any, train: Any, evaluation: Any) 
         **loader_options,
     )
     return train_loader, eval_loader
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: the worker ignores SIGTERM, SIGINT and SIGUSR1. A scheduler (Slurm,
+    `kill -- -PGID`) and Ctrl-C signal the whole process group; a worker dying of it made the loop fail before
+    it could checkpoint. The main process handles these signals and shuts its workers down itself (and a
+    worker exits on its own when its parent is gone)."""
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(number, signal.SIG_IGN)

@@ -26,9 +26,9 @@ from datasets.fingerprint import Hasher
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.corpus import load_documents
+from hfbert.corpus import load_documents, naming_cache_failures
 from hfbert.initialization import check_structured_attention_config
-from hfbert.pretraining.settings import CorpusArguments, DataSettings, ModelSettings
+from hfbert.pretraining.settings import CorpusArguments, DataSettings, ModelSettings, check_max_seq_length
 from hfbert.tokenization import (
     check_tokenizer_matches_config,
     load_tokenizer,
@@ -454,11 +454,7 @@ def build_model_config(model: ModelSettings, max_seq_length: int, tokenizer: Any
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = model.dropout
     if model.attention_init == "structured":
         check_structured_attention_config(config)
-    if max_seq_length > config.max_position_embeddings:
-        raise ValueError(
-            f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
-            f"{config.max_position_embeddings}; pass --max_seq_length <= {config.max_position_embeddings}"
-        )
+    check_max_seq_length(max_seq_length, config, "the model")
     return config
 
 
@@ -502,7 +498,7 @@ def prepare_data(
     tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer)
     config = build_model_config(model, data.max_seq_length, tokenizer)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
-    with accelerator.main_process_first():
+    with accelerator.main_process_first(), naming_cache_failures():
         train, evaluation = build_instances(documents, tokenizer, data, seed)
     sentences, other = sample_sentences(documents["validation"])
     return PretrainingData(

@@ -13,7 +13,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from hfbert.checkpointing import TrainingProgress
+from hfbert.checkpointing import TrainingProgress, last_finite_checkpoint_note
 from hfbert.modeling_hfbert import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,9 @@ def evaluate(model: torch.nn.Module, eval_loader: DataLoader, accelerator: Accel
     return metrics_from_statistics(accelerator.reduce(totals, "sum"), prefix="eval_")
 
 
-def check_loss_is_finite(loss: torch.Tensor, precision: str, step: int, learning_rate: float) -> None:
+def check_loss_is_finite(
+    loss: torch.Tensor, precision: str, step: int, learning_rate: float, output_dir: str | None = None
+) -> None:
     """Stop with advice on a NaN/inf loss; under fp16 the grad scaler skips such steps, so only warn."""
     if torch.isfinite(loss):
         return
@@ -143,8 +145,9 @@ def check_loss_is_finite(loss: torch.Tensor, precision: str, step: int, learning
         return
     raise FloatingPointError(
         f"The training loss became {loss.item()} at step {step} (learning rate {learning_rate:.3g}, precision "
-        f"{precision}). Lower --learning_rate, raise --num_warmup_steps or keep --max_grad_norm > 0, then resume "
-        "from the last good checkpoint with --resume_from_checkpoint latest."
+        f"{precision}). Resuming would diverge again, as a resume keeps the learning rate, warmup and clipping: "
+        "start a new run (a new --output_dir, or --overwrite_output_dir) with a lower --learning_rate, more "
+        f"--num_warmup_steps or --max_grad_norm > 0.{'' if output_dir is None else last_finite_checkpoint_note(output_dir)}"
     )
 
 

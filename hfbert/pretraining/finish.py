@@ -16,7 +16,8 @@ import torch
 from accelerate import Accelerator
 
 from hfbert.analysis import ModelAnalysis
-from hfbert.files import staged_files, write_json_atomic
+from hfbert.checkpointing import write_failure_message
+from hfbert.files import WRITE_ERRORS, staged_files, write_json_atomic
 from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.samples import write_samples
@@ -121,10 +122,5 @@ def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> FinalFol
     """`write_final_folder`, with a failure (e.g. a full disk) explained: what is intact and how to finish."""
     try:
         return write_final_folder(output_dir, **contents)
-    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
-        raise OSError(
-            f"Writing the final folder {output_dir} failed ({type(error).__name__}: {error}); its previous files, "
-            f"if any, are intact. If the disk is full (check with `df -h {output_dir}`), free space, then rerun "
-            "the same command with --resume_from_checkpoint latest: a run resumed at its last step goes straight "
-            "to this save (with --checkpointing_steps, the last checkpoint is at most that many steps back)"
-        ) from error
+    except WRITE_ERRORS as error:  # the folder's previous files are intact: the final files are staged
+        raise OSError(write_failure_message(error, output_dir, output_dir)) from error

@@ -86,14 +86,17 @@ def train_step(
     learning_rate: float,
     optimization: OptimizationSettings,
     precision: str,
+    output_dir: str | None = None,
 ) -> tuple[Any, torch.Tensor]:
-    """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch."""
+    """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch;
+    `output_dir` names the last finite checkpoint should the loss stop being finite."""
     with accelerator.accumulate(state.model):
         outputs = state.model(**batch, mlm_masked_rows_only=True)
         loss = outputs.mlm_loss + optimization.nsp_loss_weight * outputs.nsp_loss
         # On CUDA the check waits for the device, so it runs once per logging interval instead (in fit).
         if accelerator.device.type != "cuda":
-            check_loss_is_finite(loss, precision, state.progress.completed_steps + 1, learning_rate)
+            step = state.progress.completed_steps + 1
+            check_loss_is_finite(loss, precision, step, learning_rate, output_dir)
         accelerator.backward(loss)
         if accelerator.sync_gradients and optimization.max_grad_norm > 0:
             accelerator.clip_grad_norm_(state.model.parameters(), optimization.max_grad_norm)
@@ -121,12 +124,12 @@ class Preempted(RuntimeError):
 
 
 class PreemptionSignals:
-    """While active, SIGTERM and SIGUSR1 (what Slurm and Kubernetes send before they kill) are recorded
-    instead of ending the process, so the loop can finish its update and write a checkpoint; a second signal
-    during that save changes nothing. Previous handlers come back on exit. Only the main thread can install
-    handlers; elsewhere signals keep their handlers."""
+    """While active, SIGTERM and SIGUSR1 (what Slurm and Kubernetes send before they kill) and SIGINT (Ctrl-C)
+    are recorded instead of ending the process, so the loop can finish its update and write a checkpoint; a
+    second signal during that save changes nothing. Previous handlers come back on exit. Only the main thread
+    can install handlers; elsewhere signals keep their handlers."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self) -> None:
         self.signal_number: int | None = None
@@ -181,11 +184,12 @@ def log_training_row(
     bar: tqdm,
     precision: str,
     with_tracking: bool,
+    output_dir: str | None = None,
 ) -> None:
     """A training window's row (`TrainingWindow.row`: the one host synchronisation of a logging interval),
     checked, into the log and the bar."""
     learning_rate = row["learning_rate"]
-    check_loss_is_finite(torch.tensor(row["loss"]), precision, row["step"], learning_rate)
+    check_loss_is_finite(torch.tensor(row["loss"]), precision, row["step"], learning_rate, output_dir)
     log_row(accelerator, progress, row, with_tracking)
     bar.set_postfix(
         mlm=f"{row['train_mlm_loss']:.3f}",
@@ -240,7 +244,9 @@ def fit(
             for batch in epoch_batches(accelerator, train_loader, epoch, progress):
                 learning_rate = budget.schedule(progress.completed_steps, seconds)
                 set_learning_rate(state.optimizer, learning_rate)
-                outputs, loss = train_step(accelerator, state, batch, learning_rate, optimization, precision)
+                outputs, loss = train_step(
+                    accelerator, state, batch, learning_rate, optimization, precision, run.output_dir
+                )
                 progress.batch_in_epoch += 1
                 window.add(outputs, loss, batch)
                 if not accelerator.sync_gradients:
@@ -253,7 +259,9 @@ def fit(
                 log_due = is_due(step, run.logging_steps) or step == budget.max_train_steps
                 if log_due:
                     row = window.row(accelerator, progress, epoch, learning_rate, flops)
-                    log_training_row(accelerator, progress, row, bar, precision, run.with_tracking)
+                    log_training_row(
+                        accelerator, progress, row, bar, precision, run.with_tracking, run.output_dir
+                    )
                     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
                 if is_due(step, run.eval_steps):
                     metrics = run_evaluation(accelerator, state, eval_loader, run.with_tracking)
@@ -269,8 +277,12 @@ def fit(
             else:  # the epoch ran to its end
                 metrics = end_epoch(accelerator, state, eval_loader, run, checkpoints) or metrics
                 clock = time.perf_counter()
-    bar.close()
-    return final_metrics(accelerator, state, eval_loader, run.with_tracking, metrics)
+        bar.close()
+        metrics = final_metrics(accelerator, state, eval_loader, run.with_tracking, metrics)
+        if preemption.agreed(accelerator, due=True):  # a signal after the last update, e.g. in that evaluation
+            saved = (Path(checkpoints.output_dir) / f"checkpoint-{progress.completed_steps}").is_dir()
+            stop_for_preemption(accelerator, progress, checkpoints, preemption.signal_number, saved)
+    return metrics
 
 
 def epoch_batches(

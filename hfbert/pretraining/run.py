@@ -31,6 +31,7 @@ from hfbert.checkpointing import (
     remove_checkpoints,
     resolve_resume_checkpoint,
     run_folder_lock,
+    starts_over_with_auto,
 )
 from hfbert.files import check_local_files, publish_files
 from hfbert.model_card import check_hub_access
@@ -39,10 +40,15 @@ from hfbert.pretraining.batches import BatchPlan, build_loaders, plan_batches
 from hfbert.pretraining.data import PretrainingData, prepare_data
 from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
 from hfbert.pretraining.finish import FinalFolder, finish
-from hfbert.pretraining.loop import CheckpointWriter, fit
+from hfbert.pretraining.loop import CheckpointWriter, PreemptionSignals, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
-from hfbert.pretraining.settings import OptimizationSettings, PretrainingSettings, check_resume_settings
-from hfbert.pretraining.setup import Budget, count_parameters, setup_training
+from hfbert.pretraining.settings import (
+    OptimizationSettings,
+    PretrainingSettings,
+    check_config_file,
+    check_resume_settings,
+)
+from hfbert.pretraining.setup import Budget, TrainingState, count_parameters, setup_training
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +69,7 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
     ):
         if value is not None:  # a truncated or garbled file is named now, not deep inside transformers later
             check_local_files(value, flag, f"write or copy it again, or pass another {flag}")
+    check_config_file(settings)  # --max_seq_length against its position embeddings, before a tokenizer is trained
     if run.push_to_hub:
         check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
     if run.resume_from_checkpoint is None:
@@ -70,12 +77,13 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
     verified = [None]
     if accelerator.is_main_process:
         checkpoint = resolve_resume_checkpoint(run.output_dir, run.resume_from_checkpoint)
-        for note in check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
-            logger.warning(note)
-        verified = [str(checkpoint)]
+        if checkpoint is not None:
+            for note in check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
+                logger.warning(note)
+        verified = [None if checkpoint is None else str(checkpoint)]  # None: 'auto' found none, starts fresh
     if accelerator.num_processes > 1:  # every process resumes the folder the main process verified
         broadcast_object_list(verified, from_process=0)
-    return Path(verified[0])
+    return None if verified[0] is None else Path(verified[0])
 
 
 def start(settings: PretrainingSettings) -> tuple[Accelerator, str]:
@@ -103,7 +111,8 @@ def prepare_run_data(
     )
     output_dir = Path(settings.run.output_dir)
     if accelerator.is_main_process:
-        if settings.run.overwrite_output_dir:
+        resume = settings.run.resume_from_checkpoint
+        if settings.run.overwrite_output_dir or starts_over_with_auto(output_dir, resume):
             remove_checkpoints(output_dir)
         publish_files(output_dir)  # finishes a final folder whose publication was interrupted
     accelerator.wait_for_everyone()
@@ -197,6 +206,19 @@ def train(
         checkpoints,
         flops,
     )
+    with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
+        return finish_run(accelerator, state, data, settings, summary, metrics)
+
+
+def finish_run(
+    accelerator: Accelerator,
+    state: TrainingState,
+    data: PretrainingData,
+    settings: PretrainingSettings,
+    summary: dict[str, Any],
+    metrics: dict[str, float],
+) -> FinalFolder:
+    """The finish stage for a trained state: the final folder, its samples and card, the push."""
     progress = state.progress
     return finish(
         accelerator,

@@ -8,10 +8,11 @@ before any data is read or any file is written. Flag names follow transformers' 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from hfbert.configuration_hfbert import PRESETS
+from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 
 DocumentBoundary = Literal["heading", "blank_line", "row"]
 
@@ -263,7 +264,12 @@ class RunSettings:
         default=None, metadata={"help": "Keep only the newest N checkpoints."}
     )
     resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "A checkpoint folder, or 'latest' (newest in --output_dir)."}
+        default=None,
+        metadata={
+            "help": "A checkpoint folder, 'latest' (newest in --output_dir), or 'auto': the newest if there is "
+            "one, else a fresh start (also over a run interrupted before its first checkpoint): one command "
+            "for a first start and every requeue (Slurm --requeue, Kubernetes restarts)."
+        },
     )
     with_tracking: bool = field(
         default=False, metadata={"help": "Log metrics to the trackers of --report_to."}
@@ -326,6 +332,8 @@ RESUME_INVARIANT = {
 
 # The budget may change on resume when the learning rate does not depend on it (a constant schedule).
 BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
+# Recorded with the settings: sha256 of the corpus's files (hfbert.corpus.corpus_fingerprint), not a flag.
+CORPUS_FINGERPRINT = "corpus_sha256"
 
 
 @dataclass
@@ -343,67 +351,12 @@ class PretrainingSettings:
 
     def validate(self) -> None:
         """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
-        data, optimization, run = self.data, self.optimization, self.run
-        positive = {
-            "vocab_size": data.vocab_size,
-            "max_seq_length": data.max_seq_length,
-            "dupe_factor": data.dupe_factor,
-            "per_device_train_batch_size": optimization.per_device_train_batch_size,
-            "per_device_eval_batch_size": run.per_device_eval_batch_size,
-            "gradient_accumulation_steps": optimization.gradient_accumulation_steps,
-            "num_train_epochs": optimization.num_train_epochs,
-            "logging_steps": run.logging_steps,
-            "learning_rate": optimization.learning_rate,
-        }
-        optional_positive = {
-            "max_train_steps": optimization.max_train_steps,
-            "max_train_seconds": optimization.max_train_seconds,
-            "eval_steps": run.eval_steps,
-            "checkpoints_total_limit": run.checkpoints_total_limit,
-            "max_eval_samples": data.max_eval_samples,
-            "max_predictions_per_seq": data.max_predictions_per_seq,
-            "preprocessing_num_workers": data.preprocessing_num_workers,
-        }
-        if data.dataloader_num_workers is not None and data.dataloader_num_workers < 0:
-            raise ValueError(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
-        for name, value in {**positive, **optional_positive}.items():
-            if value is not None and value <= 0:
-                unset = " (or leave it unset)" if name in optional_positive else ""
-                raise ValueError(f"--{name} {value} must be > 0{unset}")
-        if data.max_seq_length < 8:
-            raise ValueError(f"--max_seq_length {data.max_seq_length} must be >= 8 ([CLS] A [SEP] B [SEP])")
-        for name in ("mlm_probability", "eval_mlm_probability"):
-            if not 0.0 < getattr(data, name) < 1.0:
-                raise ValueError(f"--{name} {getattr(data, name)} must be in (0, 1), e.g. 0.15")
-        if not 0.0 <= data.short_seq_prob <= 1.0:
-            raise ValueError(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
-        if not 0 < data.validation_split_percentage < 100:
-            raise ValueError(
-                f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)"
-            )
-        if self.model.dropout is not None and not 0.0 <= self.model.dropout < 1.0:
-            raise ValueError(f"--dropout {self.model.dropout} must be in [0, 1)")
-        nonnegative = {
-            "weight_decay": optimization.weight_decay,
-            "max_grad_norm": optimization.max_grad_norm,
-            "num_warmup_steps": optimization.num_warmup_steps,
-            "nsp_loss_weight": optimization.nsp_loss_weight,
-        }
-        for name, value in nonnegative.items():
-            if value < 0:
-                raise ValueError(f"--{name} {value} must be >= 0")
-        steps = run.checkpointing_steps
-        if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
-            raise ValueError(
-                f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'"
-            )
-        if run.checkpoints_total_limit is not None and steps is None:
-            raise ValueError(
-                "--checkpoints_total_limit was given without --checkpointing_steps; pass --checkpointing_steps "
-                "N or 'epoch' too"
-            )
-        if run.push_to_hub and not run.hub_model_id:
-            raise ValueError("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
+        for group in (self.corpus, self.data, self.model, self.optimization, self.run):
+            _check_finite(group)
+        _check_data(self.data)
+        _check_model(self.model, self.data)
+        _check_optimization(self.optimization)
+        _check_run(self.run)
         if self.corpus.streaming:
             raise ValueError(
                 "run_pretraining.py pairs sentences across the whole corpus (next sentence prediction) and "
@@ -411,8 +364,10 @@ class PretrainingSettings:
             )
 
     def resume_invariant(self) -> dict[str, Any]:
-        """The settings a checkpoint records: those a resumed run must repeat (`RESUME_INVARIANT`) and the
-        budget (`BUDGET_FLAGS`)."""
+        """The settings a checkpoint records: those a resumed run must repeat (`RESUME_INVARIANT`), the
+        budget (`BUDGET_FLAGS`) and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
+        from hfbert.corpus import corpus_fingerprint  # here: hfbert.corpus imports these settings
+
         groups = {
             "data": self.data,
             "model": self.model,
@@ -424,7 +379,9 @@ class PretrainingSettings:
             for group, names in RESUME_INVARIANT.items()
             for name, value in asdict(groups[group]).items()
             if name in names
-        } | {name: getattr(self.optimization, name) for name in BUDGET_FLAGS}
+        } | {name: getattr(self.optimization, name) for name in BUDGET_FLAGS} | {
+            CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus)
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, flat (flag name -> value), without the Hub token."""
@@ -433,6 +390,109 @@ class PretrainingSettings:
             flat.update(asdict(group))
         flat.pop("hub_token", None)
         return flat
+
+
+def _check_finite(group: Any) -> None:
+    # nan passes every comparison below (nan <= 0 is False): --max_grad_norm nan would disable clipping.
+    for name, value in asdict(group).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            default = next(f.default for f in fields(group) if f.name == name)
+            example = f", e.g. {default}" if isinstance(default, float) else ""
+            raise ValueError(f"--{name} {value} must be a finite number{example}")
+
+
+def _check_positive(values: dict[str, float | int | None], optional: bool) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name} {value} must be > 0{' (or leave it unset)' if optional else ''}")
+
+
+def _check_data(data: DataSettings) -> None:
+    _check_positive({"vocab_size": data.vocab_size, "max_seq_length": data.max_seq_length, "dupe_factor": data.dupe_factor}, optional=False)
+    _check_positive(
+        {
+            "max_eval_samples": data.max_eval_samples,
+            "max_predictions_per_seq": data.max_predictions_per_seq,
+            "preprocessing_num_workers": data.preprocessing_num_workers,
+        },
+        optional=True,
+    )
+    if data.dataloader_num_workers is not None and data.dataloader_num_workers < 0:
+        raise ValueError(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
+    if data.max_seq_length < 8:
+        raise ValueError(f"--max_seq_length {data.max_seq_length} must be >= 8 ([CLS] A [SEP] B [SEP])")
+    for name in ("mlm_probability", "eval_mlm_probability"):
+        if not 0.0 < getattr(data, name) < 1.0:
+            raise ValueError(f"--{name} {getattr(data, name)} must be in (0, 1), e.g. 0.15")
+    if not 0.0 <= data.short_seq_prob <= 1.0:
+        raise ValueError(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
+    if not 0 < data.validation_split_percentage < 100:
+        raise ValueError(f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)")
+
+
+def _check_model(model: ModelSettings, data: DataSettings) -> None:
+    if model.dropout is not None and not 0.0 <= model.dropout < 1.0:
+        raise ValueError(f"--dropout {model.dropout} must be in [0, 1)")
+    if model.config_name is None:  # a --config_name file is read by check_config_file, before any work
+        check_max_seq_length(data.max_seq_length, HfBertConfig.from_preset(model.model_size), f"--model_size {model.model_size}")
+
+
+def _check_optimization(optimization: OptimizationSettings) -> None:
+    _check_positive(
+        {
+            "per_device_train_batch_size": optimization.per_device_train_batch_size,
+            "gradient_accumulation_steps": optimization.gradient_accumulation_steps,
+            "num_train_epochs": optimization.num_train_epochs,
+            "learning_rate": optimization.learning_rate,
+            "adam_epsilon": optimization.adam_epsilon,
+        },
+        optional=False,
+    )
+    _check_positive(
+        {"max_train_steps": optimization.max_train_steps, "max_train_seconds": optimization.max_train_seconds},
+        optional=True,
+    )
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(optimization, name) < 1.0:
+            raise ValueError(f"--{name} {getattr(optimization, name)} must be in [0, 1), e.g. 0.9 or 0.999")
+    for name in ("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight"):
+        if getattr(optimization, name) < 0:
+            raise ValueError(f"--{name} {getattr(optimization, name)} must be >= 0")
+
+
+def _check_run(run: RunSettings) -> None:
+    _check_positive(
+        {"per_device_eval_batch_size": run.per_device_eval_batch_size, "logging_steps": run.logging_steps},
+        optional=False,
+    )
+    _check_positive({"eval_steps": run.eval_steps, "checkpoints_total_limit": run.checkpoints_total_limit}, optional=True)
+    steps = run.checkpointing_steps
+    if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
+        raise ValueError(f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'")
+    if run.checkpoints_total_limit is not None and steps is None:
+        raise ValueError(
+            "--checkpoints_total_limit was given without --checkpointing_steps; pass --checkpointing_steps "
+            "N or 'epoch' too"
+        )
+    if run.push_to_hub and not run.hub_model_id:
+        raise ValueError("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
+
+
+def check_max_seq_length(max_seq_length: int, config: HfBertConfig, source: str) -> None:
+    """Refuse a --max_seq_length the model's position embeddings cannot hold (before a tokenizer is trained)."""
+    if max_seq_length > config.max_position_embeddings:
+        raise ValueError(
+            f"--max_seq_length {max_seq_length} exceeds the max_position_embeddings {config.max_position_embeddings} "
+            f"of {source}; pass --max_seq_length <= {config.max_position_embeddings}"
+        )
+
+
+def check_config_file(settings: PretrainingSettings) -> None:
+    """The checks of `PretrainingSettings.validate` that need --config_name's file (read here, after
+    `hfbert.files.check_local_files` has named a damaged one)."""
+    if settings.model.config_name is not None:
+        config = HfBertConfig.from_pretrained(settings.model.config_name)
+        check_max_seq_length(settings.data.max_seq_length, config, f"--config_name {settings.model.config_name}")
 
 
 def check_resume_settings(
@@ -446,8 +506,16 @@ def check_resume_settings(
     changed = [
         f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now"
         for name in sorted(current)
-        if name not in BUDGET_FLAGS and name in saved and saved[name] != current[name]
+        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT) and name in saved and saved[name] != current[name]
     ]
+    if saved.get(CORPUS_FINGERPRINT) not in (None, current[CORPUS_FINGERPRINT]):
+        corpus = settings.corpus
+        files = corpus.train_file if corpus.train_file is not None else "the shipped sample"
+        changed.append(
+            f"the corpus ({files}{', ' + corpus.validation_file if corpus.validation_file else ''}) has changed "
+            f"since the checkpoint was written (content sha256 {saved[CORPUS_FINGERPRINT][:12]}... then, "
+            f"{str(current[CORPUS_FINGERPRINT])[:12]}... now): restore the files it was trained on"
+        )
     notes = []
     budget = {name: getattr(settings.optimization, name) for name in BUDGET_FLAGS}
     for name, value in budget.items():
