@@ -1,0 +1,187 @@
+"""python -m hfbert.finetune: a finished folder fine-tuned with transformers' Trainer against random init."""
+
+import json
+import random
+from unittest import mock
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_config
+
+from hfbert import HfBertForPreTraining
+from hfbert.finetune import (
+    RANDOM_INIT,
+    RESULTS_NAME,
+    build_model,
+    classification_metrics,
+    few_labels,
+    main,
+)
+
+TOPICS = {
+    "sport": ["the team won the match", "he scored in the game", "the club played the season"],
+    "ships": ["the ship was launched", "the vessel sank at sea", "the navy built the ship"],
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, sample_tokenizer):
+    """A finished-looking model folder: tiny HfBertForPreTraining (untrained) + the sample tokenizer."""
+    path = tmp_path_factory.mktemp("run") / "model"
+    HfBertForPreTraining(tiny_config(vocab_size=len(sample_tokenizer))).save_pretrained(path)
+    sample_tokenizer.save_pretrained(path)
+    (path / "README.md").write_text("---\nlicense: apache-2.0\n---\n\n# model\n\nSome text to keep.\n")
+    return path
+
+
+def topic_rows(count: int, seed: int, pairs: bool = False) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for index in range(count):
+        topic = sorted(TOPICS)[index % 2]
+        row = {"text": rng.choice(TOPICS[topic]), "label": topic}
+        if pairs:  # label: whether the second text is about the same topic
+            same = rng.random() < 0.5
+            other = topic if same else sorted(set(TOPICS) - {topic})[0]
+            row.update(second=rng.choice(TOPICS[other]), label=int(same))
+        rows.append(row)
+    return rows
+
+
+def write_csv(path, rows):
+    datasets.Dataset.from_list(rows).to_csv(path, index=False)
+    return path
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def args_for(folder, train, validation, output_dir, *extra):
+    return [
+        str(folder), "--train_file", str(train), "--validation_file", str(validation),
+        "--learning_rate", "2e-3", "--num_train_epochs", "6", "--per_device_train_batch_size", "8",
+        "--seeds", "1", "2", "--output_dir", str(output_dir), "--quiet", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_single_sentences_from_csv_learn_and_compare_with_random_init(tmp_path, folder):
+    train = write_csv(tmp_path / "train.csv", topic_rows(48, seed=0))
+    validation = write_csv(tmp_path / "validation.csv", topic_rows(32, seed=1))
+    results = main(args_for(folder, train, validation, tmp_path / "out", "--compare", RANDOM_INIT))
+    assert set(results["models"]) == {"pretrained", RANDOM_INIT}
+    assert results["labels"] == ["ships", "sport"] and results["train_examples"] == 48
+    for model in results["models"].values():
+        assert min(model["summary"]["accuracy"]["per_seed"]) >= 0.9  # a separable task is learned
+    assert set(results["gain"]) == {"accuracy"}
+    assert json.loads((tmp_path / "out" / RESULTS_NAME).read_text())["seeds"] == [1, 2]
+    assert (tmp_path / "out" / "finetune_results.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_sentence_pairs_from_jsonl_and_seeds_reproduce(tmp_path, folder):
+    train = write_jsonl(tmp_path / "train.jsonl", topic_rows(40, seed=0, pairs=True))
+    validation = write_jsonl(tmp_path / "validation.jsonl", topic_rows(20, seed=1, pairs=True))
+    extra = ("--text_pair_column", "second", "--max_train_samples", "20", "--num_train_epochs", "1")
+    first = main(args_for(folder, train, validation, tmp_path / "a", *extra))
+    second = main(args_for(folder, train, validation, tmp_path / "b", *extra))
+    assert first["train_examples"] == 20
+    assert first["models"]["pretrained"]["summary"] == second["models"]["pretrained"]["summary"]
+
+
+@pytest.mark.slow
+def test_model_card_gains_model_index_and_keeps_its_text(tmp_path, folder):
+    train = write_csv(tmp_path / "train.csv", topic_rows(16, seed=0))
+    validation = write_csv(tmp_path / "validation.csv", topic_rows(8, seed=1))
+    main(args_for(folder, train, validation, tmp_path / "out", "--num_train_epochs", "1", "--update_model_card"))
+    card = (folder / "README.md").read_text()
+    assert "model-index" in card and "text-classification" in card and "Some text to keep." in card
+
+
+def test_random_init_twin_has_the_same_config_and_other_weights(folder):
+    names = ["a", "b"]
+    pretrained = build_model(str(folder), "pretrained", 2, seed=1, label_names=names)
+    twin = build_model(str(folder), RANDOM_INIT, 2, seed=1, label_names=names)
+    assert pretrained.config.to_dict() == twin.config.to_dict()
+    word_embeddings = "bert.embeddings.word_embeddings.weight"
+    assert not torch.equal(pretrained.state_dict()[word_embeddings], twin.state_dict()[word_embeddings])
+    saved = HfBertForPreTraining.from_pretrained(folder).state_dict()[word_embeddings]
+    assert torch.equal(pretrained.state_dict()[word_embeddings], saved)
+    again = build_model(str(folder), RANDOM_INIT, 2, seed=1, label_names=names)
+    assert torch.equal(again.state_dict()[word_embeddings], twin.state_dict()[word_embeddings])
+
+
+@pytest.mark.parametrize(
+    ("rows", "flags", "message"),
+    [
+        ([{"text": "a", "label": 0}], ("--label_column", "topic"), "no column 'topic'; its columns are"),
+        ([{"text": "a", "label": 0.5}, {"text": "b", "label": 1.5}], (), "non-integer numbers"),
+        ([{"text": "a", "label": 0}, {"text": "b", "label": 0}], (), "a single class"),
+    ],
+)
+def test_bad_data_is_refused_before_training(tmp_path, folder, rows, flags, message):
+    train = write_csv(tmp_path / "train.csv", rows)
+    with mock.patch("hfbert.finetune.finetune_once") as finetune_once, pytest.raises(ValueError, match=message):
+        main(args_for(folder, train, train, tmp_path / "out", *flags))
+    finetune_once.assert_not_called()
+
+
+def test_labels_unseen_in_training_and_folders_without_a_model_are_refused(tmp_path, folder):
+    train = write_csv(tmp_path / "train.csv", [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])
+    validation = write_csv(tmp_path / "validation.csv", [{"text": "c", "label": "z"}])
+    with pytest.raises(ValueError, match=r"labels the training split lacks: \['z'\]"):
+        main(args_for(folder, train, validation, tmp_path / "out"))
+    (tmp_path / "tokenizer-only").mkdir()
+    (tmp_path / "tokenizer-only" / "tokenizer.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no model"):
+        main(args_for(tmp_path / "tokenizer-only", train, train, tmp_path / "out"))
+    with pytest.raises(SystemExit):
+        main([str(folder), "--train_file", str(train)])  # no held-out file
+
+
+def test_glue_columns_and_metrics_and_an_unreachable_hub(tmp_path, folder):
+    def fake_glue(name, config):
+        assert (name, config) == ("nyu-mll/glue", "mrpc")
+        features = datasets.Features(
+            {
+                "sentence1": datasets.Value("string"),
+                "sentence2": datasets.Value("string"),
+                "label": datasets.ClassLabel(names=["not_equivalent", "equivalent"]),
+            }
+        )
+        rows = [{"sentence1": "the ship", "sentence2": "the vessel", "label": i % 2} for i in range(8)]
+        split = datasets.Dataset.from_list(rows, features=features)
+        return datasets.DatasetDict(train=split, validation=split)
+
+    glue = [str(folder), "--dataset_name", "nyu-mll/glue", "--dataset_config_name", "mrpc", "--seeds", "1", "--quiet"]
+    with (
+        mock.patch("hfbert.finetune.datasets.load_dataset", side_effect=fake_glue),
+        mock.patch("hfbert.finetune.finetune_once", return_value={"accuracy": 0.5, "f1": 0.4}) as finetune_once,
+    ):
+        results = main([*glue, "--output_dir", str(tmp_path / "out")])
+    train = finetune_once.call_args.args[2]
+    assert set(train.column_names) >= {"input_ids", "token_type_ids", "labels"}
+    assert max(train["token_type_ids"][0]) == 1  # the pair was encoded as two segments
+    assert set(results["models"]["pretrained"]["summary"]) == {"accuracy", "f1"}
+    with pytest.raises(ValueError, match=r"could not be loaded .*connection to the Hub"):
+        main(glue)  # HF_DATASETS_OFFLINE=1: the download is refused at the network boundary
+
+
+def test_metrics_match_hand_computed_values():
+    labels, predictions = np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 1, 1])
+    metrics = classification_metrics(predictions, labels)
+    assert metrics["accuracy"] == pytest.approx(0.6)
+    assert metrics["f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
+    # MCC = (tp*tn - fp*fn) / sqrt((tp+fp)(tp+fn)(tn+fp)(tn+fn)) with tp=2, tn=1, fp=1, fn=1
+    assert metrics["matthews_correlation"] == pytest.approx((2 * 1 - 1 * 1) / np.sqrt(3 * 3 * 2 * 2))
+
+
+def test_few_labels_are_drawn_evenly_across_classes():
+    train = datasets.Dataset.from_dict({"labels": [0] * 50 + [1] * 5 + [2] * 45})
+    chosen = few_labels(train, 12, seed=0)
+    assert sorted(np.bincount(chosen["labels"])) == [4, 4, 4]
+    assert few_labels(train, 12, seed=0)["labels"] == chosen["labels"]
