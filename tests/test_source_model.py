@@ -91,7 +91,7 @@ def test_folders_that_hold_no_model_are_refused(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="no such folder"):
         find_source_model(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="holds no config.json, so it is not a model folder"):
+    with pytest.raises(ValueError, match=r"holds no config.json, so it is not a model folder"):
         find_source_model(str(tmp_path / "empty"))
     old = tmp_path / "run" / "checkpoint-20"
     old.mkdir(parents=True)
@@ -133,11 +133,11 @@ def test_flags_that_contradict_the_source_are_refused(tmp_path, tokenizer):
     hfbert_folder(tmp_path / "run", tokenizer)
     source = find_source_model(str(tmp_path / "run"))
     fits(source, tokenizer, tokenizer)
-    with pytest.raises(ValueError, match="--max_seq_length 256 exceeds .* max_position_embeddings 128"):
+    with pytest.raises(ValueError, match=r"--max_seq_length 256 exceeds .* max_position_embeddings 128"):
         fits(source, tokenizer, max_seq_length=256)
-    with pytest.raises(ValueError, match="--config_name c.json and --model_name_or_path"):
+    with pytest.raises(ValueError, match=r"--config_name c.json and --model_name_or_path"):
         fits(source, tokenizer, config_name="c.json")
-    with pytest.raises(ValueError, match="--model_size mini contradicts .*hidden_size 32 \\(preset 256\\)"):
+    with pytest.raises(ValueError, match=r"--model_size mini contradicts .*hidden_size 32 \(preset 256\)"):
         fits(source, tokenizer, model_size="mini")
 
 
@@ -153,5 +153,5 @@ def test_a_tokenizer_that_disagrees_with_the_source_is_refused(tmp_path, tokeniz
         sample_documents["validation"], vocab_size=len(tokenizer), min_frequency=1, show_progress=False
     )
     assert len(other) <= len(tokenizer)
-    with pytest.raises(ValueError, match="vocabulary differs from .*'s own"):
+    with pytest.raises(ValueError, match=r"vocabulary differs from .*'s own"):
         fits(source, other, tokenizer)
