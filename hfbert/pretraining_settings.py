@@ -84,12 +84,25 @@ class DataSettings:
 class ModelSettings:
     """Which BERT to build."""
 
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Start from these weights instead of a fresh initialisation (a new run: new optimizer, "
+            "schedule and step count): an hfbert run's output folder or one of its checkpoint-<step> folders, "
+            "or a transformers BERT folder or Hub id (converted, MLM and NSP heads kept). Its tokenizer is used "
+            "unless --tokenizer_name is given. For BERT's phase 2 at length 512 and continued pretraining."
+        },
+    )
     config_name: str | None = field(
         default=None,
         metadata={"help": "A config.json (or its folder) for the model; overrides --model_size."},
     )
-    model_size: Literal["tiny", "mini", "small", "medium", "base", "large"] = field(
-        default="mini", metadata={"help": f"BERT size preset: {', '.join(PRESETS)}."}
+    model_size: Literal["tiny", "mini", "small", "medium", "base", "large"] | None = field(
+        default=None,
+        metadata={
+            "help": f"BERT size preset: {', '.join(PRESETS)} (default mini; with --model_name_or_path, the "
+            "source's size)."
+        },
     )
     dropout: float | None = field(
         default=None,
@@ -230,7 +243,7 @@ RESUME_INVARIANT = {
         "max_predictions_per_seq",
         "validation_split_percentage",
     ),
-    "model": ("config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
+    "model": ("model_name_or_path", "config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
     "optimization": (
         "per_device_train_batch_size",
         "gradient_accumulation_steps",
@@ -273,6 +286,8 @@ class PretrainingSettings:
     run: RunSettings
 
     def __post_init__(self) -> None:
+        if self.model.model_size is None and self.model.model_name_or_path is None:
+            self.model.model_size = "mini"  # a run from scratch: the default preset
         self.validate()
 
     def validate(self) -> None:

@@ -51,6 +51,13 @@ from hfbert.initialization import check_structured_attention_config, init_struct
 from hfbert.inspect import sample_sentences
 from hfbert.model_card import check_hub_access, push_to_hub
 from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining
+from hfbert.pretraining.source_model import (
+    SourceModel,
+    check_source_fits,
+    find_source_model,
+    load_source_model,
+    source_run_config,
+)
 from hfbert.pretraining_data import build_nsp_instances, split_validation_documents, tokenize_documents
 from hfbert.pretraining_settings import PretrainingSettings, check_resume_settings
 from hfbert.tokenization import (
@@ -99,9 +106,11 @@ def load_run_tokenizer(
     documents: datasets.DatasetDict,
     accelerator: Accelerator,
     checkpoint: Path | None,
+    source: SourceModel | None,
 ) -> Any:
-    """The tokenizer of the run: a resumed run's own (saved in its checkpoint), --tokenizer_name, or one
-    trained on the training corpus by the main process into `output_dir/.tokenizer`."""
+    """The tokenizer of the run: a resumed run's own (saved in its checkpoint), --tokenizer_name, the source
+    model's (--model_name_or_path), or one trained on the training corpus by the main process into
+    `output_dir/.tokenizer`."""
     data, output_dir = settings.data, Path(settings.run.output_dir)
     if checkpoint is not None and (checkpoint / TOKENIZER_FOLDER).is_dir():
         tokenizer = AutoTokenizer.from_pretrained(checkpoint / TOKENIZER_FOLDER)
@@ -116,6 +125,8 @@ def load_run_tokenizer(
         return tokenizer
     if data.tokenizer_name is not None:
         return load_tokenizer(data.tokenizer_name)
+    if source is not None:
+        return AutoTokenizer.from_pretrained(source.tokenizer_location)
     trained = output_dir / TRAINED_TOKENIZER_DIR
     if accelerator.is_main_process:
         logger.info(
@@ -127,10 +138,12 @@ def load_run_tokenizer(
     return AutoTokenizer.from_pretrained(trained)
 
 
-def build_model_config(settings: PretrainingSettings, tokenizer: Any) -> HfBertConfig:
-    """The model config (--config_name or the --model_size preset, --dropout applied), checked against the
-    tokenizer, --max_seq_length and --attention_init."""
+def build_model_config(settings: PretrainingSettings, tokenizer: Any, source: SourceModel | None) -> HfBertConfig:
+    """The model config (the source model's, --config_name or the --model_size preset, --dropout applied),
+    checked against the tokenizer, --max_seq_length and --attention_init."""
     model = settings.model
+    if source is not None:  # checked against the tokenizer and flags by check_before_work
+        return source_run_config(source, model.dropout)
     if model.config_name is not None:
         config = HfBertConfig.from_pretrained(model.config_name)
         check_tokenizer_matches_config(tokenizer, config)
@@ -173,7 +186,7 @@ def build_instances(
 
 
 def prepare_data(
-    settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path | None
+    settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path | None, source: SourceModel | None
 ) -> PretrainingData:
     """Corpus -> tokenizer -> model config -> NSP instances (the main process first, the others from cache)."""
     with accelerator.main_process_first():
@@ -181,8 +194,8 @@ def prepare_data(
         documents = split_validation_documents(
             documents, settings.data.validation_split_percentage, settings.optimization.seed
         )
-    tokenizer = load_run_tokenizer(settings, documents, accelerator, checkpoint)
-    config = build_model_config(settings, tokenizer)
+    tokenizer = load_run_tokenizer(settings, documents, accelerator, checkpoint, source)
+    config = build_model_config(settings, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
     with accelerator.main_process_first():
         train, evaluation = build_instances(documents, tokenizer, settings)
@@ -414,12 +427,18 @@ def setup_run(
     accelerator: Accelerator,
     precision: str,
     model_factory: ModelFactory,
+    source: SourceModel | None = None,
 ) -> Run:
     """Build model, optimizer, schedule and loaders, prepared by accelerate (not yet resumed)."""
     optimization = settings.optimization
-    model = model_factory(data.config)
-    if settings.model.attention_init == "structured":  # a resumed run then loads its checkpoint over it
-        init_structured_attention(model, seed=optimization.seed)
+    if source is not None:
+        model = load_source_model(source, data.config)
+        if settings.model.attention_init == "structured":
+            logger.info(f"Starting from {source.name}'s weights: --attention_init structured is not applied.")
+    else:
+        model = model_factory(data.config)
+        if settings.model.attention_init == "structured":  # a resumed run then loads its checkpoint over it
+            init_structured_attention(model, seed=optimization.seed)
     num_parameters = sum(p.numel() for p in model.parameters())
     set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
     train_loader, eval_loader, max_predictions = build_loaders(settings, data, accelerator.device)
@@ -801,6 +820,7 @@ def save_run_checkpoint(run: Run) -> Path:
         run.settings.run.checkpoints_total_limit,
         run_settings=run.settings.resume_invariant(),
         tokenizer=run.data.tokenizer,
+        model_config=run.data.config,
     )
 
 
@@ -848,6 +868,33 @@ def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> None:
         ) from error
 
 
+def check_source_model(settings: PretrainingSettings) -> SourceModel | None:
+    """--model_name_or_path found and checked against the tokenizer and flags, before any data is read."""
+    model = settings.model
+    if model.model_name_or_path is None:
+        return None
+    source = find_source_model(model.model_name_or_path)
+    source_tokenizer = AutoTokenizer.from_pretrained(source.tokenizer_location) if source.tokenizer_location else None
+    if settings.data.tokenizer_name is not None:
+        tokenizer = load_tokenizer(settings.data.tokenizer_name)
+    elif source_tokenizer is not None:
+        tokenizer = source_tokenizer
+    else:
+        raise ValueError(
+            f"--model_name_or_path {source.name} holds no tokenizer; pass the tokenizer it was trained with "
+            "as --tokenizer_name"
+        )
+    check_source_fits(
+        source,
+        tokenizer,
+        source_tokenizer,
+        max_seq_length=settings.data.max_seq_length,
+        model_size=model.model_size,
+        config_name=model.config_name,
+    )
+    return source
+
+
 def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -> Path | None:
     """Everything that can refuse the run, before data is read or a file written: the run folder, the
     checkpoint to resume (verified once, on the main process) and its settings, and Hub access for a push.
@@ -882,15 +929,16 @@ def pretrain(settings: PretrainingSettings, model_factory: ModelFactory = hfbert
     accelerator, precision = build_accelerator(settings)
     with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
         checkpoint = check_before_work(settings, accelerator)
+        source = check_source_model(settings)
         set_seed(settings.optimization.seed)
-        data = prepare_data(settings, accelerator, checkpoint)
+        data = prepare_data(settings, accelerator, checkpoint, source)
         output_dir = Path(settings.run.output_dir)
         if accelerator.is_main_process:
             if settings.run.overwrite_output_dir:
                 remove_checkpoints(output_dir)
             publish_files(output_dir)  # finishes a final folder whose publication was interrupted
         accelerator.wait_for_everyone()
-        run = setup_run(settings, data, accelerator, precision, model_factory)
+        run = setup_run(settings, data, accelerator, precision, model_factory, source)
         if checkpoint is not None:
             logger.info(f"Resuming from {checkpoint}")
             load_checkpoint(accelerator, checkpoint)
