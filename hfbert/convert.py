@@ -42,6 +42,11 @@ def bert_config_for(config: HfBertConfig) -> BertConfig:
     return _convert_config(config, BertConfig)
 
 
+def hfbert_config_for(config: BertConfig) -> HfBertConfig:
+    """The `HfBertConfig` of a stock BERT config's architecture (BERT-only fields dropped)."""
+    return _convert_config(config, HfBertConfig)
+
+
 def _architecture(config: transformers.PretrainedConfig, source: str) -> str:
     architectures = getattr(config, "architectures", None) or []
     if len(architectures) != 1:
@@ -96,7 +101,7 @@ def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike
         raise ValueError(f"{source} holds a {bert_architecture}, not a BERT model.")
     bert = getattr(transformers, bert_architecture).from_pretrained(source)
     model_class = getattr(hfbert, bert_architecture.replace("Bert", "HfBert", 1))
-    model = model_class(_convert_config(config, HfBertConfig))
+    model = model_class(hfbert_config_for(config))
     model.load_state_dict(bert.state_dict(), strict=True)
     return _save_atomically(model, source, Path(output_dir))
 

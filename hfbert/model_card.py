@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, constants
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 
 from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, atomic_path, check_readable
 
@@ -40,6 +42,15 @@ def _metric_values(eval_results: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def _is_hub_id(name: str) -> bool:
+    """A Hub repository id (the Hub's base_model metadata takes nothing else), not a local folder."""
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return not Path(name).expanduser().exists()
+
+
 def build_model_card(
     *,
     model_name: str,
@@ -53,7 +64,9 @@ def build_model_card(
     """The model card of a pretrained hfbert model: Hub metadata, training configuration, evaluation numbers,
     how to load it and the training curves."""
     metrics = _metric_values(eval_results)
+    base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
     card_data = ModelCardData(
+        base_model=base_model if base_model and _is_hub_id(base_model) else None,
         library_name="transformers",
         license=license,
         datasets=[dataset_name] if dataset_name else None,
@@ -99,6 +112,8 @@ def card_body(
     training_config: dict[str, Any],
 ) -> str:
     """The card's markdown below the metadata: what the model is, how to load it, its numbers and config."""
+    base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
+    start = f"from `{base_model}`" if base_model else "from scratch"
     eval_section = (
         _table(metrics, ("metric", "value")) if metrics else "No evaluation was run (no validation split)."
     )
@@ -111,7 +126,7 @@ def card_body(
     return f"""
 # {model_name}
 
-A BERT model pretrained from scratch with `hfbert` on the masked language modelling
+A BERT model pretrained {start} with `hfbert` on the masked language modelling
 (MLM) and next sentence prediction (NSP) objectives, trained on {data_source}. It is a native Hugging Face
 model: the weights are in `model.safetensors`, and `config.json` maps the Auto classes (`auto_map`) to the
 model code shipped in this folder.

@@ -24,6 +24,7 @@ EXAMPLE_VALUES = {
     "--resume_from_checkpoint": "latest",
     "--hub_model_id": "your-name/hfbert-mini",
     "--hub_token": "hf_example",
+    "--model_name_or_path": "runs/bert-phase1",
 }
 # Flags that only make sense beside another one.
 COMPANIONS = {

@@ -29,6 +29,7 @@ from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import load_documents, naming_cache_failures
 from hfbert.initialization import check_structured_attention_config
 from hfbert.pretraining.settings import CorpusArguments, DataSettings, ModelSettings, check_max_seq_length
+from hfbert.pretraining.source_model import SourceModel, source_run_config
 from hfbert.tokenization import (
     check_tokenizer_matches_config,
     load_tokenizer,
@@ -414,9 +415,11 @@ def load_run_tokenizer(
     documents: datasets.DatasetDict,
     accelerator: Accelerator,
     checkpoint_tokenizer: Path | None,
+    source: SourceModel | None = None,
 ) -> Any:
     """The tokenizer of the run: a resumed run's own (`checkpoint_tokenizer`, the folder its checkpoint holds),
-    --tokenizer_name, or one trained on the training corpus by the main process into `output_dir/.tokenizer`."""
+    --tokenizer_name, the source model's (--model_name_or_path), or one trained on the training corpus by the
+    main process into `output_dir/.tokenizer`."""
     if checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir():
         checkpoint = checkpoint_tokenizer.parent
         tokenizer = AutoTokenizer.from_pretrained(checkpoint_tokenizer)
@@ -431,6 +434,8 @@ def load_run_tokenizer(
         return tokenizer
     if data.tokenizer_name is not None:
         return load_tokenizer(data.tokenizer_name)
+    if source is not None:
+        return AutoTokenizer.from_pretrained(source.tokenizer_location)
     trained = output_dir / TRAINED_TOKENIZER_DIR
     if accelerator.is_main_process:
         logger.info(
@@ -442,9 +447,13 @@ def load_run_tokenizer(
     return AutoTokenizer.from_pretrained(trained)
 
 
-def build_model_config(model: ModelSettings, max_seq_length: int, tokenizer: Any) -> HfBertConfig:
-    """The model config (--config_name or the --model_size preset, --dropout applied), checked against the
-    tokenizer, --max_seq_length and --attention_init."""
+def build_model_config(
+    model: ModelSettings, max_seq_length: int, tokenizer: Any, source: SourceModel | None = None
+) -> HfBertConfig:
+    """The model config (the source model's, --config_name or the --model_size preset, --dropout applied),
+    checked against the tokenizer, --max_seq_length and --attention_init."""
+    if source is not None:  # checked against the tokenizer and the flags by check_source_model
+        return source_run_config(source, model.dropout)
     if model.config_name is not None:
         config = HfBertConfig.from_pretrained(model.config_name)
         check_tokenizer_matches_config(tokenizer, config)
@@ -489,14 +498,16 @@ def prepare_data(
     output_dir: Path,
     accelerator: Accelerator,
     checkpoint_tokenizer: Path | None = None,
+    source: SourceModel | None = None,
 ) -> PretrainingData:
     """Corpus -> tokenizer -> model config -> NSP instances (the main process first, the others from cache).
-    `checkpoint_tokenizer`: the tokenizer folder of the checkpoint a resumed run continues from."""
+    `checkpoint_tokenizer`: the tokenizer folder of the checkpoint a resumed run continues from; `source`: the
+    model a run starts from (--model_name_or_path), whose tokenizer and config it takes."""
     with accelerator.main_process_first():
         documents = load_documents(corpus, num_proc=data.preprocessing_num_workers)
         documents = split_validation_documents(documents, data.validation_split_percentage, seed)
-    tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer)
-    config = build_model_config(model, data.max_seq_length, tokenizer)
+    tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
+    config = build_model_config(model, data.max_seq_length, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
     with accelerator.main_process_first(), naming_cache_failures():
         train, evaluation = build_instances(documents, tokenizer, data, seed)

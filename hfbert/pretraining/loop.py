@@ -27,12 +27,14 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CheckpointWriter:
     """Where checkpoints go and what they record besides the `TrainingState`: the run's settings (compared
-    on resume) and its tokenizer (reused on resume)."""
+    on resume), its tokenizer (reused on resume) and the model's config (so that a checkpoint folder is one a
+    new run can start from with --model_name_or_path)."""
 
     output_dir: str
     total_limit: int | None
     run_settings: dict[str, Any]
     tokenizer: Any
+    model_config: Any = None
 
     def save(self, accelerator: Accelerator, step: int) -> Path:
         return save_checkpoint(
@@ -42,6 +44,7 @@ class CheckpointWriter:
             self.total_limit,
             run_settings=self.run_settings,
             tokenizer=self.tokenizer,
+            model_config=self.model_config,
         )
 
 

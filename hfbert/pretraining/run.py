@@ -49,6 +49,7 @@ from hfbert.pretraining.settings import (
     check_resume_settings,
 )
 from hfbert.pretraining.setup import Budget, TrainingState, count_parameters, setup_training
+from hfbert.pretraining.source_model import SourceModel, check_source_model, load_source_model
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,10 @@ def start(settings: PretrainingSettings) -> tuple[Accelerator, str]:
 
 
 def prepare_run_data(
-    settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path | None
+    settings: PretrainingSettings,
+    accelerator: Accelerator,
+    checkpoint: Path | None,
+    source: SourceModel | None = None,
 ) -> PretrainingData:
     """The data stage, then the run folder made ready (checkpoints of a replaced run removed, an interrupted
     final folder published). Seeds the run first, so the model built next starts from the same weights."""
@@ -108,6 +112,7 @@ def prepare_run_data(
         Path(settings.run.output_dir),
         accelerator,
         checkpoint_tokenizer=None if checkpoint is None else checkpoint / TOKENIZER_FOLDER,
+        source=source,
     )
     output_dir = Path(settings.run.output_dir)
     if accelerator.is_main_process:
@@ -167,9 +172,11 @@ def train(
     data: PretrainingData,
     model: torch.nn.Module,
     checkpoint: Path | None,
+    weights_loaded: bool = False,
 ) -> FinalFolder:
     """Batches -> setup -> resume -> fit -> finish for `model` (built from `data.config` right after
-    `prepare_run_data`); returns the final model folder."""
+    `prepare_run_data`, or holding a source model's weights: `weights_loaded`, and then --attention_init is
+    not applied over them); returns the final model folder."""
     optimization = settings.optimization
     summary_model = model
     set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
@@ -177,8 +184,11 @@ def train(
         settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device
     )
     train_loader, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+    attention_init = "bert" if weights_loaded else settings.model.attention_init
+    if weights_loaded and settings.model.attention_init == "structured":
+        logger.info("Starting from loaded weights: --attention_init structured is not applied over them.")
     state, train_loader, eval_loader, budget = setup_training(
-        model, train_loader, eval_loader, optimization, settings.model.attention_init, accelerator
+        model, train_loader, eval_loader, optimization, attention_init, accelerator
     )
     summary = run_summary(settings, summary_model, data, precision, plan, budget, accelerator.num_processes)
     log_plan(data, optimization, budget, accelerator.num_processes, summary["num_parameters"])
@@ -192,6 +202,7 @@ def train(
         settings.run.checkpoints_total_limit,
         settings.resume_invariant(),
         data.tokenizer,
+        data.config,
     )
     flops = ModelFlops(data.config, summary_model, datasheet_peak_flops(accelerator.device, precision))
     metrics = fit(
@@ -243,5 +254,9 @@ def pretrain_run(settings: PretrainingSettings) -> FinalFolder:
     accelerator, precision = start(settings)
     with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
         checkpoint = check_before_work(settings, accelerator)
-        data = prepare_run_data(settings, accelerator, checkpoint)
-        return train(settings, accelerator, precision, data, HfBertForPreTraining(data.config), checkpoint)
+        source = check_source_model(settings.model, settings.data)
+        data = prepare_run_data(settings, accelerator, checkpoint, source)
+        if source is None:
+            return train(settings, accelerator, precision, data, HfBertForPreTraining(data.config), checkpoint)
+        model = load_source_model(source, data.config)
+        return train(settings, accelerator, precision, data, model, checkpoint, weights_loaded=True)

@@ -151,12 +151,25 @@ class DataSettings:
 class ModelSettings:
     """Which BERT to build."""
 
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Start from these weights instead of a fresh initialisation (a new run: new optimizer, "
+            "schedule and step count): an hfbert run's output folder or one of its checkpoint-<step> folders, "
+            "or a transformers BERT folder or Hub id (converted, MLM and NSP heads kept). Its tokenizer is used "
+            "unless --tokenizer_name is given. For BERT's phase 2 at length 512 and continued pretraining."
+        },
+    )
     config_name: str | None = field(
         default=None,
         metadata={"help": "A config.json (or its folder) for the model; overrides --model_size."},
     )
-    model_size: Literal["tiny", "mini", "small", "medium", "base", "large"] = field(
-        default="mini", metadata={"help": f"BERT size preset: {', '.join(PRESETS)}."}
+    model_size: Literal["tiny", "mini", "small", "medium", "base", "large"] | None = field(
+        default=None,
+        metadata={
+            "help": f"BERT size preset: {', '.join(PRESETS)} (default mini; with --model_name_or_path, the "
+            "source's size)."
+        },
     )
     dropout: float | None = field(
         default=None,
@@ -302,7 +315,7 @@ RESUME_INVARIANT = {
         "max_predictions_per_seq",
         "validation_split_percentage",
     ),
-    "model": ("config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
+    "model": ("model_name_or_path", "config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
     "optimization": (
         "per_device_train_batch_size",
         "gradient_accumulation_steps",
@@ -347,6 +360,8 @@ class PretrainingSettings:
     run: RunSettings
 
     def __post_init__(self) -> None:
+        if self.model.model_size is None and self.model.model_name_or_path is None:
+            self.model.model_size = "mini"  # a run from scratch: the default preset
         self.validate()
 
     def validate(self) -> None:
@@ -433,8 +448,10 @@ def _check_data(data: DataSettings) -> None:
 def _check_model(model: ModelSettings, data: DataSettings) -> None:
     if model.dropout is not None and not 0.0 <= model.dropout < 1.0:
         raise ValueError(f"--dropout {model.dropout} must be in [0, 1)")
-    if model.config_name is None:  # a --config_name file is read by check_config_file, before any work
-        check_max_seq_length(data.max_seq_length, HfBertConfig.from_preset(model.model_size), f"--model_size {model.model_size}")
+    # A --config_name file or a --model_name_or_path source is read by check_before_work, before any work.
+    if model.config_name is None and model.model_name_or_path is None:
+        preset = HfBertConfig.from_preset(model.model_size)
+        check_max_seq_length(data.max_seq_length, preset, f"--model_size {model.model_size}")
 
 
 def _check_optimization(optimization: OptimizationSettings) -> None:

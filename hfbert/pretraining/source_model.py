@@ -1,0 +1,217 @@
+"""--model_name_or_path: the weights a new run starts from.
+
+A source is an hfbert final folder, a checkpoint folder of an hfbert run (its `config.json` and
+`model.safetensors` beside the training state), or a stock `transformers` BERT folder or Hub id, converted in
+memory as `python -m hfbert.convert from-transformers` does (parameter names are identical, heads kept). All
+that can refuse a source is read from its config and tokenizer alone, before any corpus is read; the weights
+are loaded when the model is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+from transformers import AutoConfig, AutoTokenizer, BertForPreTraining, PreTrainedTokenizerBase
+
+import hfbert  # noqa: F401  (registers model_type "hfbert" with AutoConfig)
+from hfbert.configuration_hfbert import PRESETS, HfBertConfig
+from hfbert.convert import bert_config_for, hfbert_config_for
+from hfbert.files import check_local_files
+from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.pretraining.settings import DataSettings, ModelSettings
+from hfbert.tokenization import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+FLAG = "--model_name_or_path"
+_FIX = (
+    "pass an hfbert run's output folder, one of its checkpoint-<step> folders, a transformers BERT folder "
+    "(config.json with model_type 'bert' and its weights) or a Hub id such as bert-base-uncased"
+)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+# BertForPreTraining's MLM and NSP heads (the pooler feeds NSP): the only weights a source may lack, as
+# a BertForMaskedLM folder lacks the NSP head and the pooler.
+_HEAD_PREFIXES = ("cls.", "bert.pooler.")
+
+
+@dataclass(frozen=True)
+class SourceModel:
+    """A model a run starts from, as found by `find_source_model`."""
+
+    name: str  # as given: recorded as the run's base_model
+    location: str  # the local folder or Hub id that from_pretrained reads
+    model_type: str  # "hfbert" or "bert"
+    config: HfBertConfig  # the source's architecture as an hfbert config
+    tokenizer_location: str | None  # the folder or Hub id of its tokenizer, if it has one
+
+
+def _tokenizer_location(folder: Path) -> str | None:
+    for candidate in (folder, folder / "tokenizer"):  # a final folder holds it at the top, a checkpoint below
+        if any((candidate / name).is_file() for name in _TOKENIZER_FILES):
+            return str(candidate)
+    return None
+
+
+def _read_config(location: str, name: str) -> Any:
+    try:
+        return AutoConfig.from_pretrained(location)
+    except (OSError, ValueError, KeyError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"{FLAG} {name}: cannot read its config ({reason}); {_FIX}") from None
+
+
+def _local_location(name: str, path: Path) -> tuple[str, str | None]:
+    """(folder, tokenizer location) of a local source, after refusing what is no model folder."""
+    if path.is_file():
+        raise ValueError(f"{FLAG} {name} is a file; pass the folder that holds it ({path.parent}), or {_FIX}")
+    check_local_files(path, FLAG, f"copy or write it again, or {_FIX}")
+    if not (path / "config.json").is_file():
+        checkpoint = (path / "manifest.json").is_file() or path.name.startswith("checkpoint-")
+        reason = (
+            "is a checkpoint written before checkpoints carried the model's config.json; resume that run to "
+            "its end and start from its output folder"
+            if checkpoint
+            else "holds no config.json, so it is not a model folder"
+        )
+        raise ValueError(f"{FLAG} {name}: {path.absolute()} {reason}; {_FIX}")
+    if not any((path / weights).is_file() for weights in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")):
+        raise ValueError(f"{FLAG} {name}: {path.absolute()} has a config.json but no model weights; {_FIX}")
+    return str(path), _tokenizer_location(path)
+
+
+def find_source_model(name: str) -> SourceModel:
+    """The source named by --model_name_or_path: a local folder, else a Hub id (ValueError otherwise)."""
+    path = Path(name).expanduser()
+    if path.exists():
+        location, tokenizer_location = _local_location(name, path)
+    else:
+        try:
+            validate_repo_id(name)
+        except HFValidationError:
+            raise ValueError(f"{FLAG} {name}: no such folder ({path.absolute()}); {_FIX}") from None
+        location, tokenizer_location = name, name  # a Hub model carries its tokenizer
+    config = _read_config(location, name)
+    if config.model_type == "hfbert":
+        hfbert_config = HfBertConfig.from_pretrained(location)
+    elif config.model_type == "bert":
+        hfbert_config = hfbert_config_for(config)
+    else:
+        raise ValueError(f"{FLAG} {name} holds a {config.model_type!r} model, not BERT; {_FIX}")
+    return SourceModel(
+        name=name,
+        location=location,
+        model_type=config.model_type,
+        config=hfbert_config,
+        tokenizer_location=tokenizer_location,
+    )
+
+
+def check_source_fits(
+    source: SourceModel,
+    tokenizer: PreTrainedTokenizerBase,
+    source_tokenizer: PreTrainedTokenizerBase | None,
+    *,
+    max_seq_length: int,
+    model_size: str | None,
+    config_name: str | None,
+) -> None:
+    """Refuse, naming the value and the fix, a run whose flags contradict its source model."""
+    where = f"{FLAG} {source.name}"
+    if config_name is not None:
+        raise ValueError(
+            f"--config_name {config_name} and {where} both set the architecture; drop --config_name "
+            "(the model's architecture is the source's)"
+        )
+    if model_size is not None:
+        layers, hidden, heads = PRESETS[model_size]
+        preset = {"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads}
+        differing = [key for key, value in preset.items() if getattr(source.config, key) != value]
+        if differing:
+            found = ", ".join(f"{key} {getattr(source.config, key)} (preset {preset[key]})" for key in differing)
+            raise ValueError(f"--model_size {model_size} contradicts {where}: {found}; drop --model_size")
+    if max_seq_length > source.config.max_position_embeddings:
+        raise ValueError(
+            f"--max_seq_length {max_seq_length} exceeds {where}'s max_position_embeddings "
+            f"{source.config.max_position_embeddings}; pass --max_seq_length <= "
+            f"{source.config.max_position_embeddings}"
+        )
+    if len(tokenizer) > source.config.vocab_size or tokenizer.pad_token_id != source.config.pad_token_id:
+        raise ValueError(
+            f"the tokenizer ({len(tokenizer)} tokens, pad id {tokenizer.pad_token_id}) does not fit {where} "
+            f"(vocab_size {source.config.vocab_size}, pad_token_id {source.config.pad_token_id}); use the "
+            "source's own tokenizer (drop --tokenizer_name)"
+        )
+    if source_tokenizer is not None and source_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(
+            f"the tokenizer's vocabulary differs from {where}'s own ({len(tokenizer)} vs {len(source_tokenizer)} "
+            "tokens, or other ids): its embeddings would mean other tokens; drop --tokenizer_name to use the "
+            "source's tokenizer"
+        )
+
+
+def check_source_model(model: ModelSettings, data: DataSettings) -> SourceModel | None:
+    """--model_name_or_path found and checked against the tokenizer and the flags, before any data is read."""
+    if model.model_name_or_path is None:
+        return None
+    source = find_source_model(model.model_name_or_path)
+    location = source.tokenizer_location
+    source_tokenizer = AutoTokenizer.from_pretrained(location) if location else None
+    if data.tokenizer_name is not None:
+        tokenizer = load_tokenizer(data.tokenizer_name)
+    elif source_tokenizer is not None:
+        tokenizer = source_tokenizer
+    else:
+        raise ValueError(
+            f"{FLAG} {source.name} holds no tokenizer; pass the tokenizer it was trained with as --tokenizer_name"
+        )
+    check_source_fits(
+        source,
+        tokenizer,
+        source_tokenizer,
+        max_seq_length=data.max_seq_length,
+        model_size=model.model_size,
+        config_name=model.config_name,
+    )
+    return source
+
+
+def source_run_config(source: SourceModel, dropout: float | None) -> HfBertConfig:
+    """The new run's model config: the source's, with --dropout applied."""
+    config = HfBertConfig.from_dict(source.config.to_dict())
+    if dropout is not None:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
+    return config
+
+
+def _check_loading_info(source: SourceModel, missing: list[str], unexpected: list[str]) -> None:
+    body = [key for key in missing if not key.startswith(_HEAD_PREFIXES)]
+    if body:
+        raise ValueError(
+            f"{FLAG} {source.name} lacks encoder weights ({', '.join(body[:4])}{', ...' if len(body) > 4 else ''}); "
+            f"{_FIX}"
+        )
+    if missing:
+        logger.warning(f"{FLAG} {source.name} has no weights for {', '.join(missing)}: initialised fresh.")
+    if unexpected:
+        logger.warning(f"{FLAG} {source.name}: weights not used by BertForPreTraining: {', '.join(unexpected)}")
+
+
+def load_source_model(source: SourceModel, config: HfBertConfig) -> HfBertForPreTraining:
+    """HfBertForPreTraining of `config` holding the source's weights (MLM and NSP heads included; a head the
+    source lacks starts fresh, with a warning)."""
+    if source.model_type == "hfbert":
+        model, info = HfBertForPreTraining.from_pretrained(source.location, config=config, output_loading_info=True)
+    else:
+        bert, info = BertForPreTraining.from_pretrained(
+            source.location, config=bert_config_for(config), output_loading_info=True
+        )
+        model = HfBertForPreTraining(config)
+        model.load_state_dict(bert.state_dict(), strict=True)
+    _check_loading_info(source, list(info["missing_keys"]), list(info["unexpected_keys"]))
+    return model
+

@@ -1,0 +1,157 @@
+"""--model_name_or_path: finding a source model, refusing what contradicts it, loading its exact weights."""
+
+import logging
+
+import pytest
+import torch
+import transformers
+from accelerate import Accelerator
+from conftest import tiny_config
+
+from hfbert import HfBertConfig, HfBertForPreTraining
+from hfbert.convert import bert_config_for
+from hfbert.pretraining.source_model import (
+    check_source_fits,
+    find_source_model,
+    load_source_model,
+    source_run_config,
+)
+
+
+@pytest.fixture
+def tokenizer(sample_tokenizer):
+    return sample_tokenizer
+
+
+def model_config(tokenizer, **overrides) -> HfBertConfig:
+    return tiny_config(**{"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, **overrides})
+
+
+def assert_same_weights(model: torch.nn.Module, expected: dict[str, torch.Tensor]) -> None:
+    actual = model.state_dict()
+    assert actual.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+
+
+def hfbert_folder(path, tokenizer, **overrides):
+    model = HfBertForPreTraining(model_config(tokenizer, **overrides))
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model
+
+
+def test_hfbert_final_folder_gives_its_exact_weights_and_tokenizer(tmp_path, tokenizer):
+    model = hfbert_folder(tmp_path / "run", tokenizer)
+    source = find_source_model(str(tmp_path / "run"))
+    assert source.model_type == "hfbert" and source.tokenizer_location == str(tmp_path / "run")
+    loaded = load_source_model(source, source_run_config(source, dropout=0.0))
+    assert loaded.config.hidden_dropout_prob == loaded.config.attention_probs_dropout_prob == 0.0
+    assert_same_weights(loaded, model.state_dict())
+
+
+def test_stock_bert_folder_is_converted_with_both_heads(tmp_path, tokenizer):
+    bert = transformers.BertForPreTraining(bert_config_for(model_config(tokenizer)))
+    bert.save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    source = find_source_model(str(tmp_path / "bert"))
+    assert source.model_type == "bert" and source.config.hidden_size == 32
+    loaded = load_source_model(source, source_run_config(source, dropout=None))
+    assert isinstance(loaded, HfBertForPreTraining)
+    assert_same_weights(loaded, bert.state_dict())
+
+
+def test_stock_bert_without_nsp_head_starts_that_head_fresh_with_a_warning(tmp_path, tokenizer, caplog):
+    masked_lm = transformers.BertForMaskedLM(bert_config_for(model_config(tokenizer)))
+    masked_lm.save_pretrained(tmp_path / "mlm")
+    source = find_source_model(str(tmp_path / "mlm"))
+    with caplog.at_level(logging.WARNING, logger="hfbert.pretraining.source_model"):
+        loaded = load_source_model(source, source.config)
+    assert "cls.seq_relationship" in caplog.text
+    assert torch.equal(
+        loaded.bert.encoder.layer[0].attention.self.query.weight,
+        masked_lm.bert.encoder.layer[0].attention.self.query.weight,
+    )
+
+
+def test_checkpoint_folder_with_config_gives_the_checkpointed_weights(tmp_path, tokenizer):
+    model = HfBertForPreTraining(model_config(tokenizer))
+    accelerator = Accelerator(cpu=True)
+    prepared = accelerator.prepare(model)
+    checkpoint = tmp_path / "checkpoint-7"
+    accelerator.save_state(str(checkpoint), safe_serialization=True)
+    model.config.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint / "tokenizer")
+    source = find_source_model(str(checkpoint))
+    assert source.tokenizer_location == str(checkpoint / "tokenizer")
+    assert_same_weights(load_source_model(source, source.config), accelerator.unwrap_model(prepared).state_dict())
+
+
+def test_folders_that_hold_no_model_are_refused(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="no such folder"):
+        find_source_model(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"holds no config.json, so it is not a model folder"):
+        find_source_model(str(tmp_path / "empty"))
+    old = tmp_path / "run" / "checkpoint-20"
+    old.mkdir(parents=True)
+    (old / "manifest.json").write_text("{}")
+    with pytest.raises(ValueError, match="checkpoint written before checkpoints carried"):
+        find_source_model(str(old))
+    model_config(tokenizer).save_pretrained(tmp_path / "config-only")
+    with pytest.raises(ValueError, match="no model weights"):
+        find_source_model(str(tmp_path / "config-only"))
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        find_source_model(str(tmp_path / "file.txt"))
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2)).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    with pytest.raises(ValueError, match="'gpt2' model, not BERT"):
+        find_source_model(str(tmp_path / "gpt2"))
+
+
+def test_unreachable_hub_id_is_named():
+    with pytest.raises(ValueError, match="--model_name_or_path someone/no-such-bert: cannot read its config"):
+        find_source_model("someone/no-such-bert")
+
+
+def test_encoder_weights_missing_are_refused(tmp_path, tokenizer):
+    hfbert_folder(tmp_path / "run", tokenizer)
+    source = find_source_model(str(tmp_path / "run"))
+    deeper = HfBertConfig.from_dict({**source.config.to_dict(), "num_hidden_layers": 3})
+    with pytest.raises(ValueError, match="lacks encoder weights"):
+        load_source_model(source, deeper)
+
+
+def fits(source, tokenizer, source_tokenizer=None, **flags):
+    settings = {"max_seq_length": 128, "model_size": None, "config_name": None, **flags}
+    check_source_fits(source, tokenizer, source_tokenizer, **settings)
+
+
+def test_flags_that_contradict_the_source_are_refused(tmp_path, tokenizer):
+    hfbert_folder(tmp_path / "run", tokenizer)
+    source = find_source_model(str(tmp_path / "run"))
+    fits(source, tokenizer, tokenizer)
+    with pytest.raises(ValueError, match=r"--max_seq_length 256 exceeds .* max_position_embeddings 128"):
+        fits(source, tokenizer, max_seq_length=256)
+    with pytest.raises(ValueError, match=r"--config_name c.json and --model_name_or_path"):
+        fits(source, tokenizer, config_name="c.json")
+    with pytest.raises(ValueError, match=r"--model_size mini contradicts .*hidden_size 32 \(preset 256\)"):
+        fits(source, tokenizer, model_size="mini")
+
+
+def test_a_tokenizer_that_disagrees_with_the_source_is_refused(tmp_path, tokenizer, sample_documents):
+    from hfbert.tokenization import train_tokenizer
+
+    hfbert_folder(tmp_path / "small", tokenizer, vocab_size=len(tokenizer) - 1)
+    with pytest.raises(ValueError, match="does not fit"):
+        fits(find_source_model(str(tmp_path / "small")), tokenizer)
+    hfbert_folder(tmp_path / "run", tokenizer)
+    source = find_source_model(str(tmp_path / "run"))
+    other = train_tokenizer(
+        sample_documents["validation"], vocab_size=len(tokenizer), min_frequency=1, show_progress=False
+    )
+    assert len(other) <= len(tokenizer)
+    with pytest.raises(ValueError, match=r"vocabulary differs from .*'s own"):
+        fits(source, other, tokenizer)
