@@ -8,6 +8,7 @@ Instances are neither padded nor masked; :mod:`hfbert.collator` does both per ba
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -40,8 +41,29 @@ INSTANCE_FEATURES = Features(
 )
 
 # datasets hashes module-level functions by qualified name, not by code, so without this an edited hfbert
-# would silently reuse caches built by the old code. It is passed to every map below as part of the cache key.
+# would silently reuse caches built by the old code. It is part of every cache key below.
 _SOURCE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of what decides the ids a fast tokenizer gives: its serialized pipeline (normalizer,
+    pre-tokenizer, WordPiece vocabulary, ...) and its special tokens.
+
+    The cache keys of :func:`tokenize_documents` and :func:`build_nsp_instances` use it instead of datasets'
+    hash of the tokenizer object, which includes the folder the tokenizer was loaded from: a resumed run loads
+    its tokenizer from ``checkpoint-N/tokenizer`` and would otherwise redo all preprocessing.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(
+            f"{type(tokenizer).__name__} is not a fast tokenizer; pass a tokenizers-backed one "
+            "(AutoTokenizer.from_pretrained(..., use_fast=True), or a folder from train_tokenizer.py)"
+        )
+    pipeline = json.loads(backend.to_str())
+    # Truncation and padding are call-time state (set by earlier calls), not part of what sentences become.
+    pipeline.pop("truncation", None)
+    pipeline.pop("padding", None)
+    return Hasher.hash([pipeline, tokenizer.all_special_tokens, tokenizer.all_special_ids])
 
 
 _MIN_NSP_DOCUMENTS = 2
@@ -143,21 +165,22 @@ def tokenize_documents(
             f"tokenize_documents expects a 'paragraphs' column, got columns {documents.column_names}; "
             "pass the output of hfbert.corpus.load_documents"
         )
+    fingerprint = Hasher.hash(
+        ["tokenize_documents", documents._fingerprint, tokenizer_fingerprint(tokenizer), _SOURCE_FINGERPRINT]
+    )
     return documents.map(
         _tokenize_batch,
         batched=True,
         num_proc=num_proc,
         remove_columns=documents.column_names,
         features=TOKENIZED_FEATURES,
-        fn_kwargs={"tokenizer": tokenizer, "source_fingerprint": _SOURCE_FINGERPRINT},
+        fn_kwargs={"tokenizer": tokenizer},
+        new_fingerprint=fingerprint,
         desc="Tokenizing sentences",
     )
 
 
-def _tokenize_batch(
-    batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, source_fingerprint: str
-) -> dict[str, list]:
-    del source_fingerprint  # only part of the datasets cache key
+def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase) -> dict[str, list]:
     sentences_per_document = [
         [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
         for paragraphs in batch["paragraphs"]
@@ -238,6 +261,17 @@ def build_nsp_instances(
             f"--validation_split_percentage when the validation documents are held out of the training corpus; "
             f"{_BOUNDARY_HINT}"
         )
+    parameters = {
+        "cls_token_id": cls_token_id,
+        "sep_token_id": sep_token_id,
+        "max_num_tokens": max_seq_length - 3,
+        "short_seq_prob": short_seq_prob,
+        "seed": seed,
+        "pass_index": pass_index,
+    }
+    # Keyed by the tokenized documents' fingerprint (itself keyed by content) and the parameters, not by
+    # datasets' hash of fn_kwargs, which would hash the whole `all_documents` object.
+    fingerprint = Hasher.hash(["build_nsp_instances", tokenized._fingerprint, parameters, _SOURCE_FINGERPRINT])
     return tokenized.map(
         _build_instances_batch,
         batched=True,
@@ -245,17 +279,9 @@ def build_nsp_instances(
         num_proc=num_proc,
         remove_columns=tokenized.column_names,
         features=INSTANCE_FEATURES,
-        fn_kwargs={
-            # Arrow rows let a random span be read sentence by sentence instead of converting whole documents.
-            "all_documents": tokenized.with_format("arrow"),
-            "cls_token_id": cls_token_id,
-            "sep_token_id": sep_token_id,
-            "max_num_tokens": max_seq_length - 3,
-            "short_seq_prob": short_seq_prob,
-            "seed": seed,
-            "pass_index": pass_index,
-            "source_fingerprint": _SOURCE_FINGERPRINT,
-        },
+        # Arrow rows let a random span be read sentence by sentence instead of converting whole documents.
+        fn_kwargs={"all_documents": tokenized.with_format("arrow"), **parameters},
+        new_fingerprint=fingerprint,
         desc=f"Building NSP instances (pass {pass_index})",
     )
 
@@ -271,9 +297,7 @@ def _build_instances_batch(
     short_seq_prob: float,
     seed: int,
     pass_index: int,
-    source_fingerprint: str,
 ) -> dict[str, list]:
-    del source_fingerprint  # only part of the datasets cache key
     output: dict[str, list[Any]] = {name: [] for name in INSTANCE_FEATURES}
     for document, document_index in zip(batch["sentences"], indices, strict=True):
         # A string seed is hashed with SHA-512 by random.Random, so it is stable across processes and runs.

@@ -105,6 +105,7 @@ def load_run_tokenizer(
     data, output_dir = settings.data, Path(settings.run.output_dir)
     if checkpoint is not None and (checkpoint / TOKENIZER_FOLDER).is_dir():
         tokenizer = AutoTokenizer.from_pretrained(checkpoint / TOKENIZER_FOLDER)
+        logger.info(f"Resuming with the tokenizer saved in {checkpoint / TOKENIZER_FOLDER} (none is trained)")
         if data.tokenizer_name is not None:
             named = load_tokenizer(data.tokenizer_name)
             if named.get_vocab() != tokenizer.get_vocab():

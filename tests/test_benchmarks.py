@@ -107,3 +107,12 @@ def test_time_to_quality_reports_fp32_runs_as_fp32_and_when_hfbert_reaches_the_r
     assert "MLM loss NO, MLM accuracy NO, NSP accuracy NO" in report  # 5.7 > 5.6, ties are not better
     assert "after 180 s of training, 0.60 of the time" in report  # 6.0 -> 5.5 crosses 5.6 at 180 s
     assert (tmp_path / "time_to_quality.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_bench_data_stage_reuses_the_cache_on_a_second_run_and_a_resume(capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(BENCHMARKS.parent))  # the stages' processes import this checkout
+    rows = load_script("bench_data_stage").main(["--vocab_size", "300", "--dupe_factor", "2"])
+    assert [row["new_cache_files"] > 0 for row in rows] == [True, False, False]
+    assert len({row["instances"] for row in rows}) == 1
+    assert "| resume (tokenizer from checkpoint-N/tokenizer) |" in capsys.readouterr().out

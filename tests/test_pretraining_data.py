@@ -1,7 +1,10 @@
+import copy
 from collections import defaultdict
 
 import pytest
 from datasets import Dataset, DatasetDict, load_from_disk
+from tokenizers import normalizers
+from transformers import AutoTokenizer
 
 import hfbert.pretraining_data as pretraining_data
 from hfbert.pretraining_data import (
@@ -206,6 +209,31 @@ def test_second_build_comes_from_cache(tokenized, sample_tokenizer, monkeypatch)
     # Other parameters are a different cache key.
     with pytest.raises(RuntimeError, match="rebuilt"):
         build(tokenized, sample_tokenizer, seed=7, pass_index=1)
+
+
+def test_the_cache_is_keyed_by_the_tokenizers_content_not_its_folder(
+    train_documents, tokenized, sample_tokenizer, tmp_path, monkeypatch
+):
+    # A resumed run loads its tokenizer from checkpoint-N/tokenizer: a new folder each time, same content.
+    sample_tokenizer.save_pretrained(tmp_path / "one")
+    sample_tokenizer.save_pretrained(tmp_path / "two")
+    one = AutoTokenizer.from_pretrained(tmp_path / "one")
+    two = AutoTokenizer.from_pretrained(tmp_path / "two")
+    first = tokenize_documents(train_documents, one)
+    first_instances = build(first, one, seed=11)
+    monkeypatch.setattr(pretraining_data, "split_sentences", fail)
+    monkeypatch.setattr(pretraining_data, "_create_pairs_from_document", fail)
+    second = tokenize_documents(train_documents, two)
+    assert second.cache_files == first.cache_files
+    assert build(second, two, seed=11).cache_files == first_instances.cache_files
+
+
+def test_a_tokenizer_with_other_content_is_another_cache_key(train_documents, tokenized, sample_tokenizer, monkeypatch):
+    other = copy.deepcopy(sample_tokenizer)
+    other.backend_tokenizer.normalizer = normalizers.Lowercase()
+    monkeypatch.setattr(pretraining_data, "split_sentences", fail)
+    with pytest.raises(RuntimeError, match="rebuilt"):
+        tokenize_documents(train_documents, other)
 
 
 def test_fewer_than_two_documents_is_an_error():

@@ -590,6 +590,23 @@ def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_in
     assert listing(output_dir) == before
 
 
+def datasets_cache_files() -> set[Path]:
+    return set(Path(os.environ["HF_DATASETS_CACHE"]).rglob("cache-*.arrow"))
+
+
+@pytest.mark.slow
+def test_a_resume_and_a_second_identical_run_reuse_the_preprocessing_cache(tmp_path, run_inputs):
+    # The resume loads its tokenizer from checkpoint-2/tokenizer, another folder than --tokenizer_name.
+    args = run_args(run_inputs, tmp_path / "first", "--max_train_steps", "4", "--checkpointing_steps", "2")
+    train_in_process([*args, "--dupe_factor", "2"])
+    after_first = datasets_cache_files()
+    resume = run_args(run_inputs, tmp_path / "resumed", "--max_train_steps", "4", "--dupe_factor", "2")
+    train_in_process([*resume, "--resume_from_checkpoint", str(tmp_path / "first" / "checkpoint-2")])
+    assert datasets_cache_files() == after_first
+    train_in_process(run_args(run_inputs, tmp_path / "second", "--max_train_steps", "2", "--dupe_factor", "2"))
+    assert datasets_cache_files() == after_first
+
+
 @pytest.mark.slow
 def test_resume_into_a_new_folder_uses_the_checkpoints_own_tokenizer(tmp_path, run_inputs):
     first = tmp_path / "first"
