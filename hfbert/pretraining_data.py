@@ -299,7 +299,9 @@ def _build_instances_batch(
     pass_index: int,
 ) -> dict[str, list]:
     output: dict[str, list[Any]] = {name: [] for name in INSTANCE_FEATURES}
-    for document, document_index in zip(batch["sentences"], indices, strict=True):
+    piece_length = -(-max_num_tokens // 2)  # two pieces fill an instance: A and a real next B
+    for sentences, document_index in zip(batch["sentences"], indices, strict=True):
+        document = _split_long_sentences(sentences, piece_length)
         # A string seed is hashed with SHA-512 by random.Random, so it is stable across processes and runs.
         rng = random.Random(f"{seed}-{pass_index}-{document_index}")
         for tokens_a, tokens_b, is_random_next in _create_pairs_from_document(
@@ -309,6 +311,23 @@ def _build_instances_batch(
             output["token_type_ids"].append([0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1))
             output["next_sentence_label"].append(int(is_random_next))
     return output
+
+
+def _split_long_sentences(document: list[list[int]], piece_length: int) -> list[list[int]]:
+    """Cut every sentence longer than ``piece_length`` tokens into pieces of that length (the last shorter).
+
+    The sentence regex finds no boundary in lower-cased or unpunctuated text, whose "sentences" are then whole
+    paragraphs or lines: kept whole, such a sentence is a chunk on its own, always gets a random B and is
+    truncated to the instance, losing most of its tokens. Pieces of half an instance keep every token (but one
+    per instance, from rounding), and give such text real next-segment pairs.
+    """
+    if all(len(sentence) <= piece_length for sentence in document):
+        return document
+    return [
+        sentence[start : start + piece_length]
+        for sentence in document
+        for start in range(0, len(sentence), piece_length)
+    ]
 
 
 def _create_pairs_from_document(
@@ -349,7 +368,9 @@ def _create_pairs_from_document(
                 random_document = all_documents[random_index]["sentences"][0]
                 tokens_b = []
                 for j in range(rng.randint(0, len(random_document) - 1), len(random_document)):
-                    tokens_b.extend(random_document[j].as_py())
+                    # No more of a sentence than an instance holds: an unpunctuated line can be megabytes long.
+                    sentence = random_document[j].values
+                    tokens_b.extend(sentence.slice(0, max_num_tokens + 1).to_pylist())
                     if len(tokens_b) >= target_b_length:
                         break
                 # The chunk's unused sentences go back to the document for the next instance.
@@ -375,13 +396,23 @@ def _other_document_index(document_index: int, num_documents: int, rng: random.R
 def _truncate_seq_pair(
     tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
 ) -> None:
-    """Trim the longer list, from the front or the back at random, until both fit into max_num_tokens."""
-    while len(tokens_a) + len(tokens_b) > max_num_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-        if rng.random() < 0.5:
-            del longer[0]
+    """Trim the longer list, from the front or the back at random, until both fit into max_num_tokens.
+
+    google's token-by-token loop (one draw per removed token, the same draws and result), with the removals
+    counted first and cut in one slice per end: deleting from a list's front one token at a time is quadratic.
+    """
+    length_a, length_b = len(tokens_a), len(tokens_b)
+    cut = {"a": [0, 0], "b": [0, 0]}  # tokens to remove from the front, from the back
+    while length_a + length_b > max_num_tokens:
+        side = "a" if length_a > length_b else "b"
+        cut[side][0 if rng.random() < 0.5 else 1] += 1
+        if side == "a":
+            length_a -= 1
         else:
-            longer.pop()
+            length_b -= 1
+    for tokens, (front, back) in ((tokens_a, cut["a"]), (tokens_b, cut["b"])):
+        del tokens[len(tokens) - back :]
+        del tokens[:front]
 
 
 def padding_fraction(lengths: list[int], batch_size: int, pad_to_multiple_of: int | None = None) -> float:
