@@ -57,6 +57,15 @@ class DataSettings:
             "counts (dynamic shapes, faster there)."
         },
     )
+    whole_word_masking: bool = field(
+        default=False,
+        metadata={
+            "help": "Choose whole words for the MLM loss (a token and its '##' continuations, each word with "
+            "--mlm_probability), google-research/bert's --do_whole_word_mask; the 80/10/10 replacement is still "
+            "per token, and static slots (--max_predictions_per_seq) drop whole words. Training only: evaluation "
+            "keeps token-level masks, so that its figures compare across runs."
+        },
+    )
     dataloader_num_workers: int | None = field(
         default=None,
         metadata={
@@ -229,6 +238,7 @@ RESUME_INVARIANT = {
         "mlm_probability",
         "max_predictions_per_seq",
         "validation_split_percentage",
+        "whole_word_masking",
     ),
     "model": ("config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
     "optimization": (

@@ -364,7 +364,10 @@ def build_loaders(
         batch_size=train_batch,
         sampler=EpochDraws(len(data.train), seed),
         collate_fn=DataCollatorForPretraining(
-            data.tokenizer, mlm_probability=settings.data.mlm_probability, **shape
+            data.tokenizer,
+            mlm_probability=settings.data.mlm_probability,
+            whole_word_masking=settings.data.whole_word_masking,  # training only: evaluation stays token-level
+            **shape,
         ),
         drop_last=compiled and len(data.train) >= train_batch,
         # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG

@@ -43,7 +43,9 @@ def test_signature_matches_contract(sample_tokenizer):
         0.1,
     )
     assert collator.pad_to_multiple_of == 8
-    assert (collator.pad_to_length, collator.pad_to_batch_size, collator.max_predictions_per_seq) == (None,) * 3
+    assert (collator.pad_to_length, collator.pad_to_batch_size, collator.max_predictions_per_seq) == (
+        None,
+    ) * 3
 
 
 def test_padding_layout(sample_tokenizer):
@@ -177,7 +179,9 @@ def test_static_shapes_pad_rows_and_fill_the_batch(sample_tokenizer):
     assert batch["masked_positions"].shape == batch["labels"].shape == (5, 20)
     assert batch["next_sentence_label"].tolist() == [0, 1, 0, -100, -100]
     assert batch["attention_mask"].sum(dim=1).tolist() == [20, 64, 33, 0, 0]
-    assert (batch["labels"][3:] == -100).all() and (batch["input_ids"][3:] == sample_tokenizer.pad_token_id).all()
+    assert (batch["labels"][3:] == -100).all() and (
+        batch["input_ids"][3:] == sample_tokenizer.pad_token_id
+    ).all()
     # The static form is the dynamic masks gathered at their positions (no row here has more than 20).
     dynamic = DataCollatorForPretraining(sample_tokenizer, pad_to_length=128, pad_to_batch_size=5)(features)
     masked = batch["labels"] != -100
@@ -226,3 +230,113 @@ def test_a_loader_with_workers_builds_the_same_batches(sample_tokenizer):
     assert len(in_process) == 4
     for one, other in zip(in_process, in_workers, strict=True):
         assert all(torch.equal(one[key], other[key]) for key in one)
+
+
+# ------------------------------------------------------------------------------------- whole-word masking
+
+
+def word_rows(tokenizer, rows=64, words_per_row=30, seed=0):
+    """Hand-made rows of whole words ([CLS] words [SEP] words [SEP]), some of several '##' pieces, and the
+    word of every position (-1 for special tokens)."""
+    vocabulary = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    pieces = [i for i, token in enumerate(vocabulary) if token.startswith("##")]
+    heads = [
+        i for i, token in enumerate(vocabulary) if token.isalpha() and i not in tokenizer.all_special_ids
+    ]
+    generator = torch.Generator().manual_seed(seed)
+    features, words = [], []
+    for _ in range(rows):
+        ids, word_of = [tokenizer.cls_token_id], [-1]
+        for word in range(words_per_row):
+            length = 1 + int(torch.randint(3, (1,), generator=generator))  # 1 to 3 tokens
+            ids.append(heads[int(torch.randint(len(heads), (1,), generator=generator))])
+            ids += [
+                pieces[int(torch.randint(len(pieces), (1,), generator=generator))] for _ in range(length - 1)
+            ]
+            word_of += [word] * length
+            if word == words_per_row // 2 - 1:
+                ids.append(tokenizer.sep_token_id)
+                word_of.append(-1)
+        ids.append(tokenizer.sep_token_id)
+        word_of.append(-1)
+        half = ids.index(tokenizer.sep_token_id) + 1
+        features.append({"input_ids": ids, "token_type_ids": [0] * half + [1] * (len(ids) - half)})
+        words.append(word_of)
+    return features, words
+
+
+def chosen_words(labels, words):
+    """Per row, {word: [chosen?] for each of its tokens}."""
+    per_row = []
+    for row, word_of in zip(labels.tolist(), words, strict=True):
+        tokens = {}
+        for label, word in zip(row, word_of, strict=False):  # rows are padded past their words
+            if word >= 0:
+                tokens.setdefault(word, []).append(label != -100)
+        per_row.append(tokens)
+    return per_row
+
+
+def test_whole_word_masking_chooses_whole_words_at_the_rate(sample_tokenizer):
+    features, words = word_rows(sample_tokenizer, rows=400)
+    collator = DataCollatorForPretraining(sample_tokenizer, whole_word_masking=True, pad_to_multiple_of=None)
+    batch = collator(with_draws(features, range(400)))
+    per_row = chosen_words(batch["labels"], words)
+    # A word's continuations are masked exactly when its first token is.
+    assert all(len(set(tokens)) == 1 for row in per_row for tokens in row.values())
+    chosen = [tokens[0] for row in per_row for tokens in row.values()]
+    assert abs(sum(chosen) / len(chosen) - 0.15) < 0.015  # 12,000 words: binomial sd 0.003
+    assert any(sum(tokens) > 1 for row in per_row for tokens in row.values())  # multi-token words masked
+    # 80/10/10 per token: [MASK], a random token, unchanged.
+    ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True)
+    labelled = batch["labels"] != -100
+    as_mask = (batch["input_ids"][labelled] == sample_tokenizer.mask_token_id).float().mean()
+    unchanged = (batch["input_ids"][labelled] == ids[labelled]).float().mean()
+    assert abs(as_mask - 0.8) < 0.03 and 0.07 < unchanged < 0.15
+    # Token-level masking of the same rows splits words.
+    token_level = DataCollatorForPretraining(sample_tokenizer, pad_to_multiple_of=None)(
+        with_draws(features, range(400))
+    )
+    assert any(
+        len(set(tokens)) > 1 for row in chosen_words(token_level["labels"], words) for tokens in row.values()
+    )
+
+
+def test_whole_word_masks_are_reproduced_by_draw_id(sample_tokenizer):
+    features, _ = word_rows(sample_tokenizer, rows=16)
+    collator = DataCollatorForPretraining(sample_tokenizer, whole_word_masking=True, seed=3)
+    first = collator(with_draws(features, range(16)))
+    torch.manual_seed(99)
+    again = collator(with_draws(features, range(16)))
+    assert all(torch.equal(first[key], again[key]) for key in first)
+    other = collator(with_draws(features, range(16, 32)))
+    assert not torch.equal(first["labels"], other["labels"])
+
+
+def test_static_slots_drop_whole_words(sample_tokenizer):
+    features, words = word_rows(sample_tokenizer, rows=64)
+    draws = with_draws(features, range(64))
+    collator = DataCollatorForPretraining(
+        sample_tokenizer, whole_word_masking=True, mlm_probability=0.5, max_predictions_per_seq=8
+    )
+    batch = collator(draws)
+    assert batch["masked_positions"].shape == (64, 8)
+    dense = torch.full(batch["input_ids"].shape, -100)
+    dense.scatter_(1, batch["masked_positions"], batch["labels"])
+    dense[:, 0] = -100  # empty slots point at position 0 ([CLS]) with label -100
+    per_row = chosen_words(dense, words)
+    assert all(len(set(tokens)) == 1 for row in per_row for tokens in row.values())
+    kept = (batch["labels"] != -100).sum(dim=1)
+    assert kept.max() <= 8 and kept.float().mean() > 5  # about half of 45 tokens chosen: the slots fill up
+    # A dropped word is shown unchanged; the kept ones are the dynamic path's masks.
+    dynamic = DataCollatorForPretraining(sample_tokenizer, whole_word_masking=True, mlm_probability=0.5)(
+        draws
+    )
+    masked = dense != -100
+    assert torch.equal(batch["input_ids"][masked], dynamic["input_ids"][masked])
+    ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True)
+    ids = torch.nn.functional.pad(ids, (0, batch["input_ids"].shape[1] - ids.shape[1]))
+    assert torch.equal(
+        batch["input_ids"][~masked & (batch["attention_mask"] == 1)],
+        ids[~masked & (batch["attention_mask"] == 1)],
+    )

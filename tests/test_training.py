@@ -658,12 +658,17 @@ def test_a_small_corpus_without_validation_file_names_the_flags(tmp_path, run_in
     assert not (tmp_path / "run").exists()
 
 
-def test_static_shape_masking_trains_through_the_loop(tmp_path, run_inputs):
+@pytest.mark.parametrize("whole_word_masking", [False, True])
+def test_static_shape_masking_trains_through_the_loop(tmp_path, run_inputs, whole_word_masking):
     output_dir = tmp_path / "run"
-    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--max_predictions_per_seq", "20"))
+    extra = ["--whole_word_masking"] if whole_word_masking else []
+    train_in_process(
+        run_args(run_inputs, output_dir, "--max_train_steps", "2", "--max_predictions_per_seq", "20", *extra)
+    )
     rows = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "loss" in row]
     assert rows and all(math.isfinite(row["train_mlm_loss"]) and row["train_mlm_accuracy"] >= 0 for row in rows)
-    assert json.loads((output_dir / "training_args.json").read_text())["max_predictions_per_seq"] == 20
+    recorded = json.loads((output_dir / "training_args.json").read_text())
+    assert recorded["max_predictions_per_seq"] == 20 and recorded["whole_word_masking"] is whole_word_masking
 
 
 @pytest.mark.slow
