@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, Sampler
 
 from hfbert.modeling_hfbert import IGNORE_INDEX, masked_positions_from_labels
 
+_SAMPLER_BLOCK = 65536  # draw ids converted to Python ints at a time by EpochDraws
 DRAW_KEY = "draw"  # a feature's draw id: epoch * num_instances + instance index (see InstanceDraws)
 FEATURE_KEYS = ("input_ids", "token_type_ids", "next_sentence_label")
 
@@ -257,10 +258,15 @@ class EpochDraws(Sampler[int]):
         return self.num_instances
 
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.num_instances, generator=generator).tolist()
-        else:
-            order = range(self.num_instances)
         offset = self.epoch * self.num_instances
-        return (offset + index for index in order)
+        if not self.shuffle:
+            return iter(range(offset, offset + self.num_instances))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        # Kept as an int64 tensor (8 bytes an instance) and turned into Python ints a block at a time: a list
+        # of every index costs ~36 bytes an instance in every process.
+        order = torch.randperm(self.num_instances, generator=generator)
+        return (
+            offset + index
+            for start in range(0, self.num_instances, _SAMPLER_BLOCK)
+            for index in order[start : start + _SAMPLER_BLOCK].tolist()
+        )

@@ -1,3 +1,5 @@
+import tracemalloc
+
 import datasets
 import pytest
 import torch
@@ -207,6 +209,24 @@ def test_epoch_draws_are_a_permutation_per_epoch_and_evaluation_draws_never_chan
     fixed = EpochDraws(10, seed=1, shuffle=False)
     fixed.set_epoch(3)
     assert list(fixed) == list(range(10))
+
+
+def test_epoch_draws_keep_torchs_permutation_without_a_python_list_of_every_index():
+    sampler = EpochDraws(2_000_000, seed=7)
+    sampler.set_epoch(1)
+    tracemalloc.start()
+    try:
+        draws = iter(sampler)
+        first = [next(draws) for _ in range(1000)]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # A list of 2M Python ints is ~70 MB of Python objects; torch's int64 tensor is not Python memory.
+    assert peak < 10_000_000
+    # The same order as before (batches of a given seed are unchanged): torch.randperm seeded by seed + epoch.
+    expected = torch.randperm(2_000_000, generator=torch.Generator().manual_seed(8))[:1000] + 2_000_000
+    assert first == expected.tolist() and all(type(draw) is int for draw in first)
+    assert sorted(EpochDraws(100_003, seed=1)) == list(range(100_003))
 
 
 def test_a_loader_with_workers_builds_the_same_batches(sample_tokenizer):
