@@ -238,7 +238,8 @@ class InstanceDraws(Dataset):
     def __getitems__(self, draws: list[int]) -> dict[str, list[Any]]:
         size = len(self.instances)
         rows = self.instances[[draw % size for draw in draws]]
-        return {key: rows[key] for key in FEATURE_KEYS} | {DRAW_KEY: list(draws)}
+        # Instances of --objective mlm have no next_sentence_label.
+        return {key: rows[key] for key in FEATURE_KEYS if key in rows} | {DRAW_KEY: list(draws)}
 
 
 class EpochDraws(Sampler[int]):

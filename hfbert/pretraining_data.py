@@ -39,6 +39,7 @@ INSTANCE_FEATURES = Features(
         "next_sentence_label": Value("int8"),
     }
 )
+MLM_INSTANCE_FEATURES = Features({"input_ids": List(Value("int32")), "token_type_ids": List(Value("int8"))})
 
 # datasets hashes module-level functions by qualified name, not by code, so without this an edited hfbert
 # would silently reuse caches built by the old code. It is part of every cache key below.
@@ -310,6 +311,55 @@ def _build_instances_batch(
             output["input_ids"].append([cls_token_id, *tokens_a, sep_token_id, *tokens_b, sep_token_id])
             output["token_type_ids"].append([0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1))
             output["next_sentence_label"].append(int(is_random_next))
+    return output
+
+
+def build_mlm_instances(
+    tokenized: Dataset,
+    *,
+    cls_token_id: int,
+    sep_token_id: int,
+    max_seq_length: int,
+    num_proc: int | None = None,
+) -> Dataset:
+    """``[CLS] segment [SEP]`` instances for masked LM alone (``--objective mlm``, RoBERTa's finding that NSP
+    can be dropped).
+
+    Each document's tokens, in order, are cut into segments of ``max_seq_length - 2`` tokens, anywhere (not at
+    sentence boundaries), as transformers' run_mlm.py groups texts, so every token of the corpus is in exactly
+    one instance. Segments stay within their document (RoBERTa's DOC-SENTENCES; its FULL-SENTENCES would cross
+    into the next document): a document's last segment is shorter. No randomness: the masks, drawn per epoch,
+    are what changes between epochs.
+
+    Returns:
+        Dataset with ``input_ids`` and ``token_type_ids`` (all 0); no ``next_sentence_label``.
+    """
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length {max_seq_length} leaves no room for a segment; pass max_seq_length >= 3")
+    parameters = {"cls_token_id": cls_token_id, "sep_token_id": sep_token_id, "segment_length": max_seq_length - 2}
+    fingerprint = Hasher.hash(["build_mlm_instances", tokenized._fingerprint, parameters, _SOURCE_FINGERPRINT])
+    return tokenized.map(
+        _build_segments_batch,
+        batched=True,
+        num_proc=num_proc,
+        remove_columns=tokenized.column_names,
+        features=MLM_INSTANCE_FEATURES,
+        fn_kwargs=parameters,
+        new_fingerprint=fingerprint,
+        desc="Building MLM segments",
+    )
+
+
+def _build_segments_batch(
+    batch: dict[str, list], *, cls_token_id: int, sep_token_id: int, segment_length: int
+) -> dict[str, list]:
+    output: dict[str, list[Any]] = {name: [] for name in MLM_INSTANCE_FEATURES}
+    for document in batch["sentences"]:
+        tokens = [token for sentence in document for token in sentence]
+        for start in range(0, len(tokens), segment_length):
+            segment = tokens[start : start + segment_length]
+            output["input_ids"].append([cls_token_id, *segment, sep_token_id])
+            output["token_type_ids"].append([0] * (len(segment) + 2))
     return output
 
 

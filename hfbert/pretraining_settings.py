@@ -57,6 +57,14 @@ class DataSettings:
             "counts (dynamic shapes, faster there)."
         },
     )
+    objective: Literal["mlm+nsp", "mlm"] = field(
+        default="mlm+nsp",
+        metadata={
+            "help": "mlm+nsp (BERT): [CLS] A [SEP] B [SEP] pairs, masked LM plus next sentence prediction. mlm "
+            "(RoBERTa): [CLS] segment [SEP] instances, each document's tokens cut into full-length segments "
+            "(within the document), masked LM alone; the NSP head is still saved, untrained."
+        },
+    )
     whole_word_masking: bool = field(
         default=False,
         metadata={
@@ -239,6 +247,7 @@ RESUME_INVARIANT = {
         "max_predictions_per_seq",
         "validation_split_percentage",
         "whole_word_masking",
+        "objective",
     ),
     "model": ("config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
     "optimization": (
@@ -348,6 +357,7 @@ class PretrainingSettings:
             )
         if run.push_to_hub and not run.hub_model_id:
             raise ValueError("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
+        check_objective(data)
         if self.corpus.streaming:
             raise ValueError(
                 "run_pretraining.py pairs sentences across the whole corpus (next sentence prediction) and "
@@ -377,6 +387,16 @@ class PretrainingSettings:
             flat.update(asdict(group))
         flat.pop("hub_token", None)
         return flat
+
+
+def check_objective(data: DataSettings) -> None:
+    """--objective mlm builds its segments without randomness, so more passes would only repeat them."""
+    if data.objective == "mlm" and data.dupe_factor != 1:
+        raise ValueError(
+            f"--dupe_factor {data.dupe_factor} with --objective mlm would repeat the same segments (they are cut "
+            "without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
+            "--num_train_epochs or --max_train_steps instead"
+        )
 
 
 def check_resume_settings(

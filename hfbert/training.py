@@ -51,7 +51,12 @@ from hfbert.initialization import check_structured_attention_config, init_struct
 from hfbert.inspect import sample_sentences
 from hfbert.model_card import check_hub_access, push_to_hub
 from hfbert.modeling_hfbert import IGNORE_INDEX, HfBertForPreTraining
-from hfbert.pretraining_data import build_nsp_instances, split_validation_documents, tokenize_documents
+from hfbert.pretraining_data import (
+    build_mlm_instances,
+    build_nsp_instances,
+    split_validation_documents,
+    tokenize_documents,
+)
 from hfbert.pretraining_settings import PretrainingSettings, check_resume_settings
 from hfbert.tokenization import (
     check_tokenizer_matches_config,
@@ -166,8 +171,13 @@ def build_instances(
         split: tokenize_documents(documents[split], tokenizer, num_proc=data.preprocessing_num_workers)
         for split in ("train", "validation")
     }
-    passes = [build_nsp_instances(tokenized["train"], pass_index=i, **nsp) for i in range(data.dupe_factor)]
-    evaluation = build_nsp_instances(tokenized["validation"], pass_index=0, **nsp)
+    if data.objective == "mlm":  # [CLS] segment [SEP], one pass (--dupe_factor is 1)
+        segments = {key: nsp[key] for key in ("cls_token_id", "sep_token_id", "max_seq_length", "num_proc")}
+        passes = [build_mlm_instances(tokenized["train"], **segments)]
+        evaluation = build_mlm_instances(tokenized["validation"], **segments)
+    else:
+        passes = [build_nsp_instances(tokenized["train"], pass_index=i, **nsp) for i in range(data.dupe_factor)]
+        evaluation = build_nsp_instances(tokenized["validation"], pass_index=0, **nsp)
     if data.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
     return datasets.concatenate_datasets(passes), evaluation
@@ -509,15 +519,20 @@ def batch_statistics(outputs: Any, batch: dict[str, torch.Tensor]) -> torch.Tens
     predictions = outputs.prediction_logits.argmax(-1)  # (M,) dynamic path, (B, P) static path
     if predictions.shape != labels.shape:  # dynamic: rows in the row-major order of labels != -100
         labels = labels[labels != IGNORE_INDEX]
-    nsp_labels = batch["next_sentence_label"]
-    instances = (nsp_labels != IGNORE_INDEX).sum()  # padding rows of a filled-up batch carry -100
+    if "next_sentence_label" in batch:
+        nsp_labels = batch["next_sentence_label"]
+        instances = (nsp_labels != IGNORE_INDEX).sum()  # padding rows of a filled-up batch carry -100
+        nsp_loss_sum = outputs.nsp_loss.detach().float() * instances
+        nsp_correct = (outputs.seq_relationship_logits.argmax(-1) == nsp_labels).sum()
+    else:  # --objective mlm
+        instances = nsp_loss_sum = nsp_correct = torch.zeros((), device=labels.device)
     return torch.stack(
         [
             outputs.mlm_loss.detach().float() * masked_tokens,
             (predictions == labels).sum(),  # -100 never equals a prediction
             masked_tokens,
-            outputs.nsp_loss.detach().float() * instances,
-            (outputs.seq_relationship_logits.argmax(-1) == nsp_labels).sum(),
+            nsp_loss_sum,
+            nsp_correct,
             instances,
         ]
     ).double()
@@ -527,10 +542,14 @@ def metrics_from_statistics(totals: torch.Tensor, prefix: str) -> dict[str, floa
     """MLM loss, accuracy, perplexity and NSP loss, accuracy from summed statistics."""
     mlm_sum, mlm_correct, masked, nsp_sum, nsp_correct, instances = totals.tolist()
     mlm_loss = mlm_sum / max(masked, 1.0)
-    return {
+    metrics = {
         f"{prefix}mlm_loss": mlm_loss,
         f"{prefix}mlm_accuracy": mlm_correct / max(masked, 1.0),
         f"{prefix}perplexity": math.exp(min(mlm_loss, 50.0)),
+    }
+    if instances == 0:  # --objective mlm: no NSP labels
+        return metrics
+    return metrics | {
         f"{prefix}nsp_loss": nsp_sum / max(instances, 1.0),
         f"{prefix}nsp_accuracy": nsp_correct / max(instances, 1.0),
     }
@@ -633,7 +652,9 @@ def train_step(run: Run, batch: dict[str, torch.Tensor], learning_rate: float) -
     accelerator, optimization = run.accelerator, run.settings.optimization
     with accelerator.accumulate(run.model):
         outputs = run.model(**batch, mlm_masked_rows_only=True)
-        loss = outputs.mlm_loss + optimization.nsp_loss_weight * outputs.nsp_loss
+        loss = outputs.mlm_loss
+        if outputs.nsp_loss is not None:  # None under --objective mlm
+            loss = loss + optimization.nsp_loss_weight * outputs.nsp_loss
         # On CUDA the check waits for the device, so it runs once per logging interval instead (in fit).
         if accelerator.device.type != "cuda":
             check_loss_is_finite(loss, run.precision, run.progress.completed_steps + 1, learning_rate)
@@ -719,8 +740,8 @@ def log_window(run: Run, window: TrainingWindow, epoch: int, learning_rate: floa
     bar.set_postfix(
         mlm=f"{row['train_mlm_loss']:.3f}",
         mlm_acc=f"{row['train_mlm_accuracy']:.3f}",
-        nsp=f"{row['train_nsp_loss']:.3f}",
-        nsp_acc=f"{row['train_nsp_accuracy']:.3f}",
+        nsp=f"{row.get('train_nsp_loss', math.nan):.3f}",  # nan under --objective mlm
+        nsp_acc=f"{row.get('train_nsp_accuracy', math.nan):.3f}",
         lr=f"{learning_rate:.2e}",
         tok_s=f"{row['tokens_per_second']:.0f}",
     )

@@ -45,9 +45,7 @@ def test_signature_matches_contract(sample_tokenizer):
         0.1,
     )
     assert collator.pad_to_multiple_of == 8
-    assert (collator.pad_to_length, collator.pad_to_batch_size, collator.max_predictions_per_seq) == (
-        None,
-    ) * 3
+    assert (collator.pad_to_length, collator.pad_to_batch_size, collator.max_predictions_per_seq) == (None,) * 3
 
 
 def test_padding_layout(sample_tokenizer):
@@ -181,9 +179,7 @@ def test_static_shapes_pad_rows_and_fill_the_batch(sample_tokenizer):
     assert batch["masked_positions"].shape == batch["labels"].shape == (5, 20)
     assert batch["next_sentence_label"].tolist() == [0, 1, 0, -100, -100]
     assert batch["attention_mask"].sum(dim=1).tolist() == [20, 64, 33, 0, 0]
-    assert (batch["labels"][3:] == -100).all() and (
-        batch["input_ids"][3:] == sample_tokenizer.pad_token_id
-    ).all()
+    assert (batch["labels"][3:] == -100).all() and (batch["input_ids"][3:] == sample_tokenizer.pad_token_id).all()
     # The static form is the dynamic masks gathered at their positions (no row here has more than 20).
     dynamic = DataCollatorForPretraining(sample_tokenizer, pad_to_length=128, pad_to_batch_size=5)(features)
     masked = batch["labels"] != -100

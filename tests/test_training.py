@@ -474,6 +474,8 @@ def test_streaming_is_refused_with_the_reason():
         (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
         (["--mlm_probability", "1.5"], "must be in (0, 1)"),
         (["--model_size", "huge"], "invalid choice"),
+        (["--objective", "mlm", "--dupe_factor", "3"], "--dupe_factor 3 with --objective mlm"),
+        (["--objective", "nsp"], "invalid choice"),
     ],
 )
 def test_bad_flags_are_refused(flags, message, capsys):
@@ -669,6 +671,22 @@ def test_static_shape_masking_trains_through_the_loop(tmp_path, run_inputs, whol
     assert rows and all(math.isfinite(row["train_mlm_loss"]) and row["train_mlm_accuracy"] >= 0 for row in rows)
     recorded = json.loads((output_dir / "training_args.json").read_text())
     assert recorded["max_predictions_per_seq"] == 20 and recorded["whole_word_masking"] is whole_word_masking
+
+
+@pytest.mark.slow
+def test_the_mlm_objective_trains_masked_lm_alone_and_saves_the_nsp_head(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "4", "--objective", "mlm", "--checkpointing_steps", "2"))
+    rows = json.loads((output_dir / "log_history.json").read_text())
+    trained = [row for row in rows if "loss" in row]
+    assert trained and all(math.isclose(row["loss"], row["train_mlm_loss"], rel_tol=1e-3) for row in trained)
+    assert not [key for row in rows for key in row if "nsp" in key]
+    assert "eval_mlm_accuracy" in rows[-1]
+    assert json.loads((output_dir / "training_args.json").read_text())["objective"] == "mlm"
+    # The NSP head is saved, unchanged by training (no loss reaches it); the MLM head trained.
+    early, final = final_weights(output_dir / "checkpoint-2"), final_weights(output_dir)
+    assert torch.equal(early["cls.seq_relationship.weight"], final["cls.seq_relationship.weight"])
+    assert not torch.equal(early["cls.predictions.transform.dense.weight"], final["cls.predictions.transform.dense.weight"])
 
 
 @pytest.mark.slow
