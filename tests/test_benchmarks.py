@@ -116,3 +116,12 @@ def test_bench_data_stage_reuses_the_cache_on_a_second_run_and_a_resume(capsys, 
     assert [row["new_cache_files"] > 0 for row in rows] == [True, False, False]
     assert len({row["instances"] for row in rows}) == 1
     assert "| resume (tokenizer from checkpoint-N/tokenizer) |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_sampler_memory_measures_both_ways(monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", str(BENCHMARKS.parent))
+    rows = load_script("bench_sampler_memory").main(["--instances", "2000000", "--batch_size", "8"])
+    # A list of 2M Python ints is ~90 MiB; the int64 permutation 15 MiB.
+    assert rows[0]["EpochDraws"] < rows[0]["list"] / 2
+    assert "| 2,000,000 |" in capsys.readouterr().out
