@@ -2,14 +2,24 @@
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_config
 
-from benchmarks import bench_batches, bench_loop, heldout_nsp, time_to_quality
+from benchmarks import (
+    bench_batches,
+    bench_data_stage,
+    bench_loop,
+    bench_sampler_memory,
+    heldout_nsp,
+    time_to_quality,
+)
 from benchmarks.bench_pretraining import padding_fraction
 from hfbert import HfBertForPreTraining
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_auc_ranks_random_pairs_above_real_ones():
@@ -143,3 +153,21 @@ def test_gpu_report_skips_parts_once_the_budget_is_spent():
     assert gpu_report.markdown_tables("setting A\n| a | b |\n|---|---|\n| 1 | 2 |\nafter") == [
         "setting A\n\n| a | b |\n|---|---|\n| 1 | 2 |"
     ]
+
+
+@pytest.mark.slow
+def test_bench_data_stage_reuses_the_cache_on_a_second_run_and_a_resume(capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the stages' processes import this checkout
+    rows = bench_data_stage.main(["--vocab_size", "300", "--dupe_factor", "2"])
+    assert [row["new_cache_files"] > 0 for row in rows] == [True, False, False]
+    assert len({row["instances"] for row in rows}) == 1
+    assert "| resume (tokenizer from checkpoint-N/tokenizer) |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_sampler_memory_measures_both_ways(monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    rows = bench_sampler_memory.main(["--instances", "2000000", "--batch_size", "8"])
+    # A list of 2M Python ints is ~90 MiB; the int64 permutation 15 MiB.
+    assert rows[0]["EpochDraws"] < rows[0]["list"] / 2
+    assert "| 2,000,000 |" in capsys.readouterr().out

@@ -1,3 +1,5 @@
+import tracemalloc
+
 import datasets
 import pytest
 import torch
@@ -205,6 +207,24 @@ def test_epoch_draws_are_a_permutation_per_epoch_and_evaluation_draws_never_chan
     assert list(fixed) == list(range(10))
 
 
+def test_epoch_draws_keep_torchs_permutation_without_a_python_list_of_every_index():
+    sampler = EpochDraws(2_000_000, seed=7)
+    sampler.set_epoch(1)
+    tracemalloc.start()
+    try:
+        draws = iter(sampler)
+        first = [next(draws) for _ in range(1000)]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # A list of 2M Python ints is ~70 MB of Python objects; torch's int64 tensor is not Python memory.
+    assert peak < 10_000_000
+    # The same order as before (batches of a given seed are unchanged): torch.randperm seeded by seed + epoch.
+    expected = torch.randperm(2_000_000, generator=torch.Generator().manual_seed(8))[:1000] + 2_000_000
+    assert first == expected.tolist() and all(type(draw) is int for draw in first)
+    assert sorted(EpochDraws(100_003, seed=1)) == list(range(100_003))
+
+
 def test_a_loader_with_workers_builds_the_same_batches(sample_tokenizer):
     features = make_features(sample_tokenizer, [30, 64, 128, 90, 17, 50, 77, 128, 64, 33] * 3)
     instances = datasets.Dataset.from_list(features)
@@ -245,3 +265,113 @@ def test_the_batch_plan_decides_every_shape_once():
     assert on_gpu.pad_to_length is None  # static slots, dynamic lengths
     asked = plan_batches(DataSettings(max_predictions_per_seq=20, dataloader_num_workers=2), OptimizationSettings(), 16, cpu)
     assert (asked.max_predictions_per_seq, asked.num_workers) == (20, 2)
+
+
+# ------------------------------------------------------------------------------------- whole-word masking
+
+
+def word_rows(tokenizer, rows=64, words_per_row=30, seed=0):
+    """Hand-made rows of whole words ([CLS] words [SEP] words [SEP]), some of several '##' pieces, and the
+    word of every position (-1 for special tokens)."""
+    vocabulary = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    pieces = [i for i, token in enumerate(vocabulary) if token.startswith("##")]
+    heads = [
+        i for i, token in enumerate(vocabulary) if token.isalpha() and i not in tokenizer.all_special_ids
+    ]
+    generator = torch.Generator().manual_seed(seed)
+    features, words = [], []
+    for _ in range(rows):
+        ids, word_of = [tokenizer.cls_token_id], [-1]
+        for word in range(words_per_row):
+            length = 1 + int(torch.randint(3, (1,), generator=generator))  # 1 to 3 tokens
+            ids.append(heads[int(torch.randint(len(heads), (1,), generator=generator))])
+            ids += [
+                pieces[int(torch.randint(len(pieces), (1,), generator=generator))] for _ in range(length - 1)
+            ]
+            word_of += [word] * length
+            if word == words_per_row // 2 - 1:
+                ids.append(tokenizer.sep_token_id)
+                word_of.append(-1)
+        ids.append(tokenizer.sep_token_id)
+        word_of.append(-1)
+        half = ids.index(tokenizer.sep_token_id) + 1
+        features.append({"input_ids": ids, "token_type_ids": [0] * half + [1] * (len(ids) - half)})
+        words.append(word_of)
+    return features, words
+
+
+def chosen_words(labels, words):
+    """Per row, {word: [chosen?] for each of its tokens}."""
+    per_row = []
+    for row, word_of in zip(labels.tolist(), words, strict=True):
+        tokens = {}
+        for label, word in zip(row, word_of, strict=False):  # rows are padded past their words
+            if word >= 0:
+                tokens.setdefault(word, []).append(label != -100)
+        per_row.append(tokens)
+    return per_row
+
+
+def test_whole_word_masking_chooses_whole_words_at_the_rate(sample_tokenizer):
+    features, words = word_rows(sample_tokenizer, rows=400)
+    collator = DataCollatorForPretraining(sample_tokenizer, whole_word_masking=True, pad_to_multiple_of=None)
+    batch = collator(with_draws(features, range(400)))
+    per_row = chosen_words(batch["labels"], words)
+    # A word's continuations are masked exactly when its first token is.
+    assert all(len(set(tokens)) == 1 for row in per_row for tokens in row.values())
+    chosen = [tokens[0] for row in per_row for tokens in row.values()]
+    assert abs(sum(chosen) / len(chosen) - 0.15) < 0.015  # 12,000 words: binomial sd 0.003
+    assert any(sum(tokens) > 1 for row in per_row for tokens in row.values())  # multi-token words masked
+    # 80/10/10 per token: [MASK], a random token, unchanged.
+    ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True)
+    labelled = batch["labels"] != -100
+    as_mask = (batch["input_ids"][labelled] == sample_tokenizer.mask_token_id).float().mean()
+    unchanged = (batch["input_ids"][labelled] == ids[labelled]).float().mean()
+    assert abs(as_mask - 0.8) < 0.03 and 0.07 < unchanged < 0.15
+    # Token-level masking of the same rows splits words.
+    token_level = DataCollatorForPretraining(sample_tokenizer, pad_to_multiple_of=None)(
+        with_draws(features, range(400))
+    )
+    assert any(
+        len(set(tokens)) > 1 for row in chosen_words(token_level["labels"], words) for tokens in row.values()
+    )
+
+
+def test_whole_word_masks_are_reproduced_by_draw_id(sample_tokenizer):
+    features, _ = word_rows(sample_tokenizer, rows=16)
+    collator = DataCollatorForPretraining(sample_tokenizer, whole_word_masking=True, seed=3)
+    first = collator(with_draws(features, range(16)))
+    torch.manual_seed(99)
+    again = collator(with_draws(features, range(16)))
+    assert all(torch.equal(first[key], again[key]) for key in first)
+    other = collator(with_draws(features, range(16, 32)))
+    assert not torch.equal(first["labels"], other["labels"])
+
+
+def test_static_slots_drop_whole_words(sample_tokenizer):
+    features, words = word_rows(sample_tokenizer, rows=64)
+    draws = with_draws(features, range(64))
+    collator = DataCollatorForPretraining(
+        sample_tokenizer, whole_word_masking=True, mlm_probability=0.5, max_predictions_per_seq=8
+    )
+    batch = collator(draws)
+    assert batch["masked_positions"].shape == (64, 8)
+    dense = torch.full(batch["input_ids"].shape, -100)
+    dense.scatter_(1, batch["masked_positions"], batch["labels"])
+    dense[:, 0] = -100  # empty slots point at position 0 ([CLS]) with label -100
+    per_row = chosen_words(dense, words)
+    assert all(len(set(tokens)) == 1 for row in per_row for tokens in row.values())
+    kept = (batch["labels"] != -100).sum(dim=1)
+    assert kept.max() <= 8 and kept.float().mean() > 5  # about half of 45 tokens chosen: the slots fill up
+    # A dropped word is shown unchanged; the kept ones are the dynamic path's masks.
+    dynamic = DataCollatorForPretraining(sample_tokenizer, whole_word_masking=True, mlm_probability=0.5)(
+        draws
+    )
+    masked = dense != -100
+    assert torch.equal(batch["input_ids"][masked], dynamic["input_ids"][masked])
+    ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True)
+    ids = torch.nn.functional.pad(ids, (0, batch["input_ids"].shape[1] - ids.shape[1]))
+    assert torch.equal(
+        batch["input_ids"][~masked & (batch["attention_mask"] == 1)],
+        ids[~masked & (batch["attention_mask"] == 1)],
+    )

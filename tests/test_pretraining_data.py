@@ -1,10 +1,16 @@
+import copy
+import random
+import time
 from collections import defaultdict
 
 import pytest
 from datasets import Dataset, DatasetDict, load_from_disk
+from tokenizers import normalizers
+from transformers import AutoTokenizer
 
 import hfbert.pretraining.data as pretraining_data
 from hfbert.pretraining.data import (
+    build_mlm_instances,
     build_nsp_instances,
     split_sentences,
     split_validation_documents,
@@ -183,6 +189,115 @@ def test_reproducible_and_independent_of_num_proc(tokenized, sample_tokenizer):
     assert other_pass["input_ids"] != one["input_ids"]
 
 
+def corpus_share_in_instances(tokenized, tokenizer) -> tuple[float, int]:
+    """Tokens in instances (besides [CLS] [SEP] [SEP]) per token of the corpus, and the instance count."""
+    instances = build(tokenized, tokenizer, short_seq_prob=0.0)
+    corpus = sum(len(sentence) for document in tokenized["sentences"] for sentence in document)
+    return sum(len(ids) - 3 for ids in instances["input_ids"]) / corpus, len(instances)
+
+
+def test_lower_cased_text_keeps_its_share_of_tokens(train_documents, tokenized, sample_tokenizer):
+    # The sentence regex needs an upper-case letter after a full stop: lower-cased text has paragraph-long
+    # "sentences", which used to be truncated away (issue 26: 42% of the sample's tokens lost).
+    lower = train_documents.map(
+        lambda row: {"paragraphs": [paragraph.lower() for paragraph in row["paragraphs"]]}
+    )
+    assert sum(map(len, tokenize_documents(lower, sample_tokenizer)["sentences"])) < 0.5 * sum(
+        map(len, tokenized["sentences"])
+    )
+    original_share, original_count = corpus_share_in_instances(tokenized, sample_tokenizer)
+    lower_share, lower_count = corpus_share_in_instances(
+        tokenize_documents(lower, sample_tokenizer), sample_tokenizer
+    )
+    assert lower_share >= 0.97 * original_share and lower_count >= 0.95 * original_count
+
+
+def test_a_long_line_without_punctuation_is_cut_into_instances_in_linear_time():
+    # Token ids below 500 are the long line's, those above the other document's.
+    line_length = 100_000
+    line = [10 + index % 490 for index in range(line_length)]
+    other = [[500 + index % 400 for index in range(start, start + 20)] for start in range(0, 400, 20)]
+    tokenized = Dataset.from_dict({"sentences": [[line], other]})
+    start = time.perf_counter()
+    instances = build_nsp_instances(
+        tokenized, cls_token_id=1, sep_token_id=2, max_seq_length=MAX_SEQ_LENGTH, short_seq_prob=0.0
+    )
+    assert time.perf_counter() - start < 5.0  # 0.2 s here; 3 s before, quadratic (11 s for 200,000 tokens)
+    kept = []
+    for ids, types, label in zip(
+        instances["input_ids"], instances["token_type_ids"], instances["next_sentence_label"], strict=True
+    ):
+        if ids[1] < 500:  # A comes from the line; so does B when it really follows A
+            kept += [
+                token
+                for token, kind in zip(ids[1:-1], types[1:-1], strict=True)
+                if token != 2 and (kind == 0 or label == 0)
+            ]
+    # Pieces of half the instance: a pair of them is one token too long (2 x 63 > 125) and loses that token.
+    assert len(kept) >= line_length * (1 - 1 / 120)
+    assert all(token < 500 for token in kept)
+
+
+def test_truncating_a_million_token_segment_takes_linear_time():
+    tokens_a = list(range(1_000_000))
+    start = time.perf_counter()
+    pretraining_data._truncate_seq_pair(tokens_a, [1, 2], 125, random.Random(0))
+    assert time.perf_counter() - start < 5.0  # under 1 s; hours when each token is deleted from a list's front
+    assert len(tokens_a) == 123
+
+
+def truncated_one_token_at_a_time(tokens_a, tokens_b, max_num_tokens, rng):  # google's loop
+    while len(tokens_a) + len(tokens_b) > max_num_tokens:
+        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def test_truncation_removes_the_tokens_googles_loop_removes():
+    lengths = random.Random(0)
+    for case in range(300):
+        tokens_a = list(range(lengths.randint(1, 300)))
+        tokens_b = list(range(1000, 1000 + lengths.randint(1, 300)))
+        max_num_tokens = lengths.randint(2, 200)
+        expected_a, expected_b, expected_rng = list(tokens_a), list(tokens_b), random.Random(case)
+        truncated_one_token_at_a_time(expected_a, expected_b, max_num_tokens, expected_rng)
+        rng = random.Random(case)
+        pretraining_data._truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+        assert (tokens_a, tokens_b) == (expected_a, expected_b)
+        assert rng.getstate() == expected_rng.getstate()  # the same draws: the next pair is drawn as before
+
+
+def test_mlm_instances_cut_each_document_into_full_segments(tokenized, sample_tokenizer):
+    instances = build_mlm_instances(
+        tokenized,
+        cls_token_id=sample_tokenizer.cls_token_id,
+        sep_token_id=sample_tokenizer.sep_token_id,
+        max_seq_length=64,
+    )
+    assert instances.column_names == ["input_ids", "token_type_ids"]  # no next_sentence_label
+    rows = instances["input_ids"]
+    assert all(
+        ids[0] == sample_tokenizer.cls_token_id and ids[-1] == sample_tokenizer.sep_token_id for ids in rows
+    )
+    assert all(
+        set(types) == {0} and len(types) == len(ids)
+        for ids, types in zip(rows, instances["token_type_ids"], strict=True)
+    )
+    # Every token of every document, in order; only a document's last segment is shorter than 62 tokens.
+    streams = [[token for sentence in document for token in sentence] for document in tokenized["sentences"]]
+    segments = iter(ids[1:-1] for ids in rows)
+    for stream in streams:
+        rebuilt = []
+        while len(rebuilt) < len(stream):
+            segment = next(segments)
+            assert len(segment) == 62 or len(rebuilt) + len(segment) == len(stream)
+            rebuilt += segment
+        assert rebuilt == stream
+    assert next(segments, None) is None
+
+
 def fail(*args, **kwargs):
     raise RuntimeError("rebuilt instead of loading from cache")
 
@@ -205,6 +320,33 @@ def test_second_build_comes_from_cache(tokenized, sample_tokenizer, monkeypatch)
     # Other parameters are a different cache key.
     with pytest.raises(RuntimeError, match="rebuilt"):
         build(tokenized, sample_tokenizer, seed=7, pass_index=1)
+
+
+def test_the_cache_is_keyed_by_the_tokenizers_content_not_its_folder(
+    train_documents, tokenized, sample_tokenizer, tmp_path, monkeypatch
+):
+    # A resumed run loads its tokenizer from checkpoint-N/tokenizer: a new folder each time, same content.
+    sample_tokenizer.save_pretrained(tmp_path / "one")
+    sample_tokenizer.save_pretrained(tmp_path / "two")
+    one = AutoTokenizer.from_pretrained(tmp_path / "one")
+    two = AutoTokenizer.from_pretrained(tmp_path / "two")
+    first = tokenize_documents(train_documents, one)
+    first_instances = build(first, one, seed=11)
+    monkeypatch.setattr(pretraining_data, "split_sentences", fail)
+    monkeypatch.setattr(pretraining_data, "_create_pairs_from_document", fail)
+    second = tokenize_documents(train_documents, two)
+    assert second.cache_files == first.cache_files
+    assert build(second, two, seed=11).cache_files == first_instances.cache_files
+
+
+def test_a_tokenizer_with_other_content_is_another_cache_key(
+    train_documents, tokenized, sample_tokenizer, monkeypatch
+):
+    other = copy.deepcopy(sample_tokenizer)
+    other.backend_tokenizer.normalizer = normalizers.Lowercase()
+    monkeypatch.setattr(pretraining_data, "split_sentences", fail)
+    with pytest.raises(RuntimeError, match="rebuilt"):
+        tokenize_documents(train_documents, other)
 
 
 def test_fewer_than_two_documents_is_an_error():

@@ -475,6 +475,8 @@ def test_streaming_is_refused_with_the_reason():
         (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
         (["--mlm_probability", "1.5"], "must be in (0, 1)"),
         (["--model_size", "huge"], "invalid choice"),
+        (["--objective", "mlm", "--dupe_factor", "3"], "--dupe_factor 3 with --objective mlm"),
+        (["--objective", "nsp"], "invalid choice"),
     ],
 )
 def test_bad_flags_are_refused(flags, message, capsys):
@@ -660,6 +662,24 @@ def test_a_corpus_edited_before_the_resume_is_refused_naming_it(tmp_path, run_in
         train_in_process([*args, "--resume_from_checkpoint", "latest"])
     assert listing(output_dir) == before
 
+
+def datasets_cache_files() -> set[Path]:
+    return set(Path(os.environ["HF_DATASETS_CACHE"]).rglob("cache-*.arrow"))
+
+
+@pytest.mark.slow
+def test_a_resume_and_a_second_identical_run_reuse_the_preprocessing_cache(tmp_path, run_inputs):
+    # The resume loads its tokenizer from checkpoint-2/tokenizer, another folder than --tokenizer_name.
+    args = run_args(run_inputs, tmp_path / "first", "--max_train_steps", "4", "--checkpointing_steps", "2")
+    train_in_process([*args, "--dupe_factor", "2"])
+    after_first = datasets_cache_files()
+    resume = run_args(run_inputs, tmp_path / "resumed", "--max_train_steps", "4", "--dupe_factor", "2")
+    train_in_process([*resume, "--resume_from_checkpoint", str(tmp_path / "first" / "checkpoint-2")])
+    assert datasets_cache_files() == after_first
+    train_in_process(run_args(run_inputs, tmp_path / "second", "--max_train_steps", "2", "--dupe_factor", "2"))
+    assert datasets_cache_files() == after_first
+
+
 @pytest.mark.slow
 def test_resume_into_a_new_folder_uses_the_checkpoints_own_tokenizer(tmp_path, run_inputs):
     first = tmp_path / "first"
@@ -699,12 +719,33 @@ def test_a_small_corpus_without_validation_file_names_the_flags(tmp_path, run_in
     assert not (tmp_path / "run").exists()
 
 
-def test_static_shape_masking_trains_through_the_loop(tmp_path, run_inputs):
+@pytest.mark.parametrize("whole_word_masking", [False, True])
+def test_static_shape_masking_trains_through_the_loop(tmp_path, run_inputs, whole_word_masking):
     output_dir = tmp_path / "run"
-    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--max_predictions_per_seq", "20"))
+    extra = ["--whole_word_masking"] if whole_word_masking else []
+    train_in_process(
+        run_args(run_inputs, output_dir, "--max_train_steps", "2", "--max_predictions_per_seq", "20", *extra)
+    )
     rows = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "loss" in row]
     assert rows and all(math.isfinite(row["train_mlm_loss"]) and row["train_mlm_accuracy"] >= 0 for row in rows)
-    assert json.loads((output_dir / "training_args.json").read_text())["max_predictions_per_seq"] == 20
+    recorded = json.loads((output_dir / "training_args.json").read_text())
+    assert recorded["max_predictions_per_seq"] == 20 and recorded["whole_word_masking"] is whole_word_masking
+
+
+@pytest.mark.slow
+def test_the_mlm_objective_trains_masked_lm_alone_and_saves_the_nsp_head(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "4", "--objective", "mlm", "--checkpointing_steps", "2"))
+    rows = json.loads((output_dir / "log_history.json").read_text())
+    trained = [row for row in rows if "loss" in row]
+    assert trained and all(math.isclose(row["loss"], row["train_mlm_loss"], rel_tol=1e-3) for row in trained)
+    assert not [key for row in rows for key in row if "nsp" in key]
+    assert "eval_mlm_accuracy" in rows[-1]
+    assert json.loads((output_dir / "training_args.json").read_text())["objective"] == "mlm"
+    # The NSP head is saved, unchanged by training (no loss reaches it); the MLM head trained.
+    early, final = final_weights(output_dir / "checkpoint-2"), final_weights(output_dir)
+    assert torch.equal(early["cls.seq_relationship.weight"], final["cls.seq_relationship.weight"])
+    assert not torch.equal(early["cls.predictions.transform.dense.weight"], final["cls.predictions.transform.dense.weight"])
 
 
 def start_and_signal(tmp_path: Path, args: list[str], wait_for: str, send: Callable[[subprocess.Popen], None]) -> tuple[int, str]:

@@ -28,6 +28,7 @@ from hfbert.modeling_hfbert import IGNORE_INDEX
 if TYPE_CHECKING:
     from hfbert.pretraining.settings import DataSettings, OptimizationSettings
 
+_SAMPLER_BLOCK = 65536  # draw ids converted to Python ints at a time by EpochDraws
 DRAW_KEY = "draw"  # a feature's draw id: epoch * num_instances + instance index (see InstanceDraws)
 FEATURE_KEYS = ("input_ids", "token_type_ids", "next_sentence_label")
 
@@ -94,7 +95,9 @@ class DataCollatorForPretraining:
     random non-special token with probability ``random_replace_prob``, and stays unchanged otherwise.
     ``labels`` hold the original id at chosen positions and -100 elsewhere. With ``max_predictions_per_seq``
     P the batch is in the static form instead: ``masked_positions`` and ``labels`` (B, P), see
-    :func:`masked_positions_from_labels`.
+    :func:`masked_positions_from_labels`. With ``whole_word_masking`` words are chosen
+    instead of tokens (a token and its ``##`` continuations, each word with probability ``mlm_probability``),
+    the 80/10/10 replacement is still drawn per token, and the static form drops whole words, not tokens.
 
     Randomness: features carrying a ``draw`` id (what :class:`InstanceDraws` adds) are masked from a
     generator seeded by ``seed`` and the batch's draw ids, so the same rows always get the same masks; without
@@ -109,11 +112,13 @@ class DataCollatorForPretraining:
     pad_to_length: int | None = None
     pad_to_batch_size: int | None = None
     max_predictions_per_seq: int | None = None
+    whole_word_masking: bool = False
     seed: int = 0
     # Lookup tables in numpy: torch's indexing kernel spreads a (B, T) lookup over its threads, which costs
     # milliseconds when a core is busy (e.g. with the training step); numpy's stays on one.
     _special: np.ndarray = field(init=False, repr=False)  # (V,) bool, True for special ids
     _non_special_ids: np.ndarray = field(init=False, repr=False)
+    _continuation: np.ndarray = field(init=False, repr=False)  # (V,) bool, True for '##' word pieces
 
     def __post_init__(self) -> None:
         if self.tokenizer.pad_token_id is None:
@@ -136,6 +141,11 @@ class DataCollatorForPretraining:
         special[sorted(set(self.tokenizer.all_special_ids))] = True
         self._special = special
         self._non_special_ids = np.flatnonzero(~special)
+        # WordPiece's prefix of a piece that continues a word ('##'), read from the tokenizer's model.
+        model = getattr(getattr(self.tokenizer, "backend_tokenizer", None), "model", None)
+        prefix = getattr(model, "continuing_subword_prefix", None) or "##"
+        tokens = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        self._continuation = np.array([token is not None and token.startswith(prefix) for token in tokens])
 
     def __call__(
         self, features: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]
@@ -159,6 +169,8 @@ class DataCollatorForPretraining:
             nsp[: len(columns["next_sentence_label"])] = torch.as_tensor(columns["next_sentence_label"])
             batch["next_sentence_label"] = nsp
         if self.max_predictions_per_seq is not None:
+            if self.whole_word_masking:
+                masked_ids, labels = self.drop_words_beyond_slots(input_ids, masked_ids, labels, generator)
             positions, labels, masked_ids = masked_positions_from_labels(
                 labels, self.max_predictions_per_seq, masked_ids, generator=generator
             )
@@ -206,7 +218,10 @@ class DataCollatorForPretraining:
         """Choose and replace tokens of (B, L) ``input_ids``: returns new ``(input_ids, labels)``. Whole-tensor
         operations only (no boolean indexing), so the cost does not depend on how many tokens are chosen."""
         eligible = torch.from_numpy(~self._special[input_ids.numpy()])  # never [CLS], [SEP], [PAD], ...
-        chosen = (torch.rand(input_ids.shape, generator=generator) < self.mlm_probability) & eligible
+        choice = torch.rand(input_ids.shape, generator=generator)
+        if self.whole_word_masking:  # every token of a word takes its first token's draw
+            choice = choice.gather(1, self.word_starts(input_ids))
+        chosen = (choice < self.mlm_probability) & eligible
         kind = torch.rand(input_ids.shape, generator=generator)
         to_mask = chosen & (kind < self.mask_replace_prob)
         to_random = (
@@ -219,6 +234,36 @@ class DataCollatorForPretraining:
         masked = masked.masked_fill(to_mask, self.tokenizer.mask_token_id)
         labels = input_ids.masked_fill(~chosen, IGNORE_INDEX)
         return masked, labels
+
+    def word_starts(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, L) position of the first token of each token's word: a '##' continuation belongs to the word
+        before it, unless it follows a special token (a segment cut mid-word); every other token starts one."""
+        ids = input_ids.numpy()
+        continues = self._continuation[ids]
+        continues[:, 0] = False
+        continues[:, 1:] &= ~self._special[ids[:, :-1]]
+        positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+        return torch.from_numpy(np.maximum.accumulate(np.where(continues, 0, positions), axis=1))
+
+    def drop_words_beyond_slots(
+        self,
+        input_ids: torch.Tensor,
+        masked_ids: torch.Tensor,
+        labels: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unmask whole words, taken in a random order, past ``max_predictions_per_seq`` chosen tokens in a row,
+        so that the static form never keeps part of a word (google's whole-word masking skips a word that
+        does not fit). Returns new ``(masked_ids, labels)``; a dropped token gets its original id back."""
+        starts = self.word_starts(input_ids)
+        chosen = labels != IGNORE_INDEX
+        priority = torch.rand(input_ids.shape, generator=generator).gather(1, starts).masked_fill(~chosen, 2.0)
+        order = torch.argsort(priority, dim=1, stable=True)  # a word's tokens stay together, in order
+        running = torch.cumsum(chosen.gather(1, order).long(), dim=1)
+        count_through = torch.empty_like(running).scatter_(1, order, running)
+        word_count = torch.zeros_like(running).scatter_reduce(1, starts, count_through, reduce="amax")
+        dropped = chosen & (word_count.gather(1, starts) > self.max_predictions_per_seq)
+        return torch.where(dropped, labels, masked_ids), labels.masked_fill(dropped, IGNORE_INDEX)
 
 
 class InstanceDraws(Dataset):
@@ -237,7 +282,8 @@ class InstanceDraws(Dataset):
     def __getitems__(self, draws: list[int]) -> dict[str, list[Any]]:
         size = len(self.instances)
         rows = self.instances[[draw % size for draw in draws]]
-        return {key: rows[key] for key in FEATURE_KEYS} | {DRAW_KEY: list(draws)}
+        # Instances of --objective mlm have no next_sentence_label.
+        return {key: rows[key] for key in FEATURE_KEYS if key in rows} | {DRAW_KEY: list(draws)}
 
 
 class EpochDraws(Sampler[int]):
@@ -257,13 +303,18 @@ class EpochDraws(Sampler[int]):
         return self.num_instances
 
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.num_instances, generator=generator).tolist()
-        else:
-            order = range(self.num_instances)
         offset = self.epoch * self.num_instances
-        return (offset + index for index in order)
+        if not self.shuffle:
+            return iter(range(offset, offset + self.num_instances))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        # Kept as an int64 tensor (8 bytes an instance) and turned into Python ints a block at a time: a list
+        # of every index costs ~36 bytes an instance in every process.
+        order = torch.randperm(self.num_instances, generator=generator)
+        return (
+            offset + index
+            for start in range(0, self.num_instances, _SAMPLER_BLOCK)
+            for index in order[start : start + _SAMPLER_BLOCK].tolist()
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -307,6 +358,7 @@ class BatchPlan:
     mlm_probability: float
     eval_mlm_probability: float
     seed: int
+    whole_word_masking: bool = False  # training batches only: evaluation stays token-level, comparable
 
 
 def plan_batches(
@@ -325,6 +377,7 @@ def plan_batches(
         pin_memory=device.type == "cuda",
         mlm_probability=data.mlm_probability,
         eval_mlm_probability=data.eval_mlm_probability,
+        whole_word_masking=data.whole_word_masking,
         seed=optimization.seed,
     )
 
@@ -351,7 +404,12 @@ def build_loaders(plan: BatchPlan, tokenizer: Any, train: Any, evaluation: Any) 
         InstanceDraws(train),
         batch_size=train_batch,
         sampler=EpochDraws(len(train), seed),
-        collate_fn=DataCollatorForPretraining(tokenizer, mlm_probability=plan.mlm_probability, **shape),
+        collate_fn=DataCollatorForPretraining(
+            tokenizer,
+            mlm_probability=plan.mlm_probability,
+            whole_word_masking=plan.whole_word_masking,
+            **shape,
+        ),
         drop_last=plan.drop_last and len(train) >= train_batch,
         # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG
         # and shifts the training dropout stream (the evaluation loader's too, at every evaluation).

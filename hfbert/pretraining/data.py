@@ -10,6 +10,7 @@ Instances are neither padded nor masked; :mod:`hfbert.pretraining.batches` does 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -58,10 +59,32 @@ INSTANCE_FEATURES = Features(
         "next_sentence_label": Value("int8"),
     }
 )
+MLM_INSTANCE_FEATURES = Features({"input_ids": List(Value("int32")), "token_type_ids": List(Value("int8"))})
 
 # datasets hashes module-level functions by qualified name, not by code, so without this an edited hfbert
-# would silently reuse caches built by the old code. It is passed to every map below as part of the cache key.
+# would silently reuse caches built by the old code. It is part of every cache key below.
 _SOURCE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of what decides the ids a fast tokenizer gives: its serialized pipeline (normalizer,
+    pre-tokenizer, WordPiece vocabulary, ...) and its special tokens.
+
+    The cache keys of :func:`tokenize_documents` and :func:`build_nsp_instances` use it instead of datasets'
+    hash of the tokenizer object, which includes the folder the tokenizer was loaded from: a resumed run loads
+    its tokenizer from ``checkpoint-N/tokenizer`` and would otherwise redo all preprocessing.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(
+            f"{type(tokenizer).__name__} is not a fast tokenizer; pass a tokenizers-backed one "
+            "(AutoTokenizer.from_pretrained(..., use_fast=True), or a folder from train_tokenizer.py)"
+        )
+    pipeline = json.loads(backend.to_str())
+    # Truncation and padding are call-time state (set by earlier calls), not part of what sentences become.
+    pipeline.pop("truncation", None)
+    pipeline.pop("padding", None)
+    return Hasher.hash([pipeline, tokenizer.all_special_tokens, tokenizer.all_special_ids])
 
 
 _MIN_NSP_DOCUMENTS = 2
@@ -163,21 +186,22 @@ def tokenize_documents(
             f"tokenize_documents expects a 'paragraphs' column, got columns {documents.column_names}; "
             "pass the output of hfbert.corpus.load_documents"
         )
+    fingerprint = Hasher.hash(
+        ["tokenize_documents", documents._fingerprint, tokenizer_fingerprint(tokenizer), _SOURCE_FINGERPRINT]
+    )
     return documents.map(
         _tokenize_batch,
         batched=True,
         num_proc=num_proc,
         remove_columns=documents.column_names,
         features=TOKENIZED_FEATURES,
-        fn_kwargs={"tokenizer": tokenizer, "source_fingerprint": _SOURCE_FINGERPRINT},
+        fn_kwargs={"tokenizer": tokenizer},
+        new_fingerprint=fingerprint,
         desc="Tokenizing sentences",
     )
 
 
-def _tokenize_batch(
-    batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, source_fingerprint: str
-) -> dict[str, list]:
-    del source_fingerprint  # only part of the datasets cache key
+def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase) -> dict[str, list]:
     sentences_per_document = [
         [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
         for paragraphs in batch["paragraphs"]
@@ -244,6 +268,17 @@ def build_nsp_instances(
         masked. Cached by the datasets fingerprint when ``tokenized`` is backed by cache files.
     """
     check_nsp_inputs(tokenized, max_seq_length, short_seq_prob)
+    parameters = {
+        "cls_token_id": cls_token_id,
+        "sep_token_id": sep_token_id,
+        "max_num_tokens": max_seq_length - 3,
+        "short_seq_prob": short_seq_prob,
+        "seed": seed,
+        "pass_index": pass_index,
+    }
+    # Keyed by the tokenized documents' fingerprint (itself keyed by content) and the parameters, not by
+    # datasets' hash of fn_kwargs, which would hash the whole `all_documents` object.
+    fingerprint = Hasher.hash(["build_nsp_instances", tokenized._fingerprint, parameters, _SOURCE_FINGERPRINT])
     return tokenized.map(
         _build_instances_batch,
         batched=True,
@@ -251,17 +286,9 @@ def build_nsp_instances(
         num_proc=num_proc,
         remove_columns=tokenized.column_names,
         features=INSTANCE_FEATURES,
-        fn_kwargs={
-            # Arrow rows let a random span be read sentence by sentence instead of converting whole documents.
-            "all_documents": tokenized.with_format("arrow"),
-            "cls_token_id": cls_token_id,
-            "sep_token_id": sep_token_id,
-            "max_num_tokens": max_seq_length - 3,
-            "short_seq_prob": short_seq_prob,
-            "seed": seed,
-            "pass_index": pass_index,
-            "source_fingerprint": _SOURCE_FINGERPRINT,
-        },
+        # Arrow rows let a random span be read sentence by sentence instead of converting whole documents.
+        fn_kwargs={"all_documents": tokenized.with_format("arrow"), **parameters},
+        new_fingerprint=fingerprint,
         desc=f"Building NSP instances (pass {pass_index})",
     )
 
@@ -297,11 +324,11 @@ def _build_instances_batch(
     short_seq_prob: float,
     seed: int,
     pass_index: int,
-    source_fingerprint: str,
 ) -> dict[str, list]:
-    del source_fingerprint  # only part of the datasets cache key
     output: dict[str, list[Any]] = {name: [] for name in INSTANCE_FEATURES}
-    for document, document_index in zip(batch["sentences"], indices, strict=True):
+    piece_length = -(-max_num_tokens // 2)  # two pieces fill an instance: A and a real next B
+    for sentences, document_index in zip(batch["sentences"], indices, strict=True):
+        document = _split_long_sentences(sentences, piece_length)
         # A string seed is hashed with SHA-512 by random.Random, so it is stable across processes and runs.
         rng = random.Random(f"{seed}-{pass_index}-{document_index}")
         for tokens_a, tokens_b, is_random_next in _create_pairs_from_document(
@@ -311,6 +338,72 @@ def _build_instances_batch(
             output["token_type_ids"].append([0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1))
             output["next_sentence_label"].append(int(is_random_next))
     return output
+
+
+def build_mlm_instances(
+    tokenized: Dataset,
+    *,
+    cls_token_id: int,
+    sep_token_id: int,
+    max_seq_length: int,
+    num_proc: int | None = None,
+) -> Dataset:
+    """``[CLS] segment [SEP]`` instances for masked LM alone (``--objective mlm``, RoBERTa's finding that NSP
+    can be dropped).
+
+    Each document's tokens, in order, are cut into segments of ``max_seq_length - 2`` tokens, anywhere (not at
+    sentence boundaries), as transformers' run_mlm.py groups texts, so every token of the corpus is in exactly
+    one instance. Segments stay within their document (RoBERTa's DOC-SENTENCES; its FULL-SENTENCES would cross
+    into the next document): a document's last segment is shorter. No randomness: the masks, drawn per epoch,
+    are what changes between epochs.
+
+    Returns:
+        Dataset with ``input_ids`` and ``token_type_ids`` (all 0); no ``next_sentence_label``.
+    """
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length {max_seq_length} leaves no room for a segment; pass max_seq_length >= 3")
+    parameters = {"cls_token_id": cls_token_id, "sep_token_id": sep_token_id, "segment_length": max_seq_length - 2}
+    fingerprint = Hasher.hash(["build_mlm_instances", tokenized._fingerprint, parameters, _SOURCE_FINGERPRINT])
+    return tokenized.map(
+        _build_segments_batch,
+        batched=True,
+        num_proc=num_proc,
+        remove_columns=tokenized.column_names,
+        features=MLM_INSTANCE_FEATURES,
+        fn_kwargs=parameters,
+        new_fingerprint=fingerprint,
+        desc="Building MLM segments",
+    )
+
+
+def _build_segments_batch(
+    batch: dict[str, list], *, cls_token_id: int, sep_token_id: int, segment_length: int
+) -> dict[str, list]:
+    output: dict[str, list[Any]] = {name: [] for name in MLM_INSTANCE_FEATURES}
+    for document in batch["sentences"]:
+        tokens = [token for sentence in document for token in sentence]
+        for start in range(0, len(tokens), segment_length):
+            segment = tokens[start : start + segment_length]
+            output["input_ids"].append([cls_token_id, *segment, sep_token_id])
+            output["token_type_ids"].append([0] * (len(segment) + 2))
+    return output
+
+
+def _split_long_sentences(document: list[list[int]], piece_length: int) -> list[list[int]]:
+    """Cut every sentence longer than ``piece_length`` tokens into pieces of that length (the last shorter).
+
+    The sentence regex finds no boundary in lower-cased or unpunctuated text, whose "sentences" are then whole
+    paragraphs or lines: kept whole, such a sentence is a chunk on its own, always gets a random B and is
+    truncated to the instance, losing most of its tokens. Pieces of half an instance keep every token (but one
+    per instance, from rounding), and give such text real next-segment pairs.
+    """
+    if all(len(sentence) <= piece_length for sentence in document):
+        return document
+    return [
+        sentence[start : start + piece_length]
+        for sentence in document
+        for start in range(0, len(sentence), piece_length)
+    ]
 
 
 def _create_pairs_from_document(
@@ -351,7 +444,9 @@ def _create_pairs_from_document(
                 random_document = all_documents[random_index]["sentences"][0]
                 tokens_b = []
                 for j in range(rng.randint(0, len(random_document) - 1), len(random_document)):
-                    tokens_b.extend(random_document[j].as_py())
+                    # No more of a sentence than an instance holds: an unpunctuated line can be megabytes long.
+                    sentence = random_document[j].values
+                    tokens_b.extend(sentence.slice(0, max_num_tokens + 1).to_pylist())
                     if len(tokens_b) >= target_b_length:
                         break
                 # The chunk's unused sentences go back to the document for the next instance.
@@ -377,13 +472,23 @@ def _other_document_index(document_index: int, num_documents: int, rng: random.R
 def _truncate_seq_pair(
     tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
 ) -> None:
-    """Trim the longer list, from the front or the back at random, until both fit into max_num_tokens."""
-    while len(tokens_a) + len(tokens_b) > max_num_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-        if rng.random() < 0.5:
-            del longer[0]
+    """Trim the longer list, from the front or the back at random, until both fit into max_num_tokens.
+
+    google's token-by-token loop (one draw per removed token, the same draws and result), with the removals
+    counted first and cut in one slice per end: deleting from a list's front one token at a time is quadratic.
+    """
+    length_a, length_b = len(tokens_a), len(tokens_b)
+    cut = {"a": [0, 0], "b": [0, 0]}  # tokens to remove from the front, from the back
+    while length_a + length_b > max_num_tokens:
+        side = "a" if length_a > length_b else "b"
+        cut[side][0 if rng.random() < 0.5 else 1] += 1
+        if side == "a":
+            length_a -= 1
         else:
-            longer.pop()
+            length_b -= 1
+    for tokens, (front, back) in ((tokens_a, cut["a"]), (tokens_b, cut["b"])):
+        del tokens[len(tokens) - back :]
+        del tokens[:front]
 
 
 logger = logging.getLogger(__name__)
@@ -423,6 +528,7 @@ def load_run_tokenizer(
     if checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir():
         checkpoint = checkpoint_tokenizer.parent
         tokenizer = AutoTokenizer.from_pretrained(checkpoint_tokenizer)
+        logger.info(f"Resuming with the tokenizer saved in {checkpoint_tokenizer} (none is trained)")
         if data.tokenizer_name is not None:
             named = load_tokenizer(data.tokenizer_name)
             if named.get_vocab() != tokenizer.get_vocab():
@@ -483,8 +589,13 @@ def build_instances(
         split: tokenize_documents(documents[split], tokenizer, num_proc=data.preprocessing_num_workers)
         for split in ("train", "validation")
     }
-    passes = [build_nsp_instances(tokenized["train"], pass_index=i, **nsp) for i in range(data.dupe_factor)]
-    evaluation = build_nsp_instances(tokenized["validation"], pass_index=0, **nsp)
+    if data.objective == "mlm":  # [CLS] segment [SEP], one pass (--dupe_factor is 1)
+        segments = {key: nsp[key] for key in ("cls_token_id", "sep_token_id", "max_seq_length", "num_proc")}
+        passes = [build_mlm_instances(tokenized["train"], **segments)]
+        evaluation = build_mlm_instances(tokenized["validation"], **segments)
+    else:
+        passes = [build_nsp_instances(tokenized["train"], pass_index=i, **nsp) for i in range(data.dupe_factor)]
+        evaluation = build_nsp_instances(tokenized["validation"], pass_index=0, **nsp)
     if data.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
     return datasets.concatenate_datasets(passes), evaluation

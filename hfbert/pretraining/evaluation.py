@@ -89,15 +89,20 @@ def batch_statistics(outputs: Any, batch: dict[str, torch.Tensor]) -> torch.Tens
     predictions = outputs.prediction_logits.argmax(-1)  # (M,) dynamic path, (B, P) static path
     if predictions.shape != labels.shape:  # dynamic: rows in the row-major order of labels != -100
         labels = labels[labels != IGNORE_INDEX]
-    nsp_labels = batch["next_sentence_label"]
-    instances = (nsp_labels != IGNORE_INDEX).sum()  # padding rows of a filled-up batch carry -100
+    if "next_sentence_label" in batch:
+        nsp_labels = batch["next_sentence_label"]
+        instances = (nsp_labels != IGNORE_INDEX).sum()  # padding rows of a filled-up batch carry -100
+        nsp_loss_sum = outputs.nsp_loss.detach().float() * instances
+        nsp_correct = (outputs.seq_relationship_logits.argmax(-1) == nsp_labels).sum()
+    else:  # --objective mlm
+        instances = nsp_loss_sum = nsp_correct = torch.zeros((), device=labels.device)
     return torch.stack(
         [
             outputs.mlm_loss.detach().float() * masked_tokens,
             (predictions == labels).sum(),  # -100 never equals a prediction
             masked_tokens,
-            outputs.nsp_loss.detach().float() * instances,
-            (outputs.seq_relationship_logits.argmax(-1) == nsp_labels).sum(),
+            nsp_loss_sum,
+            nsp_correct,
             instances,
         ]
     ).double()
@@ -107,10 +112,14 @@ def metrics_from_statistics(totals: torch.Tensor, prefix: str) -> dict[str, floa
     """MLM loss, accuracy, perplexity and NSP loss, accuracy from summed statistics."""
     mlm_sum, mlm_correct, masked, nsp_sum, nsp_correct, instances = totals.tolist()
     mlm_loss = mlm_sum / max(masked, 1.0)
-    return {
+    metrics = {
         f"{prefix}mlm_loss": mlm_loss,
         f"{prefix}mlm_accuracy": mlm_correct / max(masked, 1.0),
         f"{prefix}perplexity": math.exp(min(mlm_loss, 50.0)),
+    }
+    if instances == 0:  # --objective mlm: no NSP labels
+        return metrics
+    return metrics | {
         f"{prefix}nsp_loss": nsp_sum / max(instances, 1.0),
         f"{prefix}nsp_accuracy": nsp_correct / max(instances, 1.0),
     }

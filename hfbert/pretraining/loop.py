@@ -4,6 +4,7 @@ schedules; on SIGTERM/SIGUSR1 (preemption) writes a checkpoint and stops."""
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -95,7 +96,9 @@ def train_step(
     `output_dir` names the last finite checkpoint should the loss stop being finite."""
     with accelerator.accumulate(state.model):
         outputs = state.model(**batch, mlm_masked_rows_only=True)
-        loss = outputs.mlm_loss + optimization.nsp_loss_weight * outputs.nsp_loss
+        loss = outputs.mlm_loss
+        if outputs.nsp_loss is not None:  # None under --objective mlm
+            loss = loss + optimization.nsp_loss_weight * outputs.nsp_loss
         # On CUDA the check waits for the device, so it runs once per logging interval instead (in fit).
         if accelerator.device.type != "cuda":
             step = state.progress.completed_steps + 1
@@ -197,8 +200,8 @@ def log_training_row(
     bar.set_postfix(
         mlm=f"{row['train_mlm_loss']:.3f}",
         mlm_acc=f"{row['train_mlm_accuracy']:.3f}",
-        nsp=f"{row['train_nsp_loss']:.3f}",
-        nsp_acc=f"{row['train_nsp_accuracy']:.3f}",
+        nsp=f"{row.get('train_nsp_loss', math.nan):.3f}",  # nan under --objective mlm
+        nsp_acc=f"{row.get('train_nsp_accuracy', math.nan):.3f}",
         lr=f"{learning_rate:.2e}",
         tok_s=f"{row['tokens_per_second']:.0f}",
     )

@@ -124,6 +124,23 @@ class DataSettings:
             "counts (dynamic shapes, faster there)."
         },
     )
+    objective: Literal["mlm+nsp", "mlm"] = field(
+        default="mlm+nsp",
+        metadata={
+            "help": "mlm+nsp (BERT): [CLS] A [SEP] B [SEP] pairs, masked LM plus next sentence prediction. mlm "
+            "(RoBERTa): [CLS] segment [SEP] instances, each document's tokens cut into full-length segments "
+            "(within the document), masked LM alone; the NSP head is still saved, untrained."
+        },
+    )
+    whole_word_masking: bool = field(
+        default=False,
+        metadata={
+            "help": "Choose whole words for the MLM loss (a token and its '##' continuations, each word with "
+            "--mlm_probability), google-research/bert's --do_whole_word_mask; the 80/10/10 replacement is still "
+            "per token, and static slots (--max_predictions_per_seq) drop whole words. Training only: evaluation "
+            "keeps token-level masks, so that its figures compare across runs."
+        },
+    )
     dataloader_num_workers: int | None = field(
         default=None,
         metadata={
@@ -314,6 +331,8 @@ RESUME_INVARIANT = {
         "mlm_probability",
         "max_predictions_per_seq",
         "validation_split_percentage",
+        "whole_word_masking",
+        "objective",
     ),
     "model": ("model_name_or_path", "config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
     "optimization": (
@@ -372,6 +391,7 @@ class PretrainingSettings:
         _check_model(self.model, self.data)
         _check_optimization(self.optimization)
         _check_run(self.run)
+        check_objective(self.data)
         if self.corpus.streaming:
             raise ValueError(
                 "run_pretraining.py pairs sentences across the whole corpus (next sentence prediction) and "
@@ -510,6 +530,16 @@ def check_config_file(settings: PretrainingSettings) -> None:
     if settings.model.config_name is not None:
         config = HfBertConfig.from_pretrained(settings.model.config_name)
         check_max_seq_length(settings.data.max_seq_length, config, f"--config_name {settings.model.config_name}")
+
+
+def check_objective(data: DataSettings) -> None:
+    """--objective mlm builds its segments without randomness, so more passes would only repeat them."""
+    if data.objective == "mlm" and data.dupe_factor != 1:
+        raise ValueError(
+            f"--dupe_factor {data.dupe_factor} with --objective mlm would repeat the same segments (they are cut "
+            "without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
+            "--num_train_epochs or --max_train_steps instead"
+        )
 
 
 def check_resume_settings(
