@@ -824,19 +824,20 @@ def test_sigterm_to_the_whole_process_group_with_dataloader_workers_saves_a_chec
 
 
 def run_signalling_itself(tmp_path: Path, args: list[str], function: str, signal_name: str) -> subprocess.CompletedProcess:
-    """run_pretraining.py in a subprocess whose hfbert.training.<function> first sends the process
+    """run_pretraining.py in a subprocess whose hfbert.pretraining.<module.function> first sends the process
     `signal_name`: a signal that arrives exactly there."""
+    module, name = function.rsplit(".", 1)
     script = textwrap.dedent(f"""
         import os, signal, sys
-        import hfbert.training as training
-        original = training.{function}
+        import hfbert.pretraining.{module} as stage
+        original = stage.{name}
 
         def signal_first(*args, **kwargs):
             os.kill(os.getpid(), signal.{signal_name})
             return original(*args, **kwargs)
 
-        training.{function} = signal_first
-        from hfbert.pretraining_cli import main
+        stage.{name} = signal_first
+        from hfbert.pretraining.cli import main
         main(sys.argv[1:])
     """)
     return subprocess.run(
@@ -850,7 +851,7 @@ def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(tmp_
     # Only the final evaluation: --eval_steps beyond the budget. Without --checkpointing_steps, too.
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "3", "--eval_steps", "1000")
-    result = run_signalling_itself(tmp_path, args, "run_evaluation", signal_name)
+    result = run_signalling_itself(tmp_path, args, "loop.run_evaluation", signal_name)
     assert result.returncode == 128 + signal.Signals[signal_name], result.stderr[-3000:]
     assert f"Stopped by {signal_name} after update 3; the training state is saved in {output_dir / 'checkpoint-3'}" in result.stderr
     assert "--resume_from_checkpoint latest" in result.stderr
@@ -866,7 +867,7 @@ def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(tmp_
 def test_a_signal_during_the_final_save_lets_it_finish(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
     result = run_signalling_itself(
-        tmp_path, run_args(run_inputs, output_dir, "--max_train_steps", "2"), "write_final_folder", "SIGTERM"
+        tmp_path, run_args(run_inputs, output_dir, "--max_train_steps", "2"), "finish.write_final_folder", "SIGTERM"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES
