@@ -36,6 +36,7 @@ from transformers import (
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
 from hfbert.files import atomic_path, check_folder_readable, write_json_atomic
+from hfbert.plotting import save_figure
 
 RANDOM_INIT = "random_init"
 RESULTS_NAME = "finetune_results.json"
@@ -345,10 +346,7 @@ def gain(first: dict[str, Any], second: dict[str, Any]) -> dict[str, dict[str, f
 
 def plot_results(results: dict[str, Any], path: Path) -> Path:
     """Accuracy per seed, one marker series per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after hfbert.plotting chose the headless backend
 
     figure, axis = plt.subplots(figsize=(5.5, 3.5), constrained_layout=True)
     seeds = results["seeds"]
@@ -360,12 +358,7 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     axis.set_ylabel("accuracy (evaluation split)")
     axis.set_title(f"Fine-tuned accuracy per seed (seeds {seeds})", fontsize=9)
     axis.grid(alpha=0.3)
-    try:
-        with atomic_path(path) as temp_path:
-            figure.savefig(temp_path, format="png", dpi=100)
-    finally:
-        plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def add_to_model_card(folder: Path, results: dict[str, Any], dataset: str, dataset_config: str | None) -> Path:

@@ -67,6 +67,11 @@ def plot_training_curves(
         axis.set_ylabel(y_label)
     axes[2].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     figure.suptitle(title)
+    return save_figure(figure, path)
+
+
+def save_figure(figure: plt.Figure, path: str | os.PathLike) -> Path:
+    """Save `figure` as a PNG at `path` atomically (a crash leaves the previous file), then close it."""
     path = Path(path)
     try:
         with atomic_path(path) as temp_path:
