@@ -171,3 +171,12 @@ def test_bench_sampler_memory_measures_both_ways(monkeypatch, capsys):
     # A list of 2M Python ints is ~90 MiB; the int64 permutation 15 MiB.
     assert rows[0]["EpochDraws"] < rows[0]["list"] / 2
     assert "| 2,000,000 |" in capsys.readouterr().out
+
+
+def test_phase2_scores_a_folder_on_held_out_instances_of_each_length(model_dir):
+    from benchmarks import phase2
+
+    short = phase2.heldout_accuracy(model_dir, max_seq_length=64, max_instances=16)
+    long = phase2.heldout_accuracy(model_dir, max_seq_length=128, max_instances=16)
+    assert all(0.0 <= value <= 1.0 for value in (*short, *long))
+    assert short == phase2.heldout_accuracy(model_dir, max_seq_length=64, max_instances=16)  # the same masks
