@@ -349,7 +349,9 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> 
         raise CheckpointError(
             f"Checkpoint {checkpoint} was saved by {saved_processes} processes but this run has "
             f"{accelerator.num_processes}; relaunch with "
-            f"`{relaunch_command(saved_processes, accelerator.device.type == 'cpu')}` to resume it exactly"
+            f"`{relaunch_command(saved_processes, accelerator.device.type == 'cpu')}` to resume it exactly (the "
+            "data position and per-process RNG streams depend on the process count), or start a new run from its "
+            f"weights with --model_name_or_path {checkpoint} and a new --output_dir"
         )
     try:
         check_readable(sorted(checkpoint.rglob("*")), _earlier_checkpoints_hint(checkpoint), torch_files=True)

@@ -256,7 +256,7 @@ def test_process_count_mismatch_is_refused(tmp_path):
     manifest = json.loads(manifest_path.read_text())
     manifest["num_processes"] = 4
     write_json_atomic(manifest_path, manifest)
-    with pytest.raises(CheckpointError, match=r"saved by 4 processes but this run has 1.*torchrun --nproc_per_node 4"):
+    with pytest.raises(CheckpointError, match=r"saved by 4 processes but this run has 1.*torchrun --nproc_per_node 4.*--model_name_or_path"):
         load_checkpoint(build_run()[0], tmp_path / "checkpoint-2")
 
 
