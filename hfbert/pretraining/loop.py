@@ -189,14 +189,13 @@ def log_training_row(
     row: dict[str, Any],
     bar: tqdm,
     precision: str,
-    with_tracking: bool,
-    output_dir: str | None = None,
+    run: RunSettings,
 ) -> None:
     """A training window's row (`TrainingWindow.row`: the one host synchronisation of a logging interval),
-    checked, into the log and the bar."""
+    checked, into the log (and the tracker, --with_tracking) and the bar."""
     learning_rate = row["learning_rate"]
-    check_loss_is_finite(torch.tensor(row["loss"]), precision, row["step"], learning_rate, output_dir)
-    log_row(accelerator, progress, row, with_tracking)
+    check_loss_is_finite(torch.tensor(row["loss"]), precision, row["step"], learning_rate, run.output_dir)
+    log_row(accelerator, progress, row, run.with_tracking)
     bar.set_postfix(
         mlm=f"{row['train_mlm_loss']:.3f}",
         mlm_acc=f"{row['train_mlm_accuracy']:.3f}",
@@ -250,9 +249,8 @@ def fit(
             for batch in epoch_batches(accelerator, train_loader, epoch, progress):
                 learning_rate = budget.schedule(progress.completed_steps, seconds)
                 set_learning_rate(state.optimizer, learning_rate)
-                outputs, loss = train_step(
-                    accelerator, state, batch, learning_rate, optimization, precision, run.output_dir
-                )
+                step_args = (learning_rate, optimization, precision, run.output_dir)
+                outputs, loss = train_step(accelerator, state, batch, *step_args)
                 progress.batch_in_epoch += 1
                 window.add(outputs, loss, batch)
                 if not accelerator.sync_gradients:
@@ -265,9 +263,7 @@ def fit(
                 log_due = is_due(step, run.logging_steps) or step == budget.max_train_steps
                 if log_due:
                     row = window.row(accelerator, progress, epoch, learning_rate, flops)
-                    log_training_row(
-                        accelerator, progress, row, bar, precision, run.with_tracking, run.output_dir
-                    )
+                    log_training_row(accelerator, progress, row, bar, precision, run)
                     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
                 if is_due(step, run.eval_steps):
                     metrics = run_evaluation(accelerator, state, eval_loader, run.with_tracking)
@@ -285,10 +281,17 @@ def fit(
                 clock = time.perf_counter()
         bar.close()
         metrics = final_metrics(accelerator, state, eval_loader, run.with_tracking, metrics)
-        if preemption.agreed(accelerator, due=True):  # a signal after the last update, e.g. in that evaluation
-            saved = (Path(checkpoints.output_dir) / f"checkpoint-{progress.completed_steps}").is_dir()
-            stop_for_preemption(accelerator, progress, checkpoints, preemption.signal_number, saved)
+        stop_if_signalled(accelerator, progress, checkpoints, preemption)
     return metrics
+
+
+def stop_if_signalled(
+    accelerator: Accelerator, progress: TrainingProgress, checkpoints: CheckpointWriter, preemption: PreemptionSignals
+) -> None:
+    """After the last update (e.g. during the final evaluation): a signal still leaves a checkpoint."""
+    if preemption.agreed(accelerator, due=True):
+        saved = (Path(checkpoints.output_dir) / f"checkpoint-{progress.completed_steps}").is_dir()
+        stop_for_preemption(accelerator, progress, checkpoints, preemption.signal_number, saved)
 
 
 def epoch_batches(
