@@ -2,6 +2,8 @@
 
 import json
 import random
+import subprocess
+import sys
 from unittest import mock
 
 import datasets
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_config
+from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
 from hfbert.finetune import (
@@ -185,3 +188,21 @@ def test_few_labels_are_drawn_evenly_across_classes():
     chosen = few_labels(train, 12, seed=0)
     assert sorted(np.bincount(chosen["labels"])) == [4, 4, 4]
     assert few_labels(train, 12, seed=0)["labels"] == chosen["labels"]
+
+
+@pytest.mark.slow
+def test_the_folders_tokenizer_loads_without_a_prompt_with_hfbert_imported_or_trust_remote_code(folder):
+    # transformers 5 reads config.json (whose auto_map names remote code) before tokenizer_config.json, so a
+    # bare AutoTokenizer.from_pretrained(folder) asks "run the custom code? [y/N]"; these two ways never do.
+    with mock.patch("builtins.input", side_effect=AssertionError("AutoTokenizer asked a question")):
+        assert "Bert" in type(AutoTokenizer.from_pretrained(folder)).__name__  # hfbert is imported here
+    script = (
+        "import sys; from transformers import AutoTokenizer; "
+        f"t = AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True); "
+        "assert 'hfbert' not in sys.modules; print(type(t).__name__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Bert" in result.stdout and "custom code" not in result.stdout + result.stderr
