@@ -112,12 +112,25 @@ def finetune_args(
     ]  # fmt: skip
 
 
+def finetuned(argv: list[str]) -> dict:
+    """`hfbert.finetune`'s results for `argv`, read back where an earlier run with the same folder and settings
+    left them: a model and its random twin that chose the same rate share one run, and a stopped benchmark
+    goes on where it stopped."""
+    settings = {key: value for key, value in vars(finetune.parse_args(argv)).items() if key != "model_dir"}
+    path = Path(settings["output_dir"]) / finetune.RESULTS_NAME
+    if path.is_file():
+        results = json.loads(path.read_text())
+        if results["model_dir"] == argv[0] and results["settings"] == json.loads(json.dumps(settings)):
+            return results
+    return finetune.main(argv)
+
+
 def best_rates(folder: str, paths, size: int, args, work_dir: Path) -> dict[str, tuple[float, float]]:
     """Per model (pretrained, random_init): the learning rate with the best mean tuning-split accuracy."""
     best: dict[str, tuple[float, float]] = {}
     for rate in args.learning_rates:
         out = work_dir / f"tune-{Path(folder).name}-{size}-{rate:g}"
-        results = finetune.main(finetune_args(folder, paths, "tune", size, rate, args, out))
+        results = finetuned(finetune_args(folder, paths, "tune", size, rate, args, out))
         for name, model in results["models"].items():
             accuracy = model["summary"]["accuracy"]["mean"]
             if name not in best or accuracy > best[name][1]:
@@ -129,11 +142,7 @@ def test_split_accuracy(
     folder: str, paths, size: int, rate: float, args, work_dir: Path, model: str
 ) -> list[float]:
     out = work_dir / f"test-{Path(folder).name}-{size}-{rate:g}"
-    results_path = out / finetune.RESULTS_NAME
-    if results_path.is_file():  # the pretrained model and its random twin chose the same rate
-        results = json.loads(results_path.read_text())
-    else:
-        results = finetune.main(finetune_args(folder, paths, "test", size, rate, args, out))
+    results = finetuned(finetune_args(folder, paths, "test", size, rate, args, out))
     return results["models"][model]["summary"]["accuracy"]["per_seed"]
 
 

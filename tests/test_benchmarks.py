@@ -3,6 +3,7 @@
 import json
 import sys
 from pathlib import Path
+from unittest import mock
 
 import datasets
 import pytest
@@ -244,3 +245,18 @@ def test_downstream_chooses_each_models_rate_on_the_tuning_split_and_reports_the
             json.loads(test_run.read_text())["evaluation_examples"] == 30
         )  # the test split, not the tuning one
     assert 0.0 <= report["naive_bayes"][12] <= 1.0
+    with mock.patch.object(downstream.finetune, "main", side_effect=AssertionError("fine-tuned again")):
+        assert downstream.main(argv)["folders"] == report["folders"]  # a second run reads the results back
+
+
+@pytest.mark.slow
+def test_bench_run_memory_splits_each_runs_peak_at_the_end_of_the_data_stage(monkeypatch, capsys):
+    from benchmarks import bench_run_memory
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    argv = ["--copies", "1", "2", "--dupe_factor", "1", "--max_train_steps", "2", "--vocab_size", "300"]
+    small, large = bench_run_memory.main(argv)
+    assert large["instances"] > 1.5 * small["instances"] and large["corpus_mib"] > 1.9 * small["corpus_mib"]
+    assert all(row["data_mib"] > 100 and row["loop_mib"] > 100 for row in (small, large))  # torch alone is more
+    report = capsys.readouterr().out
+    assert "| corpus MiB | training instances |" in report and "MiB per million" in report
