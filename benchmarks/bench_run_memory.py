@@ -31,20 +31,21 @@ DATA_STAGE_DONE = "training instances"  # run.py logs it once the instances (and
 MIB = 1024 * 1024
 
 
-def rss_bytes(pid: int) -> int | None:
+def resident_bytes(pid: int) -> dict[str, int]:
+    """VmRSS (all resident pages) and RssAnon (the process's own memory: not file pages the kernel can drop)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None
+        return {}
+    fields = dict(line.split(":", 1) for line in lines if line.startswith(("VmRSS:", "RssAnon:")))
+    return {name: int(value.split()[0]) * 1024 for name, value in fields.items()}
 
 
 def run_and_sample(command: list[str], env: dict[str, str]) -> dict[str, float]:
-    """Runs `command`; returns the peak RSS before and after the data stage closed, the instances and seconds."""
+    """Runs `command`; returns the peak RSS and anonymous RSS before and after the data stage closed, the
+    instances and the seconds."""
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peaks = {"data": 0, "loop": 0}
+    peaks = {(phase, field): 0 for phase in ("data", "loop") for field in ("VmRSS", "RssAnon")}
     phase = ["data"]  # the reader thread moves it on; the sampler reads it
     lines: list[str] = []
 
@@ -58,17 +59,17 @@ def run_and_sample(command: list[str], env: dict[str, str]) -> dict[str, float]:
     reader.start()
     start = time.perf_counter()
     while process.poll() is None:
-        rss = rss_bytes(process.pid)
-        if rss is not None:
-            peaks[phase[0]] = max(peaks[phase[0]], rss)
+        for field, value in resident_bytes(process.pid).items():
+            peaks[phase[0], field] = max(peaks[phase[0], field], value)
         time.sleep(0.02)
     reader.join()
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(command)} exited {process.returncode}:\n{''.join(lines[-20:])}")
     summary = next(line for line in lines if DATA_STAGE_DONE in line)
     instances = int(summary.split(DATA_STAGE_DONE)[0].split()[-1])
-    return {"data_mib": peaks["data"] / MIB, "loop_mib": peaks["loop"] / MIB, "instances": instances,
-            "seconds": time.perf_counter() - start}  # fmt: skip
+    return {"data_mib": peaks["data", "VmRSS"] / MIB, "data_anon_mib": peaks["data", "RssAnon"] / MIB,
+            "loop_mib": peaks["loop", "VmRSS"] / MIB, "loop_anon_mib": peaks["loop", "RssAnon"] / MIB,
+            "instances": instances, "seconds": time.perf_counter() - start}  # fmt: skip
 
 
 def generated_corpus(folder: Path, copies: int) -> Path:
@@ -127,14 +128,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
 
     print(f"Peak RSS of run_pretraining.py (tiny, --dupe_factor {args.dupe_factor}, {args.max_train_steps} updates); "
           f"{describe_machine(torch.device('cpu'))}\n")  # fmt: skip
-    print("| corpus MiB | training instances | data stage peak MiB | loop peak MiB | seconds |\n|---:|---:|---:|---:|---:|")
+    print("| corpus MiB | training instances | data stage peak MiB (anonymous) | loop peak MiB (anonymous) | seconds |"
+          "\n|---:|---:|---:|---:|---:|")  # fmt: skip
     for row in rows:
-        print(f"| {row['corpus_mib']:.1f} | {row['instances']:,} | {row['data_mib']:.0f} | {row['loop_mib']:.0f} | "
-              f"{row['seconds']:.0f} |")  # fmt: skip
+        print(f"| {row['corpus_mib']:.1f} | {row['instances']:,} | {row['data_mib']:.0f} ({row['data_anon_mib']:.0f}) | "
+              f"{row['loop_mib']:.0f} ({row['loop_anon_mib']:.0f}) | {row['seconds']:.0f} |")  # fmt: skip
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
         extra = (last["instances"] - first["instances"]) / 1e6
-        for key, name in (("data_mib", "data stage"), ("loop_mib", "loop")):
+        keys = ("data_mib", "data_anon_mib", "loop_mib", "loop_anon_mib")
+        names = ("data stage", "data stage, anonymous", "loop", "loop, anonymous")
+        for key, name in zip(keys, names, strict=True):
             print(f"\n{name}: {last[key] - first[key]:+.0f} MiB for {extra:.2f}M more instances "
                   f"({(last[key] - first[key]) / extra:.0f} MiB per million)")  # fmt: skip
     return rows

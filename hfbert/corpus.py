@@ -48,6 +48,9 @@ SHIPPED_SAMPLE_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw
 _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 DOCUMENT_FEATURES = datasets.Features({"paragraphs": datasets.List(datasets.Value("string"))})
 _ROWS_PER_READ = 1000
+# Documents per Arrow write and per datasets.map batch: a batch's Python lists (and the tokenizer's encodings)
+# are held at once, and datasets' default of 1,000 rows would hold a corpus of long documents whole.
+DOCUMENTS_PER_BATCH = 32
 _HUB_PROBE_TIMEOUT_S = 10
 _UTF8_CHECK_BYTES_PER_READ = 1 << 24
 
@@ -350,6 +353,7 @@ def _group_split(
             features=DOCUMENT_FEATURES,
             gen_kwargs=gen_kwargs,
             split=datasets.NamedSplit(split),
+            writer_batch_size=DOCUMENTS_PER_BATCH,
             # The source's fingerprint names its content; hashing the Dataset object itself would be slow.
             fingerprint=Hasher.hash(
                 ["hfbert.corpus.iter_documents", rows._fingerprint, text_column, boundary]

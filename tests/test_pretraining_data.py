@@ -9,6 +9,7 @@ from tokenizers import normalizers
 from transformers import AutoTokenizer
 
 import hfbert.pretraining.data as pretraining_data
+from hfbert.corpus import DOCUMENTS_PER_BATCH
 from hfbert.pretraining.data import (
     build_mlm_instances,
     build_nsp_instances,
@@ -296,6 +297,32 @@ def test_mlm_instances_cut_each_document_into_full_segments(tokenized, sample_to
             rebuilt += segment
         assert rebuilt == stream
     assert next(segments, None) is None
+
+
+def test_documents_go_through_tokenizing_and_instances_a_bounded_batch_at_a_time(sample_tokenizer, monkeypatch):
+    """datasets' default batch of 1,000 documents held a small corpus of long documents whole, so the data
+    stage's peak memory grew with the corpus (benchmarks/bench_run_memory.py)."""
+    sentence = "The cat sat on the mat . It was warm there ."
+    documents = Dataset.from_dict({"paragraphs": [[sentence] * 3] * (3 * DOCUMENTS_PER_BATCH + 1)})
+    batch_sizes = defaultdict(list)
+    def recording(name):
+        original = getattr(pretraining_data, name)
+
+        def record_then_call(batch, *args, **kwargs):
+            batch_sizes[name].append(len(next(iter(batch.values()))))
+            return original(batch, *args, **kwargs)
+
+        return record_then_call
+
+    for name in ("_tokenize_batch", "_build_instances_batch", "_build_segments_batch"):
+        monkeypatch.setattr(pretraining_data, name, recording(name))
+    tokenized = tokenize_documents(documents, sample_tokenizer)
+    build(tokenized, sample_tokenizer)
+    ids = {"cls_token_id": sample_tokenizer.cls_token_id, "sep_token_id": sample_tokenizer.sep_token_id}
+    build_mlm_instances(tokenized, max_seq_length=MAX_SEQ_LENGTH, **ids)
+    assert set(batch_sizes) == {"_tokenize_batch", "_build_instances_batch", "_build_segments_batch"}
+    for sizes in batch_sizes.values():
+        assert max(sizes) == DOCUMENTS_PER_BATCH and sum(sizes) >= len(documents)
 
 
 def fail(*args, **kwargs):

@@ -27,7 +27,7 @@ from datasets.fingerprint import Hasher
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.corpus import load_documents, naming_cache_failures
+from hfbert.corpus import DOCUMENTS_PER_BATCH, load_documents, naming_cache_failures
 from hfbert.initialization import check_structured_attention_config
 from hfbert.pretraining.settings import CorpusArguments, DataSettings, ModelSettings, check_max_seq_length
 from hfbert.pretraining.source_model import SourceModel, source_run_config
@@ -192,6 +192,8 @@ def tokenize_documents(
     return documents.map(
         _tokenize_batch,
         batched=True,
+        batch_size=DOCUMENTS_PER_BATCH,
+        writer_batch_size=DOCUMENTS_PER_BATCH,
         num_proc=num_proc,
         remove_columns=documents.column_names,
         features=TOKENIZED_FEATURES,
@@ -282,6 +284,7 @@ def build_nsp_instances(
     return tokenized.map(
         _build_instances_batch,
         batched=True,
+        batch_size=DOCUMENTS_PER_BATCH,
         with_indices=True,
         num_proc=num_proc,
         remove_columns=tokenized.column_names,
@@ -367,6 +370,7 @@ def build_mlm_instances(
     return tokenized.map(
         _build_segments_batch,
         batched=True,
+        batch_size=DOCUMENTS_PER_BATCH,
         num_proc=num_proc,
         remove_columns=tokenized.column_names,
         features=MLM_INSTANCE_FEATURES,
