@@ -23,10 +23,14 @@ same source reads the cache instead of regrouping.
 
 from __future__ import annotations
 
+import bz2
 import codecs
 import contextlib
 import functools
+import gzip
 import hashlib
+import json
+import lzma
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -46,6 +50,9 @@ SHIPPED_SAMPLE_DIR = Path(__file__).parent / "data" / "wikitext-2-raw-sample"
 SHIPPED_SAMPLE_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw"}
 # Extensions with a structured `datasets` builder; every other extension is read as plain text.
 _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+# datasets decompresses these itself; the format is the suffix before (wiki.train.raw.gz is WikiText text).
+_OPEN_COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+_BINARY_CHECK_BYTES = 8000  # as git does: a NUL byte in the first 8,000 bytes means binary
 DOCUMENT_FEATURES = datasets.Features({"paragraphs": datasets.List(datasets.Value("string"))})
 _ROWS_PER_READ = 1000
 # Documents per Arrow write and per datasets.map batch: a batch's Python lists (and the tokenizer's encodings)
@@ -88,10 +95,20 @@ def clean_wikitext_line(line: str) -> str:
     return paragraph
 
 
+def format_suffix(path: str | os.PathLike) -> str:
+    """The suffix that names a file's format, behind a compression suffix datasets undoes (.gz, .bz2, .xz)."""
+    path = Path(path)
+    return path.with_suffix("").suffix if path.suffix in _OPEN_COMPRESSED else path.suffix
+
+
+def _open_binary(path: Path):
+    return _OPEN_COMPRESSED.get(path.suffix, open)(path, "rb")
+
+
 def _is_wikitext_source(args: CorpusArguments) -> bool:
     if args.dataset_name is not None:
         return "wikitext" in args.dataset_name.lower()
-    return args.train_file is None or Path(args.train_file).suffix == ".raw"
+    return args.train_file is None or format_suffix(args.train_file) == ".raw"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -103,7 +120,7 @@ def resolve_document_boundary(args: CorpusArguments) -> DocumentBoundary:
         return args.document_boundary
     if _is_wikitext_source(args):
         return "heading"
-    if args.train_file is not None and Path(args.train_file).suffix not in _BUILDER_BY_EXTENSION:
+    if args.train_file is not None and format_suffix(args.train_file) not in _BUILDER_BY_EXTENSION:
         return "blank_line"
     return "row"
 
@@ -244,7 +261,7 @@ def find_invalid_utf8(path: str | os.PathLike) -> tuple[int, int, bytes] | None:
     Reads the file in 16 MB pieces (a truncated sequence at the very end counts as invalid).
     """
     offset, line, pending = 0, 1, b""
-    with open(path, "rb") as file:
+    with _open_binary(Path(path)) as file:
         while chunk := file.read(_UTF8_CHECK_BYTES_PER_READ):
             data = pending + chunk
             try:
@@ -261,30 +278,70 @@ def find_invalid_utf8(path: str | os.PathLike) -> tuple[int, int, bytes] | None:
     return (offset, line, pending) if pending else None
 
 
+def find_binary_bytes(path: str | os.PathLike) -> int | None:
+    """Byte offset of the first NUL byte in the first 8,000 bytes of ``path`` (decompressed), else None: text
+    files have none, binary files (and a file of NULs) almost always do."""
+    with _open_binary(Path(path)) as file:
+        offset = file.read(_BINARY_CHECK_BYTES).find(b"\0")
+    return None if offset < 0 else offset
+
+
+def find_invalid_json_line(path: str | os.PathLike) -> tuple[int, str] | None:
+    """``(line number, reason)`` of the first non-empty line of a JSON Lines file that is not a JSON object."""
+    with _open_binary(Path(path)) as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as error:
+                return number, str(error)
+            if not isinstance(row, dict):
+                return number, f"it is a JSON {type(row).__name__}, not an object"
+    return None
+
+
+def _unreadable_file_error(split: str, path: Path) -> CorpusError | None:
+    """A CorpusError naming what is wrong with ``path`` (not UTF-8, a bad JSON line), else None."""
+    if format_suffix(path) == ".parquet":
+        return None
+    flag = _flag_of(split)
+    invalid = find_invalid_utf8(path)
+    if invalid is not None:
+        offset, line, bad_bytes = invalid
+        return CorpusError(
+            f"{flag} {path} is not valid UTF-8: byte 0x{bad_bytes[0]:02x} at byte offset {offset} "
+            f"(line {line}) cannot be decoded. Convert the file to UTF-8 and pass the converted file, e.g. "
+            f"`iconv -f latin1 -t utf-8 {path} > {path.with_suffix('.utf8' + path.suffix)}` (replace latin1 "
+            "by the file's encoding if it is another one; `file -i` guesses it)"
+        )
+    if format_suffix(path) == ".jsonl":  # a .json file may also be one document spread over lines
+        bad_line = find_invalid_json_line(path)
+        if bad_line is not None:
+            number, reason = bad_line
+            return CorpusError(
+                f"{flag} {path} line {number} is not a JSON object ({reason}); JSON Lines files hold one object "
+                "per line, such as {\"text\": \"...\"}: fix or remove that line"
+            )
+    return None
+
+
 @contextlib.contextmanager
 def _naming_undecodable_files(files: dict[str, Path]) -> Iterator[None]:
-    """Turn a failure while reading ``files`` into a CorpusError naming the first one that is not UTF-8.
+    """Turn a failure while reading ``files`` into a CorpusError naming the first file that is not UTF-8 or
+    (JSON Lines) has a line that is not a JSON object.
 
-    The files are checked only after something failed (datasets reports a UnicodeDecodeError, wrapped in a
-    DatasetGenerationError, without the file, and with a position inside its read buffer); other failures
-    pass through unchanged.
+    The files are checked only after something failed (datasets reports a UnicodeDecodeError, a schema or
+    Arrow error, wrapped in a DatasetGenerationError, without the file, and with a position inside its read
+    buffer); other failures pass through unchanged.
     """
     try:
         yield
     except Exception as error:
         for split, path in files.items():
-            if path.suffix == ".parquet":
-                continue
-            invalid = find_invalid_utf8(path)
-            if invalid is None:
-                continue
-            offset, line, bad_bytes = invalid
-            raise CorpusError(
-                f"{_flag_of(split)} {path} is not valid UTF-8: byte 0x{bad_bytes[0]:02x} at byte offset {offset} "
-                f"(line {line}) cannot be decoded. Convert the file to UTF-8 and pass the converted file, e.g. "
-                f"`iconv -f latin1 -t utf-8 {path} > {path.with_suffix('.utf8' + path.suffix)}` (replace latin1 "
-                "by the file's encoding if it is another one; `file -i` guesses it)"
-            ) from error
+            named = _unreadable_file_error(split, path)
+            if named is not None:
+                raise named from error
         raise
 
 
@@ -298,7 +355,13 @@ def _load_local_files(
             raise CorpusError(f"{flag} {path} does not exist or is not a file; pass the path of a text file")
         if path.stat().st_size == 0:
             raise CorpusError(f"{flag} {path} is empty; pass a file with text")
-    extensions = {path.suffix for path in files.values()}
+        binary_at = None if format_suffix(path) == ".parquet" else find_binary_bytes(path)
+        if binary_at is not None:
+            raise CorpusError(
+                f"{flag} {path} is not a text file: it has a NUL byte at byte offset {binary_at}, as binary files "
+                "do; pass a text file (.txt or WikiText .raw, UTF-8) or a .jsonl/.csv/.parquet file"
+            )
+    extensions = {format_suffix(path) for path in files.values()}
     builders = {_BUILDER_BY_EXTENSION.get(extension, "text") for extension in extensions}
     if len(builders) > 1:
         raise CorpusError(

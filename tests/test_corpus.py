@@ -1,6 +1,7 @@
 """hfbert.corpus: every source gives cleaned documents; bad input gives one clear CorpusError."""
 
 import csv
+import gzip
 import json
 import shutil
 import time
@@ -97,6 +98,10 @@ def test_wikitext_line_rules(line, paragraph, starts_article):
         (CorpusArguments(train_file="rows.jsonl"), "row"),
         (CorpusArguments(train_file="rows.csv"), "row"),
         (CorpusArguments(train_file="books.txt", document_boundary="row"), "row"),
+        # Compressed files (datasets decompresses them) keep their format's default.
+        (CorpusArguments(train_file="wiki.train.raw.gz"), "heading"),
+        (CorpusArguments(train_file="books.txt.bz2"), "blank_line"),
+        (CorpusArguments(train_file="rows.jsonl.xz"), "row"),
     ],
 )
 def test_document_boundary_defaults(arguments, boundary):
@@ -341,6 +346,37 @@ def test_invalid_utf8_in_a_jsonl_file_is_named(tmp_path):
         CorpusError, match=r"rows\.jsonl is not valid UTF-8: byte 0xe9 at byte offset 30 \(line 2\)"
     ):
         load_documents(CorpusArguments(train_file=str(path)))
+
+
+@pytest.mark.parametrize(
+    ("content", "offset"), [(bytes(range(256)) * 40, 0), (b"A title line\n" + b"\0" * 5000, 13)]
+)
+def test_a_binary_file_is_named_as_not_text(tmp_path, content, offset):
+    """A binary file got the iconv advice of a text file in another encoding; a file of NULs got datasets'
+    SchemaInferenceError."""
+    path = tmp_path / "model.raw"
+    path.write_bytes(content)
+    with pytest.raises(CorpusError, match=rf"model\.raw is not a text file: it has a NUL byte at byte offset {offset}"):
+        load_documents(CorpusArguments(train_file=str(path)))
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl", "rows.jsonl.gz"])
+def test_a_bad_jsonl_line_is_named(tmp_path, name):
+    """A line that is not JSON surfaced as datasets' DatasetGenerationError (from pyarrow's ArrowInvalid)."""
+    path = tmp_path / name
+    content = b'{"text": "fine"}\n\n{"text": broken}\n{"text": "fine too"}\n'
+    path.write_bytes(gzip.compress(content) if name.endswith(".gz") else content)
+    with pytest.raises(CorpusError, match=rf"{name} line 3 is not a JSON object \(Expecting value"):
+        load_documents(CorpusArguments(train_file=str(path)))
+
+
+def test_a_compressed_wikitext_file_is_read_as_wikitext(tmp_path):
+    """wiki.train.raw.gz was split at blank lines with its headings kept as text."""
+    plain = SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["validation"]
+    path = tmp_path / "wiki.valid.raw.gz"
+    path.write_bytes(gzip.compress(plain.read_bytes()))
+    expected = load_documents(CorpusArguments(train_file=str(plain)))["train"]["paragraphs"]
+    assert load_documents(CorpusArguments(train_file=str(path)))["train"]["paragraphs"] == expected
 
 
 def test_a_read_only_datasets_cache_is_named_with_the_fix(read_only_folder, monkeypatch):
