@@ -12,6 +12,7 @@ HfBertForMaskedLM, BertForPreTraining <-> HfBertForPreTraining, and so on.
 import argparse
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import transformers
@@ -57,6 +58,21 @@ def _architecture(config: transformers.PretrainedConfig, source: str) -> str:
     return architectures[0]
 
 
+# Weights a folder may lack and still be the model it says: heads, which start fresh or are the task's own (a
+# BertForMaskedLM folder lacks the NSP head and the pooler).
+HEAD_WEIGHT_PREFIXES = ("cls.", "bert.pooler.", "classifier.", "qa_outputs.")
+_MISMATCH_FIX = "its config.json and weights do not belong together: copy or download the folder again"
+
+
+def check_encoder_weights_loaded(folder: str, missing_keys: Sequence[str], fix: str) -> None:
+    """Refuse a model whose encoder weights were not all in `folder` (e.g. a config.json with more layers than
+    model.safetensors holds): from_pretrained fills them with random values and carries on."""
+    body = [key for key in missing_keys if not key.startswith(HEAD_WEIGHT_PREFIXES)]
+    if body:
+        shown = ", ".join(body[:4]) + (", ..." if len(body) > 4 else "")
+        raise ValueError(f"{folder} lacks encoder weights that its config.json asks for ({shown}); {fix}")
+
+
 def check_source(source: str | os.PathLike) -> Path:
     """`source` as a Path, after naming any truncated or garbled JSON / safetensors file in it (ValueError)."""
     source = Path(source)
@@ -84,7 +100,8 @@ def to_transformers(hfbert_dir: str | os.PathLike, output_dir: str | os.PathLike
     source = check_source(hfbert_dir)
     config = HfBertConfig.from_pretrained(source)
     hfbert_architecture = _architecture(config, str(source))
-    model = getattr(hfbert, hfbert_architecture).from_pretrained(source)
+    model, info = getattr(hfbert, hfbert_architecture).from_pretrained(source, output_loading_info=True)
+    check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
     bert_class = getattr(transformers, hfbert_architecture.replace("HfBert", "Bert", 1))
     bert = bert_class(bert_config_for(config))
     bert.load_state_dict(model.state_dict(), strict=True)
@@ -99,7 +116,8 @@ def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike
     bert_architecture = _architecture(config, str(source))
     if not bert_architecture.startswith("Bert"):
         raise ValueError(f"{source} holds a {bert_architecture}, not a BERT model.")
-    bert = getattr(transformers, bert_architecture).from_pretrained(source)
+    bert, info = getattr(transformers, bert_architecture).from_pretrained(source, output_loading_info=True)
+    check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
     model_class = getattr(hfbert, bert_architecture.replace("Bert", "HfBert", 1))
     model = model_class(hfbert_config_for(config))
     model.load_state_dict(bert.state_dict(), strict=True)

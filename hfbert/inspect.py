@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
@@ -40,6 +41,7 @@ from hfbert.analysis import (
     similarity_tables,
     write_text,
 )
+from hfbert.convert import check_encoder_weights_loaded
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable
 from hfbert.pretraining.samples import MASK, SamplesError, choose_masked_word
 from hfbert.pretraining.samples import write_samples as write_samples_of
@@ -112,6 +114,20 @@ def check_index(name: str, value: int, count: int, what: str) -> None:
         )
 
 
+def check_device(device: str) -> None:
+    """Refuse a --device that torch cannot parse or this machine does not have, before the model loads."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise InspectError(f"--device {device} is not a torch device ({error}); pass cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InspectError(f"--device {device}: this machine has no CUDA device torch can use; pass --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise InspectError(
+            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); pass an index below it"
+        )
+
+
 def check_length(tokenizer: Any, what: str, text: str, text_pair: str | None, limit: int) -> None:
     length = len(tokenizer(text, text_pair)["input_ids"])
     if length > limit:
@@ -128,11 +144,16 @@ class Inspector(ModelAnalysis):
 
     def __init__(self, checkpoint: Path, tokenizer_folder: Path, device: str = "cpu"):
         self.checkpoint = checkpoint
+        check_device(device)
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
             model, info = AutoModelForPreTraining.from_pretrained(
                 checkpoint, attn_implementation="eager", output_loading_info=True
             )
+        try:
+            check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
+        except ValueError as error:
+            raise InspectError(str(error)) from None
         masked_lm = partial(AutoModelForMaskedLM.from_pretrained, checkpoint)
         super().__init__(model, tokenizer, info["missing_keys"], masked_lm, device)
 

@@ -83,3 +83,26 @@ def test_a_damaged_source_file_is_named_and_nothing_is_written(tmp_path, directi
         main([direction, str(source), str(tmp_path / "out")])
     assert f"{source / name} is " in str(error.value) and "copy or download" in str(error.value)
     assert not (tmp_path / "out").exists()
+
+
+def more_layers_in_config(folder) -> None:
+    """config.json asks for a layer that model.safetensors does not hold (a folder assembled from two runs)."""
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] += 1
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("direction", ["to-transformers", "from-transformers"])
+def test_a_config_with_more_layers_than_the_weights_is_refused(tmp_path, direction):
+    """The missing layer was filled with random values and the conversion exited 0."""
+    source = tmp_path / "source"
+    if direction == "to-transformers":
+        HfBertForPreTraining(tiny_config()).save_pretrained(source)
+    else:
+        from hfbert.convert import bert_config_for
+
+        transformers.BertForPreTraining(bert_config_for(tiny_config())).save_pretrained(source)
+    more_layers_in_config(source)
+    with pytest.raises(ValueError, match=r"lacks encoder weights that its config.json asks for \(.*layer\.2\."):
+        main([direction, str(source), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

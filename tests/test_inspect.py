@@ -181,6 +181,29 @@ def test_heads_missing_from_the_folder_are_refused(tmp_path, sample_tokenizer):
     assert inspect_checkpoint(mlm_only, text=TEXT, output_dir=tmp_path / "out").fill_mask is not None
 
 
+def test_a_config_with_more_layers_than_the_weights_is_refused(checkpoint, tmp_path):
+    """The missing layer was filled with random values and inspect reported on that model, exit 0."""
+    from test_convert import more_layers_in_config
+
+    folder = tmp_path / "mixed"
+    shutil.copytree(checkpoint, folder)
+    more_layers_in_config(folder)
+    with pytest.raises(InspectError, match=r"lacks encoder weights that its config.json asks for \(.*layer\.2\."):
+        inspect_checkpoint(folder, text=TEXT, output_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_this_machine_lacks_is_refused_before_loading(checkpoint, tmp_path, capsys):
+    """--device cuda without CUDA ended in torch's raw error after the model had loaded."""
+    with pytest.raises(SystemExit):
+        main([str(checkpoint), "--text", TEXT, "--device", "cuda", "--output_dir", str(tmp_path / "out")])
+    assert "--device cuda: this machine has no CUDA device torch can use; pass --device cpu" in capsys.readouterr().err
+    with pytest.raises(InspectError, match="--device gpu0 is not a torch device"):
+        inspect_checkpoint(checkpoint, text=TEXT, device="gpu0", output_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_write_samples(checkpoint, tmp_path):
     model_dir = tmp_path / "run"
     shutil.copytree(checkpoint, model_dir)

@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoTokenizer, BertForPreTraining, PreTrain
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with AutoConfig)
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
-from hfbert.convert import bert_config_for, hfbert_config_for
+from hfbert.convert import bert_config_for, check_encoder_weights_loaded, hfbert_config_for
 from hfbert.files import check_local_files
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.settings import DataSettings, ModelSettings
@@ -34,9 +34,6 @@ _FIX = (
     "(config.json with model_type 'bert' and its weights) or a Hub id such as bert-base-uncased"
 )
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
-# BertForPreTraining's MLM and NSP heads (the pooler feeds NSP): the only weights a source may lack, as
-# a BertForMaskedLM folder lacks the NSP head and the pooler.
-_HEAD_PREFIXES = ("cls.", "bert.pooler.")
 
 
 @dataclass(frozen=True)
@@ -189,12 +186,7 @@ def source_run_config(source: SourceModel, dropout: float | None) -> HfBertConfi
 
 
 def _check_loading_info(source: SourceModel, missing: list[str], unexpected: list[str]) -> None:
-    body = [key for key in missing if not key.startswith(_HEAD_PREFIXES)]
-    if body:
-        raise ValueError(
-            f"{FLAG} {source.name} lacks encoder weights ({', '.join(body[:4])}{', ...' if len(body) > 4 else ''}); "
-            f"{_FIX}"
-        )
+    check_encoder_weights_loaded(f"{FLAG} {source.name}", missing, _FIX)
     if missing:
         logger.warning(f"{FLAG} {source.name} has no weights for {', '.join(missing)}: initialised fresh.")
     if unexpected:
