@@ -220,6 +220,13 @@ def push_to_hub(
         check_readable((folder / name for name in files), FINAL_FOLDER_FIX)
     except ValueError as error:
         raise ValueError(f"--push_to_hub: nothing was uploaded: {error}") from None
+    problem = hub_access_problem(token)
+    if problem is not None:  # asked in seconds, not after huggingface_hub's retries
+        raise ValueError(
+            f"--push_to_hub: nothing was uploaded: the Hub cannot be used ({problem}); log in with `hf auth login` "
+            f"or pass --hub_token, unset HF_HUB_OFFLINE, or check the network, then push the folder with "
+            f"`python -m hfbert.push {folder} --hub_model_id {repo_id}`"
+        )
     api = HfApi(token=token)
     repo_url = api.create_repo(repo_id, private=private, exist_ok=True)
     # create_commit with our own list (rather than upload_folder's patterns) keeps upload_file_set the single
@@ -229,20 +236,30 @@ def push_to_hub(
     return commit.commit_url
 
 
-def check_hub_access(repo_id: str, *, token: str | None = None, train_anyway: bool = False) -> None:
-    """Fail in seconds, before training, when a push at the end could not work: offline mode, no token, a
-    token the Hub refuses, or no network. With `train_anyway` the problem is only logged."""
+def hub_access_problem(token: str | None = None) -> str | None:
+    """Why the Hub cannot be used for a push right now (offline mode, no token, a token the Hub refuses, no
+    network), asked in seconds; None when it can."""
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
     try:
-        if constants.HF_HUB_OFFLINE:
-            raise ConnectionError("HF_HUB_OFFLINE is set")
         HfApi(token=token).whoami(token=token)
     # The causes (no token, HTTP errors, the HTTP client's network errors) share no base class worth naming.
     except Exception as error:
-        message = (
-            f"--push_to_hub {repo_id}: the Hub cannot be used ({type(error).__name__}: {error}); log in with "
-            "`hf auth login` or pass --hub_token, check the network, or add --train_if_hub_unreachable to train "
-            f"now and push later with `python -m hfbert.push OUTPUT_DIR --hub_model_id {repo_id}`"
-        )
-        if not train_anyway:
-            raise ValueError(message) from error
-        logger.warning(message)
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def check_hub_access(repo_id: str, *, token: str | None = None, train_anyway: bool = False) -> None:
+    """Fail in seconds, before training, when a push at the end could not work. With `train_anyway` the
+    problem is only logged."""
+    problem = hub_access_problem(token)
+    if problem is None:
+        return
+    message = (
+        f"--push_to_hub {repo_id}: the Hub cannot be used ({problem}); log in with `hf auth login` or pass "
+        "--hub_token, check the network, or add --train_if_hub_unreachable to train now and push later with "
+        f"`python -m hfbert.push OUTPUT_DIR --hub_model_id {repo_id}`"
+    )
+    if not train_anyway:
+        raise ValueError(message)
+    logger.warning(message)

@@ -115,6 +115,8 @@ def test_upload_file_set_is_the_final_model_only(tmp_path):
 def test_push_to_hub_uploads_exactly_the_file_set(tmp_path):
     folder = make_run_folder(tmp_path)
     with (
+        mock.patch("huggingface_hub.constants.HF_HUB_OFFLINE", False),
+        mock.patch.object(HfApi, "whoami", return_value={"name": "someone"}),
         mock.patch.object(HfApi, "create_repo") as create_repo,
         mock.patch.object(HfApi, "create_commit") as create_commit,
     ):

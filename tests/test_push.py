@@ -25,6 +25,8 @@ def run_folder(tmp_path, sample_tokenizer):
 def push(folder, capsys):
     commit = mock.Mock(commit_url="https://huggingface.co/me/m/commit/1")
     with (
+        mock.patch("huggingface_hub.constants.HF_HUB_OFFLINE", False),
+        mock.patch("huggingface_hub.HfApi.whoami", return_value={"name": "me"}),
         mock.patch("huggingface_hub.HfApi.create_repo", return_value=mock.Mock(repo_id="me/m")),
         mock.patch("huggingface_hub.HfApi.create_commit", return_value=commit) as create_commit,
     ):
@@ -69,3 +71,17 @@ def test_a_missing_folder_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "nope"), "--hub_model_id", "me/m"])
     assert "is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cause", ["offline", "network"])
+def test_an_unreachable_hub_is_named_and_nothing_is_uploaded(run_folder, cause):
+    """Offline (HF_HUB_OFFLINE) or without a network the push ended in a raw Hub traceback."""
+    offline = mock.patch("huggingface_hub.constants.HF_HUB_OFFLINE", cause == "offline")
+    no_network = mock.patch("huggingface_hub.HfApi.whoami", side_effect=ConnectionError("no route to host"))
+    create_commit = mock.patch("huggingface_hub.HfApi.create_commit")
+    with offline, no_network, create_commit as committed, pytest.raises(ValueError) as refused:
+        main([str(run_folder), "--hub_model_id", "me/m"])
+    expected = "HF_HUB_OFFLINE is set" if cause == "offline" else "ConnectionError: no route to host"
+    assert f"nothing was uploaded: the Hub cannot be used ({expected})" in str(refused.value)
+    assert f"python -m hfbert.push {run_folder} --hub_model_id me/m" in str(refused.value)
+    committed.assert_not_called()
