@@ -548,8 +548,34 @@ def _lock_holder(lock_path: Path) -> str:
     try:
         holder = json.loads(lock_path.read_text(encoding="utf-8"))
         return f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
+    except FileNotFoundError:
+        return f"a run whose {lock_path.name} was deleted"
     except (OSError, ValueError, KeyError, TypeError):  # the holder is still writing it
         return "a process that is still starting"
+
+
+def _folder_in_use(lock_path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"--output_dir {lock_path.parent} is in use by another training run ({_lock_holder(lock_path)}); "
+        "wait for it to finish or stop it, or pass another --output_dir. Two runs in one folder would "
+        "overwrite each other's checkpoints"
+    )
+
+
+def _lock_folder_itself(output_dir: Path) -> int | None:
+    """A descriptor of `output_dir` holding its exclusive flock, which deleting the lock file cannot release.
+    None where the filesystem cannot flock a directory (NFS turns flock into POSIX locks, which need a writable
+    descriptor): the lock file alone holds the folder there."""
+    fd = os.open(output_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _folder_in_use(output_dir / RUN_LOCK_NAME) from None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _open_locked(lock_path: Path) -> int:
@@ -560,11 +586,7 @@ def _open_locked(lock_path: Path) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise CheckpointError(
-                f"--output_dir {lock_path.parent} is in use by another training run ({_lock_holder(lock_path)}); "
-                "wait for it to finish or stop it, or pass another --output_dir. Two runs in one folder would "
-                "overwrite each other's checkpoints"
-            ) from None
+            raise _folder_in_use(lock_path) from None
         try:
             same_file = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
         except FileNotFoundError:
@@ -579,10 +601,11 @@ def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True)
     """Hold `output_dir` for this run: a second run on the same folder is refused with `CheckpointError`
     naming the holder's pid, host and start time.
 
-    The lock is a flock on `output_dir/.hfbert-run.lock` (created with the folder if needed), so the kernel
-    releases it when the holder dies, even by SIGKILL: a crashed run never blocks the next. Take it on the
-    main process only, before anything else reads or writes the folder. On exit the lock file is removed, and
-    the folder too if this run created it and left nothing in it.
+    The lock is a flock on the folder (created if needed) and on `output_dir/.hfbert-run.lock`, which names the
+    holder; the kernel releases both when the holder dies, even by SIGKILL: a crashed run never blocks the
+    next, and a deleted lock file does not let a second run in. Take it on the main process only, before
+    anything else reads or writes the folder. On exit the lock file is removed, and the folder too if this run
+    created it and left nothing in it.
     """
     output_dir = Path(output_dir)
     if not main_process or fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
@@ -592,7 +615,13 @@ def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True)
     created = not output_dir.exists()
     output_dir.mkdir(parents=True, exist_ok=True)
     lock_path = output_dir / RUN_LOCK_NAME
-    fd = _open_locked(lock_path)
+    folder_fd = _lock_folder_itself(output_dir)
+    try:
+        fd = _open_locked(lock_path)
+    except BaseException:
+        if folder_fd is not None:
+            os.close(folder_fd)
+        raise
     try:
         # Written in place, not via a renamed temporary file: the flock belongs to this file's inode.
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
@@ -603,5 +632,7 @@ def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True)
         # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.
         lock_path.unlink(missing_ok=True)
         os.close(fd)
+        if folder_fd is not None:
+            os.close(folder_fd)
         if created and not any(output_dir.iterdir()):
             output_dir.rmdir()

@@ -427,6 +427,18 @@ def test_a_held_run_folder_refuses_a_second_run_naming_the_holder(tmp_path):
     assert not output_dir.exists()  # created for the lock, left empty: removed with it
 
 
+def test_deleting_the_lock_file_does_not_let_a_second_run_in(tmp_path):
+    """The lock was the file's alone: once someone deleted .hfbert-run.lock, a second run locked a new file."""
+    output_dir = tmp_path / "run"
+    with run_folder_lock(output_dir):
+        (output_dir / RUN_LOCK_NAME).unlink()
+        refused = rf"in use by another training run \(a run whose {RUN_LOCK_NAME} was deleted\)"
+        with pytest.raises(CheckpointError, match=refused), run_folder_lock(output_dir):
+            pass
+    with run_folder_lock(output_dir):  # released with the first run
+        pass
+
+
 def test_the_lock_is_released_and_removed_when_the_run_fails(tmp_path):
     output_dir = tmp_path / "run"
     output_dir.mkdir()
