@@ -23,20 +23,19 @@ same source reads the cache instead of regrouping.
 
 from __future__ import annotations
 
-import bz2
 import codecs
 import contextlib
 import functools
-import gzip
 import hashlib
 import json
-import lzma
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import datasets
+import fsspec
 from datasets.fingerprint import Hasher
+from fsspec.utils import infer_compression
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
@@ -50,8 +49,6 @@ SHIPPED_SAMPLE_DIR = Path(__file__).parent / "data" / "wikitext-2-raw-sample"
 SHIPPED_SAMPLE_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw"}
 # Extensions with a structured `datasets` builder; every other extension is read as plain text.
 _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
-# datasets decompresses these itself; the format is the suffix before (wiki.train.raw.gz is WikiText text).
-_OPEN_COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 _BINARY_CHECK_BYTES = 8000  # as git does: a NUL byte in the first 8,000 bytes means binary
 DOCUMENT_FEATURES = datasets.Features({"paragraphs": datasets.List(datasets.Value("string"))})
 _ROWS_PER_READ = 1000
@@ -96,13 +93,14 @@ def clean_wikitext_line(line: str) -> str:
 
 
 def format_suffix(path: str | os.PathLike) -> str:
-    """The suffix that names a file's format, behind a compression suffix datasets undoes (.gz, .bz2, .xz)."""
+    """The suffix that names a file's format, behind a compression suffix that datasets (through fsspec) undoes:
+    wiki.train.raw.gz is WikiText text."""
     path = Path(path)
-    return path.with_suffix("").suffix if path.suffix in _OPEN_COMPRESSED else path.suffix
+    return path.with_suffix("").suffix if infer_compression(str(path)) else path.suffix
 
 
-def _open_binary(path: Path):
-    return _OPEN_COMPRESSED.get(path.suffix, open)(path, "rb")
+def _open_binary(path: Path) -> fsspec.core.OpenFile:
+    return fsspec.open(str(path), "rb", compression="infer")  # decompressed as datasets reads it
 
 
 def _is_wikitext_source(args: CorpusArguments) -> bool:
