@@ -104,6 +104,13 @@ def data_source(dataset_name: str | None, dataset_config_name: str | None) -> st
     return "the corpus named `corpus` in the training configuration below"
 
 
+# What the run trained, by --objective (a run without the key predates the flag: BERT's two objectives).
+_OBJECTIVES = {
+    "mlm+nsp": "the masked language modelling (MLM) and next sentence prediction (NSP) objectives",
+    "mlm": "the masked language modelling (MLM) objective alone (its next-sentence head is untrained)",
+}
+
+
 def card_body(
     model_name: str,
     data_source: str,
@@ -114,6 +121,7 @@ def card_body(
     """The card's markdown below the metadata: what the model is, how to load it, its numbers and config."""
     base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
     start = f"from `{base_model}`" if base_model else "from scratch"
+    objectives = _OBJECTIVES[training_config.get("objective", "mlm+nsp")]
     eval_section = (
         _table(metrics, ("metric", "value")) if metrics else "No evaluation was run (no validation split)."
     )
@@ -126,8 +134,7 @@ def card_body(
     return f"""
 # {model_name}
 
-A BERT model pretrained {start} with `hfbert` on the masked language modelling
-(MLM) and next sentence prediction (NSP) objectives, trained on {data_source}. It is a native Hugging Face
+A BERT model pretrained {start} with `hfbert` on {objectives}, trained on {data_source}. It is a native Hugging Face
 model: the weights are in `model.safetensors`, and `config.json` maps the Auto classes (`auto_map`) to the
 model code shipped in this folder.
 

@@ -75,6 +75,18 @@ def test_card_body_has_config_eval_loading_and_curves(tmp_path):
     assert "(training_curves.png)" in text
 
 
+def test_the_card_names_the_objective_the_run_trained(tmp_path):
+    """An --objective mlm run's card said it was trained on next sentence prediction too."""
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "mlm").mkdir()
+    bert = ModelCard.load(write_card(tmp_path / "bert")).text
+    assert "masked language modelling (MLM) and next sentence prediction (NSP) objectives" in bert
+    mlm_config = TRAINING_CONFIG | {"objective": "mlm"}
+    mlm_only = ModelCard.load(write_card(tmp_path / "mlm", training_config=mlm_config)).text
+    assert "masked language modelling (MLM) objective alone" in mlm_only
+    assert "next sentence prediction (NSP)" not in mlm_only
+
+
 def test_card_for_local_files_without_eval(tmp_path):
     path = write_card(tmp_path, dataset_name=None, dataset_config_name=None, eval_results={}, license="mit")
     card = ModelCard.load(path)
