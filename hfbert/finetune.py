@@ -252,17 +252,49 @@ def check_model_folder(folder: str) -> None:
     check_folder_readable(path, "copy or write the folder again")
 
 
-def build_model(folder: str, init: str, num_labels: int, seed: int, label_names: list[str]) -> torch.nn.Module:
+def build_model(
+    folder: str, init: str, num_labels: int, seed: int, label_names: list[str], reinit_query_key: bool = False
+) -> torch.nn.Module:
     """The classifier of `folder`: its pretrained weights (init = "pretrained") or the same config freshly
-    initialised under `seed` (init = RANDOM_INIT). The classification head is new either way."""
+    initialised under `seed` (init = RANDOM_INIT). The classification head is new either way; with
+    `reinit_query_key` so are the pretrained model's attention queries and keys."""
     labels = {"id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
     torch.manual_seed(seed)  # the new head (and, for random_init, everything) starts from the seed
     if init == RANDOM_INIT:
         config = AutoConfig.from_pretrained(folder, num_labels=num_labels, trust_remote_code=True, **labels)
         return AutoModelForSequenceClassification.from_config(config, trust_remote_code=True)
-    return AutoModelForSequenceClassification.from_pretrained(
+    model = AutoModelForSequenceClassification.from_pretrained(
         folder, num_labels=num_labels, trust_remote_code=True, **labels
     )
+    if reinit_query_key:
+        reinitialise_query_key(model)
+    return model
+
+
+@torch.no_grad()
+def reinitialise_query_key(model: torch.nn.Module) -> int:
+    """Draw every attention layer's query and key projections afresh, as BERT initialises them (N(0,
+    initializer_range), zero bias), keeping the embeddings, values, outputs and feed-forward layers; returns
+    how many projections were drawn. The attention patterns a small model learns in pretraining (the previous
+    and next token, the same word) are sharp, and few-label fine-tuning does not unlearn them, while the rest
+    of the weights transfer well (benchmarks/results/downstream.md). Drawn here rather than by the model's
+    `_init_weights`, which skips tensors that `from_pretrained` loaded."""
+    projections = [
+        module
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in ("query", "key")
+    ]
+    if not projections:
+        raise ValueError(
+            f"{type(model).__name__} has no attention projections named query and key (BERT's layout); "
+            "fine-tune it without --reinit_query_key"
+        )
+    std = model.config.initializer_range
+    for projection in projections:
+        projection.weight.normal_(0.0, std)
+        if projection.bias is not None:
+            projection.bias.zero_()
+    return len(projections)
 
 
 def finetune_once(
@@ -374,6 +406,7 @@ def add_to_model_card(folder: Path, results: dict[str, Any], dataset: str, datas
         result for result in (data.eval_results or [])
         if not (result.task_type == "text-classification" and result.dataset_type == dataset)
     ]  # fmt: skip
+    how = "query/key re-initialised, " if results["settings"].get("reinit_query_key") else ""
     for metric, stats in results["models"]["pretrained"]["summary"].items():
         entries.append(
             EvalResult(
@@ -384,7 +417,7 @@ def add_to_model_card(folder: Path, results: dict[str, Any], dataset: str, datas
                 dataset_split=results["evaluation_split"],
                 metric_type=metric,
                 metric_value=round(stats["mean"], 4),
-                metric_name=f"{metric} (fine-tuned, mean of {len(results['seeds'])} seeds)",
+                metric_name=f"{metric} (fine-tuned, {how}mean of {len(results['seeds'])} seeds)",
             )
         )
     data.eval_results = entries
@@ -419,7 +452,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         train, evaluation = tokenize(task, tokenizer, args.max_seq_length)
         per_seed = {}
         for seed in args.seeds:
-            model = build_model(folder, init, len(task.label_names), seed, task.label_names)
+            model = build_model(folder, init, len(task.label_names), seed, task.label_names, args.reinit_query_key)
             per_seed[seed] = finetune_once(model, tokenizer, train, evaluation, args, seed)
             print(f"{name}, seed {seed}: " + ", ".join(f"{m} {per_seed[seed][m]:.3f}" for m in task.metrics), flush=True)
         results["models"][name] = {"folder": str(folder), "init": init, "summary": summarise(per_seed, task.metrics)}
@@ -453,6 +486,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     training.add_argument("--weight_decay", type=float, default=0.01)
     training.add_argument("--max_seq_length", type=int, default=128)
     training.add_argument("--fp16", action="store_true", help="fp16 mixed precision (CUDA)")
+    training.add_argument(
+        "--reinit_query_key",
+        action="store_true",
+        help="draw the pretrained folders' attention queries and keys afresh before fine-tuning (the embeddings, "
+        "values and feed-forward layers stay pretrained): small hfbert folders fine-tune better so with few labels",
+    )
     output = parser.add_argument_group("comparison and output")
     output.add_argument("--compare", help=f"'{RANDOM_INIT}' (the same config, freshly initialised) or another folder")
     output.add_argument("--output_dir", help=f"where {RESULTS_NAME} and {PLOT_NAME} go (default: the model folder)")

@@ -206,3 +206,31 @@ def test_the_folders_tokenizer_loads_without_a_prompt_with_hfbert_imported_or_tr
     )
     assert result.returncode == 0, result.stderr
     assert "Bert" in result.stdout and "custom code" not in result.stdout + result.stderr
+
+
+def test_reinit_query_key_draws_only_the_attention_queries_and_keys_afresh(folder):
+    names = ["a", "b"]
+    kept = build_model(str(folder), "pretrained", 2, seed=1, label_names=names)
+    drawn = build_model(str(folder), "pretrained", 2, seed=1, label_names=names, reinit_query_key=True)
+    kept_weights, drawn_weights = kept.state_dict(), drawn.state_dict()
+    redrawn = [
+        name for name in kept_weights
+        if name.endswith(".weight") and not torch.equal(kept_weights[name], drawn_weights[name])
+    ]  # fmt: skip
+    layers = kept.config.num_hidden_layers
+    assert sorted(redrawn) == sorted(
+        f"bert.encoder.layer.{i}.attention.self.{p}.weight" for i in range(layers) for p in ("query", "key")
+    )
+    query = drawn_weights["bert.encoder.layer.0.attention.self.query.weight"]
+    assert abs(query.std().item() - kept.config.initializer_range) < 0.2 * kept.config.initializer_range
+    assert not drawn_weights["bert.encoder.layer.0.attention.self.key.bias"].any()
+    again = build_model(str(folder), "pretrained", 2, seed=1, label_names=names, reinit_query_key=True)
+    assert torch.equal(again.state_dict()["bert.encoder.layer.1.attention.self.key.weight"],
+                       drawn_weights["bert.encoder.layer.1.attention.self.key.weight"])  # fmt: skip
+
+
+def test_reinit_query_key_refuses_a_model_without_bert_attention():
+    from hfbert.finetune import reinitialise_query_key
+
+    with pytest.raises(ValueError, match="no attention projections named query and key"):
+        reinitialise_query_key(torch.nn.Sequential(torch.nn.Linear(2, 2)))
