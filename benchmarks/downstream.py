@@ -110,7 +110,12 @@ def finetune_args(
         "--max_train_samples", str(size), "--learning_rate", str(rate), "--num_train_epochs",
         str(args.epochs_for[size]), "--per_device_train_batch_size", "16", "--max_seq_length", "64",
         "--seeds", *map(str, args.seeds), "--compare", finetune.RANDOM_INIT, "--output_dir", str(out), "--quiet",
+        *(["--reinit_query_key"] if args.reinit_query_key else []),
     ]  # fmt: skip
+
+
+def run_name(folder: str, size: int, rate: float, args) -> str:
+    return f"{Path(folder).name}-{size}-{rate:g}" + ("-reinit-qk" if args.reinit_query_key else "")
 
 
 def finetuned(argv: list[str]) -> dict:
@@ -130,7 +135,7 @@ def best_rates(folder: str, paths, size: int, args, work_dir: Path) -> dict[str,
     """Per model (pretrained, random_init): the learning rate with the best mean tuning-split accuracy."""
     best: dict[str, tuple[float, float]] = {}
     for rate in args.learning_rates:
-        out = work_dir / f"tune-{Path(folder).name}-{size}-{rate:g}"
+        out = work_dir / f"tune-{run_name(folder, size, rate, args)}"
         results = finetuned(finetune_args(folder, paths, "tune", size, rate, args, out))
         for name, model in results["models"].items():
             accuracy = model["summary"]["accuracy"]["mean"]
@@ -142,7 +147,7 @@ def best_rates(folder: str, paths, size: int, args, work_dir: Path) -> dict[str,
 def test_split_accuracy(
     folder: str, paths, size: int, rate: float, args, work_dir: Path, model: str
 ) -> list[float]:
-    out = work_dir / f"test-{Path(folder).name}-{size}-{rate:g}"
+    out = work_dir / f"test-{run_name(folder, size, rate, args)}"
     results = finetuned(finetune_args(folder, paths, "test", size, rate, args, out))
     return results["models"][model]["summary"]["accuracy"]["per_seed"]
 
@@ -196,6 +201,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=float, nargs="+", default=[20, 5], help="one per --train_sizes")
     parser.add_argument("--learning_rates", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument(
+        "--reinit_query_key", action="store_true", help="hfbert.finetune's: pretrained attention queries and keys drawn afresh"
+    )
     parser.add_argument("--tune_per_class", type=int, default=200)
     parser.add_argument("--test_per_class", type=int, default=400)
     args = parser.parse_args(argv)
@@ -230,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         report["folders"][folder] = {
             size: measure(folder, paths, size, args, args.work_dir) for size in args.train_sizes
         }
-    write_json_atomic(args.work_dir / "report.json", json.loads(json.dumps(report, default=str)))
+    report_name = "report-reinit-qk.json" if args.reinit_query_key else "report.json"
+    write_json_atomic(args.work_dir / report_name, json.loads(json.dumps(report, default=str)))
     print("\n" + table(report))
     return report
 

