@@ -103,6 +103,10 @@ def test_model_card_gains_model_index_and_keeps_its_text(tmp_path, folder):
     main(args_for(folder, train, validation, tmp_path / "out", "--num_train_epochs", "1", "--update_model_card"))
     card = (folder / "README.md").read_text()
     assert "model-index" in card and "text-classification" in card and "Some text to keep." in card
+    assert "re-initialised" not in card
+    main(args_for(folder, train, validation, tmp_path / "out", "--num_train_epochs", "1", "--update_model_card",
+                  "--reinit_query_key", "--seeds", "1"))  # fmt: skip
+    assert "fine-tuned, query/key re-initialised, mean of 1 seeds" in (folder / "README.md").read_text()
 
 
 def test_random_init_twin_has_the_same_config_and_other_weights(folder):
