@@ -161,6 +161,20 @@ model = AutoModelForMaskedLM.from_pretrained("{model_name}", trust_remote_code=T
 fill_mask = pipeline("fill-mask", model="{model_name}", trust_remote_code=True)
 ```
 
+## Fine-tuning
+
+`python -m hfbert.finetune` fine-tunes it with transformers' `Trainer` over several seeds, on a labelled file
+or a Hub dataset, against the same config from random initialisation:
+
+```bash
+python -m hfbert.finetune {model_name} --train_file train.csv --validation_file dev.csv \
+    --text_column text --label_column label --compare random_init
+```
+
+With few labels, a small model that pretrained briefly fine-tunes better with `--reinit_query_key`: its
+attention queries and keys are drawn afresh, and every other weight stays pretrained. Pretraining leaves sharp
+attention patterns in such a model, and few labels do not unlearn them.
+
 ## Evaluation
 
 Measured on the validation split at the end of training (`eval_results.json`):

@@ -75,6 +75,20 @@ def test_card_body_has_config_eval_loading_and_curves(tmp_path):
     assert "(training_curves.png)" in text
 
 
+def test_the_cards_fine_tuning_command_is_one_hfbert_finetune_accepts(tmp_path):
+    import re
+    import shlex
+
+    from hfbert import finetune
+
+    text = ModelCard.load(write_card(tmp_path)).text
+    command = re.search(r"```bash\n(python -m hfbert\.finetune .*?)\n```", text, re.S).group(1)
+    argv = shlex.split(command.replace("\\\n", " "))[3:]
+    args = finetune.parse_args(argv)
+    assert args.model_dir == "someone/hfbert-tiny" and args.compare == finetune.RANDOM_INIT
+    assert "--reinit_query_key" in text
+
+
 def test_the_card_names_the_objective_the_run_trained(tmp_path):
     """An --objective mlm run's card said it was trained on next sentence prediction too."""
     (tmp_path / "bert").mkdir()
