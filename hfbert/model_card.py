@@ -171,9 +171,9 @@ python -m hfbert.finetune {model_name} --train_file train.csv --validation_file 
     --text_column text --label_column label --compare random_init
 ```
 
-With few labels, a small model that pretrained briefly fine-tunes better with `--reinit_query_key`: its
+A small model, above all one that pretrained briefly, fine-tunes better with `--reinit_query_key`: its
 attention queries and keys are drawn afresh, and every other weight stays pretrained. Pretraining leaves sharp
-attention patterns in such a model, and few labels do not unlearn them.
+attention patterns in such a model, and fine-tuning does not unlearn them.
 
 ## Evaluation
 
