@@ -14,6 +14,7 @@ csv/jsonl/parquet files. Every check on the data and the folders runs before any
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -407,6 +408,7 @@ def add_to_model_card(folder: Path, results: dict[str, Any], dataset: str, datas
         if not (result.task_type == "text-classification" and result.dataset_type == dataset)
     ]  # fmt: skip
     how = "query/key re-initialised, " if results["settings"].get("reinit_query_key") else ""
+    seed_count = f"{len(results['seeds'])} seed" + ("s" if len(results["seeds"]) != 1 else "")
     for metric, stats in results["models"]["pretrained"]["summary"].items():
         entries.append(
             EvalResult(
@@ -417,13 +419,32 @@ def add_to_model_card(folder: Path, results: dict[str, Any], dataset: str, datas
                 dataset_split=results["evaluation_split"],
                 metric_type=metric,
                 metric_value=round(stats["mean"], 4),
-                metric_name=f"{metric} (fine-tuned, {how}mean of {len(results['seeds'])} seeds)",
+                metric_name=f"{metric} (fine-tuned, {how}mean of {seed_count})",
             )
         )
     data.eval_results = entries
     with atomic_path(card_path) as temp_path:
         card.save(temp_path)
     return card_path
+
+
+def reinit_query_key_hint(folder: str) -> str | None:
+    """A note for a folder that `run_pretraining.py` pretrained from the structured attention start (its
+    training_args.json says so): such folders fine-tuned better with --reinit_query_key in every measurement.
+    None for any other folder."""
+    try:
+        training_args = json.loads((Path(folder) / "training_args.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(training_args, dict) or training_args.get("attention_init") != "structured":
+        return None
+    if training_args.get("model_name_or_path"):  # started from weights: the start was not applied
+        return None
+    return (
+        f"Note: {folder} was pretrained from the structured attention start. Such folders fine-tuned better "
+        "with --reinit_query_key in every measurement so far (tiny models, 150 and 1,500 labels: "
+        "benchmarks/results/downstream.md in the hfbert repository)."
+    )
 
 
 def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
@@ -435,6 +456,9 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
     elif args.compare is not None:
         check_model_folder(args.compare)
         models[Path(args.compare).name] = (args.compare, "pretrained")
+    hint = None if args.reinit_query_key else reinit_query_key_hint(args.model_dir)
+    if hint:
+        print(hint, flush=True)
     task = load_task(args)
     results: dict[str, Any] = {
         "model_dir": str(args.model_dir),

@@ -106,7 +106,7 @@ def test_model_card_gains_model_index_and_keeps_its_text(tmp_path, folder):
     assert "re-initialised" not in card
     main(args_for(folder, train, validation, tmp_path / "out", "--num_train_epochs", "1", "--update_model_card",
                   "--reinit_query_key", "--seeds", "1"))  # fmt: skip
-    assert "fine-tuned, query/key re-initialised, mean of 1 seeds" in (folder / "README.md").read_text()
+    assert "fine-tuned, query/key re-initialised, mean of 1 seed)" in (folder / "README.md").read_text()
 
 
 def test_random_init_twin_has_the_same_config_and_other_weights(folder):
@@ -231,6 +231,28 @@ def test_reinit_query_key_draws_only_the_attention_queries_and_keys_afresh(folde
     again = build_model(str(folder), "pretrained", 2, seed=1, label_names=names, reinit_query_key=True)
     assert torch.equal(again.state_dict()["bert.encoder.layer.1.attention.self.key.weight"],
                        drawn_weights["bert.encoder.layer.1.attention.self.key.weight"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "training_args, hinted",
+    [
+        ({"attention_init": "structured", "model_name_or_path": None}, True),
+        ({"attention_init": "bert", "model_name_or_path": None}, False),
+        ({"attention_init": "structured", "model_name_or_path": "runs/phase1"}, False),  # the start not applied
+        (None, False),  # a folder without training_args.json (a stock BERT)
+        ("{not json", False),
+    ],
+)
+def test_a_folder_pretrained_from_the_structured_start_gets_the_reinit_hint(tmp_path, training_args, hinted):
+    from hfbert.finetune import reinit_query_key_hint
+
+    if training_args is not None:
+        text = training_args if isinstance(training_args, str) else json.dumps(training_args)
+        (tmp_path / "training_args.json").write_text(text)
+    hint = reinit_query_key_hint(str(tmp_path))
+    assert (hint is not None) == hinted
+    if hinted:
+        assert "--reinit_query_key" in hint and str(tmp_path) in hint
 
 
 def test_reinit_query_key_refuses_a_model_without_bert_attention():
