@@ -111,34 +111,9 @@ _OBJECTIVES = {
 }
 
 
-def card_body(
-    model_name: str,
-    data_source: str,
-    metrics: dict[str, float],
-    samples_name: str | None,
-    training_config: dict[str, Any],
-) -> str:
-    """The card's markdown below the metadata: what the model is, how to load it, its numbers and config."""
-    base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
-    start = f"from `{base_model}`" if base_model else "from scratch"
-    objectives = _OBJECTIVES[training_config.get("objective", "mlm+nsp")]
-    eval_section = (
-        _table(metrics, ("metric", "value")) if metrics else "No evaluation was run (no validation split)."
-    )
-    samples_section = (
-        f"## Samples\n\nFill-mask, next-sentence and similarity examples on validation sentences: [{samples_name}]"
-        f"({samples_name}).\n\n"
-        if samples_name
-        else ""
-    )
-    return f"""
-# {model_name}
-
-A BERT model pretrained {start} with `hfbert` on {objectives}, trained on {data_source}. It is a native Hugging Face
-model: the weights are in `model.safetensors`, and `config.json` maps the Auto classes (`auto_map`) to the
-model code shipped in this folder.
-
-## How to load it
+def _usage_sections(model_name: str) -> str:
+    """The card's "How to load it" and "Fine-tuning" sections."""
+    return f"""## How to load it
 
 With the `hfbert` package installed, importing it registers the model with the Auto classes:
 
@@ -167,7 +142,7 @@ fill_mask = pipeline("fill-mask", model="{model_name}", trust_remote_code=True)
 or a Hub dataset, against the same config from random initialisation:
 
 ```bash
-python -m hfbert.finetune {model_name} --train_file train.csv --validation_file dev.csv \
+python -m hfbert.finetune {model_name} --train_file train.csv --validation_file dev.csv \\
     --text_column text --label_column label --compare random_init
 ```
 
@@ -175,7 +150,37 @@ A small model, above all one that pretrained briefly, fine-tunes better with `--
 attention queries and keys are drawn afresh, and every other weight stays pretrained. Pretraining leaves sharp
 attention patterns in such a model, and fine-tuning does not unlearn them.
 
-## Evaluation
+"""
+
+
+def card_body(
+    model_name: str,
+    data_source: str,
+    metrics: dict[str, float],
+    samples_name: str | None,
+    training_config: dict[str, Any],
+) -> str:
+    """The card's markdown below the metadata: what the model is, how to load it, its numbers and config."""
+    base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
+    start = f"from `{base_model}`" if base_model else "from scratch"
+    objectives = _OBJECTIVES[training_config.get("objective", "mlm+nsp")]
+    eval_section = (
+        _table(metrics, ("metric", "value")) if metrics else "No evaluation was run (no validation split)."
+    )
+    samples_section = (
+        f"## Samples\n\nFill-mask, next-sentence and similarity examples on validation sentences: [{samples_name}]"
+        f"({samples_name}).\n\n"
+        if samples_name
+        else ""
+    )
+    return f"""
+# {model_name}
+
+A BERT model pretrained {start} with `hfbert` on {objectives}, trained on {data_source}. It is a native Hugging Face
+model: the weights are in `model.safetensors`, and `config.json` maps the Auto classes (`auto_map`) to the
+model code shipped in this folder.
+
+{_usage_sections(model_name)}## Evaluation
 
 Measured on the validation split at the end of training (`eval_results.json`):
 
