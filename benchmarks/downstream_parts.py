@@ -33,9 +33,12 @@ GROUPS: dict[str, Callable[[str], bool]] = {
 }
 
 
+RANDOM_TWIN = "random init (no group)"  # the variant every other one is compared with
+
+
 def variants() -> dict[str, set[str]]:
     """Variant name: the groups it takes from the pretrained folder."""
-    out = {"pretrained (all groups)": set(GROUPS), "random init (no group)": set()}
+    out = {"pretrained (all groups)": set(GROUPS), RANDOM_TWIN: set()}
     for group in GROUPS:
         out[f"all but {group}"] = set(GROUPS) - {group}
     out["embeddings alone"] = {"embeddings"}
@@ -82,11 +85,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--variants", nargs="+", choices=list(variants()), default=list(variants()),
         help="the variants to fine-tune (quote each name; default: all). A screen of a recipe change needs three: "
-        "'pretrained (all groups)' 'random init (no group)' 'all but attention query/key'",
+        f"'pretrained (all groups)' '{RANDOM_TWIN}' 'all but attention query/key'",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if "random init (no group)" not in args.variants:
-        parser.error("--variants must include 'random init (no group)': every variant is compared with it")
+    if RANDOM_TWIN not in args.variants:
+        parser.error(f"--variants must include '{RANDOM_TWIN}': every variant is compared with it")
     return args
 
 
@@ -111,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     name = f"parts-{Path(args.folder).name}-{args.train_size}-{args.learning_rate:g}.json"
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     write_json_atomic(args.work_dir / name, {"settings": settings, "tune_accuracy": results})
-    baseline = statistics.fmean(results["random init (no group)"])
+    baseline = statistics.fmean(results[RANDOM_TWIN])
     print(
         f"\n{args.folder}: tuning-split accuracy, {args.train_size} labels, rate {args.learning_rate:g}, seeds {args.seeds}"
     )

@@ -38,6 +38,7 @@ from transformers import (
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
 from hfbert.files import atomic_path, check_folder_readable, write_json_atomic
 from hfbert.plotting import save_figure
+from hfbert.pretraining.finish import TRAINING_ARGS_NAME
 
 RANDOM_INIT = "random_init"
 RESULTS_NAME = "finetune_results.json"
@@ -433,7 +434,7 @@ def reinit_query_key_hint(folder: str) -> str | None:
     training_args.json says so): such folders fine-tuned better with --reinit_query_key in every measurement.
     None for any other folder."""
     try:
-        training_args = json.loads((Path(folder) / "training_args.json").read_text())
+        training_args = json.loads((Path(folder) / TRAINING_ARGS_NAME).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(training_args, dict) or training_args.get("attention_init") != "structured":
