@@ -5,7 +5,8 @@
 Run with --help for every flag; the library behind it is the package hfbert.pretraining (flags: hfbert.pretraining.settings).
 """
 
+from hfbert.errors import run_cli
 from hfbert.pretraining.cli import main
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

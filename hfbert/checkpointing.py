@@ -33,6 +33,7 @@ from accelerate import Accelerator
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from hfbert.errors import Refusal
 from hfbert.files import (
     CHECKPOINT_PREFIX,
     FINAL_READY,
@@ -62,7 +63,7 @@ FINAL_MODEL_FILES = ("model.safetensors", "config.json")
 _CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(Refusal):
     """A checkpoint or output folder that cannot be used as asked; the message names the problem and the fix."""
 
 

@@ -137,4 +137,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from hfbert.errors import run_cli
+
+    run_cli(main, prog="python -m hfbert.convert")

@@ -555,4 +555,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from hfbert.errors import run_cli
+
+    run_cli(main, prog="python -m hfbert.finetune")

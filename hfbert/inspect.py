@@ -42,6 +42,7 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.convert import check_encoder_weights_loaded
+from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable
 from hfbert.pretraining.samples import MASK, SamplesError, choose_masked_word
 from hfbert.pretraining.samples import write_samples as write_samples_of
@@ -52,7 +53,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 REPORT_NAME = "inspect.md"
 
 
-class InspectError(ValueError):
+class InspectError(Refusal):
     """A bad checkpoint or input for `inspect_checkpoint` / `write_samples`; the message names the fix."""
 
 
@@ -399,7 +400,9 @@ def write_samples(
 
 
 if __name__ == "__main__":
-    main()
+    from hfbert.errors import run_cli
+
+    run_cli(main, prog="python -m hfbert.inspect")
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from hfbert.analysis import (
     similarity_tables,
     write_text,
 )
+from hfbert.errors import Refusal
 
 MASK = "[MASK]"
 SAMPLES_NAME = "samples.md"
@@ -31,7 +32,7 @@ FREQUENT_WORDS = (
 )  # fmt: skip
 
 
-class SamplesError(ValueError):
+class SamplesError(Refusal):
     """Too few usable sentences for samples.md."""
 
 

@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
+from hfbert.errors import Refusal
 
 DocumentBoundary = Literal["heading", "blank_line", "row"]
 
 
-class CorpusError(ValueError):
+class CorpusError(Refusal):
     """A corpus cannot be loaded: missing file, empty corpus, unreachable Hub dataset, bad column ..."""
 
 
@@ -393,7 +394,7 @@ class PretrainingSettings:
         _check_run(self.run)
         check_objective(self.data)
         if self.corpus.streaming:
-            raise ValueError(
+            raise Refusal(
                 "run_pretraining.py pairs sentences across the whole corpus (next sentence prediction) and "
                 "needs the datasets cache: drop --streaming (train_tokenizer.py supports it)"
             )
@@ -433,13 +434,13 @@ def _check_finite(group: Any) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             default = next(f.default for f in fields(group) if f.name == name)
             example = f", e.g. {default}" if isinstance(default, float) else ""
-            raise ValueError(f"--{name} {value} must be a finite number{example}")
+            raise Refusal(f"--{name} {value} must be a finite number{example}")
 
 
 def _check_positive(values: dict[str, float | int | None], optional: bool) -> None:
     for name, value in values.items():
         if value is not None and value <= 0:
-            raise ValueError(f"--{name} {value} must be > 0{' (or leave it unset)' if optional else ''}")
+            raise Refusal(f"--{name} {value} must be > 0{' (or leave it unset)' if optional else ''}")
 
 
 def _check_data(data: DataSettings) -> None:
@@ -453,21 +454,21 @@ def _check_data(data: DataSettings) -> None:
         optional=True,
     )
     if data.dataloader_num_workers is not None and data.dataloader_num_workers < 0:
-        raise ValueError(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
+        raise Refusal(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
     if data.max_seq_length < 8:
-        raise ValueError(f"--max_seq_length {data.max_seq_length} must be >= 8 ([CLS] A [SEP] B [SEP])")
+        raise Refusal(f"--max_seq_length {data.max_seq_length} must be >= 8 ([CLS] A [SEP] B [SEP])")
     for name in ("mlm_probability", "eval_mlm_probability"):
         if not 0.0 < getattr(data, name) < 1.0:
-            raise ValueError(f"--{name} {getattr(data, name)} must be in (0, 1), e.g. 0.15")
+            raise Refusal(f"--{name} {getattr(data, name)} must be in (0, 1), e.g. 0.15")
     if not 0.0 <= data.short_seq_prob <= 1.0:
-        raise ValueError(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
+        raise Refusal(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
     if not 0 < data.validation_split_percentage < 100:
-        raise ValueError(f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)")
+        raise Refusal(f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)")
 
 
 def _check_model(model: ModelSettings, data: DataSettings) -> None:
     if model.dropout is not None and not 0.0 <= model.dropout < 1.0:
-        raise ValueError(f"--dropout {model.dropout} must be in [0, 1)")
+        raise Refusal(f"--dropout {model.dropout} must be in [0, 1)")
     # A --config_name file or a --model_name_or_path source is read by check_before_work, before any work.
     if model.config_name is None and model.model_name_or_path is None:
         preset = HfBertConfig.from_preset(model.model_size)
@@ -491,10 +492,10 @@ def _check_optimization(optimization: OptimizationSettings) -> None:
     )
     for name in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(optimization, name) < 1.0:
-            raise ValueError(f"--{name} {getattr(optimization, name)} must be in [0, 1), e.g. 0.9 or 0.999")
+            raise Refusal(f"--{name} {getattr(optimization, name)} must be in [0, 1), e.g. 0.9 or 0.999")
     for name in ("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight"):
         if getattr(optimization, name) < 0:
-            raise ValueError(f"--{name} {getattr(optimization, name)} must be >= 0")
+            raise Refusal(f"--{name} {getattr(optimization, name)} must be >= 0")
 
 
 def _check_run(run: RunSettings) -> None:
@@ -505,20 +506,20 @@ def _check_run(run: RunSettings) -> None:
     _check_positive({"eval_steps": run.eval_steps, "checkpoints_total_limit": run.checkpoints_total_limit}, optional=True)
     steps = run.checkpointing_steps
     if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
-        raise ValueError(f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'")
+        raise Refusal(f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'")
     if run.checkpoints_total_limit is not None and steps is None:
-        raise ValueError(
+        raise Refusal(
             "--checkpoints_total_limit was given without --checkpointing_steps; pass --checkpointing_steps "
             "N or 'epoch' too"
         )
     if run.push_to_hub and not run.hub_model_id:
-        raise ValueError("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
+        raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
 
 
 def check_max_seq_length(max_seq_length: int, config: HfBertConfig, source: str) -> None:
     """Refuse a --max_seq_length the model's position embeddings cannot hold (before a tokenizer is trained)."""
     if max_seq_length > config.max_position_embeddings:
-        raise ValueError(
+        raise Refusal(
             f"--max_seq_length {max_seq_length} exceeds the max_position_embeddings {config.max_position_embeddings} "
             f"of {source}; pass --max_seq_length <= {config.max_position_embeddings}"
         )
@@ -535,7 +536,7 @@ def check_config_file(settings: PretrainingSettings) -> None:
 def check_objective(data: DataSettings) -> None:
     """--objective mlm builds its segments without randomness, so more passes would only repeat them."""
     if data.objective == "mlm" and data.dupe_factor != 1:
-        raise ValueError(
+        raise Refusal(
             f"--dupe_factor {data.dupe_factor} with --objective mlm would repeat the same segments (they are cut "
             "without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
             "--num_train_epochs or --max_train_steps instead"
@@ -578,7 +579,7 @@ def check_resume_settings(
                 "extended)"
             )
     if changed:
-        raise ValueError(
+        raise Refusal(
             f"--resume_from_checkpoint {checkpoint}: these flags differ from the run that wrote the checkpoint: "
             + "; ".join(changed)
             + ". Resume with the original values (see run_settings.json in the checkpoint), or start a new run "

@@ -1,0 +1,40 @@
+"""One way to refuse bad input: raise `Refusal`; every entry point's `__main__` goes through `run_cli`, which
+prints a refusal as one line and keeps tracebacks for real bugs.
+
+A leaf module: everything in hfbert may import it, it imports nothing of hfbert's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Set to 1 to see a refusal's traceback (a bug's traceback is always shown).
+DEBUG_ENV = "HFBERT_DEBUG"
+REFUSAL_EXIT_CODE = 2  # argparse's code for bad usage
+
+
+class Refusal(ValueError):
+    """Bad input, found before any work: the message names the bad value and the fix.
+
+    A `ValueError`, so library callers that catch those keep working; entry points print it as one line.
+    """
+
+
+def run_cli(main: Callable[[], Any], prog: str | None = None) -> None:
+    """Run an entry point's `main()`; a `Refusal` ends the process with one line on stderr and exit code 2.
+
+    Any other exception is a bug and keeps its traceback. `HFBERT_DEBUG=1` shows a refusal's traceback too.
+    """
+    try:
+        main()
+    except Refusal as refusal:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        name = prog or Path(sys.argv[0]).name
+        message = " ".join(str(refusal).split())  # one line, whatever the message's own layout
+        print(f"{name}: error: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(REFUSAL_EXIT_CODE) from None
