@@ -8,9 +8,11 @@ Counts come from the training split; scores are on the validation instances run_
   bigram counts of the left and right neighbours.
 - NSP: one threshold, fitted on training pairs, on the share of rare words A and B have in common.
 
-    python -m benchmarks.count_baselines --tokenizer_name tok8192
+    python -m benchmarks.count_baselines
 
-A reference for reading the quality numbers, not a tuning signal.
+Without --tokenizer_name it trains the tokenizer that the quality recipe's run trains (--vocab_size 8192 on the
+training split, as run_pretraining.py does without --tokenizer_name). A reference for reading the quality
+numbers, not a tuning signal.
 """
 
 import argparse
@@ -25,6 +27,7 @@ from hfbert.corpus import load_documents
 from hfbert.pretraining.batches import DataCollatorForPretraining
 from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
 from hfbert.pretraining.settings import CorpusArguments
+from hfbert.tokenization import train_tokenizer
 
 CANDIDATES = 3000  # bigram predictions are searched among the most frequent tokens
 COMMON_WORDS = 200  # NSP overlap ignores the most frequent tokens
@@ -95,13 +98,18 @@ def nsp_accuracy(train_instances, eval_instances, unigrams, tokenizer) -> tuple[
     return accuracy(train, threshold), accuracy([(overlap(r), r["next_sentence_label"]) for r in eval_instances], threshold)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Print the table; return each predictor's held-out accuracy by its name in the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokenizer_name", required=True, help="a train_tokenizer.py folder")
+    parser.add_argument("--tokenizer_name", help="a train_tokenizer.py folder (default: train one of --vocab_size)")
+    parser.add_argument("--vocab_size", type=int, default=8192, help="the tokenizer trained without --tokenizer_name")
     parser.add_argument("--max_seq_length", type=int, default=128)
-    args = parser.parse_args()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
+    args = parser.parse_args(argv)
     documents = load_documents(CorpusArguments())
+    if args.tokenizer_name is None:
+        tokenizer = train_tokenizer(documents["train"], vocab_size=args.vocab_size, show_progress=False)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
     tokenized = {split: tokenize_documents(documents[split], tokenizer) for split in ("train", "validation")}
     nsp = dict(cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
                max_seq_length=args.max_seq_length, seed=42)  # fmt: skip
@@ -110,10 +118,12 @@ def main() -> None:
     unigrams, bigrams = bigram_model(tokenized["train"]["sentences"])
     print(f"\n{len(eval_instances)} validation instances; counts from {sum(unigrams.values())} training tokens\n")
     print("| predictor | held-out accuracy |\n|---|---|")
-    for name, value in mlm_accuracies(eval_instances, tokenizer, unigrams, bigrams).items():
-        print(f"| MLM: {name} | {value:.3f} |")
-    fitted, held_out = nsp_accuracy(train_instances, eval_instances, unigrams, tokenizer)
-    print(f"| NSP: rare-word overlap of A and B, one threshold (training pairs: {fitted:.3f}) | {held_out:.3f} |")
+    accuracies = {f"MLM: {name}": value for name, value in mlm_accuracies(eval_instances, tokenizer, unigrams, bigrams).items()}
+    for name, value in accuracies.items():
+        print(f"| {name} | {value:.3f} |")
+    fitted, accuracies["NSP"] = nsp_accuracy(train_instances, eval_instances, unigrams, tokenizer)
+    print(f"| NSP: rare-word overlap of A and B, one threshold (training pairs: {fitted:.3f}) | {accuracies['NSP']:.3f} |")
+    return accuracies
 
 
 if __name__ == "__main__":

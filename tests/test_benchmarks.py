@@ -15,6 +15,7 @@ from benchmarks import (
     bench_data_stage,
     bench_loop,
     bench_sampler_memory,
+    count_baselines,
     heldout_nsp,
     time_to_quality,
 )
@@ -57,6 +58,18 @@ def test_heldout_nsp_refuses_a_folder_without_model_or_tokenizer(tmp_path, capsy
     with pytest.raises(SystemExit):
         heldout_nsp.main([str(tmp_path), "--pairings", "0"])
     assert "--pairings 0" in capsys.readouterr().err
+
+
+def test_count_baselines_runs_as_docs_quality_writes_it(capsys):
+    """Without flags (docs/quality.md's command) it trains the recipe's 8,192-token tokenizer itself; the
+    bigram search is cut to 20 candidates here (the full 3,000 take 40 s)."""
+    with mock.patch.object(count_baselines, "CANDIDATES", 20):
+        accuracies = count_baselines.main([])
+    assert set(accuracies) == {"MLM: unigram", "MLM: copy, else most frequent", "MLM: copy, else bigram", "NSP"}
+    assert 0.0 < accuracies["MLM: unigram"] < accuracies["MLM: copy, else most frequent"] < 1.0
+    assert 0.5 < accuracies["NSP"] <= 1.0
+    report = capsys.readouterr().out
+    assert "490 validation instances" in report and "| MLM: copy, else bigram |" in report
 
 
 def test_bench_batches_times_every_batch_builder_on_the_same_batches(capsys):

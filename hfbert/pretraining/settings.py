@@ -199,7 +199,7 @@ class ModelSettings:
         default="structured",
         metadata={
             "help": "structured (default: on a short budget it is what lifts held-out MLM accuracy off the "
-            "unigram plateau and lets NSP generalise, see README Quality): BERT's initialisation, except that "
+            "unigram plateau and lets NSP generalise, see docs/quality.md, 'Where the gain comes from'): BERT's initialisation, except that "
             "position embeddings start as a cos/sin code and three attention heads start looking at the "
             "previous token, the next token and the same word in the other segment (hfbert.initialization); "
             "everything trains from there. bert: transformers' initialisation throughout."
@@ -266,8 +266,8 @@ class OptimizationSettings:
         default=False,
         metadata={
             "help": "Deterministic algorithms only (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, "
-            "cuDNN), so that on a GPU, too, a resumed run equals an uninterrupted one bit for bit; slower on "
-            "CUDA (see README). CPU training is deterministic without it."
+            "cuDNN), meant to make a GPU run repeatable bit for bit; neither that nor its cost in speed has been "
+            "measured on a GPU (docs/speed.md, 'On a GPU'). CPU training is deterministic without it (tested)."
         },
     )
 

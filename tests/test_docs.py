@@ -1,0 +1,366 @@
+"""The docs say what the code does: every flag is documented, every name and pointer in them resolves, and\nevery command and snippet in them runs as written (or is checked offline, or skipped with a reason)."""
+
+import argparse
+import collections
+import dataclasses
+import importlib
+import json
+import os
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from accelerate.state import AcceleratorState, GradientState
+from transformers import HfArgumentParser
+
+from hfbert.corpus import CorpusArguments
+from hfbert.errors import REFUSAL_EXIT_CODE
+from hfbert.pretraining.cli import build_parser
+from hfbert.tokenization import TokenizerTrainingArguments
+
+REPO = Path(__file__).resolve().parents[1]
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PRETRAINING_DOC = REPO / "docs" / "pretraining.md"
+
+
+def documented_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The parser's flags as --help shows them first (underscores; HfArgumentParser adds dashed aliases)."""
+    return [
+        option
+        for action in parser._actions
+        if action.help != argparse.SUPPRESS and not isinstance(action, argparse._HelpAction)
+        for option in action.option_strings
+        if option.startswith("--") and "-" not in option[2:]
+    ]
+
+
+def mentions(text: str, flag: str) -> bool:
+    return re.search(re.escape(flag) + r"(?![\w-])", text) is not None  # --seed is not --seeds
+
+
+@pytest.mark.parametrize(
+    "script, parser",
+    [
+        ("run_pretraining.py", build_parser()),
+        ("train_tokenizer.py", HfArgumentParser((CorpusArguments, TokenizerTrainingArguments))),
+    ],
+)
+def test_docs_pretraining_covers_every_flag_of_the_scripts(script, parser):
+    text = PRETRAINING_DOC.read_text()
+    flags = documented_flags(parser)
+    assert len(flags) > 10  # the parser's flags were found
+    missing = [flag for flag in flags if not mentions(text, flag)]
+    assert not missing, f"docs/pretraining.md says it covers every flag of {script}; it lacks {missing}"
+
+
+def test_train_tokenizer_parser_here_is_the_scripts_own():
+    """The parser above mirrors hfbert.tokenization.main's: its flags are what `train_tokenizer.py --help` lists."""
+    source = (REPO / "hfbert" / "tokenization.py").read_text()
+    assert "HfArgumentParser((CorpusArguments, TokenizerTrainingArguments))" in source
+
+
+def dotted_names(text: str) -> set[str]:
+    return set(re.findall(r"`(?:python -m )?(hfbert(?:\.[A-Za-z_]\w*)+)", text))
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda path: path.name)
+def test_every_hfbert_name_in_the_docs_resolves(doc):
+    """`hfbert.module.name` in a doc imports: a doc that moved with the code keeps naming the right module."""
+    names = dotted_names(doc.read_text())
+    unresolved = []
+    for name in sorted(names):
+        parts = name.split(".")
+        for length in range(len(parts), 0, -1):
+            try:
+                found = importlib.import_module(".".join(parts[:length]))
+                break
+            except ImportError:
+                continue
+        for attribute in parts[length:]:
+            if not hasattr(found, attribute):
+                unresolved.append(name)
+                break
+            found = getattr(found, attribute)
+    assert not unresolved, f"{doc.name} names what does not exist: {unresolved}"
+
+
+def test_dotted_names_are_found_and_a_wrong_one_is_caught():
+    assert dotted_names("(`hfbert.modeling_hfbert.masked_positions_from_labels`)") == {
+        "hfbert.modeling_hfbert.masked_positions_from_labels"
+    }
+    import hfbert.modeling_hfbert
+
+    assert not hasattr(hfbert.modeling_hfbert, "masked_positions_from_labels")  # the name the docs once gave
+
+
+def test_help_points_to_doc_sections_that_exist():
+    """A --help pointer names a doc file and a section ("docs/quality.md, 'Where the gain comes from'") that are
+    there; "see README" alone points nowhere."""
+    pointers = []
+    for action in build_parser()._actions:
+        help_text = " ".join((action.help or "").split())
+        assert "see README" not in help_text, f"{action.option_strings[0]}: point at a section: {help_text}"
+        for path, section in re.findall(r"(docs/[\w.]+\.md), '([^']+)'", help_text):
+            pointers.append((action.option_strings[0], path, section))
+    assert {flag for flag, _, _ in pointers} >= {"--attention_init", "--deterministic"}
+    for flag, path, section in pointers:
+        assert section in (REPO / path).read_text(), f"{flag} points at {path}, '{section}', which is not there"
+
+
+# ------------------------------------------------------------------------------- the docs' commands, as written
+#
+# Every fenced command block in README.md and docs/*.md carries a decision in an HTML comment right above its
+# fence (other comments, such as <!-- test-command -->, may sit between):
+#
+#   <!-- doc-test: run -->            run as written, in a folder that holds the quick start's run folder
+#   <!-- doc-test: tiny (reason) -->  a long run: run with BUDGET_FLAGS cut to TINY_BUDGET and the install steps
+#                                     dropped (the test runs in its own venv, offline); the reason says so
+#   <!-- doc-test: parse (reason) -->  a long run_pretraining.py run: its flags are parsed and checked in process
+#   <!-- doc-test: hub -->            needs the Hub: with the Hub offline each command must end with one line that
+#                                     refuses and names the Hub, not with a traceback (run in process, see below)
+#   <!-- doc-test: skip (reason) -->  not run; the reason says why
+#
+# A block without a decision fails, as does an indented code block (a command this test would not see) and a
+# fence without a language (```text for what is not a command).
+
+COMMAND_LANGUAGES = {"bash", "sh", "shell", "console", "python", "py"}
+KINDS_WITH_REASON = {"tiny", "parse", "skip"}
+DECISION = re.compile(r"<!--\s*doc-test:\s*(\w+)\s*(?:\((.+)\))?\s*-->")
+BUDGET_FLAGS = {"--max_train_steps": "2", "--max_train_seconds": None, "--eval_steps": "2", "--checkpointing_steps": "2"}
+INSTALL_STEPS = ("python3 -m venv ", ". .venv/bin/activate", "pip install ")
+HUB_WORDS = ("hub", "huggingface.co")
+
+
+@dataclasses.dataclass(frozen=True)
+class DocBlock:
+    doc: str  # file name relative to the repository
+    line: int  # of the opening fence
+    language: str
+    text: str
+    kind: str | None  # the doc-test decision
+    reason: str | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+    def commands(self) -> list[str]:
+        """The block's shell commands: continuation lines joined, comments and blank lines dropped."""
+        joined = self.text.replace("\\\n", " ")
+        return [" ".join(line.split()) for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def doc_blocks(path: Path) -> tuple[list[DocBlock], list[str]]:
+    """The fenced blocks of a markdown file, and what this test cannot account for (problems)."""
+    lines = path.read_text().splitlines()
+    name = str(path.relative_to(REPO))
+    blocks, problems = [], []
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith("```"):
+            language = line[3:].strip()
+            end = next((i for i in range(index + 1, len(lines)) if lines[i].startswith("```")), None)
+            if end is None:
+                problems.append(f"{name}:{index + 1}: a fence that is never closed")
+                break
+            comments, above = [], index - 1
+            while above >= 0 and lines[above].strip().startswith("<!--") and lines[above].strip().endswith("-->"):
+                comments.append(lines[above].strip())
+                above -= 1
+            decisions = [DECISION.fullmatch(comment) for comment in comments if "doc-test" in comment]
+            kind = reason = None
+            if not language:
+                problems.append(f"{name}:{index + 1}: a fence without a language (```text for what is not a command)")
+            elif language in COMMAND_LANGUAGES:
+                if len(decisions) != 1 or decisions[0] is None:
+                    problems.append(f"{name}:{index + 1}: a ```{language} block without one <!-- doc-test: ... --> decision")
+                else:
+                    kind, reason = decisions[0].group(1), decisions[0].group(2)
+                    if kind not in {"run", "hub", *KINDS_WITH_REASON}:
+                        problems.append(f"{name}:{index + 1}: unknown doc-test decision {kind!r}")
+                    elif kind in KINDS_WITH_REASON and not (reason or "").strip():
+                        problems.append(f"{name}:{index + 1}: doc-test: {kind} needs a (reason)")
+            text = "\n".join(lines[index + 1 : end]) + "\n"
+            blocks.append(DocBlock(name, index + 1, language, text, kind, reason))
+            index = end + 1
+            continue
+        if line.startswith("    ") and line.strip() and index > 0 and not lines[index - 1].strip():
+            problems.append(f"{name}:{index + 1}: an indented code block; fence it (```bash) and decide")
+        index += 1
+    return blocks, problems
+
+
+ALL_BLOCKS = [block for doc in DOC_FILES for block in doc_blocks(doc)[0] if block.kind is not None]
+
+
+def blocks_of(*kinds: str) -> list[DocBlock]:
+    return [block for block in ALL_BLOCKS if block.kind in kinds]
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda path: path.name)
+def test_every_command_block_has_a_decision(doc):
+    _, problems = doc_blocks(doc)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_block_without_a_decision_or_reason_is_caught(tmp_path):
+    doc = tmp_path / "new.md"
+    doc.write_text(
+        "text\n\n```bash\necho a\n```\n\n<!-- doc-test: skip -->\n```python\nprint(1)\n```\n\n```\nx\n```\n\n"
+        "    python -m something\n\n<!-- doc-test: run -->\n<!-- test-command -->\n```bash\necho b\n```\n"
+    )
+    with mock.patch(f"{__name__}.REPO", tmp_path):
+        blocks, problems = doc_blocks(doc)
+    assert [problem.split(": ", 1)[1] for problem in problems] == [
+        "a ```bash block without one <!-- doc-test: ... --> decision",
+        "doc-test: skip needs a (reason)",
+        "a fence without a language (```text for what is not a command)",
+        "an indented code block; fence it (```bash) and decide",
+    ]
+    assert (blocks[-1].kind, blocks[-1].text) == ("run", "echo b\n")
+
+
+def test_every_decision_kind_is_used_and_every_block_is_counted():
+    """The docs' blocks by decision, so that a block that silently dropped out of the run shows here."""
+    kinds = collections.Counter(block.kind for block in ALL_BLOCKS)
+    assert set(kinds) == {"run", "tiny", "parse", "hub", "skip"}
+    assert len(blocks_of("tiny")) == 1  # the quick start, which the sandbox below trains
+
+
+def tiny_budget(command: str) -> str:
+    """The command without its install steps and with its budget flags cut (BUDGET_FLAGS)."""
+    steps = [step for step in command.split(" && ") if not step.strip().startswith(INSTALL_STEPS)]
+    command = " && ".join(steps)
+    for flag, value in BUDGET_FLAGS.items():
+        replacement = f"--max_train_steps {BUDGET_FLAGS['--max_train_steps']}" if value is None else f"{flag} {value}"
+        command = re.sub(rf"{flag} \S+", replacement, command)
+    return command
+
+
+def test_tiny_budget_drops_the_install_and_cuts_the_budget():
+    command = (
+        "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e . && "
+        "accelerate launch x.py --max_train_steps 800 --eval_steps 200 --checkpointing_steps 400 --output_dir r"
+    )
+    assert tiny_budget(command) == (
+        "accelerate launch x.py --max_train_steps 2 --eval_steps 2 --checkpointing_steps 2 --output_dir r"
+    )
+    assert tiny_budget("python x.py --max_train_seconds 600 --eval_steps 1000") == (
+        "python x.py --max_train_steps 2 --eval_steps 2"
+    )
+
+
+def command_env() -> dict[str, str]:
+    """This session's environment (offline, its own datasets cache: conftest) with this venv's python,
+    accelerate and pip first on PATH."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TOKENIZERS_PARALLELISM": "false",
+            "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+
+
+def working_folder(folder: Path) -> Path:
+    """A folder laid out like the repository root for the docs' commands: the two scripts and benchmarks/."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("run_pretraining.py", "train_tokenizer.py", "benchmarks"):
+        (folder / name).symlink_to(REPO / name)
+    return folder
+
+
+def run_block(block: DocBlock, cwd: Path, text: str | None = None) -> subprocess.CompletedProcess:
+    text = block.text if text is None else text
+    if block.language in {"python", "py"}:
+        (cwd / "snippet.py").write_text(text)
+        command = [sys.executable, "snippet.py"]
+    else:
+        command = ["bash", "-euo", "pipefail", "-c", text]
+    return subprocess.run(command, cwd=cwd, env=command_env(), capture_output=True, text=True, timeout=600)
+
+
+def check_ran(block: DocBlock, result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, f"{block.id} failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert "Traceback" not in result.stderr, f"{block.id}:\n{result.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def docs_sandbox(tmp_path_factory) -> Path:
+    """A folder with the README's quick start run in it (runs/hfbert-tiny-wikitext), at a tiny budget."""
+    (quick_start,) = blocks_of("tiny")
+    folder = working_folder(tmp_path_factory.mktemp("docs") / "root")
+    (command,) = quick_start.commands()
+    check_ran(quick_start, run_block(quick_start, folder, tiny_budget(command)))
+    return folder
+
+
+@pytest.mark.slow
+def test_the_quick_start_runs_at_a_tiny_budget(docs_sandbox):
+    (quick_start,) = blocks_of("tiny")
+    output_dir = re.search(r"--output_dir (\S+)", quick_start.text).group(1)
+    final = docs_sandbox / output_dir
+    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "samples.md"} <= {
+        path.name for path in final.iterdir()
+    }
+    assert json.loads((final / "eval_results.json").read_text())["step"] == int(BUDGET_FLAGS["--max_train_steps"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", blocks_of("run"), ids=lambda block: block.id)
+def test_doc_block_runs_as_written(block, docs_sandbox, tmp_path):
+    """Each in a folder of its own that sees the quick start's runs/ (so the files one block writes are not
+    another's input)."""
+    cwd = working_folder(tmp_path / "root")
+    (cwd / "runs").symlink_to(docs_sandbox / "runs")
+    check_ran(block, run_block(block, cwd))
+
+
+@pytest.mark.parametrize("block", blocks_of("parse"), ids=lambda block: block.id)
+def test_long_run_flags_parse_and_pass_the_checks(block):
+    from hfbert.pretraining.cli import parse_args
+
+    (command,) = block.commands()
+    words = shlex.split(command)
+    assert "run_pretraining.py" in words, f"{block.id}: doc-test: parse is for run_pretraining.py commands"
+    settings = parse_args(words[words.index("run_pretraining.py") + 1 :])
+    assert settings.run.output_dir
+
+
+HUB_COMMANDS: dict[str, str] = {}  # each command once (docs/pretraining.md repeats the README's), with its block
+for _block in blocks_of("hub"):
+    for _command in _block.commands():
+        HUB_COMMANDS.setdefault(_command, _block.id)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, block_id", HUB_COMMANDS.items(), ids=list(HUB_COMMANDS.values()))
+def test_hub_command_refuses_in_one_line_naming_the_hub_when_offline(command, block_id, docs_sandbox, tmp_path, monkeypatch, capsys):
+    """The script runs in this process through its own __main__ (runpy), with the command's argv: a new
+    interpreter per command would cost more than this file's budget, and `accelerate launch` only starts the
+    script (and adds a traceback of its own when the script exits non-zero). A command that starts from an
+    earlier command's folder under runs/ (phase 2 from phase 1) finds the quick start's folder there."""
+    words = shlex.split(command)
+    script = next((word for word in words if word.endswith(".py")), None)
+    assert script is not None, f"{block_id}: doc-test: hub is for the two scripts' commands: {command}"
+    cwd = working_folder(tmp_path / "root")
+    (quick_start,) = blocks_of("tiny")
+    quick_start_folder = docs_sandbox / re.search(r"--output_dir (\S+)", quick_start.text).group(1)
+    if "--model_name_or_path" in words:
+        source = cwd / words[words.index("--model_name_or_path") + 1]
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.symlink_to(quick_start_folder)
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", words[words.index(script) :])
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(str(cwd / script), run_name="__main__")
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    assert exit_info.value.code == REFUSAL_EXIT_CODE, f"{block_id}: exit {exit_info.value.code}"
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines[-1].startswith(f"{script}: error: "), f"{block_id}: {lines[-3:]}"
+    assert any(word in lines[-1].lower() for word in HUB_WORDS), f"{block_id}: the refusal does not name the Hub: {lines[-1]}"
