@@ -101,7 +101,7 @@ def _compute_metrics(prediction) -> dict[str, float]:
 
 
 FOLDER_FIX = "pass a finished run's output folder (or one of its checkpoint-<step> folders, or any BERT folder)"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # the vocabulary: tokenizer_config.json alone holds none
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 CHECKPOINT_TOKENIZER = "tokenizer"  # where a checkpoint-<step> folder keeps its tokenizer
 
@@ -522,6 +522,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("pass either --dataset_name or --train_file (with --validation_file)")
     if args.train_file is not None and args.validation_file is None:
         parser.error("--train_file needs --validation_file: results are measured on held-out examples")
+    if args.dataset_name is not None and args.validation_file is not None:
+        parser.error("--validation_file goes with --train_file; a --dataset_name set's evaluation split is its own")
+    hub_only = [
+        f"--{name}" for name in ("dataset_config_name", "validation_split")
+        if getattr(args, name) != parser.get_default(name)
+    ]  # fmt: skip
+    if args.train_file is not None and hub_only:
+        parser.error(f"{', '.join(hub_only)} go with --dataset_name, not with local files; leave them out")
     for name in ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "max_seq_length"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name} {getattr(args, name)} must be > 0")
@@ -580,9 +588,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return results
 
 
-class Stopped(Exception):
+class Stopped(BaseException):
     """SIGTERM or SIGINT arrived: raised where the run is, so that every `with` block (the Trainer's scratch
-    folder) cleans up on the way out."""
+    folder) cleans up on the way out. A BaseException, as KeyboardInterrupt: no `except Exception` swallows it."""
 
     def __init__(self, signal_number: int) -> None:
         super().__init__(signal.Signals(signal_number).name)

@@ -10,7 +10,9 @@ checks. Every problem is a `Refusal` that names the file or flag and the fix.
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
+import io
 import json
 import math
 import re
@@ -72,8 +74,11 @@ class TaskData:
 
 
 def _read_text(path: Path, flag: str) -> str:
+    data = path.read_bytes()
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # "Unicode text" from Excel or PowerShell
+        raise Refusal(f"{flag} {path} is UTF-16, not UTF-8; save it as UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
     try:
-        return path.read_bytes().decode("utf-8-sig")  # a byte-order mark (Excel's "CSV UTF-8") is fine
+        return data.decode("utf-8-sig")  # a byte-order mark (Excel's "CSV UTF-8") is fine
     except UnicodeDecodeError as error:
         raise Refusal(
             f"{flag} {path} is not UTF-8 text (byte {error.start}: {error.object[error.start:error.start + 4]!r}); "
@@ -82,7 +87,8 @@ def _read_text(path: Path, flag: str) -> str:
 
 
 def _csv_rows(path: Path, flag: str) -> list[dict[str, Any]]:
-    reader = csv.DictReader(_read_text(path, flag).splitlines(keepends=True))
+    # newline="": line breaks inside quoted fields stay in the text, as the csv module asks
+    reader = csv.DictReader(io.StringIO(_read_text(path, flag), newline=""))
     if reader.fieldnames is None:
         raise Refusal(f"{flag} {path} is empty; {FILE_FIX}")
     try:
@@ -100,7 +106,7 @@ def _json_rows(path: Path, flag: str) -> list[dict[str, Any]]:
             raise Refusal(f"{flag} {path} is not JSON ({error}); {FILE_FIX}") from None
     else:  # JSON lines
         rows = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may be in a text
             if line.strip():
                 try:
                     rows.append(json.loads(line))

@@ -379,11 +379,43 @@ def write_bytes(path, data: bytes):
          r"null\.jsonl: row 1 .*missing 'label'"),
         ("garbled.jsonl", b'{"text": "a", "label": 1}\n{"text": "b", "lab\n', r"garbled\.jsonl line 2 is not JSON"),
         ("missing.csv", None, r"--validation_file .*missing\.csv: no such file"),
+        ("utf16.csv", "text,label\nthe ship,0\n".encode("utf-16"), r"utf16\.csv is UTF-16, not UTF-8"),
+        ("list.jsonl", b'{"text": "a", "label": 1}\n[1, 2]\n', r"list\.jsonl .*not one object per row"),
     ],
 )  # fmt: skip
 def test_bad_validation_files_are_refused_naming_the_file(tmp_path, folder, topic_files, name, content, message):
     validation = tmp_path / name if content is None else write_bytes(tmp_path / name, content)
     refused_before_training(args_for(folder, topic_files[0], validation, tmp_path / "out"), message)
+
+
+def test_texts_keep_their_line_breaks_and_unicode_separators(tmp_path):
+    from hfbert.finetune import load_task, parse_args
+
+    texts = ["a ship\nat sea", "a team\u2028won", "the ship\x0csank", "the team lost"]
+    rows = [{"text": text, "label": index % 2} for index, text in enumerate(texts)]
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    for path in (write_csv(tmp_path / "rows.csv", rows), jsonl):
+        task = load_task(parse_args(["model", "--train_file", str(path), "--validation_file", str(path)]))
+        assert task.train["text"] == texts, path
+
+
+def test_a_folder_with_a_tokenizer_config_but_no_vocabulary_is_refused(tmp_path, folder, topic_files):
+    config_only = tmp_path / "config-only"
+    shutil.copytree(folder, config_only, ignore=shutil.ignore_patterns("tokenizer.json"))
+    refused_before_training(args_for(config_only, *topic_files, tmp_path / "out"), "holds no tokenizer")
+
+
+@pytest.mark.parametrize(
+    "flags", [("--dataset_name", "nyu-mll/glue", "--validation_file", "dev.csv"),
+              ("--train_file", "a.csv", "--validation_file", "b.csv", "--dataset_config_name", "sst2")],
+)  # fmt: skip
+def test_data_flags_that_would_be_ignored_are_usage_errors(flags, capsys):
+    from hfbert.finetune import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["model", *flags])
+    assert "with --" in capsys.readouterr().err.splitlines()[-1]  # names the flag it goes with
 
 
 def test_labels_are_read_alike_from_csv_jsonl_and_parquet(tmp_path):
