@@ -121,7 +121,8 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
     that holds its tokenizer (the folder, or a checkpoint's tokenizer/)."""
     path, where = Path(folder), f"{flag} {folder}"
     if not path.is_dir():
-        raise Refusal(f"{where}: no such folder; {FOLDER_FIX}")
+        problem = f"is a file; pass the folder that holds it ({path.parent}), or" if path.is_file() else "no such folder;"
+        raise Refusal(f"{where}: {problem} {FOLDER_FIX}")
     if not (path / "config.json").is_file() or not any((path / name).is_file() for name in WEIGHT_FILES):
         raise Refusal(f"{where} holds no model (config.json and weights); {FOLDER_FIX}, not a tokenizer folder")
     if (path / MANIFEST_NAME).is_file():  # a checkpoint: every file as it was saved
@@ -162,7 +163,14 @@ def load_candidate(role: str, folder: str, init: str, flag: str, args: argparse.
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
     except (OSError, ValueError, KeyError) as error:
         raise Refusal(f"{where}: its config.json cannot be read ({str(error).splitlines()[0]}); {FOLDER_FIX}") from None
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder, trust_remote_code=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder, trust_remote_code=True)
+    except Exception as error:  # tokenizers' Rust errors are plain Exceptions; transformers adds KeyError, OSError
+        raise Refusal(
+            f"{where}: its tokenizer in {tokenizer_folder} cannot be loaded ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); save the tokenizer the model was trained with "
+            "into the folder again"
+        ) from None
     positions = getattr(config, "max_position_embeddings", None)
     if positions is not None and args.max_seq_length > positions:
         raise Refusal(

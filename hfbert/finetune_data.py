@@ -88,7 +88,8 @@ def _read_text(path: Path, flag: str) -> str:
 
 def _csv_rows(path: Path, flag: str) -> list[dict[str, Any]]:
     # newline="": line breaks inside quoted fields stay in the text, as the csv module asks
-    reader = csv.DictReader(io.StringIO(_read_text(path, flag), newline=""))
+    # strict: an unterminated quote is an error, not a field that swallows the rest of the file
+    reader = csv.DictReader(io.StringIO(_read_text(path, flag), newline=""), strict=True)
     if reader.fieldnames is None:
         raise Refusal(f"{flag} {path} is empty; {FILE_FIX}")
     try:
@@ -142,7 +143,7 @@ def read_labelled_file(path: str | Path, flag: str) -> list[dict[str, Any]]:
     reader = {".csv": _csv_rows, ".parquet": _parquet_rows}.get(path.suffix, _json_rows)
     rows = reader(path, flag)
     if not rows:
-        raise Refusal(f"{flag} {path} has a header but no rows; {FILE_FIX}")
+        raise Refusal(f"{flag} {path} has no data rows (a header or an empty list only); {FILE_FIX}")
     return rows
 
 

@@ -370,7 +370,7 @@ def write_bytes(path, data: bytes):
     ("name", "content", "message"),
     [
         ("empty.csv", b"", r"empty\.csv is empty"),
-        ("header.csv", b"text,label\n", r"header\.csv has a header but no rows"),
+        ("header.csv", b"text,label\n", r"header\.csv has no data rows"),
         ("empty.jsonl", b"\n", r"empty\.jsonl is empty"),
         ("latin.csv", "text,label\ncaf\u00e9,1\nthe,0\n".encode("latin-1"), r"latin\.csv is not UTF-8 .*byte"),
         ("text.csv", b"text,label\n,1\nthe ship,0\n", r"text\.csv: row 1 .* has an empty or missing 'text'"),
@@ -380,6 +380,7 @@ def write_bytes(path, data: bytes):
         ("garbled.jsonl", b'{"text": "a", "label": 1}\n{"text": "b", "lab\n', r"garbled\.jsonl line 2 is not JSON"),
         ("missing.csv", None, r"--validation_file .*missing\.csv: no such file"),
         ("utf16.csv", "text,label\nthe ship,0\n".encode("utf-16"), r"utf16\.csv is UTF-16, not UTF-8"),
+        ("quote.csv", b'text,label\n"a ship,1\nthe ship,0\n', r"quote\.csv is not valid CSV"),
         ("list.jsonl", b'{"text": "a", "label": 1}\n[1, 2]\n', r"list\.jsonl .*not one object per row"),
     ],
 )  # fmt: skip
@@ -404,6 +405,8 @@ def test_a_folder_with_a_tokenizer_config_but_no_vocabulary_is_refused(tmp_path,
     config_only = tmp_path / "config-only"
     shutil.copytree(folder, config_only, ignore=shutil.ignore_patterns("tokenizer.json"))
     refused_before_training(args_for(config_only, *topic_files, tmp_path / "out"), "holds no tokenizer")
+    (config_only / "tokenizer.json").write_text("{}")  # JSON, but no tokenizer
+    refused_before_training(args_for(config_only, *topic_files, tmp_path / "out"), "tokenizer .* cannot be loaded")
 
 
 @pytest.mark.parametrize(
