@@ -479,8 +479,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
         return super()._get_help_string(action)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The flags, after the checks that need nothing but the flags (argparse's usage errors)."""
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m hfbert.finetune`'s flags, with their defaults and help."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=_HelpFormatter)
     parser.add_argument(
         "model_dir", help="a finished run's output folder, one of its checkpoint-<step> folders, or any BERT folder"
@@ -525,6 +525,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     output.add_argument(
         "--quiet", action="store_true", help="no progress bars or library warnings: the scores and the table only"
     )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The flags, after the checks that need nothing but the flags (argparse's usage errors, exit 2)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if (args.dataset_name is None) == (args.train_file is None):
         parser.error("pass either --dataset_name or --train_file (with --validation_file)")
