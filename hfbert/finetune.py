@@ -38,6 +38,7 @@ from transformers import (
     Trainer,
     TrainingArguments,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING as CLASSIFIERS
 from transformers.trainer_callback import PrinterCallback
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
@@ -163,6 +164,12 @@ def load_candidate(role: str, folder: str, init: str, flag: str, args: argparse.
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
     except (OSError, ValueError, KeyError) as error:
         raise Refusal(f"{where}: its config.json cannot be read ({str(error).splitlines()[0]}); {FOLDER_FIX}") from None
+    remote_classes = getattr(config, "auto_map", None) or {}
+    if "AutoModelForSequenceClassification" not in remote_classes and type(config) not in CLASSIFIERS:
+        raise Refusal(
+            f"{where} holds a {config.model_type!r} model, which has no sequence-classification class in "
+            f"transformers; {FOLDER_FIX}"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder, trust_remote_code=True)
     except Exception as error:  # tokenizers' Rust errors are plain Exceptions; transformers adds KeyError, OSError
@@ -183,9 +190,10 @@ def load_candidate(role: str, folder: str, init: str, flag: str, args: argparse.
             f"--max_seq_length {args.max_seq_length} leaves no room for text beside the {special} special tokens; "
             "pass a larger --max_seq_length (128 is usual)"
         )
-    if len(tokenizer) > config.vocab_size:
+    vocab_size = getattr(config, "vocab_size", None)
+    if vocab_size is not None and len(tokenizer) > vocab_size:
         raise Refusal(
-            f"{where}: its tokenizer has {len(tokenizer)} tokens but the model only {config.vocab_size} embeddings; "
+            f"{where}: its tokenizer has {len(tokenizer)} tokens but the model only {vocab_size} embeddings; "
             "save the tokenizer the model was trained with into the folder"
         )
     return Candidate(role, folder, init, tokenizer)

@@ -537,3 +537,19 @@ def test_sigterm_during_fine_tuning_says_so_and_leaves_no_temporary_folder(tmp_p
     assert stderr.strip().splitlines()[-1].startswith("python -m hfbert.finetune: stopped by SIGTERM")
     assert not list(scratch.glob("hfbert-finetune-*"))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_compare_folder_without_a_sequence_classifier_is_refused_before_the_model_trains(
+    tmp_path, folder, topic_files
+):
+    from safetensors.torch import save_file
+    from transformers import ViTConfig
+
+    vision = tmp_path / "vision"
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(vision)
+    save_file({"weight": torch.zeros(2)}, vision / "model.safetensors")
+    shutil.copy(folder / "tokenizer.json", vision / "tokenizer.json")
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--compare", str(vision)),
+        r"--compare .*vit.* no sequence-classification",
+    )
