@@ -220,6 +220,7 @@ def check_before_work(args: argparse.Namespace) -> tuple[list[Candidate], TaskDa
         _refusal_from(lambda: check_folder_writable(args.model_dir, "model_dir (where the results go)"))
     if args.update_model_card:
         _refusal_from(lambda: check_folder_writable(args.model_dir, "--update_model_card's model_dir"))
+        check_model_card(Path(args.model_dir) / "README.md")
     if args.fp16 and not torch.cuda.is_available():
         raise Refusal("--fp16 needs a CUDA GPU and none is available; leave --fp16 out on a CPU")
     return candidates, load_task(args)
@@ -380,6 +381,23 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     axis.set_title(f"Fine-tuned accuracy per seed (seeds {seeds})", fontsize=9)
     axis.grid(alpha=0.3)
     return save_figure(figure, path)
+
+
+def check_model_card(card_path: Path) -> None:
+    """Refuse, before any training, a card whose metadata `add_to_model_card` could not read afterwards."""
+    import yaml
+    from huggingface_hub import ModelCard
+
+    if not card_path.is_file():
+        return
+    try:
+        ModelCard.load(card_path)
+    except (yaml.YAMLError, ValueError) as error:
+        reason = " ".join(str(error).split())[:200]
+        raise Refusal(
+            f"--update_model_card: the metadata of {card_path} (its YAML front matter) cannot be read ({reason}); "
+            "fix it, or move the card away and a new one is written"
+        ) from None
 
 
 def add_to_model_card(

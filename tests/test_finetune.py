@@ -553,3 +553,11 @@ def test_a_compare_folder_without_a_sequence_classifier_is_refused_before_the_mo
         args_for(folder, *topic_files, tmp_path / "out", "--compare", str(vision)),
         r"--compare .*vit.* no sequence-classification",
     )
+
+
+def test_a_model_card_whose_metadata_does_not_parse_is_refused_before_training(tmp_path, folder, topic_files):
+    model = tmp_path / "model"
+    shutil.copytree(folder, model)
+    (model / "README.md").write_text("---\nlicense: [apache\n---\n\n# model\n")
+    argv = args_for(model, *topic_files, tmp_path / "out", "--update_model_card")
+    refused_before_training(argv, r"metadata of .*README\.md .*cannot be read")
