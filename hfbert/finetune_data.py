@@ -90,9 +90,9 @@ def _csv_rows(path: Path, flag: str) -> list[dict[str, Any]]:
     # newline="": line breaks inside quoted fields stay in the text, as the csv module asks
     # strict: an unterminated quote is an error, not a field that swallows the rest of the file
     reader = csv.DictReader(io.StringIO(_read_text(path, flag), newline=""), strict=True)
-    if reader.fieldnames is None:
-        raise Refusal(f"{flag} {path} is empty; {FILE_FIX}")
     try:
+        if reader.fieldnames is None:
+            raise Refusal(f"{flag} {path} is empty; {FILE_FIX}")
         return list(reader)  # every value a string, "" for an empty cell, None for a short row
     except csv.Error as error:
         raise Refusal(f"{flag} {path} is not valid CSV (line {reader.line_num}: {error}); {FILE_FIX}") from None
@@ -186,7 +186,10 @@ def _check_texts(columns: dict[str, list], where: str, text_columns: list[str]) 
 def _checked_columns(
     rows: list[dict[str, Any]] | datasets.Dataset, where: str, text_columns: list[str], label: str
 ) -> dict[str, list]:
-    names = list(rows.column_names) if isinstance(rows, datasets.Dataset) else list(rows[0])
+    if isinstance(rows, datasets.Dataset):
+        names = list(rows.column_names)
+    else:  # every key of any row: a JSON line may leave out a key the others have
+        names = [name for name in dict.fromkeys(key for row in rows for key in row) if name is not None]
     for column in (*text_columns, label):
         if column not in names:
             raise Refusal(

@@ -561,3 +561,12 @@ def test_a_model_card_whose_metadata_does_not_parse_is_refused_before_training(t
     (model / "README.md").write_text("---\nlicense: [apache\n---\n\n# model\n")
     argv = args_for(model, *topic_files, tmp_path / "out", "--update_model_card")
     refused_before_training(argv, r"metadata of .*README\.md .*cannot be read")
+
+
+def test_a_json_line_without_the_pair_column_is_a_missing_text_not_a_missing_column(tmp_path, folder):
+    rows = [{"text": "a ship", "label": 0}, {"text": "a team", "second": "it won", "label": 1}]
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    refused_before_training(
+        args_for(folder, pairs, pairs, tmp_path / "out", "--text_pair_column", "second"),
+        r"pairs\.jsonl: row 1 .* has an empty or missing 'second'",
+    )
