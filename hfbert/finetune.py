@@ -500,7 +500,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
     """The module docstring as written, and every flag's default (unless it has none, or says it)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False) or "default" in (action.help or ""):
+        if action.default is None or action.default is False or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -522,8 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument(
         "--label_column", default="label", help="the class of each row: integers (1 and 1.0 alike) or names"
     )
-    data.add_argument("--max_train_samples", type=int, help="few-label runs: this many, evenly across classes")
-    data.add_argument("--max_eval_samples", type=int, help="evaluate on this many rows, drawn by --data_seed")
+    data.add_argument(
+        "--max_train_samples", type=int, help="few-label runs: this many, evenly across classes (default: every row)"
+    )
+    data.add_argument(
+        "--max_eval_samples", type=int, help="evaluate on this many rows, drawn by --data_seed (default: every row)"
+    )
     data.add_argument("--data_seed", type=int, default=0, help="which examples --max_train_samples keeps")
     training = parser.add_argument_group("fine-tuning (transformers' Trainer)")
     training.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one fine-tuning run per seed")

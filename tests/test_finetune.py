@@ -483,7 +483,7 @@ def test_help_shows_the_defaults_and_every_flag_has_help(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     text = capsys.readouterr().out
-    assert "(default: 5e-05)" in text and "(default: label)" in text
+    assert "(default: 5e-05)" in text and "(default: label)" in text and "keeps (default: 0)" in text
     assert "(default: None)" not in text
 
 
