@@ -102,6 +102,10 @@ def naive_bayes_accuracy(train: datasets.Dataset, test: datasets.Dataset) -> flo
     return hits / len(test)
 
 
+# hfbert.finetune keys its results by role; this report names the weights.
+ROLE_NAMES = {finetune.MODEL_ROLE: "pretrained", finetune.COMPARISON_ROLE: finetune.RANDOM_INIT}
+
+
 def finetune_args(
     folder: str, paths: dict[str, Path], split: str, size: int, rate: float, args, out: Path
 ) -> list[str]:
@@ -126,7 +130,8 @@ def finetuned(argv: list[str]) -> dict:
     path = Path(settings["output_dir"]) / finetune.RESULTS_NAME
     if path.is_file():
         results = json.loads(path.read_text())
-        if results["model_dir"] == argv[0] and results["settings"] == json.loads(json.dumps(settings)):
+        same = results["model_dir"] == argv[0] and results["settings"] == json.loads(json.dumps(settings))
+        if same and finetune.MODEL_ROLE in results["models"]:  # not from before the results were keyed by role
             return results
     return finetune.main(argv)
 
@@ -137,8 +142,8 @@ def best_rates(folder: str, paths, size: int, args, work_dir: Path) -> dict[str,
     for rate in args.learning_rates:
         out = work_dir / f"tune-{run_name(folder, size, rate, args)}"
         results = finetuned(finetune_args(folder, paths, "tune", size, rate, args, out))
-        for name, model in results["models"].items():
-            accuracy = model["summary"]["accuracy"]["mean"]
+        for role, model in results["models"].items():
+            name, accuracy = ROLE_NAMES[role], model["summary"]["accuracy"]["mean"]
             if name not in best or accuracy > best[name][1]:
                 best[name] = (rate, accuracy)
     return best
@@ -149,7 +154,8 @@ def test_split_accuracy(
 ) -> list[float]:
     out = work_dir / f"test-{run_name(folder, size, rate, args)}"
     results = finetuned(finetune_args(folder, paths, "test", size, rate, args, out))
-    return results["models"][model]["summary"]["accuracy"]["per_seed"]
+    role = next(role for role, name in ROLE_NAMES.items() if name == model)
+    return results["models"][role]["summary"]["accuracy"]["per_seed"]
 
 
 def measure(folder: str, paths, size: int, args, work_dir: Path) -> dict:

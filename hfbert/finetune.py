@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from typing import Any
 import datasets
 import numpy as np
 import torch
+import transformers
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -34,40 +38,31 @@ from transformers import (
     Trainer,
     TrainingArguments,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING as CLASSIFIERS
+from transformers.trainer_callback import PrinterCallback
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
-from hfbert.files import atomic_path, check_folder_readable, write_json_atomic
+from hfbert.checkpointing import MANIFEST_NAME, verify_checkpoint
+from hfbert.errors import Refusal, run_cli
+from hfbert.files import atomic_path, check_folder_readable, check_folder_writable, write_json_atomic
+from hfbert.finetune_data import (  # noqa: F401  (GLUE_TASKS, few_labels: part of this module's API)
+    GLUE_TASKS,
+    TaskData,
+    few_labels,
+    load_task,
+    task_columns,
+    tokenize,
+)
 from hfbert.plotting import save_figure
 from hfbert.pretraining.finish import TRAINING_ARGS_NAME
 
+PROG = "python -m hfbert.finetune"
 RANDOM_INIT = "random_init"
+# What the results are keyed by: the model under test, and what it is compared with (never a folder's name).
+MODEL_ROLE = "model"
+COMPARISON_ROLE = "comparison"
 RESULTS_NAME = "finetune_results.json"
 PLOT_NAME = "finetune_results.png"
-
-
-@dataclass(frozen=True)
-class GlueTask:
-    """A GLUE classification task: its columns, its evaluation split and the metrics GLUE reports."""
-
-    text_column: str
-    text_pair_column: str | None
-    metrics: tuple[str, ...]
-    validation_split: str = "validation"
-
-
-# GLUE's classification tasks (STS-B is a regression and is not offered).
-GLUE_TASKS: dict[str, GlueTask] = {
-    "cola": GlueTask("sentence", None, ("matthews_correlation", "accuracy")),
-    "sst2": GlueTask("sentence", None, ("accuracy",)),
-    "mrpc": GlueTask("sentence1", "sentence2", ("accuracy", "f1")),
-    "qqp": GlueTask("question1", "question2", ("accuracy", "f1")),
-    "mnli": GlueTask("premise", "hypothesis", ("accuracy",), "validation_matched"),
-    "qnli": GlueTask("question", "sentence", ("accuracy",)),
-    "rte": GlueTask("sentence1", "sentence2", ("accuracy",)),
-    "wnli": GlueTask("sentence1", "sentence2", ("accuracy",)),
-}
-GLUE_NAMES = ("glue", "nyu-mll/glue")
-FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -103,155 +98,132 @@ def _compute_metrics(prediction) -> dict[str, float]:
     return classification_metrics(np.asarray(logits).argmax(-1), np.asarray(labels))
 
 
-# ------------------------------------------------------------------------------------------------ data
-
-
-@dataclass(frozen=True)
-class TaskData:
-    """The labelled examples, as train and evaluation splits with integer labels 0..num_labels-1."""
-
-    train: datasets.Dataset
-    evaluation: datasets.Dataset
-    text_column: str
-    text_pair_column: str | None
-    label_names: list[str]
-    metrics: tuple[str, ...]
-
-
-def _load_raw(args: argparse.Namespace) -> tuple[datasets.Dataset, datasets.Dataset]:
-    if args.dataset_name is not None:
-        task = GLUE_TASKS.get(args.dataset_config_name or "") if args.dataset_name in GLUE_NAMES else None
-        try:
-            splits = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
-        except Exception as error:  # datasets raises many types for offline / missing / typo
-            raise ValueError(
-                f"--dataset_name {args.dataset_name} (--dataset_config_name {args.dataset_config_name}) could not "
-                f"be loaded ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); check the "
-                "name and your connection to the Hub, or pass --train_file/--validation_file"
-            ) from None
-        validation = task.validation_split if task else args.validation_split
-        for split in ("train", validation):
-            if split not in splits:
-                raise ValueError(f"--dataset_name {args.dataset_name} has no {split!r} split; it has {list(splits)}")
-        return splits["train"], splits[validation]
-    loaded = []
-    for flag, path in (("--train_file", args.train_file), ("--validation_file", args.validation_file)):
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"{flag} {path}: no such file")
-        if path.suffix not in FILE_BUILDERS:
-            raise ValueError(f"{flag} {path}: use a {', '.join(FILE_BUILDERS)} file")
-        loaded.append(datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train"))
-    return loaded[0], loaded[1]
-
-
-def _columns(args: argparse.Namespace) -> tuple[str, str | None, str, tuple[str, ...]]:
-    """(text column, pair column, label column, metrics) from the flags, with GLUE's defaults."""
-    task = GLUE_TASKS.get(args.dataset_config_name or "") if args.dataset_name in GLUE_NAMES else None
-    text = args.text_column or (task.text_column if task else "text")
-    pair = args.text_pair_column or (task.text_pair_column if task else None)
-    metrics = task.metrics if task else ("accuracy",)
-    return text, pair, args.label_column, metrics
-
-
-def _check_columns(split: datasets.Dataset, name: str, columns: Sequence[str | None]) -> None:
-    for column in columns:
-        if column is not None and column not in split.column_names:
-            raise ValueError(
-                f"the {name} split has no column {column!r}; its columns are {split.column_names} "
-                "(choose with --text_column, --text_pair_column, --label_column)"
-            )
-
-
-def _label_names(train: datasets.Dataset, evaluation: datasets.Dataset, column: str) -> list[str]:
-    """The classes, in the dataset's ClassLabel order or sorted; refuses labels that are not categories."""
-    feature = train.features[column]
-    if isinstance(feature, datasets.ClassLabel):
-        return list(feature.names)
-    values = train.unique(column)
-    if any(isinstance(value, float) and not float(value).is_integer() for value in values):
-        raise ValueError(
-            f"--label_column {column} holds non-integer numbers ({values[:3]} ...): a regression target, not "
-            "categories; this tool fine-tunes classifiers"
-        )
-    if len(values) > max(50, len(train) // 2):
-        raise ValueError(
-            f"--label_column {column} has {len(values)} distinct values in {len(train)} training examples: not "
-            "categorical; pass the column that holds the class"
-        )
-    names = sorted(str(value) for value in values)
-    unseen = sorted({str(value) for value in evaluation.unique(column)} - set(names))
-    if unseen:
-        raise ValueError(
-            f"the evaluation split has labels the training split lacks: {unseen[:5]}; a classifier cannot learn "
-            "them (use splits with the same classes)"
-        )
-    if len(names) < 2:
-        raise ValueError(f"--label_column {column} has a single class {names}; a classifier needs two or more")
-    return names
-
-
-def _with_label_ids(split: datasets.Dataset, column: str, names: list[str]) -> datasets.Dataset:
-    if isinstance(split.features[column], datasets.ClassLabel):
-        return split.filter(lambda row: row[column] >= 0).rename_column(column, "labels")  # GLUE test: -1
-    index = {name: i for i, name in enumerate(names)}
-    return split.map(lambda row: {"labels": index[str(row[column])]}, remove_columns=[column])
-
-
-def few_labels(train: datasets.Dataset, count: int, seed: int) -> datasets.Dataset:
-    """`count` training examples drawn as evenly across the classes as they allow (stratified), by `seed`."""
-    generator = np.random.default_rng(seed)
-    labels = np.asarray(train["labels"])
-    by_class = [generator.permutation(np.flatnonzero(labels == label)) for label in np.unique(labels)]
-    chosen, round_index = [], 0
-    while len(chosen) < min(count, len(labels)):
-        for indices in by_class:
-            if round_index < len(indices) and len(chosen) < count:
-                chosen.append(int(indices[round_index]))
-        round_index += 1
-    return train.select(sorted(chosen))
-
-
-def load_task(args: argparse.Namespace) -> TaskData:
-    """The task's splits with integer labels, after every check on columns and labels."""
-    text, pair, label, metrics = _columns(args)
-    train, evaluation = _load_raw(args)
-    _check_columns(train, "training", (text, pair, label))
-    _check_columns(evaluation, "evaluation", (text, pair, label))
-    names = _label_names(train, evaluation, label)
-    train, evaluation = (_with_label_ids(split, label, names) for split in (train, evaluation))
-    if args.max_train_samples is not None:
-        train = few_labels(train, args.max_train_samples, args.data_seed)
-    if args.max_eval_samples is not None:
-        evaluation = evaluation.shuffle(seed=args.data_seed).select(range(min(args.max_eval_samples, len(evaluation))))
-    return TaskData(train, evaluation, text, pair, names, metrics)
-
-
-def tokenize(task: TaskData, tokenizer: PreTrainedTokenizerBase, max_seq_length: int) -> tuple[datasets.Dataset, ...]:
-    def encode(rows: dict[str, list]) -> dict[str, list]:
-        pair = rows[task.text_pair_column] if task.text_pair_column else None
-        return tokenizer(rows[task.text_column], pair, truncation=True, max_length=max_seq_length)
-
-    return tuple(
-        split.map(encode, batched=True, remove_columns=[c for c in split.column_names if c != "labels"])
-        for split in (task.train, task.evaluation)
-    )
-
-
 # ------------------------------------------------------------------------------------------------ models
 
 
-def check_model_folder(folder: str) -> None:
-    """Refuse, before any work, a folder that holds no model (or a damaged one)."""
-    path = Path(folder)
+FOLDER_FIX = "pass a finished run's output folder (or one of its checkpoint-<step> folders, or any BERT folder)"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # the vocabulary: tokenizer_config.json alone holds none
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+CHECKPOINT_TOKENIZER = "tokenizer"  # where a checkpoint-<step> folder keeps its tokenizer
+
+
+def _refusal_from(check: Callable[[], None], where: str | None = None) -> None:
+    """Run one of hfbert.files' checks, which name the bad file or folder and the fix in a ValueError, so that
+    its message is a Refusal (prefixed with `where`, the flag and folder, if given)."""
+    try:
+        check()
+    except ValueError as error:
+        raise Refusal(f"{where}: {error}" if where else str(error)) from None
+
+
+def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
+    """Refuse, before any work, a folder that holds no model, a damaged one (unreadable JSON or safetensors,
+    or files that differ from a checkpoint's sha256 manifest) or one without a tokenizer; returns the folder
+    that holds its tokenizer (the folder, or a checkpoint's tokenizer/)."""
+    path, where = Path(folder), f"{flag} {folder}"
     if not path.is_dir():
-        raise ValueError(f"{folder}: no such folder; pass a finished run's output folder (it holds config.json)")
-    if not (path / "config.json").is_file() or (not any(path.glob("*.safetensors")) and not any(path.glob("*.bin"))):
-        raise ValueError(
-            f"{folder} holds no model (config.json and weights); pass a finished run's output folder, not a "
-            "checkpoint-<step> folder or a tokenizer folder"
+        problem = f"is a file; pass the folder that holds it ({path.parent}), or" if path.is_file() else "no such folder;"
+        raise Refusal(f"{where}: {problem} {FOLDER_FIX}")
+    if not (path / "config.json").is_file() or not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise Refusal(f"{where} holds no model (config.json and weights); {FOLDER_FIX}, not a tokenizer folder")
+    if (path / MANIFEST_NAME).is_file():  # a checkpoint: every file as it was saved
+        verify_checkpoint(path)
+    tokenizer_folder = next(
+        (place for place in (path, path / CHECKPOINT_TOKENIZER) if any((place / n).is_file() for n in TOKENIZER_FILES)),
+        None,
+    )
+    if tokenizer_folder is None:
+        raise Refusal(
+            f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES)}, at its top or in {CHECKPOINT_TOKENIZER}/); "
+            f"{FOLDER_FIX}, or save the tokenizer it was trained with into it (tokenizer.save_pretrained(folder))"
         )
-    check_folder_readable(path, "copy or write the folder again")
+    for place in {path, tokenizer_folder}:
+        _refusal_from(lambda place=place: check_folder_readable(place, "copy or write the folder again"), where)
+    return tokenizer_folder
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One model the run fine-tunes: the one under test (role "model") or the comparison."""
+
+    role: str  # MODEL_ROLE or COMPARISON_ROLE: what the results are keyed by
+    folder: str  # where its config (and, unless init is RANDOM_INIT, its weights) come from
+    init: str  # "pretrained" or RANDOM_INIT
+    tokenizer: PreTrainedTokenizerBase
+
+    @property
+    def description(self) -> str:
+        return f"{self.folder}, random init" if self.init == RANDOM_INIT else self.folder
+
+
+def load_candidate(role: str, folder: str, init: str, flag: str, args: argparse.Namespace) -> Candidate:
+    """Check `folder` and the flags against its config and tokenizer; refuses what would fail mid-training."""
+    tokenizer_folder = check_model_folder(folder, flag)
+    where = f"{flag} {folder}"
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise Refusal(f"{where}: its config.json cannot be read ({str(error).splitlines()[0]}); {FOLDER_FIX}") from None
+    remote_classes = getattr(config, "auto_map", None) or {}
+    if "AutoModelForSequenceClassification" not in remote_classes and type(config) not in CLASSIFIERS:
+        raise Refusal(
+            f"{where} holds a {config.model_type!r} model, which has no sequence-classification class in "
+            f"transformers; {FOLDER_FIX}"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder, trust_remote_code=True)
+    except Exception as error:  # tokenizers' Rust errors are plain Exceptions; transformers adds KeyError, OSError
+        raise Refusal(
+            f"{where}: its tokenizer in {tokenizer_folder} cannot be loaded ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); save the tokenizer the model was trained with "
+            "into the folder again"
+        ) from None
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and args.max_seq_length > positions:
+        raise Refusal(
+            f"--max_seq_length {args.max_seq_length} exceeds {where}'s max_position_embeddings {positions}; "
+            f"pass --max_seq_length <= {positions}"
+        )
+    special = tokenizer.num_special_tokens_to_add(pair=task_columns(args)[1] is not None)
+    if args.max_seq_length <= special:
+        raise Refusal(
+            f"--max_seq_length {args.max_seq_length} leaves no room for text beside the {special} special tokens; "
+            "pass a larger --max_seq_length (128 is usual)"
+        )
+    vocab_size = getattr(config, "vocab_size", None)
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise Refusal(
+            f"{where}: its tokenizer has {len(tokenizer)} tokens but the model only {vocab_size} embeddings; "
+            "save the tokenizer the model was trained with into the folder"
+        )
+    return Candidate(role, folder, init, tokenizer)
+
+
+def check_before_work(args: argparse.Namespace) -> tuple[list[Candidate], TaskData]:
+    """Every check on the folders, the output places, the flags and the data, before any training: the
+    models to fine-tune (the one under test first) and the task."""
+    candidates = [load_candidate(MODEL_ROLE, args.model_dir, "pretrained", "model_dir", args)]
+    if args.compare == RANDOM_INIT:
+        if Path(RANDOM_INIT).exists():
+            raise Refusal(
+                f"--compare {RANDOM_INIT} means random initialisation, but a folder of that name is here too; "
+                f"pass --compare ./{RANDOM_INIT} to compare with the folder"
+            )
+        candidates.append(Candidate(COMPARISON_ROLE, args.model_dir, RANDOM_INIT, candidates[0].tokenizer))
+    elif args.compare is not None:
+        if Path(args.compare).resolve() == Path(args.model_dir).resolve():
+            raise Refusal(f"--compare {args.compare} is the model folder itself; pass another folder or {RANDOM_INIT}")
+        candidates.append(load_candidate(COMPARISON_ROLE, args.compare, "pretrained", "--compare", args))
+    if args.output_dir is not None:
+        _refusal_from(lambda: check_folder_writable(args.output_dir, "--output_dir"))
+    else:
+        _refusal_from(lambda: check_folder_writable(args.model_dir, "model_dir (where the results go)"))
+    if args.update_model_card:
+        _refusal_from(lambda: check_folder_writable(args.model_dir, "--update_model_card's model_dir"))
+        check_model_card(Path(args.model_dir) / "README.md")
+    if args.fp16 and not torch.cuda.is_available():
+        raise Refusal("--fp16 needs a CUDA GPU and none is available; leave --fp16 out on a CPU")
+    return candidates, load_task(args)
 
 
 def build_model(
@@ -287,7 +259,7 @@ def reinitialise_query_key(model: torch.nn.Module) -> int:
         if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in ("query", "key")
     ]
     if not projections:
-        raise ValueError(
+        raise Refusal(
             f"{type(model).__name__} has no attention projections named query and key (BERT's layout); "
             "fine-tune it without --reinit_query_key"
         )
@@ -334,6 +306,8 @@ def finetune_once(
             data_collator=DataCollatorWithPadding(tokenizer),
             compute_metrics=_compute_metrics,
         )
+        if args.quiet:  # without progress bars the Trainer prints every log row instead
+            trainer.remove_callback(PrinterCallback)
         trainer.train()
         metrics = trainer.evaluate(evaluation)
     return {key.removeprefix("eval_"): value for key, value in metrics.items() if isinstance(value, float)}
@@ -354,15 +328,27 @@ def summarise(per_seed: dict[int, dict[str, float]], metrics: Sequence[str]) -> 
     return summary
 
 
+def describe(model: dict[str, Any]) -> str:
+    """A results entry as 'folder' or 'folder, random init'."""
+    return f"{model['folder']}, random init" if model["init"] == RANDOM_INIT else model["folder"]
+
+
 def report_table(results: dict[str, Any]) -> str:
-    """Markdown table: per model and metric, mean ± std over seeds and the per-seed values, then the gain."""
-    lines = ["| model | metric | mean ± std | per seed |", "|---|---|---|---|"]
-    for name, model in results["models"].items():
+    """Markdown table: per model (by role) and metric, mean ± std over seeds and the per-seed values, then the
+    gain of the model over the comparison."""
+    lines = ["| role | weights | metric | mean ± std | per seed |", "|---|---|---|---|---|"]
+    for role, model in results["models"].items():
         for metric, stats in model["summary"].items():
             seeds = ", ".join(f"{value:.3f}" for value in stats["per_seed"])
-            lines.append(f"| {name} | {metric} | {stats['mean']:.3f} ± {stats['std']:.3f} | {seeds} |")
+            lines.append(
+                f"| {role} | {describe(model)} | {metric} | {stats['mean']:.3f} ± {stats['std']:.3f} | {seeds} |"
+            )
     for metric, gain in results.get("gain", {}).items():
-        lines.append(f"\nGain in {metric} over {results['compare']}: {gain['mean']:+.3f} ± {gain['std']:.3f} (per seed)")
+        comparison = describe(results["models"][COMPARISON_ROLE])
+        lines.append(
+            f"\nGain in {metric} of the model over the comparison ({comparison}): {gain['mean']:+.3f} ± "
+            f"{gain['std']:.3f} (per seed)"
+        )
     return "\n".join(lines)
 
 
@@ -384,20 +370,43 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
 
     figure, axis = plt.subplots(figsize=(5.5, 3.5), constrained_layout=True)
     seeds = results["seeds"]
-    for offset, (name, model) in enumerate(results["models"].items()):
+    labels = []
+    for offset, (role, model) in enumerate(results["models"].items()):
         values = model["summary"]["accuracy"]["per_seed"]
-        axis.scatter([offset] * len(values), values, label=name)
+        labels.append(f"{role}\n{Path(model['folder']).name}" + (", random init" if model["init"] == RANDOM_INIT else ""))
+        axis.scatter([offset] * len(values), values, label=role)
         axis.hlines(statistics.fmean(values), offset - 0.2, offset + 0.2, color="black")
-    axis.set_xticks(range(len(results["models"])), list(results["models"]), fontsize=8)
+    axis.set_xticks(range(len(labels)), labels, fontsize=8)
     axis.set_ylabel("accuracy (evaluation split)")
     axis.set_title(f"Fine-tuned accuracy per seed (seeds {seeds})", fontsize=9)
     axis.grid(alpha=0.3)
     return save_figure(figure, path)
 
 
-def add_to_model_card(folder: Path, results: dict[str, Any], dataset: str, dataset_config: str | None) -> Path:
-    """Add the pretrained model's mean fine-tuned metrics to the folder's model card as `model-index` entries
-    (Hub metadata), keeping the card's text and its other results; written atomically."""
+def check_model_card(card_path: Path) -> None:
+    """Refuse, before any training, a card whose metadata `add_to_model_card` could not read afterwards."""
+    import yaml
+    from huggingface_hub import ModelCard
+
+    if not card_path.is_file():
+        return
+    try:
+        ModelCard.load(card_path)
+    except (yaml.YAMLError, ValueError) as error:
+        reason = " ".join(str(error).split())[:200]
+        raise Refusal(
+            f"--update_model_card: the metadata of {card_path} (its YAML front matter) cannot be read ({reason}); "
+            "fix it, or move the card away and a new one is written"
+        ) from None
+
+
+def add_to_model_card(
+    folder: Path, results: dict[str, Any], dataset: str, dataset_config: str | None, dataset_name: str | None = None
+) -> Path:
+    """Add the mean fine-tuned metrics of the model under test (never the comparison's) to its folder's model
+    card as `model-index` entries (Hub metadata) for `dataset` (a Hub id, or the evaluation file's name),
+    shown as `dataset_name` (default: `dataset`); keeps the card's text and its other results; written
+    atomically."""
     from huggingface_hub import EvalResult, ModelCard
 
     card_path = folder / "README.md"
@@ -410,12 +419,12 @@ def add_to_model_card(folder: Path, results: dict[str, Any], dataset: str, datas
     ]  # fmt: skip
     how = "query/key re-initialised, " if results["settings"].get("reinit_query_key") else ""
     seed_count = f"{len(results['seeds'])} seed" + ("s" if len(results["seeds"]) != 1 else "")
-    for metric, stats in results["models"]["pretrained"]["summary"].items():
+    for metric, stats in results["models"][MODEL_ROLE]["summary"].items():
         entries.append(
             EvalResult(
                 task_type="text-classification",
                 dataset_type=dataset,
-                dataset_name=dataset,
+                dataset_name=dataset_name or dataset,
                 dataset_config=dataset_config,
                 dataset_split=results["evaluation_split"],
                 metric_type=metric,
@@ -449,67 +458,87 @@ def reinit_query_key_hint(folder: str) -> str | None:
 
 
 def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
-    """Fine-tune the folder (and the comparison) under every seed; returns the results."""
-    check_model_folder(args.model_dir)
-    models = {"pretrained": (args.model_dir, "pretrained")}
-    if args.compare == RANDOM_INIT:
-        models[RANDOM_INIT] = (args.model_dir, RANDOM_INIT)
-    elif args.compare is not None:
-        check_model_folder(args.compare)
-        models[Path(args.compare).name] = (args.compare, "pretrained")
+    """Check everything, then fine-tune the model (and the comparison) under every seed; returns the results,
+    keyed by role ("model", "comparison")."""
+    candidates, task = check_before_work(args)
     hint = None if args.reinit_query_key else reinit_query_key_hint(args.model_dir)
     if hint:
         print(hint, flush=True)
-    task = load_task(args)
     results: dict[str, Any] = {
         "model_dir": str(args.model_dir),
         "compare": args.compare,
         "seeds": list(args.seeds),
         "train_examples": len(task.train),
         "evaluation_examples": len(task.evaluation),
-        "evaluation_split": "validation",
+        "evaluation_split": task.evaluation_split,
         "labels": task.label_names,
         "settings": {key: value for key, value in vars(args).items() if key not in ("model_dir",)},
         "models": {},
     }
-    for name, (folder, init) in models.items():
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-        train, evaluation = tokenize(task, tokenizer, args.max_seq_length)
+    for candidate in candidates:
+        train, evaluation = tokenize(task, candidate.tokenizer, args.max_seq_length)
         per_seed = {}
         for seed in args.seeds:
-            model = build_model(folder, init, len(task.label_names), seed, task.label_names, args.reinit_query_key)
-            per_seed[seed] = finetune_once(model, tokenizer, train, evaluation, args, seed)
-            print(f"{name}, seed {seed}: " + ", ".join(f"{m} {per_seed[seed][m]:.3f}" for m in task.metrics), flush=True)
-        results["models"][name] = {"folder": str(folder), "init": init, "summary": summarise(per_seed, task.metrics)}
-    if len(models) > 1:
-        first, second = list(results["models"].values())[:2]
-        results["gain"] = gain(first["summary"], second["summary"])
+            model = build_model(
+                candidate.folder, candidate.init, len(task.label_names), seed, task.label_names, args.reinit_query_key
+            )
+            per_seed[seed] = finetune_once(model, candidate.tokenizer, train, evaluation, args, seed)
+            scores = ", ".join(f"{m} {per_seed[seed][m]:.3f}" for m in task.metrics)
+            print(f"{candidate.role} ({candidate.description}), seed {seed}: {scores}", flush=True)
+        results["models"][candidate.role] = {
+            "folder": str(candidate.folder),
+            "init": candidate.init,
+            "summary": summarise(per_seed, task.metrics),
+        }
+    if len(candidates) > 1:
+        models = results["models"]
+        results["gain"] = gain(models[MODEL_ROLE]["summary"], models[COMPARISON_ROLE]["summary"])
     return results
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model_dir", help="a finished run's output folder (or any BERT folder)")
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default (unless it has none, or says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m hfbert.finetune`'s flags, with their defaults and help."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=_HelpFormatter)
+    parser.add_argument(
+        "model_dir", help="a finished run's output folder, one of its checkpoint-<step> folders, or any BERT folder"
+    )
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_name", help="a Hub dataset, e.g. nyu-mll/glue (GLUE's columns and metrics are known)")
     data.add_argument("--dataset_config_name", help="e.g. sst2, mrpc, rte, mnli, cola, qnli, qqp")
     data.add_argument("--validation_split", default="validation", help="evaluation split of a non-GLUE Hub set")
-    data.add_argument("--train_file", help="local csv, jsonl/json or parquet")
+    data.add_argument("--train_file", help="local csv, jsonl/json or parquet (UTF-8, a header and labelled rows)")
     data.add_argument("--validation_file", help="local csv, jsonl/json or parquet (the held-out evaluation)")
     data.add_argument("--text_column", help="default: GLUE's, else 'text'")
     data.add_argument("--text_pair_column", help="second text of sentence-pair tasks (default: GLUE's)")
-    data.add_argument("--label_column", default="label")
-    data.add_argument("--max_train_samples", type=int, help="few-label runs: this many, evenly across classes")
-    data.add_argument("--max_eval_samples", type=int)
+    data.add_argument(
+        "--label_column", default="label", help="the class of each row: integers (1 and 1.0 alike) or names"
+    )
+    data.add_argument(
+        "--max_train_samples", type=int, help="few-label runs: this many, evenly across classes (default: every row)"
+    )
+    data.add_argument(
+        "--max_eval_samples", type=int, help="evaluate on this many rows, drawn by --data_seed (default: every row)"
+    )
     data.add_argument("--data_seed", type=int, default=0, help="which examples --max_train_samples keeps")
     training = parser.add_argument_group("fine-tuning (transformers' Trainer)")
-    training.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    training.add_argument("--learning_rate", type=float, default=5e-5)
-    training.add_argument("--num_train_epochs", type=float, default=3.0)
-    training.add_argument("--per_device_train_batch_size", type=int, default=16)
-    training.add_argument("--warmup_ratio", type=float, default=0.1)
-    training.add_argument("--weight_decay", type=float, default=0.01)
-    training.add_argument("--max_seq_length", type=int, default=128)
+    training.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one fine-tuning run per seed")
+    training.add_argument("--learning_rate", type=float, default=5e-5, help="AdamW's peak rate")
+    training.add_argument("--num_train_epochs", type=float, default=3.0, help="passes over the training rows")
+    training.add_argument("--per_device_train_batch_size", type=int, default=16, help="rows per update")
+    training.add_argument("--warmup_ratio", type=float, default=0.1, help="share of the updates spent warming up")
+    training.add_argument("--weight_decay", type=float, default=0.01, help="AdamW's weight decay")
+    training.add_argument(
+        "--max_seq_length", type=int, default=128, help="longer texts are cut (at most the model's positions)"
+    )
     training.add_argument("--fp16", action="store_true", help="fp16 mixed precision (CUDA)")
     training.add_argument(
         "--reinit_query_key",
@@ -520,13 +549,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     output = parser.add_argument_group("comparison and output")
     output.add_argument("--compare", help=f"'{RANDOM_INIT}' (the same config, freshly initialised) or another folder")
     output.add_argument("--output_dir", help=f"where {RESULTS_NAME} and {PLOT_NAME} go (default: the model folder)")
-    output.add_argument("--update_model_card", action="store_true", help="add the results to the folder's README.md")
-    output.add_argument("--quiet", action="store_true", help="no progress bars")
+    output.add_argument(
+        "--update_model_card", action="store_true", help="add the model's results (only) to its folder's README.md"
+    )
+    output.add_argument(
+        "--quiet", action="store_true", help="no progress bars or library warnings: the scores and the table only"
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The flags, after the checks that need nothing but the flags (argparse's usage errors, exit 2)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if (args.dataset_name is None) == (args.train_file is None):
         parser.error("pass either --dataset_name or --train_file (with --validation_file)")
     if args.train_file is not None and args.validation_file is None:
         parser.error("--train_file needs --validation_file: results are measured on held-out examples")
+    if args.dataset_name is not None and args.validation_file is not None:
+        parser.error("--validation_file goes with --train_file; a --dataset_name set's evaluation split is its own")
+    hub_only = [
+        f"--{name}" for name in ("dataset_config_name", "validation_split")
+        if getattr(args, name) != parser.get_default(name)
+    ]  # fmt: skip
+    if args.train_file is not None and hub_only:
+        parser.error(f"{', '.join(hub_only)} go with --dataset_name, not with local files; leave them out")
     for name in ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "max_seq_length"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name} {getattr(args, name)} must be > 0")
@@ -534,27 +581,96 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--warmup_ratio {args.warmup_ratio} must be in [0, 1)")
     if args.max_train_samples is not None and args.max_train_samples < 2:
         parser.error(f"--max_train_samples {args.max_train_samples} must be >= 2")
+    if args.max_eval_samples is not None and args.max_eval_samples < 1:
+        parser.error(f"--max_eval_samples {args.max_eval_samples} must be >= 1")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {args.seeds} repeats a seed")
     return args
 
 
+@contextmanager
+def quiet_libraries(quiet: bool) -> Iterator[None]:
+    """With `quiet`, no progress bars and no warnings (such as a LOAD REPORT per seed) from transformers and
+    datasets while the block runs; their settings are restored after it."""
+    if not quiet:
+        yield
+        return
+    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
+    dataset_bars = datasets.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bar()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.logging.enable_progress_bar()
+        if dataset_bars:
+            datasets.enable_progress_bar()
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """`python -m hfbert.finetune`: check, fine-tune, write the results (and the model card); returns them."""
     args = parse_args(argv)
-    results = run_comparison(args)
-    output_dir = Path(args.output_dir or args.model_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(output_dir / RESULTS_NAME, results)
-    plot_results(results, output_dir / PLOT_NAME)
-    if args.update_model_card:
-        dataset = args.dataset_name or Path(args.train_file).stem
-        add_to_model_card(Path(args.model_dir), results, dataset, args.dataset_config_name)
+    with quiet_libraries(args.quiet):
+        results = run_comparison(args)
+        output_dir = Path(args.output_dir or args.model_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(output_dir / RESULTS_NAME, results)
+        plot_results(results, output_dir / PLOT_NAME)
+        if args.update_model_card:
+            if args.dataset_name is not None:
+                add_to_model_card(Path(args.model_dir), results, args.dataset_name, args.dataset_config_name)
+            else:  # local files: named after what was evaluated on and what was trained on
+                train, validation = Path(args.train_file).name, Path(args.validation_file).name
+                add_to_model_card(
+                    Path(args.model_dir), results, validation, None, f"{validation} (fine-tuned on {train})"
+                )
     print("\n" + report_table(results))
     print(f"\nResults: {output_dir / RESULTS_NAME}, {output_dir / PLOT_NAME}")
     return results
 
 
-if __name__ == "__main__":
-    from hfbert.errors import run_cli
+class Stopped(BaseException):
+    """SIGTERM or SIGINT arrived: raised where the run is, so that every `with` block (the Trainer's scratch
+    folder) cleans up on the way out. A BaseException, as KeyboardInterrupt: no `except Exception` swallows it."""
 
-    run_cli(main, prog="python -m hfbert.finetune")
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(signal.Signals(signal_number).name)
+        self.signal_number = signal_number
+
+
+@contextmanager
+def stop_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Turn `signals` into `Stopped` while the block runs (main thread only); the handlers are restored after."""
+
+    def stop(signal_number: int, frame: Any) -> None:
+        raise Stopped(signal_number)
+
+    previous = {number: signal.signal(number, stop) for number in signals}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def command_line() -> None:
+    """The process entry point: a refusal is one line and exit 2 (run_cli); a stop by SIGTERM or Ctrl-C is one
+    line and exit 128 + the signal, with the scratch folders removed and no results written."""
+    try:
+        with stop_on_signals():
+            run_cli(main, prog=PROG)
+    except Stopped as stopped:
+        print(
+            f"{PROG}: stopped by {stopped}; nothing of this run was kept ({RESULTS_NAME} and the model card are "
+            "written only once every fine-tuning run has finished); run the command again",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(128 + stopped.signal_number) from None
+
+
+if __name__ == "__main__":
+    command_line()

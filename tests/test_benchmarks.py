@@ -248,7 +248,8 @@ def test_downstream_chooses_each_models_rate_on_the_tuning_split_and_reports_the
             json.loads((tmp_path / "work" / f"tune-tiny-12-{rate}" / "finetune_results.json").read_text())
             for rate in ("0.0001", "0.003")
         ]  # fmt: skip
-        means = [results["models"][model]["summary"]["accuracy"]["mean"] for results in tuned]
+        role = {"pretrained": "model", "random_init": "comparison"}[model]  # hfbert.finetune's keys
+        means = [results["models"][role]["summary"]["accuracy"]["mean"] for results in tuned]
         assert row[model]["learning_rate"] == (1e-4, 3e-3)[means.index(max(means))]
         assert row[model]["tune_accuracy"] == max(means) and len(row[model]["test_per_seed"]) == 2
         test_run = (

@@ -1,19 +1,26 @@
 """python -m hfbert.finetune: a finished folder fine-tuned with transformers' Trainer against random init."""
 
 import json
+import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from unittest import mock
 
 import datasets
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import damage, tiny_config
 from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
+from hfbert.checkpointing import MANIFEST_FORMAT_VERSION, MANIFEST_NAME
+from hfbert.errors import Refusal
+from hfbert.files import sha256_file
 from hfbert.finetune import (
     RANDOM_INIT,
     RESULTS_NAME,
@@ -76,7 +83,8 @@ def test_single_sentences_from_csv_learn_and_compare_with_random_init(tmp_path, 
     train = write_csv(tmp_path / "train.csv", topic_rows(48, seed=0))
     validation = write_csv(tmp_path / "validation.csv", topic_rows(32, seed=1))
     results = main(args_for(folder, train, validation, tmp_path / "out", "--compare", RANDOM_INIT))
-    assert set(results["models"]) == {"pretrained", RANDOM_INIT}
+    assert set(results["models"]) == {"model", "comparison"}
+    assert results["models"]["comparison"]["init"] == RANDOM_INIT
     assert results["labels"] == ["ships", "sport"] and results["train_examples"] == 48
     for model in results["models"].values():
         assert min(model["summary"]["accuracy"]["per_seed"]) >= 0.9  # a separable task is learned
@@ -93,7 +101,7 @@ def test_sentence_pairs_from_jsonl_and_seeds_reproduce(tmp_path, folder):
     first = main(args_for(folder, train, validation, tmp_path / "a", *extra))
     second = main(args_for(folder, train, validation, tmp_path / "b", *extra))
     assert first["train_examples"] == 20
-    assert first["models"]["pretrained"]["summary"] == second["models"]["pretrained"]["summary"]
+    assert first["models"]["model"]["summary"] == second["models"]["model"]["summary"]
 
 
 @pytest.mark.slow
@@ -140,7 +148,7 @@ def test_bad_data_is_refused_before_training(tmp_path, folder, rows, flags, mess
 def test_labels_unseen_in_training_and_folders_without_a_model_are_refused(tmp_path, folder):
     train = write_csv(tmp_path / "train.csv", [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])
     validation = write_csv(tmp_path / "validation.csv", [{"text": "c", "label": "z"}])
-    with pytest.raises(ValueError, match=r"labels the training split lacks: \['z'\]"):
+    with pytest.raises(ValueError, match=r"validation\.csv has labels that --train_file .*train\.csv lacks: \['z'\]"):
         main(args_for(folder, train, validation, tmp_path / "out"))
     (tmp_path / "tokenizer-only").mkdir()
     (tmp_path / "tokenizer-only" / "tokenizer.json").write_text("{}")
@@ -173,7 +181,7 @@ def test_glue_columns_and_metrics_and_an_unreachable_hub(tmp_path, folder):
     train = finetune_once.call_args.args[2]
     assert set(train.column_names) >= {"input_ids", "token_type_ids", "labels"}
     assert max(train["token_type_ids"][0]) == 1  # the pair was encoded as two segments
-    assert set(results["models"]["pretrained"]["summary"]) == {"accuracy", "f1"}
+    assert set(results["models"]["model"]["summary"]) == {"accuracy", "f1"}
     with pytest.raises(ValueError, match=r"could not be loaded .*connection to the Hub"):
         main(glue)  # HF_DATASETS_OFFLINE=1: the download is refused at the network boundary
 
@@ -260,3 +268,305 @@ def test_reinit_query_key_refuses_a_model_without_bert_attention():
 
     with pytest.raises(ValueError, match="no attention projections named query and key"):
         reinitialise_query_key(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+# ------------------------------------------------------------------------------------------------ issue 34
+
+
+def refused_before_training(argv, message):
+    """main(argv) raises a Refusal matching `message`, and nothing was fine-tuned."""
+    with mock.patch("hfbert.finetune.finetune_once") as finetune_once, pytest.raises(Refusal, match=message):
+        main(argv)
+    finetune_once.assert_not_called()
+
+
+@pytest.fixture
+def topic_files(tmp_path):
+    return write_csv(tmp_path / "train.csv", topic_rows(8, seed=0)), write_csv(tmp_path / "dev.csv", topic_rows(4, 1))
+
+
+def checkpoint_like(folder, path):
+    """A run's checkpoint-<step> folder: the model and config, the tokenizer below, a sha256 manifest."""
+    path.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "configuration_hfbert.py", "modeling_hfbert.py"):
+        shutil.copy(folder / name, path / name)
+    (path / "tokenizer").mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folder / name, path / "tokenizer" / name)
+    files = {
+        p.relative_to(path).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(path.rglob("*")) if p.is_file()
+    }  # fmt: skip
+    manifest = {"format_version": MANIFEST_FORMAT_VERSION, "step": 4, "num_processes": 1, "files": files}
+    (path / MANIFEST_NAME).write_text(json.dumps(manifest))
+    return path
+
+
+def test_a_checkpoint_folder_is_fine_tuned_with_its_tokenizer_and_refused_when_its_weights_changed(
+    tmp_path, folder, topic_files
+):
+    checkpoint = checkpoint_like(folder, tmp_path / "run" / "checkpoint-4")
+    with mock.patch("hfbert.finetune.finetune_once", return_value={"accuracy": 0.5}) as finetune_once:
+        main(args_for(checkpoint, *topic_files, tmp_path / "out", "--seeds", "1"))
+    assert finetune_once.call_count == 1
+    weights = checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # same size, readable header: only the checksum tells
+    weights.write_bytes(bytes(data))
+    refused_before_training(args_for(checkpoint, *topic_files, tmp_path / "out"), "model.safetensors is corrupted")
+
+
+def test_folders_without_a_tokenizer_are_refused_before_any_training(tmp_path, folder, topic_files):
+    bare = tmp_path / "bare"
+    shutil.copytree(folder, bare, ignore=shutil.ignore_patterns("tokenizer*"))
+    refused_before_training(args_for(bare, *topic_files, tmp_path / "out"), "holds no tokenizer")
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--compare", str(bare)), r"--compare .*holds no tokenizer"
+    )
+
+
+def test_a_folder_without_config_or_with_unreadable_weights_is_refused(tmp_path, folder, topic_files):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    damage(damaged / "model.safetensors", "truncated")
+    refused_before_training(args_for(damaged, *topic_files, tmp_path / "out"), "model.safetensors is truncated")
+    (damaged / "config.json").unlink()
+    refused_before_training(args_for(folder, *topic_files, tmp_path / "out", "--compare", str(damaged)), "--compare")
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_training(
+    tmp_path, folder, topic_files, read_only_folder
+):
+    refused_before_training(args_for(folder, *topic_files, read_only_folder), "--output_dir .* cannot be written")
+
+
+def test_max_seq_length_beyond_the_models_positions_is_refused(tmp_path, folder, topic_files):
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--max_seq_length", "512"),
+        r"--max_seq_length 512 exceeds .*max_position_embeddings 128",
+    )
+
+
+def test_sample_counts_against_classes_and_rows_are_refused(tmp_path, folder, topic_files):
+    three = write_csv(tmp_path / "three.csv", [{"text": f"row {i}", "label": i % 3} for i in range(9)])
+    refused_before_training(
+        args_for(folder, three, three, tmp_path / "out", "--max_train_samples", "2"),
+        r"--max_train_samples 2 .* 3 classes",
+    )
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--max_train_samples", "9"), r"--max_train_samples 9 .* 8"
+    )
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--max_eval_samples", "5"), r"--max_eval_samples 5 .* 4"
+    )
+
+
+def write_bytes(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("empty.csv", b"", r"empty\.csv is empty"),
+        ("header.csv", b"text,label\n", r"header\.csv has no data rows"),
+        ("empty.jsonl", b"\n", r"empty\.jsonl is empty"),
+        ("latin.csv", "text,label\ncaf\u00e9,1\nthe,0\n".encode("latin-1"), r"latin\.csv is not UTF-8 .*byte"),
+        ("text.csv", b"text,label\n,1\nthe ship,0\n", r"text\.csv: row 1 .* has an empty or missing 'text'"),
+        ("label.csv", b"text,label\na ship,\nthe ship,0\nthe team,1\n", r"label\.csv: row 1 .* has an empty or missing 'label'"),
+        ("null.jsonl", b'{"text": "a", "label": null}\n{"text": "b", "label": 1}\n{"text": "c", "label": 0}\n',
+         r"null\.jsonl: row 1 .*missing 'label'"),
+        ("garbled.jsonl", b'{"text": "a", "label": 1}\n{"text": "b", "lab\n', r"garbled\.jsonl line 2 is not JSON"),
+        ("missing.csv", None, r"--validation_file .*missing\.csv: no such file"),
+        ("utf16.csv", "text,label\nthe ship,0\n".encode("utf-16"), r"utf16\.csv is UTF-16, not UTF-8"),
+        ("quote.csv", b'text,label\n"a ship,1\nthe ship,0\n', r"quote\.csv is not valid CSV"),
+        ("list.jsonl", b'{"text": "a", "label": 1}\n[1, 2]\n', r"list\.jsonl .*not one object per row"),
+    ],
+)  # fmt: skip
+def test_bad_validation_files_are_refused_naming_the_file(tmp_path, folder, topic_files, name, content, message):
+    validation = tmp_path / name if content is None else write_bytes(tmp_path / name, content)
+    refused_before_training(args_for(folder, topic_files[0], validation, tmp_path / "out"), message)
+
+
+def test_texts_keep_their_line_breaks_and_unicode_separators(tmp_path):
+    from hfbert.finetune import load_task, parse_args
+
+    texts = ["a ship\nat sea", "a team\u2028won", "the ship\x0csank", "the team lost"]
+    rows = [{"text": text, "label": index % 2} for index, text in enumerate(texts)]
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    for path in (write_csv(tmp_path / "rows.csv", rows), jsonl):
+        task = load_task(parse_args(["model", "--train_file", str(path), "--validation_file", str(path)]))
+        assert task.train["text"] == texts, path
+
+
+def test_a_folder_with_a_tokenizer_config_but_no_vocabulary_is_refused(tmp_path, folder, topic_files):
+    config_only = tmp_path / "config-only"
+    shutil.copytree(folder, config_only, ignore=shutil.ignore_patterns("tokenizer.json"))
+    refused_before_training(args_for(config_only, *topic_files, tmp_path / "out"), "holds no tokenizer")
+    (config_only / "tokenizer.json").write_text("{}")  # JSON, but no tokenizer
+    refused_before_training(args_for(config_only, *topic_files, tmp_path / "out"), "tokenizer .* cannot be loaded")
+
+
+@pytest.mark.parametrize(
+    "flags", [("--dataset_name", "nyu-mll/glue", "--validation_file", "dev.csv"),
+              ("--train_file", "a.csv", "--validation_file", "b.csv", "--dataset_config_name", "sst2")],
+)  # fmt: skip
+def test_data_flags_that_would_be_ignored_are_usage_errors(flags, capsys):
+    from hfbert.finetune import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["model", *flags])
+    assert "with --" in capsys.readouterr().err.splitlines()[-1]  # names the flag it goes with
+
+
+def test_labels_are_read_alike_from_csv_jsonl_and_parquet(tmp_path):
+    from hfbert.finetune import load_task, parse_args
+
+    texts = ["a ship", "a team", "a song", "the ship", "the team", "the song"]
+    csv_path = write_bytes(tmp_path / "floats.csv", b"text,label\n" + b"".join(
+        f"{text},{index % 3}.0\n".encode() for index, text in enumerate(texts)))  # fmt: skip
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [
+        {"text": text, "label": index % 3 if index % 2 else str(index % 3)} for index, text in enumerate(texts)])  # fmt: skip
+    parquet = tmp_path / "floats.parquet"
+    datasets.Dataset.from_dict({"text": texts, "label": [float(i % 3) for i in range(6)]}).to_parquet(parquet)
+    label_ids = []
+    for path in (csv_path, mixed, parquet):
+        task = load_task(parse_args(["model", "--train_file", str(path), "--validation_file", str(path)]))
+        assert task.label_names == ["0", "1", "2"], path
+        label_ids.append(task.train["labels"])
+    assert label_ids[0] == label_ids[1] == label_ids[2] == [0, 1, 2, 0, 1, 2]
+
+
+def fake_build(folder, init, *args, **kwargs):
+    """Stands in for build_model: a marker naming where the model came from."""
+    return mock.Mock(source=(str(folder), init))
+
+
+@pytest.mark.parametrize("compare_name", ["pretrained", "random_init"])
+def test_results_belong_to_the_model_they_came_from(tmp_path, folder, topic_files, compare_name):
+    model = tmp_path / "model"
+    shutil.copytree(folder, model)
+    other = tmp_path / "cmp" / compare_name
+    shutil.copytree(folder, other)
+    accuracy = {(str(model), "pretrained"): 0.875, (str(other), "pretrained"): 0.125}
+    with (
+        mock.patch("hfbert.finetune.build_model", side_effect=fake_build),
+        mock.patch("hfbert.finetune.finetune_once", side_effect=lambda m, *rest: {"accuracy": accuracy[m.source]}),
+    ):
+        results = main(args_for(model, *topic_files, tmp_path / "out", "--compare", str(other), "--update_model_card"))
+    assert set(results["models"]) == {"model", "comparison"}
+    assert results["models"]["model"]["folder"] == str(model)
+    assert results["models"]["model"]["summary"]["accuracy"]["per_seed"] == [0.875, 0.875]
+    assert results["models"]["comparison"] == {
+        "folder": str(other), "init": "pretrained", "summary": mock.ANY}  # fmt: skip
+    assert results["gain"]["accuracy"]["mean"] == pytest.approx(0.75)
+    card = (model / "README.md").read_text()
+    assert "0.875" in card and "0.125" not in card
+    assert "dev.csv" in card and "name: train\n" not in card  # named after the files, not the stem "train"
+    saved = json.loads((tmp_path / "out" / RESULTS_NAME).read_text())
+    assert set(saved["models"]) == {"model", "comparison"}
+
+
+def test_a_folder_named_random_init_in_the_working_directory_is_ambiguous(tmp_path, folder, topic_files, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(folder, tmp_path / RANDOM_INIT)
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--compare", RANDOM_INIT), r"\./random_init"
+    )
+
+
+def test_help_shows_the_defaults_and_every_flag_has_help(capsys):
+    from hfbert.finetune import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "(default: 5e-05)" in text and "(default: label)" in text and "keeps (default: 0)" in text
+    assert "(default: None)" not in text
+
+
+def finetune_command(*argv):
+    return [sys.executable, "-m", "hfbert.finetune", *map(str, argv)]
+
+
+@pytest.mark.slow
+def test_a_refusal_is_one_line_and_exit_code_2(tmp_path, folder):
+    empty = write_bytes(tmp_path / "empty.csv", b"")
+    result = subprocess.run(
+        finetune_command(folder, "--train_file", empty, "--validation_file", empty, "--seeds", "1", "--quiet"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"python -m hfbert.finetune: error: --train_file {empty} is empty; "
+                                                  "pass a file with a header line and labelled rows"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_quiet_prints_only_the_results(tmp_path, folder):
+    train = write_csv(tmp_path / "train.csv", topic_rows(8, seed=0))
+    result = subprocess.run(
+        finetune_command(folder, "--train_file", train, "--validation_file", train, "--seeds", "1",
+                         "--num_train_epochs", "1", "--output_dir", tmp_path / "out", "--quiet", "--compare", RANDOM_INIT),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    for noise in ("LOAD REPORT", "Map", "Loading weights", "it/s", "train_runtime", "eval_loss"):
+        assert noise not in output
+
+
+@pytest.mark.slow
+def test_sigterm_during_fine_tuning_says_so_and_leaves_no_temporary_folder(tmp_path, folder):
+    train = write_csv(tmp_path / "train.csv", topic_rows(64, seed=0))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    process = subprocess.Popen(
+        finetune_command(folder, "--train_file", train, "--validation_file", train, "--seeds", "1",
+                         "--num_train_epochs", "1000", "--output_dir", tmp_path / "out", "--quiet"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not list(scratch.glob("hfbert-finetune-*")) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1)  # into trainer.train()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.strip().splitlines()[-1].startswith("python -m hfbert.finetune: stopped by SIGTERM")
+    assert not list(scratch.glob("hfbert-finetune-*"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_compare_folder_without_a_sequence_classifier_is_refused_before_the_model_trains(
+    tmp_path, folder, topic_files
+):
+    from safetensors.torch import save_file
+    from transformers import ViTConfig
+
+    vision = tmp_path / "vision"
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(vision)
+    save_file({"weight": torch.zeros(2)}, vision / "model.safetensors")
+    shutil.copy(folder / "tokenizer.json", vision / "tokenizer.json")
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--compare", str(vision)),
+        r"--compare .*vit.* no sequence-classification",
+    )
+
+
+def test_a_model_card_whose_metadata_does_not_parse_is_refused_before_training(tmp_path, folder, topic_files):
+    model = tmp_path / "model"
+    shutil.copytree(folder, model)
+    (model / "README.md").write_text("---\nlicense: [apache\n---\n\n# model\n")
+    argv = args_for(model, *topic_files, tmp_path / "out", "--update_model_card")
+    refused_before_training(argv, r"metadata of .*README\.md .*cannot be read")
+
+
+def test_a_json_line_without_the_pair_column_is_a_missing_text_not_a_missing_column(tmp_path, folder):
+    rows = [{"text": "a ship", "label": 0}, {"text": "a team", "second": "it won", "label": 1}]
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    refused_before_training(
+        args_for(folder, pairs, pairs, tmp_path / "out", "--text_pair_column", "second"),
+        r"pairs\.jsonl: row 1 .* has an empty or missing 'second'",
+    )
