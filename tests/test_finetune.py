@@ -26,9 +26,9 @@ from hfbert.finetune import (
     RESULTS_NAME,
     build_model,
     classification_metrics,
-    few_labels,
     main,
 )
+from hfbert.finetune_data import few_labels, load_task
 
 TOPICS = {
     "sport": ["the team won the match", "he scored in the game", "the club played the season"],
@@ -390,7 +390,7 @@ def test_bad_validation_files_are_refused_naming_the_file(tmp_path, folder, topi
 
 
 def test_texts_keep_their_line_breaks_and_unicode_separators(tmp_path):
-    from hfbert.finetune import load_task, parse_args
+    from hfbert.finetune import parse_args
 
     texts = ["a ship\nat sea", "a team\u2028won", "the ship\x0csank", "the team lost"]
     rows = [{"text": text, "label": index % 2} for index, text in enumerate(texts)]
@@ -422,7 +422,7 @@ def test_data_flags_that_would_be_ignored_are_usage_errors(flags, capsys):
 
 
 def test_labels_are_read_alike_from_csv_jsonl_and_parquet(tmp_path):
-    from hfbert.finetune import load_task, parse_args
+    from hfbert.finetune import parse_args
 
     texts = ["a ship", "a team", "a song", "the ship", "the team", "the song"]
     csv_path = write_bytes(tmp_path / "floats.csv", b"text,label\n" + b"".join(
