@@ -1,4 +1,4 @@
-"""hfbert.pretraining_settings: every flag checked in one place, before any work; resume comparisons."""
+"""hfbert.pretraining.settings: every flag checked in one place, before any work; resume comparisons."""
 
 import pytest
 
