@@ -190,20 +190,26 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
             f"--resume_from_checkpoint {checkpoint}: no such folder; pass an existing '{CHECKPOINT_PREFIX}<step>' "
             "folder or 'latest'"
         )
-    manifest = read_manifest(checkpoint)
-    for name, expected in manifest["files"].items():
-        path = checkpoint / name
-        if not path.is_file():
-            problem = f"{name} is missing"
-        elif path.stat().st_size != expected["size"]:
-            problem = f"{name} is truncated or overwritten ({path.stat().st_size} bytes, expected {expected['size']})"
-        elif sha256_file(path) != expected["sha256"]:
-            problem = f"{name} is corrupted (sha256 differs from the one recorded at save time)"
-        else:
-            continue
+    problem = damaged_file(checkpoint)
+    if problem is not None:
         raise CheckpointError(
             f"Checkpoint {checkpoint} is damaged: {problem}; {_earlier_checkpoints_hint(checkpoint)}"
         )
+
+
+def damaged_file(checkpoint: str | os.PathLike) -> str | None:
+    """The first file listed in the checkpoint's manifest that is missing, of another size or another sha256
+    ('<name> is ...'), or None when every file matches. The caller adds its own fix."""
+    checkpoint = Path(checkpoint)
+    for name, expected in read_manifest(checkpoint)["files"].items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != expected["size"]:
+            return f"{name} is truncated or overwritten ({path.stat().st_size} bytes, expected {expected['size']})"
+        if sha256_file(path) != expected["sha256"]:
+            return f"{name} is corrupted (sha256 differs from the one recorded at save time)"
+    return None
 
 
 def _check_no_automatic_naming(accelerator: Accelerator) -> None:
