@@ -185,8 +185,6 @@ def train(
     )
     train_loader, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
     attention_init = "bert" if weights_loaded else settings.model.attention_init
-    if weights_loaded and settings.model.attention_init == "structured":
-        logger.info("Starting from loaded weights: --attention_init structured is not applied over them.")
     state, train_loader, eval_loader, budget = setup_training(
         model, train_loader, eval_loader, optimization, attention_init, accelerator
     )
