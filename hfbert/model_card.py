@@ -11,6 +11,7 @@ from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, Mo
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
+from hfbert.errors import Refusal
 from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, atomic_path, check_readable
 
 MODEL_CARD_NAME = "README.md"
@@ -238,17 +239,17 @@ def push_to_hub(
     files = upload_file_set(folder)
     missing = [name for name in REQUIRED_UPLOAD_FILES if name not in files]
     if missing:
-        raise ValueError(
+        raise Refusal(
             f"--push_to_hub: {folder} lacks {', '.join(missing)}; push only a finished run's output folder "
             "(training writes these files at the end)"
         )
     try:  # every JSON and safetensors file that would be uploaded: a damaged one is named, nothing uploaded
         check_readable((folder / name for name in files), FINAL_FOLDER_FIX)
     except ValueError as error:
-        raise ValueError(f"--push_to_hub: nothing was uploaded: {error}") from None
+        raise Refusal(f"--push_to_hub: nothing was uploaded: {error}") from None
     problem = hub_access_problem(token)
     if problem is not None:  # asked in seconds, not after huggingface_hub's retries
-        raise ValueError(
+        raise Refusal(
             f"--push_to_hub: nothing was uploaded: the Hub cannot be used ({problem}); log in with `hf auth login` "
             f"or pass --hub_token, unset HF_HUB_OFFLINE, or check the network, then push the folder with "
             f"`python -m hfbert.push {folder} --hub_model_id {repo_id}`"
@@ -287,5 +288,5 @@ def check_hub_access(repo_id: str, *, token: str | None = None, train_anyway: bo
         f"`python -m hfbert.push OUTPUT_DIR --hub_model_id {repo_id}`"
     )
     if not train_anyway:
-        raise ValueError(message)
+        raise Refusal(message)
     logger.warning(message)

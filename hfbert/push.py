@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hfbert.errors import Refusal
 from hfbert.files import publish_files
 from hfbert.model_card import push_to_hub
 
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--private", action="store_true", help="create the repo as private")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
-        parser.error(f"{args.run_dir} is not a folder; pass the --output_dir of a finished run")
+        raise Refusal(f"{args.run_dir} is not a folder; pass the --output_dir of a finished run")
     publish_files(args.run_dir)  # completes a final folder whose publication was interrupted
     print(push_to_hub(args.run_dir, args.hub_model_id, token=args.hub_token, private=args.private))
 
