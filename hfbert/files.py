@@ -306,7 +306,4 @@ def check_local_path_exists(name: str, flag: str, fix: str) -> None:
     path = Path(name).expanduser()
     if path.exists() or not looks_like_local_path(name):
         return
-    existing = path.absolute().parent
-    while not existing.exists():
-        existing = existing.parent
-    raise Refusal(f"{flag} {name}: no such folder ({path.absolute()}; {existing} is the deepest part that exists); {fix}")
+    raise Refusal(f"{flag} {name}: no such folder ({path.absolute()}); {fix}")
