@@ -300,10 +300,10 @@ def looks_like_local_path(name: str) -> bool:
     return parent != Path(".") and parent.is_dir()
 
 
-def check_local_path_exists(name: str, flag: str, fix: str) -> None:
+def check_local_path_exists(name: str, flag: str, fix: str, kind: str = "folder") -> None:
     """Refuse a value that looks like a local path (`looks_like_local_path`) but names nothing, before a loader
     reports it as a bad Hub repo id or a failed Hub connection. Hub ids pass untouched."""
     path = Path(name).expanduser()
     if path.exists() or not looks_like_local_path(name):
         return
-    raise Refusal(f"{flag} {name}: no such folder ({path.absolute()}); {fix}")
+    raise Refusal(f"{flag} {name}: no such {kind} ({path.absolute()}); {fix}")

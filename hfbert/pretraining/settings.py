@@ -14,8 +14,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from huggingface_hub.errors import StrictDataclassClassValidationError
+
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.errors import Refusal
+from hfbert.files import check_local_path_exists
 
 DocumentBoundary = Literal["heading", "blank_line", "row"]
 # What a run from scratch gets without --vocab_size / --attention_init (a run from weights has neither).
@@ -589,8 +592,22 @@ def check_config_file(settings: PretrainingSettings) -> None:
     """The checks of `PretrainingSettings.validate` that need --config_name's file (read here, after
     `hfbert.files.check_local_files` has named a damaged one)."""
     if settings.model.config_name is not None:
-        config = HfBertConfig.from_pretrained(settings.model.config_name)
+        config = read_config_file(settings.model.config_name)
         check_max_seq_length(settings.data.max_seq_length, config, f"--config_name {settings.model.config_name}")
+
+
+def read_config_file(config_name: str) -> HfBertConfig:
+    """--config_name's config. What transformers raises for it (no such file, a Hub id it cannot reach, values
+    HfBertConfig refuses such as a hidden_size that the heads do not divide) is refused naming the flag."""
+    fix = "pass a config.json written by HfBertConfig.save_pretrained (or its folder), or --model_size instead"
+    check_local_path_exists(config_name, "--config_name", fix, kind="file or folder")
+    try:
+        return HfBertConfig.from_pretrained(config_name)
+    except (OSError, ValueError, StrictDataclassClassValidationError) as error:
+        # HfBertConfig's own ValueError reaches here wrapped by huggingface_hub's strict dataclass validation
+        refused = error.__cause__ if isinstance(error, StrictDataclassClassValidationError) else error
+        reason = str(refused).splitlines()[0] if str(refused) else type(refused).__name__
+        raise Refusal(f"--config_name {config_name}: {reason}; {fix}") from None
 
 
 def check_objective(data: DataSettings) -> None:

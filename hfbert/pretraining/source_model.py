@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from huggingface_hub.errors import HFValidationError
+from huggingface_hub.errors import HFValidationError, StrictDataclassClassValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, AutoTokenizer, BertForPreTraining, PreTrainedTokenizerBase
 
@@ -63,7 +63,9 @@ def _tokenizer_location(folder: Path) -> str | None:
 def _read_config(location: str, name: str) -> Any:
     try:
         return AutoConfig.from_pretrained(location)
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, StrictDataclassClassValidationError) as error:
+        # HfBertConfig's own ValueError reaches here wrapped by huggingface_hub's strict dataclass validation
+        error = error.__cause__ if isinstance(error, StrictDataclassClassValidationError) else error
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise Refusal(f"{FLAG} {name}: cannot read its config ({reason}); {_FIX}") from None
 
