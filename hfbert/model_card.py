@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
     def cell(value: Any) -> str:
         text = f"{value:.4f}" if isinstance(value, float) else str(value)
+        if isinstance(value, float) and 0 < abs(value) < 0.01:  # 1e-08 would read 0.0000
+            text = f"{value:.3g}"
         return text.replace("|", "\\|").replace("\n", " ")
 
     lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
@@ -70,7 +72,7 @@ def build_model_card(
         base_model=base_model if base_model and _is_hub_id(base_model) else None,
         library_name="transformers",
         license=license,
-        datasets=[dataset_name] if dataset_name else None,
+        datasets=[dataset_name] if dataset_name and _is_hub_id(dataset_name) else None,
         tags=CARD_TAGS,
         pipeline_tag="fill-mask",
         model_name=model_name,
@@ -87,22 +89,33 @@ def build_model_card(
             )
             for metric, value in metrics.items()
         ]
-        if dataset_name and metrics
+        if dataset_name and _is_hub_id(dataset_name) and metrics
         else None,
     )
     body = card_body(
-        model_name, data_source(dataset_name, dataset_config_name), metrics, samples_name, training_config
+        model_name, data_source(dataset_name, dataset_config_name, training_config), metrics, samples_name,
+        training_config,
     )
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
 
 
-def data_source(dataset_name: str | None, dataset_config_name: str | None) -> str:
-    """The card's words for where the training text came from."""
+def data_source(dataset_name: str | None, dataset_config_name: str | None, training_config: dict[str, Any]) -> str:
+    """The card's words for where the training text came from: a Hub dataset, a local dataset folder, local
+    files (--train_file) or, with none of them, the sample shipped with hfbert."""
+    configuration = f" (configuration `{dataset_config_name}`)" if dataset_config_name else ""
+    if dataset_name and _is_hub_id(dataset_name):
+        return f"the Hub dataset [`{dataset_name}`](https://huggingface.co/datasets/{dataset_name}){configuration}"
     if dataset_name:
-        return f"the Hub dataset [`{dataset_name}`](https://huggingface.co/datasets/{dataset_name})" + (
-            f" (configuration `{dataset_config_name}`)" if dataset_config_name else ""
+        return f"the local dataset folder `{dataset_name}`{configuration}"
+    if training_config.get("train_file"):
+        validation = training_config.get("validation_file")
+        return f"the local file `{training_config['train_file']}`" + (
+            f" (validation: `{validation}`)" if validation else ""
         )
-    return "the corpus named `corpus` in the training configuration below"
+    return (
+        "the WikiText-2 sample shipped with hfbert (articles of "
+        "[`Salesforce/wikitext`](https://huggingface.co/datasets/Salesforce/wikitext), `wikitext-2-raw-v1`)"
+    )
 
 
 # What the run trained, by --objective (a run without the key predates the flag: BERT's two objectives).

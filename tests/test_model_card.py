@@ -109,7 +109,7 @@ def test_card_for_local_files_without_eval(tmp_path):
     assert card.data.datasets is None
     assert card.data.eval_results is None
     assert "No evaluation was run" in card.text
-    assert "the corpus named `corpus` in the training configuration" in card.text
+    assert "trained on the WikiText-2 sample shipped with hfbert" in card.text
     # The header is plain YAML (what the Hub parses), not just something huggingface_hub accepts.
     header = path.read_text().split("---\n")[1]
     assert yaml.safe_load(header)["library_name"] == "transformers"
@@ -167,3 +167,21 @@ def test_push_to_hub_refuses_an_unfinished_folder(tmp_path):
     ):
         push_to_hub(tmp_path, "someone/hfbert-tiny")
     create_repo.assert_not_called()
+
+
+def test_the_card_names_the_local_files_it_was_trained_on(tmp_path):
+    files = TRAINING_CONFIG | {"train_file": "data/train.txt", "validation_file": "data/valid.txt"}
+    card = ModelCard.load(write_card(tmp_path, training_config=files, dataset_name=None, dataset_config_name=None))
+    assert "trained on the local file `data/train.txt` (validation: `data/valid.txt`)" in card.text
+    (tmp_path / "my-dataset").mkdir()  # --dataset_name PATH: a local folder laid out like a Hub dataset
+    folder = str(tmp_path / "my-dataset")
+    card = ModelCard.load(write_card(tmp_path, dataset_name=folder, dataset_config_name=None))
+    assert f"trained on the local dataset folder `{folder}`" in card.text and card.data.datasets is None
+
+
+def test_the_card_writes_small_numbers_as_they_are(tmp_path):
+    config = TRAINING_CONFIG | {"adam_epsilon": 1e-08, "learning_rate": 5e-05, "weight_decay": 0.01, "dropout": 0.0}
+    text = ModelCard.load(write_card(tmp_path, training_config=config)).text
+    assert "| adam_epsilon | 1e-08 |" in text and "| learning_rate | 5e-05 |" in text
+    assert "| weight_decay | 0.0100 |" in text and "| dropout | 0.0000 |" in text
+    assert "| perplexity | 665.1400 |" in text
