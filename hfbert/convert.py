@@ -105,11 +105,10 @@ def _read_config(config_class: type, source: Path) -> transformers.PretrainedCon
     return config_class.from_pretrained(source)
 
 
-def _check_output_dir(output_dir: Path) -> Path:
+def _check_output_dir(output_dir: Path) -> None:
     """Refused before the weights are read: the output folder must be new or empty."""
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise Refusal(f"output_dir {output_dir} exists and is not an empty folder; pass a new output folder")
-    return output_dir
 
 
 def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> Path:

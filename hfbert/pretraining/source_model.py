@@ -38,7 +38,7 @@ _FIX = (
     "(config.json with model_type 'bert' and its weights) or a Hub id such as bert-base-uncased"
 )
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
-# No trained BERT weight comes near this (BERT-large's largest is about 20); beyond it a run diverges at step 1.
+# A weight beyond this is no trained model's: training from it ends in a NaN loss at the first step.
 ABSURD_WEIGHT = 1e4
 
 
@@ -244,7 +244,7 @@ def check_weights_usable(where: str, model: torch.nn.Module) -> None:
         if not bool(tensor.isfinite().all()):
             problem = f"{int((~tensor.isfinite()).sum())} non-finite values (nan or inf)"
         elif (largest := float(tensor.abs().max())) > ABSURD_WEIGHT:
-            problem = f"|weight| up to {largest:.3g} (trained BERT weights stay far below {ABSURD_WEIGHT:g})"
+            problem = f"|weight| up to {largest:.3g} (above {ABSURD_WEIGHT:g}, far beyond a trained model's)"
         else:
             continue
         raise Refusal(
