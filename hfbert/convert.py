@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, BertConfig, PreTrainedModel
 
 import hfbert
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, RefusingArgumentParser
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, check_local_path_exists, staged_folder
 
 # Fields one config class has and the other lacks; they are dropped when crossing over.
@@ -153,7 +153,7 @@ def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = RefusingArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("direction", choices=["to-transformers", "from-transformers"])

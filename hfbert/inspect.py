@@ -42,7 +42,7 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.convert import check_encoder_weights_loaded
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, RefusingArgumentParser
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable
 from hfbert.pretraining.samples import MASK, SamplesError, choose_masked_word
 from hfbert.pretraining.samples import write_samples as write_samples_of
@@ -318,7 +318,7 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = RefusingArgumentParser(
         prog="python -m hfbert.inspect",
         description="Look inside a trained model folder: attention heatmap, fill-mask top-k, next-sentence "
         "probability and sentence similarity. Writes PNGs and inspect.md, and prints the summary.",

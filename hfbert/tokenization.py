@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import regex
@@ -40,7 +40,7 @@ from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrai
 
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.corpus import CorpusArguments, load_documents
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, RefusesUsageErrors
 from hfbert.files import (
     WRITE_ERRORS,
     check_local_files,
@@ -513,10 +513,21 @@ class TokenizerTrainingArguments:
             raise Refusal(f"--model_max_length {self.model_max_length} must be > 0, e.g. 512")
 
 
+class RefusingHfArgumentParser(RefusesUsageErrors, HfArgumentParser):
+    """HfArgumentParser whose command-line errors, unknown flags included, are one-line refusals (the parser of
+    train_tokenizer.py and run_pretraining.py)."""
+
+    def parse_flags(self, argv: list[str] | None) -> list[Any]:
+        """The dataclasses of `argv` (sys.argv's when None)."""
+        *groups, unknown = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        if unknown:  # HfArgumentParser itself raises a bare ValueError for them
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return groups
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line: train a tokenizer on a corpus, save it, print a summary."""
-    parser = HfArgumentParser((CorpusArguments, TokenizerTrainingArguments))
-    corpus_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    corpus_args, training_args = RefusingHfArgumentParser((CorpusArguments, TokenizerTrainingArguments)).parse_flags(argv)
     # Held from the check to the save: two tokenizers trained into one folder would both report "Saved".
     with run_folder_lock(training_args.output_dir):  # checks that the folder is writable first
         check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
