@@ -248,6 +248,7 @@ def push_to_hub(
 
     Returns the commit URL.
     """
+    check_hub_model_id(repo_id)
     folder = Path(folder)
     files = upload_file_set(folder)
     missing = [name for name in REQUIRED_UPLOAD_FILES if name not in files]
@@ -276,6 +277,14 @@ def push_to_hub(
     return commit.commit_url
 
 
+def check_hub_model_id(repo_id: str) -> None:
+    """Refuse a --hub_model_id the Hub would reject, before anything is trained or uploaded."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise Refusal(f"--hub_model_id {repo_id}: {error}; pass your-name/model-name") from None
+
+
 def hub_access_problem(token: str | None = None) -> str | None:
     """Why the Hub cannot be used for a push right now (offline mode, no token, a token the Hub refuses, no
     network), asked in seconds; None when it can."""
@@ -292,6 +301,7 @@ def hub_access_problem(token: str | None = None) -> str | None:
 def check_hub_access(repo_id: str, *, token: str | None = None, train_anyway: bool = False) -> None:
     """Fail in seconds, before training, when a push at the end could not work. With `train_anyway` the
     problem is only logged."""
+    check_hub_model_id(repo_id)
     problem = hub_access_problem(token)
     if problem is None:
         return

@@ -6,7 +6,14 @@ import yaml
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from safetensors.torch import save_file
 
-from hfbert.model_card import build_model_card, push_to_hub, upload_file_set, write_model_card
+from hfbert.errors import Refusal
+from hfbert.model_card import (
+    build_model_card,
+    check_hub_access,
+    push_to_hub,
+    upload_file_set,
+    write_model_card,
+)
 
 TRAINING_CONFIG = {"preset": "tiny", "learning_rate": 1e-4, "max_seq_length": 128, "train_file": None}
 EVAL_RESULTS = {
@@ -185,3 +192,11 @@ def test_the_card_writes_small_numbers_as_they_are(tmp_path):
     assert "| adam_epsilon | 1e-08 |" in text and "| learning_rate | 5e-05 |" in text
     assert "| weight_decay | 0.0100 |" in text and "| dropout | 0.0000 |" in text
     assert "| perplexity | 665.1400 |" in text
+
+
+@pytest.mark.parametrize("repo_id", ["bad id", "a/b/c"])
+def test_a_hub_model_id_the_hub_would_reject_is_refused_before_any_work(tmp_path, repo_id):
+    with pytest.raises(Refusal, match=rf"--hub_model_id {repo_id}: Repo id must"):
+        check_hub_access(repo_id)
+    with pytest.raises(Refusal, match=rf"--hub_model_id {repo_id}: Repo id must"):
+        push_to_hub(tmp_path, repo_id)
