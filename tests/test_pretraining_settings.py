@@ -98,3 +98,10 @@ def test_flags_that_only_shape_a_fresh_model_are_refused_with_a_source(flag):
 def test_a_fresh_model_gets_the_default_vocab_size_and_attention_init():
     settings = parse_args(["--output_dir", "x"])
     assert (settings.data.vocab_size, settings.model.attention_init) == (30522, "structured")
+
+
+def test_a_run_from_weights_resumes_a_checkpoint_that_recorded_the_ignored_vocab_size():
+    # hfbert before the refusal recorded the default --vocab_size of a run from weights, which it ignored
+    source = ["--output_dir", "o", "--model_name_or_path", "someone/bert"]
+    saved = parse_args(source).resume_invariant() | {"vocab_size": 30522}
+    assert check_resume_settings(saved, parse_args(source), "ckpt") == []

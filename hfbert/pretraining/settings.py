@@ -24,6 +24,11 @@ DocumentBoundary = Literal["heading", "blank_line", "row"]
 # What a run from scratch gets without --vocab_size / --attention_init (a run from weights has neither).
 DEFAULT_VOCAB_SIZE = 30522
 DEFAULT_ATTENTION_INIT = "structured"
+# The flags that only shape a fresh model, and why each has no meaning for a run from weights.
+FRESH_MODEL_FLAGS = {
+    "vocab_size": "the vocabulary is the source's tokenizer's (or --tokenizer_name's, which must match it)",
+    "attention_init": "the source's weights are the start; nothing is initialised",
+}
 
 
 class CorpusError(Refusal):
@@ -539,15 +544,11 @@ def _check_fresh_model_flags(model: ModelSettings, data: DataSettings) -> None:
     recorded in training_args.json and the model card as the run's settings."""
     if model.model_name_or_path is None:
         return
-    reasons = {
-        "vocab_size": "the vocabulary is the source's tokenizer's (or --tokenizer_name's, which must match it)",
-        "attention_init": "the source's weights are the start; nothing is initialised",
-    }
     for name, value in (("vocab_size", data.vocab_size), ("attention_init", model.attention_init)):
         if value is not None:
             raise Refusal(
                 f"--{name} {value} only shapes a fresh model, and --model_name_or_path {model.model_name_or_path} "
-                f"starts from weights: {reasons[name]}; drop --{name}"
+                f"starts from weights: {FRESH_MODEL_FLAGS[name]}; drop --{name}"
             )
 
 
@@ -628,10 +629,12 @@ def check_resume_settings(
     if saved is None:
         return [f"{checkpoint} records no run settings (written by an older hfbert); flags are not checked"]
     current = settings.resume_invariant()
+    # A run from weights has no fresh-model flags (older hfbert recorded their ignored defaults): none to compare.
+    unused = FRESH_MODEL_FLAGS if settings.model.model_name_or_path is not None else ()
     changed = [
         f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now"
         for name in sorted(current)
-        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT) and name in saved and saved[name] != current[name]
+        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, *unused) and name in saved and saved[name] != current[name]
     ]
     if saved.get(CORPUS_FINGERPRINT) not in (None, current[CORPUS_FINGERPRINT]):
         corpus = settings.corpus
