@@ -190,20 +190,26 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
             f"--resume_from_checkpoint {checkpoint}: no such folder; pass an existing '{CHECKPOINT_PREFIX}<step>' "
             "folder or 'latest'"
         )
-    manifest = read_manifest(checkpoint)
-    for name, expected in manifest["files"].items():
-        path = checkpoint / name
-        if not path.is_file():
-            problem = f"{name} is missing"
-        elif path.stat().st_size != expected["size"]:
-            problem = f"{name} is truncated or overwritten ({path.stat().st_size} bytes, expected {expected['size']})"
-        elif sha256_file(path) != expected["sha256"]:
-            problem = f"{name} is corrupted (sha256 differs from the one recorded at save time)"
-        else:
-            continue
+    problem = damaged_file(checkpoint)
+    if problem is not None:
         raise CheckpointError(
             f"Checkpoint {checkpoint} is damaged: {problem}; {_earlier_checkpoints_hint(checkpoint)}"
         )
+
+
+def damaged_file(checkpoint: str | os.PathLike) -> str | None:
+    """The first file listed in the checkpoint's manifest that is missing, of another size or another sha256
+    ('<name> is ...'), or None when every file matches. The caller adds its own fix."""
+    checkpoint = Path(checkpoint)
+    for name, expected in read_manifest(checkpoint)["files"].items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != expected["size"]:
+            return f"{name} is truncated or overwritten ({path.stat().st_size} bytes, expected {expected['size']})"
+        if sha256_file(path) != expected["sha256"]:
+            return f"{name} is corrupted (sha256 differs from the one recorded at save time)"
+    return None
 
 
 def _check_no_automatic_naming(accelerator: Accelerator) -> None:
@@ -597,6 +603,25 @@ def _open_locked(lock_path: Path) -> int:
         os.close(fd)  # the previous holder removed the file between our open and flock: lock the new one
 
 
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) creates."""
+    missing = []
+    for path in (folder.absolute(), *folder.absolute().parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return missing
+
+
+def _remove_if_empty(created: list[Path]) -> None:
+    """Remove the folders a run created (deepest first) while they are empty: a refused or failed run leaves
+    nothing of its own behind, and never touches a folder the user had."""
+    for path in created:
+        if not path.is_dir() or any(path.iterdir()):
+            return
+        path.rmdir()
+
+
 @contextmanager
 def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True) -> Iterator[None]:
     """Hold `output_dir` for this run: a second run on the same folder is refused with `CheckpointError`
@@ -606,14 +631,14 @@ def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True)
     holder; the kernel releases both when the holder dies, even by SIGKILL: a crashed run never blocks the
     next, and a deleted lock file does not let a second run in. Take it on the main process only, before
     anything else reads or writes the folder. On exit the lock file is removed, and the folder too if this run
-    created it and left nothing in it.
+    created it and left nothing in it (with the parents it created).
     """
     output_dir = Path(output_dir)
     if not main_process or fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
         yield  # a file in the way is refused by check_run_folder, with the fix
         return
     check_folder_writable(output_dir, "--output_dir")  # named here, not as a raw OSError on the lock file
-    created = not output_dir.exists()
+    created = _missing_folders(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     lock_path = output_dir / RUN_LOCK_NAME
     folder_fd = _lock_folder_itself(output_dir)
@@ -635,5 +660,4 @@ def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True)
         os.close(fd)
         if folder_fd is not None:
             os.close(folder_fd)
-        if created and not any(output_dir.iterdir()):
-            output_dir.rmdir()
+        _remove_if_empty(created)

@@ -20,7 +20,8 @@ from transformers import AutoTokenizer, BertConfig, PreTrainedModel
 
 import hfbert
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, staged_folder
+from hfbert.errors import Refusal, RefusingArgumentParser
+from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, check_local_path_exists, staged_folder
 
 # Fields one config class has and the other lacks; they are dropped when crossing over.
 _HFBERT_ONLY_FIELDS = {f.name for f in dataclasses.fields(HfBertConfig)} - {
@@ -51,7 +52,7 @@ def hfbert_config_for(config: BertConfig) -> HfBertConfig:
 def _architecture(config: transformers.PretrainedConfig, source: str) -> str:
     architectures = getattr(config, "architectures", None) or []
     if len(architectures) != 1:
-        raise ValueError(
+        raise Refusal(
             f"{source}/config.json must name exactly one architecture, got {architectures}; "
             "re-save the model with save_pretrained so it is recorded."
         )
@@ -70,11 +71,16 @@ def check_encoder_weights_loaded(folder: str, missing_keys: Sequence[str], fix: 
     body = [key for key in missing_keys if not key.startswith(HEAD_WEIGHT_PREFIXES)]
     if body:
         shown = ", ".join(body[:4]) + (", ..." if len(body) > 4 else "")
-        raise ValueError(f"{folder} lacks encoder weights that its config.json asks for ({shown}); {fix}")
+        raise Refusal(f"{folder} lacks encoder weights that its config.json asks for ({shown}); {fix}")
+
+
+_SOURCE_FIX = "pass a model folder (config.json and its weights) or a Hub model id"
 
 
 def check_source(source: str | os.PathLike) -> Path:
-    """`source` as a Path, after naming any truncated or garbled JSON / safetensors file in it (ValueError)."""
+    """`source` as a Path, after refusing a missing local folder and naming any truncated or garbled JSON /
+    safetensors file in it (Refusal)."""
+    check_local_path_exists(str(source), "source", _SOURCE_FIX)
     source = Path(source)
     if source.is_dir():
         check_folder_readable(
@@ -83,10 +89,30 @@ def check_source(source: str | os.PathLike) -> Path:
     return source
 
 
+def _read_config(config_class: type, source: Path) -> transformers.PretrainedConfig:
+    """The source's config, after refusing a source without one (or an unreachable Hub) or of another
+    model_type than `config_class`'s."""
+    try:
+        found = transformers.PretrainedConfig.get_config_dict(source)[0].get("model_type")
+    except OSError as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise Refusal(f"source {source}: cannot read its config ({reason}); {_SOURCE_FIX}") from None
+    if found != config_class.model_type:
+        raise Refusal(
+            f"source {source} holds a {found!r} model, not {config_class.model_type!r}; to-transformers reads an "
+            "hfbert folder (model_type 'hfbert'), from-transformers a transformers BERT one (model_type 'bert')"
+        )
+    return config_class.from_pretrained(source)
+
+
+def _check_output_dir(output_dir: Path) -> None:
+    """Refused before the weights are read: the output folder must be new or empty."""
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise Refusal(f"output_dir {output_dir} exists and is not an empty folder; pass a new output folder")
+
+
 def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> Path:
     """Save model and the source's tokenizer (if any) into a staged folder that appears whole."""
-    if output_dir.exists() and any(output_dir.iterdir()):
-        raise FileExistsError(f"{output_dir} exists and is not empty; choose a new output folder.")
     with staged_folder(output_dir) as staging:
         model.save_pretrained(staging)
         if (source / "tokenizer_config.json").exists() or (source / "vocab.txt").exists():
@@ -98,7 +124,8 @@ def to_transformers(hfbert_dir: str | os.PathLike, output_dir: str | os.PathLike
     """Write an hfbert checkpoint as a stock BERT folder that `transformers.BertFor...` loads without
     `trust_remote_code` (weights, config with model_type "bert", tokenizer if present)."""
     source = check_source(hfbert_dir)
-    config = HfBertConfig.from_pretrained(source)
+    _check_output_dir(Path(output_dir))
+    config = _read_config(HfBertConfig, source)
     hfbert_architecture = _architecture(config, str(source))
     model, info = getattr(hfbert, hfbert_architecture).from_pretrained(source, output_loading_info=True)
     check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
@@ -112,10 +139,11 @@ def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike
     """Write a stock BERT folder (as `BertForPreTraining.save_pretrained` writes it, or bert-base-uncased's
     layout) as an hfbert checkpoint, keeping its head."""
     source = check_source(bert_dir)
-    config = BertConfig.from_pretrained(source)
+    _check_output_dir(Path(output_dir))
+    config = _read_config(BertConfig, source)
     bert_architecture = _architecture(config, str(source))
     if not bert_architecture.startswith("Bert"):
-        raise ValueError(f"{source} holds a {bert_architecture}, not a BERT model.")
+        raise Refusal(f"{source} holds a {bert_architecture}, not a BERT model; pass a transformers BERT folder")
     bert, info = getattr(transformers, bert_architecture).from_pretrained(source, output_loading_info=True)
     check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
     model_class = getattr(hfbert, bert_architecture.replace("Bert", "HfBert", 1))
@@ -125,7 +153,7 @@ def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = RefusingArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("direction", choices=["to-transformers", "from-transformers"])

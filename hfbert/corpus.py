@@ -39,6 +39,7 @@ from fsspec.utils import infer_compression
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
+from hfbert.errors import Refusal
 from hfbert.files import describe_write_failure, is_disk_full, sha256_file
 
 # The corpus flags live with the other settings; imported here, where they are read.
@@ -433,7 +434,7 @@ def naming_cache_failures() -> Iterator[None]:
         in_cache = str(getattr(error, "filename", None) or "").startswith(cache)
         if not (is_disk_full(error) or in_cache):
             raise
-        raise OSError(
+        raise Refusal(
             f"The datasets cache {cache} cannot be used: {describe_write_failure(error, cache)}; free space "
             "there, or point HF_DATASETS_CACHE at a writable folder on a disk with room, then rerun the same command",
         ) from error

@@ -22,6 +22,8 @@ from typing import Any
 
 from safetensors import SafetensorError, safe_open
 
+from hfbert.errors import Refusal
+
 # A set of files for a folder is staged here, then renamed to FINAL_READY once complete (see publish_files).
 FINAL_STAGING = ".final-staging"
 FINAL_READY = ".final-ready"
@@ -77,7 +79,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def check_folder_writable(folder: str | os.PathLike, flag: str) -> None:
-    """Raise a ValueError naming `flag`, the folder and the fix unless a file can be created in `folder` (or,
+    """Raise a Refusal naming `flag`, the folder and the fix unless a file can be created in `folder` (or,
     while it does not exist yet, in its nearest existing parent). Tries it: os.access says yes to root even on
     a read-only mount."""
     folder = Path(folder).absolute()
@@ -89,7 +91,7 @@ def check_folder_writable(folder: str | os.PathLike, flag: str) -> None:
             pass
     except OSError as error:
         where = "" if existing == folder else f" (it does not exist yet and its parent {existing} is not writable)"
-        raise ValueError(
+        raise Refusal(
             f"{flag} {folder} cannot be written{where}: {error.strerror or error}; pass a folder you can write "
             "to, or fix its permissions (or free space on its disk)"
         ) from None
@@ -194,12 +196,12 @@ FINAL_FOLDER_FIX = (
 )
 
 
-def _unreadable(path: Path, problem: str, fix: str) -> ValueError:
-    return ValueError(f"{path} {problem}; {fix}")
+def _unreadable(path: Path, problem: str, fix: str) -> Refusal:
+    return Refusal(f"{path} {problem}; {fix}")
 
 
 def read_json(path: str | os.PathLike, fix: str) -> Any:
-    """The parsed JSON in `path`; a ValueError naming the file, whether it is empty, truncated or not JSON
+    """The parsed JSON in `path`; a Refusal naming the file, whether it is empty, truncated or not JSON
     at all, and `fix` (what the user can do), if it cannot be parsed."""
     path = Path(path)
     raw = path.read_bytes()
@@ -221,7 +223,7 @@ def read_json(path: str | os.PathLike, fix: str) -> Any:
 
 
 def check_safetensors(path: str | os.PathLike, fix: str) -> None:
-    """Raise a ValueError naming `path`, what is wrong (truncated, not safetensors) and `fix`, unless its
+    """Raise a Refusal naming `path`, what is wrong (truncated, not safetensors) and `fix`, unless its
     header parses and the tensors it lists fit the file exactly. Reads the header only, not the tensors."""
     path = Path(path)
     size = path.stat().st_size
@@ -249,7 +251,7 @@ def check_safetensors(path: str | os.PathLike, fix: str) -> None:
 
 
 def check_torch_file(path: str | os.PathLike, fix: str) -> None:
-    """Raise a ValueError naming `path` and `fix` unless it ends like a `torch.save` file (a zip archive whose
+    """Raise a Refusal naming `path` and `fix` unless it ends like a `torch.save` file (a zip archive whose
     central directory is intact: a cut-short copy loses it). Only for files torch >= 1.6 wrote."""
     path = Path(path)
     if not zipfile.is_zipfile(path):
@@ -277,7 +279,7 @@ def check_folder_readable(folder: str | os.PathLike, fix: str) -> None:
 
 
 def check_local_files(name_or_path: str | os.PathLike, flag: str, fix: str) -> None:
-    """For a flag naming a local file or folder (a Hub id is left to its loader): a ValueError starting with
+    """For a flag naming a local file or folder (a Hub id is left to its loader): a Refusal starting with
     `flag` and the value, naming a truncated or garbled JSON / safetensors file in it, and `fix`."""
     path = Path(name_or_path).expanduser()
     try:
@@ -286,4 +288,22 @@ def check_local_files(name_or_path: str | os.PathLike, flag: str, fix: str) -> N
         elif path.is_dir():
             check_folder_readable(path, fix)
     except ValueError as error:
-        raise ValueError(f"{flag} {name_or_path}: {error}") from None
+        raise Refusal(f"{flag} {name_or_path}: {error}") from None
+
+
+def looks_like_local_path(name: str) -> bool:
+    """Whether a value that may be a local path or a Hub repo id ('bert-base-uncased', 'owner/name') can only
+    mean a local path: it starts with '.', '/' or '~', has more than one separator, or its parent folder exists."""
+    if name.startswith((".", "/", "~")) or name.count(os.sep) > 1:
+        return True
+    parent = Path(name).parent
+    return parent != Path(".") and parent.is_dir()
+
+
+def check_local_path_exists(name: str, flag: str, fix: str, kind: str = "folder") -> None:
+    """Refuse a value that looks like a local path (`looks_like_local_path`) but names nothing, before a loader
+    reports it as a bad Hub repo id or a failed Hub connection. Hub ids pass untouched."""
+    path = Path(name).expanduser()
+    if path.exists() or not looks_like_local_path(name):
+        return
+    raise Refusal(f"{flag} {name}: no such {kind} ({path.absolute()}); {fix}")

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hfbert.errors import Refusal
+
 # Gains that make the three heads attend almost only where intended at step 0 for 64-wide heads (every
 # preset); narrower heads get proportionally larger ones so the attention logits keep their size.
 OFFSET_GAIN = 2.0
@@ -41,7 +43,7 @@ def check_structured_attention_config(config: Any) -> None:
     heads, layers = config.num_attention_heads, config.num_hidden_layers
     head_size = config.hidden_size // heads
     if layers < 2 or heads < 2 or head_size % 2:
-        raise ValueError(
+        raise Refusal(
             f"--attention_init structured needs at least 2 layers and 2 attention heads of even width (this "
             f"model has {layers} layers, {heads} heads of width {head_size}); pass --attention_init bert"
         )

@@ -42,7 +42,7 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.convert import check_encoder_weights_loaded
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, RefusingArgumentParser
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable
 from hfbert.pretraining.samples import MASK, SamplesError, choose_masked_word
 from hfbert.pretraining.samples import write_samples as write_samples_of
@@ -318,7 +318,7 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = RefusingArgumentParser(
         prog="python -m hfbert.inspect",
         description="Look inside a trained model folder: attention heatmap, fill-mask top-k, next-sentence "
         "probability and sentence similarity. Writes PNGs and inspect.md, and prints the summary.",
@@ -344,24 +344,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> Inspection:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        inspection = inspect_checkpoint(
-            args.checkpoint,
-            text=args.text,
-            pair=args.pair,
-            sentences=args.sentences,
-            tasks=args.tasks,
-            layer=args.layer,
-            head=args.head,
-            top_k=args.top_k,
-            output_dir=args.output_dir,
-            tokenizer_name=args.tokenizer_name,
-            device=args.device,
-        )
-    except InspectError as error:
-        parser.error(str(error))
+    args = build_parser().parse_args(argv)  # a refusal (InspectError) is one line through run_cli
+    inspection = inspect_checkpoint(
+        args.checkpoint,
+        text=args.text,
+        pair=args.pair,
+        sentences=args.sentences,
+        tasks=args.tasks,
+        layer=args.layer,
+        head=args.head,
+        top_k=args.top_k,
+        output_dir=args.output_dir,
+        tokenizer_name=args.tokenizer_name,
+        device=args.device,
+    )
     report = next(path for path in inspection.files if path.name == REPORT_NAME)
     sys.stdout.write(report.read_text(encoding="utf-8"))
     print(f"\nWrote {', '.join(str(path) for path in inspection.files)}")

@@ -11,6 +11,7 @@ from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, Mo
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
+from hfbert.errors import Refusal
 from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, atomic_path, check_readable
 
 MODEL_CARD_NAME = "README.md"
@@ -27,6 +28,8 @@ logger = logging.getLogger(__name__)
 def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
     def cell(value: Any) -> str:
         text = f"{value:.4f}" if isinstance(value, float) else str(value)
+        if isinstance(value, float) and 0 < abs(value) < 0.01:  # 1e-08 would read 0.0000
+            text = f"{value:.3g}"
         return text.replace("|", "\\|").replace("\n", " ")
 
     lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
@@ -69,7 +72,7 @@ def build_model_card(
         base_model=base_model if base_model and _is_hub_id(base_model) else None,
         library_name="transformers",
         license=license,
-        datasets=[dataset_name] if dataset_name else None,
+        datasets=[dataset_name] if dataset_name and _is_hub_id(dataset_name) else None,
         tags=CARD_TAGS,
         pipeline_tag="fill-mask",
         model_name=model_name,
@@ -86,22 +89,33 @@ def build_model_card(
             )
             for metric, value in metrics.items()
         ]
-        if dataset_name and metrics
+        if dataset_name and _is_hub_id(dataset_name) and metrics
         else None,
     )
     body = card_body(
-        model_name, data_source(dataset_name, dataset_config_name), metrics, samples_name, training_config
+        model_name, data_source(dataset_name, dataset_config_name, training_config), metrics, samples_name,
+        training_config,
     )
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
 
 
-def data_source(dataset_name: str | None, dataset_config_name: str | None) -> str:
-    """The card's words for where the training text came from."""
+def data_source(dataset_name: str | None, dataset_config_name: str | None, training_config: dict[str, Any]) -> str:
+    """The card's words for where the training text came from: a Hub dataset, a local dataset folder, local
+    files (--train_file) or, with none of them, the sample shipped with hfbert."""
+    configuration = f" (configuration `{dataset_config_name}`)" if dataset_config_name else ""
+    if dataset_name and _is_hub_id(dataset_name):
+        return f"the Hub dataset [`{dataset_name}`](https://huggingface.co/datasets/{dataset_name}){configuration}"
     if dataset_name:
-        return f"the Hub dataset [`{dataset_name}`](https://huggingface.co/datasets/{dataset_name})" + (
-            f" (configuration `{dataset_config_name}`)" if dataset_config_name else ""
+        return f"the local dataset folder `{dataset_name}`{configuration}"
+    if training_config.get("train_file"):
+        validation = training_config.get("validation_file")
+        return f"the local file `{training_config['train_file']}`" + (
+            f" (validation: `{validation}`)" if validation else ""
         )
-    return "the corpus named `corpus` in the training configuration below"
+    return (
+        "the WikiText-2 sample shipped with hfbert (articles of "
+        "[`Salesforce/wikitext`](https://huggingface.co/datasets/Salesforce/wikitext), `wikitext-2-raw-v1`)"
+    )
 
 
 # What the run trained, by --objective (a run without the key predates the flag: BERT's two objectives).
@@ -234,21 +248,22 @@ def push_to_hub(
 
     Returns the commit URL.
     """
+    check_hub_model_id(repo_id)
     folder = Path(folder)
     files = upload_file_set(folder)
     missing = [name for name in REQUIRED_UPLOAD_FILES if name not in files]
     if missing:
-        raise ValueError(
+        raise Refusal(
             f"--push_to_hub: {folder} lacks {', '.join(missing)}; push only a finished run's output folder "
             "(training writes these files at the end)"
         )
     try:  # every JSON and safetensors file that would be uploaded: a damaged one is named, nothing uploaded
         check_readable((folder / name for name in files), FINAL_FOLDER_FIX)
     except ValueError as error:
-        raise ValueError(f"--push_to_hub: nothing was uploaded: {error}") from None
+        raise Refusal(f"--push_to_hub: nothing was uploaded: {error}") from None
     problem = hub_access_problem(token)
     if problem is not None:  # asked in seconds, not after huggingface_hub's retries
-        raise ValueError(
+        raise Refusal(
             f"--push_to_hub: nothing was uploaded: the Hub cannot be used ({problem}); log in with `hf auth login` "
             f"or pass --hub_token, unset HF_HUB_OFFLINE, or check the network, then push the folder with "
             f"`python -m hfbert.push {folder} --hub_model_id {repo_id}`"
@@ -260,6 +275,14 @@ def push_to_hub(
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=folder / name) for name in files]
     commit = api.create_commit(repo_url.repo_id, operations=operations, commit_message=commit_message)
     return commit.commit_url
+
+
+def check_hub_model_id(repo_id: str) -> None:
+    """Refuse a --hub_model_id the Hub would reject, before anything is trained or uploaded."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise Refusal(f"--hub_model_id {repo_id}: {error}; pass your-name/model-name") from None
 
 
 def hub_access_problem(token: str | None = None) -> str | None:
@@ -278,6 +301,7 @@ def hub_access_problem(token: str | None = None) -> str | None:
 def check_hub_access(repo_id: str, *, token: str | None = None, train_anyway: bool = False) -> None:
     """Fail in seconds, before training, when a push at the end could not work. With `train_anyway` the
     problem is only logged."""
+    check_hub_model_id(repo_id)
     problem = hub_access_problem(token)
     if problem is None:
         return
@@ -287,5 +311,5 @@ def check_hub_access(repo_id: str, *, token: str | None = None, train_anyway: bo
         f"`python -m hfbert.push OUTPUT_DIR --hub_model_id {repo_id}`"
     )
     if not train_anyway:
-        raise ValueError(message)
+        raise Refusal(message)
     logger.warning(message)

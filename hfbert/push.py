@@ -10,19 +10,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hfbert.errors import Refusal, RefusingArgumentParser
 from hfbert.files import publish_files
 from hfbert.model_card import push_to_hub
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RefusingArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="output folder of a finished run_pretraining.py run")
     parser.add_argument("--hub_model_id", required=True, help="Hub repo id, e.g. your-name/hfbert-mini")
     parser.add_argument("--hub_token", default=None, help="Hub token (default: the logged-in one)")
     parser.add_argument("--private", action="store_true", help="create the repo as private")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
-        parser.error(f"{args.run_dir} is not a folder; pass the --output_dir of a finished run")
+        raise Refusal(f"{args.run_dir} is not a folder; pass the --output_dir of a finished run")
     publish_files(args.run_dir)  # completes a final folder whose publication was interrupted
     print(push_to_hub(args.run_dir, args.hub_model_id, token=args.hub_token, private=args.private))
 

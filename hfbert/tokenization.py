@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import regex
@@ -40,9 +40,11 @@ from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrai
 
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.corpus import CorpusArguments, load_documents
+from hfbert.errors import Refusal, RefusesUsageErrors
 from hfbert.files import (
     WRITE_ERRORS,
     check_local_files,
+    check_local_path_exists,
     describe_write_failure,
     staged_files,
 )
@@ -227,10 +229,10 @@ def _untrained_bert_tokenizer(lowercase: bool, model_max_length: int) -> BertTok
 
 
 def check_special_token_ids(tokenizer: PreTrainedTokenizerBase) -> None:
-    """Raise ValueError unless ``tokenizer`` maps `SPECIAL_TOKENS` to ids 0, 1, 2, ... in that order."""
+    """Raise Refusal unless ``tokenizer`` maps `SPECIAL_TOKENS` to ids 0, 1, 2, ... in that order."""
     ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
     if ids != list(range(len(SPECIAL_TOKENS))):
-        raise ValueError(
+        raise Refusal(
             f"tokenizer special token ids {dict(zip(SPECIAL_TOKENS, ids, strict=True))} differ from BERT's "
             f"ids 0-{len(SPECIAL_TOKENS) - 1} in the order {SPECIAL_TOKENS}; train a new tokenizer with "
             "hfbert's train_tokenizer.py"
@@ -289,7 +291,7 @@ def train_tokenizer(
     Pass a `ParagraphBatches` over the documents instead to read its ``bytes_read`` (input size) afterwards.
     Returns a fast `transformers.BertTokenizer` whose vocabulary holds `SPECIAL_TOKENS` at ids 0-4 and at
     most ``vocab_size`` entries in all. ``lowercase`` also strips accents, as BERT's uncased models do.
-    Raises ValueError when ``vocab_size`` cannot hold the special tokens plus the corpus' characters.
+    Raises Refusal when ``vocab_size`` cannot hold the special tokens plus the corpus' characters.
 
     Deterministic: the same documents and settings give the same vocabulary, with the same ids, in any process
     (see the module docstring for how). The corpus is read twice: once in Python for its characters, then by
@@ -297,7 +299,7 @@ def train_tokenizer(
     Words longer than `MAX_WORD_CHARS` characters are left out (see `bound_paragraphs`).
     """
     if vocab_size <= len(SPECIAL_TOKENS):
-        raise ValueError(
+        raise Refusal(
             f"--vocab_size {vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
             "pass a larger --vocab_size (e.g. 30522)"
         )
@@ -313,10 +315,10 @@ def train_tokenizer(
     vocab = train_vocabulary(batches, untrained, forms, vocab_size, min_frequency, show_progress)
     tokenizer = _bert_tokenizer(vocab, lowercase, model_max_length)
     if len(tokenizer) <= len(SPECIAL_TOKENS):
-        raise ValueError("the corpus gave the tokenizer trainer no text; pass a corpus with text")
+        raise Refusal("the corpus gave the tokenizer trainer no text; pass a corpus with text")
     if len(tokenizer) > vocab_size:
         # The trainer always keeps every character of the corpus (and its ## form) even past vocab_size.
-        raise ValueError(
+        raise Refusal(
             f"--vocab_size {vocab_size} is smaller than the {len(SPECIAL_TOKENS)} special tokens plus the "
             f"{len(tokenizer) - len(SPECIAL_TOKENS)} single characters (and their ## forms) of this corpus; "
             f"pass --vocab_size well above {len(tokenizer)} so that words can be learned"
@@ -374,14 +376,14 @@ def model_config_for_tokenizer(
 
 
 def check_tokenizer_matches_config(tokenizer: PreTrainedTokenizerBase, config: HfBertConfig) -> None:
-    """Raise ValueError when ``tokenizer`` produces ids the model of ``config`` cannot embed or pads wrongly."""
+    """Raise Refusal when ``tokenizer`` produces ids the model of ``config`` cannot embed or pads wrongly."""
     if len(tokenizer) > config.vocab_size:
-        raise ValueError(
+        raise Refusal(
             f"the tokenizer has {len(tokenizer)} tokens but the model config's vocab_size is {config.vocab_size}; "
             f"build the config with hfbert.tokenization.model_config_for_tokenizer (or vocab_size >= {len(tokenizer)})"
         )
     if tokenizer.pad_token_id != config.pad_token_id:
-        raise ValueError(
+        raise Refusal(
             f"the tokenizer's pad_token_id {tokenizer.pad_token_id} differs from the model config's "
             f"pad_token_id {config.pad_token_id}; build the config with "
             f"hfbert.tokenization.model_config_for_tokenizer (or pad_token_id={tokenizer.pad_token_id})"
@@ -397,34 +399,35 @@ _LOAD_TOKENIZER_FIX = (
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """Load ``--tokenizer_name``: a local folder (``~`` expanded) or a Hub id, with `AutoTokenizer`.
 
-    Raises ValueError naming the value and the fix, before anything is downloaded or written, for a missing
+    Raises Refusal naming the value and the fix, before anything is downloaded or written, for a missing
     folder (transformers would say "Repo id must be in the form ..."), a file, or a folder without tokenizer
     files; and for a Hub-style id that is no local folder and cannot be loaded from the Hub (offline, typo).
     """
     path = Path(name_or_path).expanduser()
     if path.is_file():
-        raise ValueError(
+        raise Refusal(
             f"--tokenizer_name {name_or_path} is a file; pass the folder holding the tokenizer files "
             f"({path.parent}), or {_LOAD_TOKENIZER_FIX}"
         )
     if path.is_dir():
         if not any((path / name).is_file() for name in (*_TOKENIZER_FILES, "vocab.txt")):
-            raise ValueError(
+            raise Refusal(
                 f"--tokenizer_name {name_or_path}: the folder {path.absolute()} holds no tokenizer (no "
                 f"tokenizer.json, tokenizer_config.json or vocab.txt); {_LOAD_TOKENIZER_FIX}"
             )
         check_local_files(path, "--tokenizer_name", f"save the tokenizer there again, or {_LOAD_TOKENIZER_FIX}")
         return AutoTokenizer.from_pretrained(path)
+    check_local_path_exists(str(name_or_path), "--tokenizer_name", _LOAD_TOKENIZER_FIX)
     missing = f"--tokenizer_name {name_or_path}: no such folder ({path.absolute()})"
     try:
         validate_repo_id(str(name_or_path))
     except HFValidationError:
-        raise ValueError(f"{missing}; {_LOAD_TOKENIZER_FIX}") from None
+        raise Refusal(f"{missing}; {_LOAD_TOKENIZER_FIX}") from None
     try:
         return AutoTokenizer.from_pretrained(str(name_or_path))
     except (OSError, ValueError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(
+        raise Refusal(
             f"{missing}, nor a tokenizer that could be loaded from the Hub ({reason}); {_LOAD_TOKENIZER_FIX}"
         ) from error
 
@@ -438,11 +441,11 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
     not a saved tokenizer unless ``overwrite_output_dir``."""
     folder = Path(output_dir)
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"--output_dir {folder} is a file; pass a folder path")
+        raise Refusal(f"--output_dir {folder} is a file; pass a folder path")
     model_files = [name for name in FINAL_MODEL_FILES if (folder / name).exists()]
     if model_files or find_checkpoints(folder):
         found = ", ".join(model_files or [path.name for path in find_checkpoints(folder)])
-        raise ValueError(
+        raise Refusal(
             f"--output_dir {folder} holds a pretraining run ({found}): its tokenizer belongs to that model, and "
             "a new one would silently disagree with it; pass another --output_dir"
         )
@@ -452,7 +455,7 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
         and not _is_saved_tokenizer(folder)
         and not overwrite_output_dir
     ):
-        raise ValueError(
+        raise Refusal(
             f"--output_dir {folder} is not empty and holds no tokenizer; pass an empty or new folder, "
             "or --overwrite_output_dir to write the tokenizer files into it"
         )
@@ -465,7 +468,7 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.Path
         with staged_files(output_dir, commit_file="tokenizer.json") as staging:
             tokenizer.save_pretrained(staging)
     except WRITE_ERRORS as error:
-        raise OSError(
+        raise Refusal(
             f"{describe_write_failure(error, output_dir)}; the tokenizer was not saved and the folder's previous "
             f"files are intact: free space (`df -h {output_dir}`) or pass another --output_dir, then rerun"
         ) from error
@@ -500,20 +503,31 @@ class TokenizerTrainingArguments:
     def __post_init__(self) -> None:
         # Refused at parse time, before the corpus is read (the trainer would raise OverflowError on -3).
         if self.vocab_size <= len(SPECIAL_TOKENS):
-            raise ValueError(
+            raise Refusal(
                 f"--vocab_size {self.vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
                 "pass a larger --vocab_size (e.g. 30522)"
             )
         if self.min_frequency < 0:
-            raise ValueError(f"--min_frequency {self.min_frequency} must be >= 0, e.g. 2")
+            raise Refusal(f"--min_frequency {self.min_frequency} must be >= 0, e.g. 2")
         if self.model_max_length <= 0:
-            raise ValueError(f"--model_max_length {self.model_max_length} must be > 0, e.g. 512")
+            raise Refusal(f"--model_max_length {self.model_max_length} must be > 0, e.g. 512")
+
+
+class RefusingHfArgumentParser(RefusesUsageErrors, HfArgumentParser):
+    """HfArgumentParser whose command-line errors, unknown flags included, are one-line refusals (the parser of
+    train_tokenizer.py and run_pretraining.py)."""
+
+    def parse_flags(self, argv: list[str] | None) -> list[Any]:
+        """The dataclasses of `argv` (sys.argv's when None)."""
+        *groups, unknown = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        if unknown:  # HfArgumentParser itself raises a bare ValueError for them
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return groups
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: train a tokenizer on a corpus, save it, print a summary."""
-    parser = HfArgumentParser((CorpusArguments, TokenizerTrainingArguments))
-    corpus_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    corpus_args, training_args = RefusingHfArgumentParser((CorpusArguments, TokenizerTrainingArguments)).parse_flags(argv)
     # Held from the check to the save: two tokenizers trained into one folder would both report "Saved".
     with run_folder_lock(training_args.output_dir):  # checks that the folder is writable first
         check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)

@@ -25,6 +25,7 @@ EXAMPLE_VALUES = {
     "--hub_model_id": "your-name/hfbert-mini",
     "--hub_token": "hf_example",
     "--model_name_or_path": "runs/bert-phase1",
+    "--vocab_size": "8192",
 }
 # Flags that only make sense beside another one.
 COMPANIONS = {

@@ -11,6 +11,7 @@ from torch.testing import assert_close
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining
 from hfbert.convert import from_transformers, main, to_transformers
+from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 
 
 @pytest.mark.parametrize("model_class", [HfBertForPreTraining, HfBertForMaskedLM], ids=lambda c: c.__name__)
@@ -62,7 +63,7 @@ def test_conversion_refuses_a_non_empty_output_folder_and_leaves_it_alone(tmp_pa
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="not empty"):
+    with pytest.raises(Refusal, match="not an empty folder"):
         main(["to-transformers", str(tmp_path / "hfbert"), str(occupied)])
     assert [p.name for p in occupied.iterdir()] == ["keep.txt"]
 
@@ -106,3 +107,34 @@ def test_a_config_with_more_layers_than_the_weights_is_refused(tmp_path, directi
     with pytest.raises(ValueError, match=r"lacks encoder weights that its config.json asks for \(.*layer\.2\."):
         main([direction, str(source), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def refusal_line(capsys, argv) -> str:
+    """What `python -m hfbert.convert ARGV` prints on stderr, run as its __main__ runs it."""
+    capsys.readouterr()  # what the test's setup printed
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main(argv), prog="python -m hfbert.convert")
+    assert stopped.value.code == REFUSAL_EXIT_CODE
+    [line] = capsys.readouterr().err.splitlines()
+    return line
+
+
+@pytest.mark.parametrize("source", ["path/to/bert-base-uncased", "./bert", "/no/such/bert"])
+def test_a_missing_source_folder_is_one_line_naming_it(tmp_path, capsys, monkeypatch, source):
+    monkeypatch.chdir(tmp_path)
+    line = refusal_line(capsys, ["from-transformers", source, str(tmp_path / "out")])
+    assert line.startswith(f"python -m hfbert.convert: error: source {source}: no such folder")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hub_id_is_tried_up_to_the_network_and_refused_in_one_line(tmp_path, capsys):
+    line = refusal_line(capsys, ["from-transformers", "someone/no-such-bert", str(tmp_path / "out")])
+    assert line.startswith("python -m hfbert.convert: error: source someone/no-such-bert: cannot read its config")
+
+
+def test_a_folder_that_is_no_bert_is_one_line(tmp_path, capsys):
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2)).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    line = refusal_line(capsys, ["from-transformers", str(tmp_path / "gpt2"), str(tmp_path / "out")])
+    assert "holds a 'gpt2' model, not 'bert'" in line

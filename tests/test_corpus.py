@@ -25,6 +25,7 @@ from hfbert.corpus import (
     load_documents,
     resolve_document_boundary,
 )
+from hfbert.errors import Refusal
 
 HUB_CONFIG = "wikitext-2-raw-v1"
 # The README front matter of the Hub's Salesforce/wikitext repo, reduced to one configuration.
@@ -381,5 +382,5 @@ def test_a_compressed_wikitext_file_is_read_as_wikitext(tmp_path):
 
 def test_a_read_only_datasets_cache_is_named_with_the_fix(read_only_folder, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", read_only_folder)
-    with pytest.raises(OSError, match=rf"^The datasets cache {read_only_folder} cannot be used: cannot write .*HF_DATASETS_CACHE"):
+    with pytest.raises(Refusal, match=rf"^The datasets cache {read_only_folder} cannot be used: cannot write .*HF_DATASETS_CACHE"):
         load_documents(CorpusArguments())

@@ -50,3 +50,40 @@ def test_run_pretraining_refuses_bad_flag_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "run_pretraining.py: error: --max_train_steps 0 must be > 0 (or leave it unset)"
     ]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model_size", "huge", "--output_dir", "x"], "argument --model_size/--model-size: invalid choice: 'huge'"),
+        (["--max_train_steps", "abc", "--output_dir", "x"], "invalid int value: 'abc'"),
+        (["--bogus", "1", "--output_dir", "x"], "unrecognized arguments: --bogus 1"),
+        ([], "the following arguments are required: --output_dir"),
+    ],
+)
+def test_a_bad_command_line_is_one_line_not_the_whole_usage(argv, message, capsys):
+    from hfbert.pretraining.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main(argv), prog="run_pretraining.py")
+    assert stopped.value.code == REFUSAL_EXIT_CODE
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("run_pretraining.py: error: ") and message in line and line.endswith("(see --help)")
+
+
+@pytest.mark.parametrize(
+    "module, argv",
+    [
+        ("hfbert.tokenization", ["--bogus"]),
+        ("hfbert.convert", ["sideways", "a", "b"]),
+        ("hfbert.push", ["folder"]),
+        ("hfbert.inspect", ["folder", "--layer", "x"]),
+    ],
+)
+def test_every_tool_refuses_a_bad_command_line_in_one_line(module, argv, capsys):
+    main = __import__(module, fromlist=["main"]).main
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main(argv), prog="tool")
+    assert stopped.value.code == REFUSAL_EXIT_CODE
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("tool: error: ") and line.endswith("(see --help)")

@@ -7,6 +7,7 @@ from conftest import DAMAGES, damage, tiny_config
 from transformers import BertConfig, BertForPreTraining
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
+from hfbert.errors import REFUSAL_EXIT_CODE, run_cli
 from hfbert.inspect import (
     InspectError,
     choose_masked_word,
@@ -153,11 +154,20 @@ def test_attention_only_needs_no_mask(checkpoint, tmp_path):
     assert inspection.fill_mask is None and (tmp_path / "attention_layer1_head0.png").is_file()
 
 
-def test_cli_refusal_is_an_argparse_error(checkpoint, tmp_path, capsys):
+def refused(argv, capsys) -> str:
+    """The one line `python -m hfbert.inspect ARGV` prints for a refusal (exit code 2), run as __main__ runs it."""
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exited:
-        main([str(checkpoint), "--text", TEXT, "--head", "9", "--output_dir", str(tmp_path / "out")])
-    assert exited.value.code == 2
-    assert "--head 9 is out of range: this model has 4 attention heads per layer" in capsys.readouterr().err
+        run_cli(lambda: main(argv), prog="python -m hfbert.inspect")
+    assert exited.value.code == REFUSAL_EXIT_CODE
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("python -m hfbert.inspect: error: ")
+    return line
+
+
+def test_cli_refusal_is_one_line(checkpoint, tmp_path, capsys):
+    line = refused([str(checkpoint), "--text", TEXT, "--head", "9", "--output_dir", str(tmp_path / "out")], capsys)
+    assert "--head 9 is out of range: this model has 4 attention heads per layer" in line
     assert not (tmp_path / "out").exists()
 
 
@@ -196,9 +206,8 @@ def test_a_config_with_more_layers_than_the_weights_is_refused(checkpoint, tmp_p
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_device_this_machine_lacks_is_refused_before_loading(checkpoint, tmp_path, capsys):
     """--device cuda without CUDA ended in torch's raw error after the model had loaded."""
-    with pytest.raises(SystemExit):
-        main([str(checkpoint), "--text", TEXT, "--device", "cuda", "--output_dir", str(tmp_path / "out")])
-    assert "--device cuda: this machine has no CUDA device torch can use; pass --device cpu" in capsys.readouterr().err
+    line = refused([str(checkpoint), "--text", TEXT, "--device", "cuda", "--output_dir", str(tmp_path / "out")], capsys)
+    assert "--device cuda: this machine has no CUDA device torch can use; pass --device cpu" in line
     with pytest.raises(InspectError, match="--device gpu0 is not a torch device"):
         inspect_checkpoint(checkpoint, text=TEXT, device="gpu0", output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -286,8 +295,11 @@ def test_a_damaged_model_folder_file_is_named_with_the_fix(checkpoint, tmp_path,
     shutil.copytree(checkpoint, folder)
     damage(folder / name, how)
     before = files_under(folder)
-    with pytest.raises(SystemExit):
-        main([str(folder), "--text", TEXT])
-    error = capsys.readouterr().err
+    error = refused([str(folder), "--text", TEXT], capsys)
     assert f"{folder / name} is " in error and "--resume_from_checkpoint latest" in error
     assert "Traceback" not in error and files_under(folder) == before  # nothing written
+
+
+def test_a_missing_folder_is_one_line(tmp_path, capsys):
+    line = refused([str(tmp_path / "missing")], capsys)
+    assert f"checkpoint folder {str(tmp_path / 'missing')!r} does not exist" in line

@@ -6,7 +6,14 @@ import yaml
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from safetensors.torch import save_file
 
-from hfbert.model_card import build_model_card, push_to_hub, upload_file_set, write_model_card
+from hfbert.errors import Refusal
+from hfbert.model_card import (
+    build_model_card,
+    check_hub_access,
+    push_to_hub,
+    upload_file_set,
+    write_model_card,
+)
 
 TRAINING_CONFIG = {"preset": "tiny", "learning_rate": 1e-4, "max_seq_length": 128, "train_file": None}
 EVAL_RESULTS = {
@@ -109,7 +116,7 @@ def test_card_for_local_files_without_eval(tmp_path):
     assert card.data.datasets is None
     assert card.data.eval_results is None
     assert "No evaluation was run" in card.text
-    assert "the corpus named `corpus` in the training configuration" in card.text
+    assert "trained on the WikiText-2 sample shipped with hfbert" in card.text
     # The header is plain YAML (what the Hub parses), not just something huggingface_hub accepts.
     header = path.read_text().split("---\n")[1]
     assert yaml.safe_load(header)["library_name"] == "transformers"
@@ -167,3 +174,29 @@ def test_push_to_hub_refuses_an_unfinished_folder(tmp_path):
     ):
         push_to_hub(tmp_path, "someone/hfbert-tiny")
     create_repo.assert_not_called()
+
+
+def test_the_card_names_the_local_files_it_was_trained_on(tmp_path):
+    files = TRAINING_CONFIG | {"train_file": "data/train.txt", "validation_file": "data/valid.txt"}
+    card = ModelCard.load(write_card(tmp_path, training_config=files, dataset_name=None, dataset_config_name=None))
+    assert "trained on the local file `data/train.txt` (validation: `data/valid.txt`)" in card.text
+    (tmp_path / "my-dataset").mkdir()  # --dataset_name PATH: a local folder laid out like a Hub dataset
+    folder = str(tmp_path / "my-dataset")
+    card = ModelCard.load(write_card(tmp_path, dataset_name=folder, dataset_config_name=None))
+    assert f"trained on the local dataset folder `{folder}`" in card.text and card.data.datasets is None
+
+
+def test_the_card_writes_small_numbers_as_they_are(tmp_path):
+    config = TRAINING_CONFIG | {"adam_epsilon": 1e-08, "learning_rate": 5e-05, "weight_decay": 0.01, "dropout": 0.0}
+    text = ModelCard.load(write_card(tmp_path, training_config=config)).text
+    assert "| adam_epsilon | 1e-08 |" in text and "| learning_rate | 5e-05 |" in text
+    assert "| weight_decay | 0.0100 |" in text and "| dropout | 0.0000 |" in text
+    assert "| perplexity | 665.1400 |" in text
+
+
+@pytest.mark.parametrize("repo_id", ["bad id", "a/b/c"])
+def test_a_hub_model_id_the_hub_would_reject_is_refused_before_any_work(tmp_path, repo_id):
+    with pytest.raises(Refusal, match=rf"--hub_model_id {repo_id}: Repo id must"):
+        check_hub_access(repo_id)
+    with pytest.raises(Refusal, match=rf"--hub_model_id {repo_id}: Repo id must"):
+        push_to_hub(tmp_path, repo_id)

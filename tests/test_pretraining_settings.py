@@ -2,6 +2,7 @@
 
 import pytest
 
+from hfbert.errors import Refusal
 from hfbert.pretraining.cli import parse_args
 from hfbert.pretraining.settings import check_resume_settings
 
@@ -66,3 +67,41 @@ def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
     corpus.write_text("First sentence here. Second one, edited.\n")
     with pytest.raises(ValueError, match=rf"the corpus \({corpus}\) has changed since the checkpoint was written"):
         check_resume_settings(saved, parse_args(flags), "ckpt")
+
+
+@pytest.mark.parametrize("output", ["run", "run/checkpoint-10", "run/checkpoint-10/phase2", "run/checkpoint-10/.."])
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite_output_dir"]])
+def test_a_run_never_writes_into_its_own_source(tmp_path, output, overwrite):
+    source = tmp_path / "run" / "checkpoint-10"
+    source.mkdir(parents=True)
+    with pytest.raises(Refusal, match=r"--output_dir .* (is|contains|is inside) the --model_name_or_path folder") as refused:
+        parse_args(["--model_name_or_path", str(source), "--output_dir", str(tmp_path / output), *overwrite])
+    assert "--overwrite_output_dir" not in str(refused.value)
+
+
+def test_a_run_beside_its_source_is_accepted(tmp_path):
+    (tmp_path / "phase1").mkdir()
+    (tmp_path / "phase1-link").symlink_to(tmp_path / "phase1")
+    parse_args(["--model_name_or_path", str(tmp_path / "phase1"), "--output_dir", str(tmp_path / "phase2")])
+    with pytest.raises(Refusal, match="is the --model_name_or_path folder"):
+        parse_args(["--model_name_or_path", str(tmp_path / "phase1"), "--output_dir", str(tmp_path / "phase1-link")])
+
+
+@pytest.mark.parametrize("flag", [["--vocab_size", "8192"], ["--attention_init", "bert"]])
+def test_flags_that_only_shape_a_fresh_model_are_refused_with_a_source(flag):
+    with pytest.raises(Refusal, match=rf"{flag[0]} {flag[1]} only shapes a fresh model.*drop {flag[0]}"):
+        parse_args(["--model_name_or_path", "someone/bert", "--output_dir", "x", *flag])
+    settings = parse_args(["--model_name_or_path", "someone/bert", "--output_dir", "x"])
+    assert settings.data.vocab_size is None and settings.model.attention_init is None  # recorded as not set
+
+
+def test_a_fresh_model_gets_the_default_vocab_size_and_attention_init():
+    settings = parse_args(["--output_dir", "x"])
+    assert (settings.data.vocab_size, settings.model.attention_init) == (30522, "structured")
+
+
+def test_a_run_from_weights_resumes_a_checkpoint_that_recorded_the_ignored_vocab_size():
+    # hfbert before the refusal recorded the default --vocab_size of a run from weights, which it ignored
+    source = ["--output_dir", "o", "--model_name_or_path", "someone/bert"]
+    saved = parse_args(source).resume_invariant() | {"vocab_size": 30522}
+    assert check_resume_settings(saved, parse_args(source), "ckpt") == []

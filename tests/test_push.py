@@ -7,6 +7,7 @@ import pytest
 from conftest import DAMAGES, damage, tiny_config
 
 from hfbert import HfBertForPreTraining
+from hfbert.errors import REFUSAL_EXIT_CODE, run_cli
 from hfbert.files import FINAL_READY, write_json_atomic
 from hfbert.push import main
 
@@ -67,10 +68,13 @@ def test_a_damaged_final_file_is_named_and_nothing_is_uploaded(run_folder, name,
     create_repo.assert_not_called()
 
 
-def test_a_missing_folder_is_refused(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        main([str(tmp_path / "nope"), "--hub_model_id", "me/m"])
-    assert "is not a folder" in capsys.readouterr().err
+def test_a_missing_folder_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        run_cli(lambda: main([str(tmp_path / "nope"), "--hub_model_id", "me/m"]), prog="python -m hfbert.push")
+    assert exited.value.code == REFUSAL_EXIT_CODE
+    assert capsys.readouterr().err.splitlines() == [
+        f"python -m hfbert.push: error: {tmp_path / 'nope'} is not a folder; pass the --output_dir of a finished run"
+    ]
 
 
 @pytest.mark.parametrize("cause", ["offline", "network"])

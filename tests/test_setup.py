@@ -46,3 +46,13 @@ def test_the_budget_counts_updates_per_epoch_over_processes_and_accumulation():
     timed = plan_budget(OptimizationSettings(max_train_seconds=60.0), 10, 1)
     assert timed.max_train_steps == UNBOUNDED_STEPS and timed.schedule.max_seconds == 60.0
     assert plan_budget(OptimizationSettings(max_train_steps=7), 10, 1).max_train_steps == 7
+
+
+def test_the_budget_is_described_as_the_limit_that_ends_the_run():
+    timed = plan_budget(OptimizationSettings(max_train_seconds=600.0), 10, 1)
+    assert timed.planned_train_steps is None
+    assert timed.describe() == "as many updates as fit in 600 s (--max_train_seconds)"
+    both = plan_budget(OptimizationSettings(max_train_steps=7, max_train_seconds=600.0), 10, 1)
+    assert both.planned_train_steps == 7
+    assert both.describe() == "up to 7 updates or 600 s, whichever runs out first"
+    assert plan_budget(OptimizationSettings(max_train_steps=7), 10, 1).describe() == "up to 7 updates"

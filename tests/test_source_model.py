@@ -9,7 +9,9 @@ from accelerate import Accelerator
 from conftest import tiny_config
 
 from hfbert import HfBertConfig, HfBertForPreTraining
+from hfbert.checkpointing import _write_manifest
 from hfbert.convert import bert_config_for
+from hfbert.errors import Refusal
 from hfbert.pretraining.source_model import (
     check_source_fits,
     find_source_model,
@@ -155,3 +157,41 @@ def test_a_tokenizer_that_disagrees_with_the_source_is_refused(tmp_path, tokeniz
     assert len(other) <= len(tokenizer)
     with pytest.raises(ValueError, match=r"vocabulary differs from .*'s own"):
         fits(source, other, tokenizer)
+
+
+@pytest.mark.parametrize("name", ["runs/bert-base-phase1", "./bert", "~/no-such-hfbert-folder", "a/b/c"])
+def test_a_missing_local_folder_is_named_not_taken_for_a_hub_id(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # phase 1 has not written runs/bert-base-phase1 yet
+    with pytest.raises(Refusal, match=rf"--model_name_or_path {name}: no such folder"):
+        find_source_model(name)
+
+
+def damage_same_size(path):
+    data = bytearray(path.read_bytes())
+    data[-4:] = bytes(4)  # inside the last tensor: the header and size stay valid
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_that_fails_its_manifest_is_refused_naming_the_file(tmp_path, tokenizer):
+    run = tmp_path / "run"
+    for step in (5, 10):
+        checkpoint = run / f"checkpoint-{step}"
+        hfbert_folder(checkpoint, tokenizer)
+        _write_manifest(checkpoint, step, num_processes=1)
+    find_source_model(str(run / "checkpoint-10"))  # intact
+    damage_same_size(run / "checkpoint-10" / "model.safetensors")
+    with pytest.raises(Refusal, match=r"checkpoint-10: the checkpoint is damaged: model.safetensors is corrupted.*checkpoint-5"):
+        find_source_model(str(run / "checkpoint-10"))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 3e4])
+def test_unusable_source_weights_are_named_with_the_tensor(tmp_path, tokenizer, value):
+    model = HfBertForPreTraining(model_config(tokenizer))
+    with torch.no_grad():
+        model.bert.encoder.layer[1].output.dense.weight[0, 0] = value
+    model.save_pretrained(tmp_path / "run")
+    tokenizer.save_pretrained(tmp_path / "run")
+    source = find_source_model(str(tmp_path / "run"))
+    with pytest.raises(Refusal, match=r"its weights are unusable: bert.encoder.layer.1.output.dense.weight holds"):
+        load_source_model(source, source.config)

@@ -18,6 +18,7 @@ import hfbert.tokenization
 from hfbert import HfBertForPreTraining
 from hfbert.checkpointing import run_folder_lock
 from hfbert.corpus import CorpusArguments, load_documents
+from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 from hfbert.tokenization import (
     MAX_WORD_CHARS,
     SPECIAL_TOKENS,
@@ -254,7 +255,7 @@ def test_crash_while_saving_leaves_no_half_written_folder(sample_tokenizer, tmp_
         raise OSError("disk full")
 
     monkeypatch.setattr(type(sample_tokenizer), "save_pretrained", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(Refusal, match="disk full"):
         save_tokenizer(sample_tokenizer, tmp_path / "tok")
     assert list(tmp_path.iterdir()) == []
 
@@ -265,7 +266,7 @@ def test_a_full_disk_while_saving_names_the_folder(sample_tokenizer, tmp_path, m
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(type(sample_tokenizer), "save_pretrained", full_disk)
-    with pytest.raises(OSError, match=rf"^no space left writing {tmp_path / 'tok'}; the tokenizer was not saved"):
+    with pytest.raises(Refusal, match=rf"^no space left writing {tmp_path / 'tok'}; the tokenizer was not saved"):
         save_tokenizer(sample_tokenizer, tmp_path / "tok")
     assert list(tmp_path.iterdir()) == []
 
@@ -282,6 +283,7 @@ def test_train_tokenizer_script(tmp_path):
 TRAIN_AND_PRINT_VOCABS = """
 import json, sys
 from hfbert.corpus import CorpusArguments, load_documents
+from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 from hfbert.tokenization import train_tokenizer
 documents = load_documents(CorpusArguments())
 vocabs = {
@@ -445,3 +447,28 @@ def test_load_tokenizer_refuses_a_folder_or_file_without_a_tokenizer(tmp_path):
 def test_load_tokenizer_loads_a_saved_tokenizer(saved_tokenizer_dir, sample_tokenizer):
     assert load_tokenizer(saved_tokenizer_dir).get_vocab() == sample_tokenizer.get_vocab()
     assert load_tokenizer(str(saved_tokenizer_dir)).get_vocab() == sample_tokenizer.get_vocab()
+
+
+def refused(argv, capsys) -> str:
+    """The one line train_tokenizer.py prints for a refusal (exit code 2), run as its __main__ runs it."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_cli(lambda: main(argv), prog="train_tokenizer.py")
+    assert exited.value.code == REFUSAL_EXIT_CODE
+    err = capsys.readouterr().err
+    line = err.splitlines()[-1]  # after the trainer's progress bars, if it read the corpus
+    assert line.startswith("train_tokenizer.py: error: ") and "Traceback" not in err
+    return line
+
+
+def test_a_refusal_after_reading_the_corpus_is_one_line_and_leaves_nothing_behind(tmp_path, capsys):
+    line = refused(["--vocab_size", "6", "--output_dir", str(tmp_path / "tokenizers" / "new" / "tok")], capsys)
+    assert "--vocab_size 6 is smaller than the 5 special tokens" in line
+    assert list(tmp_path.iterdir()) == []  # neither tok nor the parents the run created
+
+
+def test_an_offline_hub_dataset_is_one_line_and_the_users_folder_stays(tmp_path, capsys):
+    (tmp_path / "mine").mkdir()  # the user's empty folder: never deleted
+    line = refused(["--dataset_name", "x/y", "--output_dir", str(tmp_path / "mine")], capsys)
+    assert "--dataset_name x/y is not in the local datasets cache and the Hub is offline" in line
+    assert [path.name for path in tmp_path.iterdir()] == ["mine"]

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from hfbert.errors import Refusal
 from hfbert.modeling_hfbert import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -122,9 +123,9 @@ class DataCollatorForPretraining:
 
     def __post_init__(self) -> None:
         if self.tokenizer.pad_token_id is None:
-            raise ValueError("The tokenizer has no pad token; BERT pretraining needs one, e.g. '[PAD]'")
+            raise Refusal("The tokenizer has no pad token; BERT pretraining needs one, e.g. '[PAD]'")
         if self.tokenizer.mask_token_id is None:
-            raise ValueError("The tokenizer has no mask token; BERT pretraining needs one, e.g. '[MASK]'")
+            raise Refusal("The tokenizer has no mask token; BERT pretraining needs one, e.g. '[MASK]'")
         for name in ("mlm_probability", "mask_replace_prob", "random_replace_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} {getattr(self, name)} must be in [0, 1]")

@@ -6,8 +6,6 @@ import argparse
 import os
 import sys
 
-from transformers import HfArgumentParser
-
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.run import pretrain_run
 from hfbert.pretraining.settings import (
@@ -18,11 +16,12 @@ from hfbert.pretraining.settings import (
     PretrainingSettings,
     RunSettings,
 )
+from hfbert.tokenization import RefusingHfArgumentParser
 
 
-def build_parser() -> HfArgumentParser:
+def build_parser() -> RefusingHfArgumentParser:
     """run_pretraining.py's flags: the corpus flags it shares with train_tokenizer.py, then its own groups."""
-    parser = HfArgumentParser(
+    parser = RefusingHfArgumentParser(
         (CorpusArguments, DataSettings, ModelSettings, OptimizationSettings, RunSettings)  # type: ignore[arg-type]
     )
     # --streaming is train_tokenizer.py's: pretraining pairs sentences across the whole cached corpus, so the
@@ -35,7 +34,7 @@ def build_parser() -> HfArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
     """Parse and validate run_pretraining.py's flags (every check runs here, before any work)."""
-    corpus, data, model, optimization, run = build_parser().parse_args_into_dataclasses(args=argv)
+    corpus, data, model, optimization, run = build_parser().parse_flags(argv)
     return PretrainingSettings(corpus=corpus, data=data, model=model, optimization=optimization, run=run)
 
 

@@ -28,8 +28,15 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import DOCUMENTS_PER_BATCH, load_documents, naming_cache_failures
+from hfbert.errors import Refusal
 from hfbert.initialization import check_structured_attention_config
-from hfbert.pretraining.settings import CorpusArguments, DataSettings, ModelSettings, check_max_seq_length
+from hfbert.pretraining.settings import (
+    CorpusArguments,
+    DataSettings,
+    ModelSettings,
+    check_max_seq_length,
+    read_config_file,
+)
 from hfbert.pretraining.source_model import SourceModel, source_run_config
 from hfbert.tokenization import (
     check_tokenizer_matches_config,
@@ -76,7 +83,7 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise ValueError(
+        raise Refusal(
             f"{type(tokenizer).__name__} is not a fast tokenizer; pass a tokenizers-backed one "
             "(AutoTokenizer.from_pretrained(..., use_fast=True), or a folder from train_tokenizer.py)"
         )
@@ -112,7 +119,7 @@ def split_validation_documents(documents: DatasetDict, percentage: int, seed: in
         for split, source in (("training", "the training corpus"), ("validation", "--validation_file")):
             count = len(documents["train" if split == "training" else "validation"])
             if count < _MIN_NSP_DOCUMENTS:
-                raise ValueError(
+                raise Refusal(
                     f"the {split} split has {_documents(count)}; next-sentence prediction needs at least "
                     f"{_MIN_NSP_DOCUMENTS} documents in each split (B segments come from another document). "
                     f"Give {source} more documents, or {_BOUNDARY_HINT}; --validation_file is the "
@@ -121,7 +128,7 @@ def split_validation_documents(documents: DatasetDict, percentage: int, seed: in
         return documents
     total = len(documents["train"])
     if not 1 <= percentage <= 99:
-        raise ValueError(
+        raise Refusal(
             f"--validation_split_percentage {percentage} must be between 1 and 99 (the share of the training "
             "corpus held out for evaluation); or pass --validation_file"
         )
@@ -135,7 +142,7 @@ def split_validation_documents(documents: DatasetDict, percentage: int, seed: in
         if held_out(share) >= _MIN_NSP_DOCUMENTS and total - held_out(share) >= _MIN_NSP_DOCUMENTS
     ]
     if not workable:
-        raise ValueError(
+        raise Refusal(
             f"the training corpus has {_documents(total)} and there is no validation split; next-sentence "
             f"prediction needs at least {_MIN_NSP_DOCUMENTS} documents in each of the training and validation "
             f"splits (B segments come from another document), so {_documents(total)} cannot be split. Pass a "
@@ -145,7 +152,7 @@ def split_validation_documents(documents: DatasetDict, percentage: int, seed: in
     validation_count = held_out(percentage)
     if percentage not in workable:
         suggestion = min(workable, key=lambda share: abs(share - percentage))
-        raise ValueError(
+        raise Refusal(
             f"--validation_split_percentage {percentage} holds out {validation_count} of the {total} documents "
             f"for validation and leaves {total - validation_count} for training; next-sentence prediction needs "
             f"at least {_MIN_NSP_DOCUMENTS} documents in each split (B segments come from another document). "
@@ -307,7 +314,7 @@ def check_nsp_inputs(tokenized: Dataset, max_seq_length: int, short_seq_prob: fl
     if not 0.0 <= short_seq_prob <= 1.0:
         raise ValueError(f"short_seq_prob {short_seq_prob} is not a probability; pass a value in [0, 1]")
     if len(tokenized) < _MIN_NSP_DOCUMENTS:
-        raise ValueError(
+        raise Refusal(
             f"Next-sentence prediction needs at least {_MIN_NSP_DOCUMENTS} documents to draw random next "
             f"segments from, but this split has {_documents(len(tokenized))} with text left after tokenizing; "
             "use a larger corpus: more documents in --train_file or --validation_file, or a larger "
@@ -536,7 +543,7 @@ def load_run_tokenizer(
         if data.tokenizer_name is not None:
             named = load_tokenizer(data.tokenizer_name)
             if named.get_vocab() != tokenizer.get_vocab():
-                raise ValueError(
+                raise Refusal(
                     f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint} was trained "
                     f"with ({len(named)} vs {len(tokenizer)} tokens, or other ids); drop --tokenizer_name to "
                     "resume with the checkpoint's own tokenizer"
@@ -565,7 +572,7 @@ def build_model_config(
     if source is not None:  # checked against the tokenizer and the flags by check_source_model
         return source_run_config(source, model.dropout)
     if model.config_name is not None:
-        config = HfBertConfig.from_pretrained(model.config_name)
+        config = read_config_file(model.config_name)
         check_tokenizer_matches_config(tokenizer, config)
     else:
         config = model_config_for_tokenizer(tokenizer, model.model_size)

@@ -143,7 +143,7 @@ def run_summary(
         "precision": precision,
         "static_masked_slots": plan.max_predictions_per_seq,
         "num_processes": num_processes,
-        "planned_train_steps": budget.max_train_steps,
+        "planned_train_steps": budget.planned_train_steps,
         "train_instances": len(data.train),
         "eval_instances": len(data.evaluation),
         "corpus": corpus.dataset_name or corpus.train_file or "shipped WikiText-2 sample",
@@ -158,8 +158,8 @@ def log_plan(
     num_parameters: int,
 ) -> None:
     logger.info(
-        f"{len(data.train)} training instances, {len(data.evaluation)} evaluation instances; up to "
-        f"{budget.max_train_steps} updates of {optimization.per_device_train_batch_size} x "
+        f"{len(data.train)} training instances, {len(data.evaluation)} evaluation instances; "
+        f"{budget.describe()}, each of {optimization.per_device_train_batch_size} x "
         f"{num_processes} x {optimization.gradient_accumulation_steps} instances; "
         f"{num_parameters / 1e6:.1f}M parameters."
     )
@@ -185,8 +185,6 @@ def train(
     )
     train_loader, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
     attention_init = "bert" if weights_loaded else settings.model.attention_init
-    if weights_loaded and settings.model.attention_init == "structured":
-        logger.info("Starting from loaded weights: --attention_init structured is not applied over them.")
     state, train_loader, eval_loader, budget = setup_training(
         model, train_loader, eval_loader, optimization, attention_init, accelerator
     )

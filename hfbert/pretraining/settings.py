@@ -9,13 +9,26 @@ before any data is read or any file is written. Flag names follow transformers' 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
+
+from huggingface_hub.errors import StrictDataclassClassValidationError
 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.errors import Refusal
+from hfbert.files import check_local_path_exists
 
 DocumentBoundary = Literal["heading", "blank_line", "row"]
+# What a run from scratch gets without --vocab_size / --attention_init (a run from weights has neither).
+DEFAULT_VOCAB_SIZE = 30522
+DEFAULT_ATTENTION_INIT = "structured"
+# The flags that only shape a fresh model, and why each has no meaning for a run from weights.
+FRESH_MODEL_FLAGS = {
+    "vocab_size": "the vocabulary is the source's tokenizer's (or --tokenizer_name's, which must match it)",
+    "attention_init": "the source's weights are the start; nothing is initialised",
+}
 
 
 class CorpusError(Refusal):
@@ -94,9 +107,12 @@ class DataSettings:
             "--vocab_size is trained on the training corpus first and saved with the model."
         },
     )
-    vocab_size: int = field(
-        default=30522,
-        metadata={"help": "Vocabulary of the tokenizer trained when --tokenizer_name is not given."},
+    vocab_size: int | None = field(
+        default=None,
+        metadata={
+            "help": f"Vocabulary of the tokenizer trained when --tokenizer_name is not given (default "
+            f"{DEFAULT_VOCAB_SIZE}; not with --model_name_or_path, whose tokenizer is used)."
+        },
     )
     max_seq_length: int = field(
         default=128, metadata={"help": "Longest instance, [CLS] A [SEP] B [SEP] included."}
@@ -195,14 +211,15 @@ class ModelSettings:
             "help": "Hidden and attention dropout of the model (default: the config's, 0.1 for the presets)."
         },
     )
-    attention_init: Literal["structured", "bert"] = field(
-        default="structured",
+    attention_init: Literal["structured", "bert"] | None = field(
+        default=None,
         metadata={
             "help": "structured (default: on a short budget it is what lifts held-out MLM accuracy off the "
             "unigram plateau and lets NSP generalise, see docs/quality.md, 'Where the gain comes from'): BERT's initialisation, except that "
             "position embeddings start as a cos/sin code and three attention heads start looking at the "
             "previous token, the next token and the same word in the other segment (hfbert.initialization); "
-            "everything trains from there. bert: transformers' initialisation throughout."
+            "everything trains from there. bert: transformers' initialisation throughout. Not with "
+            "--model_name_or_path (its weights are the start)."
         },
     )
 
@@ -380,8 +397,12 @@ class PretrainingSettings:
     run: RunSettings
 
     def __post_init__(self) -> None:
-        if self.model.model_size is None and self.model.model_name_or_path is None:
-            self.model.model_size = "mini"  # a run from scratch: the default preset
+        _check_fresh_model_flags(self.model, self.data)
+        if self.model.model_name_or_path is None:  # a run from scratch: the defaults of a fresh model
+            self.model.model_size = self.model.model_size or "mini"
+            self.model.attention_init = self.model.attention_init or DEFAULT_ATTENTION_INIT
+            if self.data.vocab_size is None:
+                self.data.vocab_size = DEFAULT_VOCAB_SIZE
         self.validate()
 
     def validate(self) -> None:
@@ -392,6 +413,7 @@ class PretrainingSettings:
         _check_model(self.model, self.data)
         _check_optimization(self.optimization)
         _check_run(self.run)
+        check_output_apart_from_source(self.model, self.run)
         check_objective(self.data)
         if self.corpus.streaming:
             raise Refusal(
@@ -444,9 +466,10 @@ def _check_positive(values: dict[str, float | int | None], optional: bool) -> No
 
 
 def _check_data(data: DataSettings) -> None:
-    _check_positive({"vocab_size": data.vocab_size, "max_seq_length": data.max_seq_length, "dupe_factor": data.dupe_factor}, optional=False)
+    _check_positive({"max_seq_length": data.max_seq_length, "dupe_factor": data.dupe_factor}, optional=False)
     _check_positive(
         {
+            "vocab_size": data.vocab_size,
             "max_eval_samples": data.max_eval_samples,
             "max_predictions_per_seq": data.max_predictions_per_seq,
             "preprocessing_num_workers": data.preprocessing_num_workers,
@@ -516,6 +539,47 @@ def _check_run(run: RunSettings) -> None:
         raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
 
 
+def _check_fresh_model_flags(model: ModelSettings, data: DataSettings) -> None:
+    """Flags that only shape a fresh model are refused with --model_name_or_path, rather than ignored and then
+    recorded in training_args.json and the model card as the run's settings."""
+    if model.model_name_or_path is None:
+        return
+    for name, value in (("vocab_size", data.vocab_size), ("attention_init", model.attention_init)):
+        if value is not None:
+            raise Refusal(
+                f"--{name} {value} only shapes a fresh model, and --model_name_or_path {model.model_name_or_path} "
+                f"starts from weights: {FRESH_MODEL_FLAGS[name]}; drop --{name}"
+            )
+
+
+def _path_relation(output_dir: Path, source: Path) -> str | None:
+    """How the run folder overlaps the source folder ('is', 'contains', 'is inside'), or None."""
+    output_resolved, source_resolved = output_dir.resolve(), source.resolve()
+    if output_resolved == source_resolved or (output_dir.exists() and os.path.samefile(output_dir, source)):
+        return "is"
+    if output_resolved in source_resolved.parents:
+        return "contains"
+    if source_resolved in output_resolved.parents:
+        return "is inside"
+    return None
+
+
+def check_output_apart_from_source(model: ModelSettings, run: RunSettings) -> None:
+    """A run never writes into its own source: --overwrite_output_dir would delete the source's checkpoints,
+    the final save would replace its weights and the card would say the model was pretrained from itself."""
+    if model.model_name_or_path is None:
+        return
+    source = Path(model.model_name_or_path).expanduser()
+    if not source.exists():
+        return  # a Hub id, or a missing folder (refused with the fix when the source is read)
+    relation = _path_relation(Path(run.output_dir).expanduser(), source)
+    if relation is not None:
+        raise Refusal(
+            f"--output_dir {run.output_dir} {relation} the --model_name_or_path folder {model.model_name_or_path}: "
+            "the run would write into or over the weights it starts from; pass a new --output_dir outside it"
+        )
+
+
 def check_max_seq_length(max_seq_length: int, config: HfBertConfig, source: str) -> None:
     """Refuse a --max_seq_length the model's position embeddings cannot hold (before a tokenizer is trained)."""
     if max_seq_length > config.max_position_embeddings:
@@ -529,8 +593,22 @@ def check_config_file(settings: PretrainingSettings) -> None:
     """The checks of `PretrainingSettings.validate` that need --config_name's file (read here, after
     `hfbert.files.check_local_files` has named a damaged one)."""
     if settings.model.config_name is not None:
-        config = HfBertConfig.from_pretrained(settings.model.config_name)
+        config = read_config_file(settings.model.config_name)
         check_max_seq_length(settings.data.max_seq_length, config, f"--config_name {settings.model.config_name}")
+
+
+def read_config_file(config_name: str) -> HfBertConfig:
+    """--config_name's config. What transformers raises for it (no such file, a Hub id it cannot reach, values
+    HfBertConfig refuses such as a hidden_size that the heads do not divide) is refused naming the flag."""
+    fix = "pass a config.json written by HfBertConfig.save_pretrained (or its folder), or --model_size instead"
+    check_local_path_exists(config_name, "--config_name", fix, kind="file or folder")
+    try:
+        return HfBertConfig.from_pretrained(config_name)
+    except (OSError, ValueError, StrictDataclassClassValidationError) as error:
+        # HfBertConfig's own ValueError reaches here wrapped by huggingface_hub's strict dataclass validation
+        refused = error.__cause__ if isinstance(error, StrictDataclassClassValidationError) else error
+        reason = str(refused).splitlines()[0] if str(refused) else type(refused).__name__
+        raise Refusal(f"--config_name {config_name}: {reason}; {fix}") from None
 
 
 def check_objective(data: DataSettings) -> None:
@@ -551,10 +629,12 @@ def check_resume_settings(
     if saved is None:
         return [f"{checkpoint} records no run settings (written by an older hfbert); flags are not checked"]
     current = settings.resume_invariant()
+    # A run from weights has no fresh-model flags (older hfbert recorded their ignored defaults): none to compare.
+    unused = FRESH_MODEL_FLAGS if settings.model.model_name_or_path is not None else ()
     changed = [
         f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now"
         for name in sorted(current)
-        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT) and name in saved and saved[name] != current[name]
+        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, *unused) and name in saved and saved[name] != current[name]
     ]
     if saved.get(CORPUS_FINGERPRINT) not in (None, current[CORPUS_FINGERPRINT]):
         corpus = settings.corpus

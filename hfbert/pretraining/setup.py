@@ -77,6 +77,20 @@ class Budget:
     max_train_steps: int
     num_epochs: int
 
+    @property
+    def planned_train_steps(self) -> int | None:
+        """The updates planned, or None under a time budget alone (as many as fit: none are planned)."""
+        return None if self.max_train_steps == UNBOUNDED_STEPS else self.max_train_steps
+
+    def describe(self) -> str:
+        """The budget in words, for the log: the limit that ends the run, never the stand-in step count."""
+        seconds = self.schedule.max_seconds
+        if self.planned_train_steps is None:
+            return f"as many updates as fit in {seconds:g} s (--max_train_seconds)"
+        if seconds is not None:
+            return f"up to {self.max_train_steps} updates or {seconds:g} s, whichever runs out first"
+        return f"up to {self.max_train_steps} updates"
+
 
 def build_optimizer(model: torch.nn.Module, optimization: OptimizationSettings, device: torch.device):
     """AdamW as in BERT (see `optimizer_parameter_groups`), fused on CPU and CUDA."""

@@ -3,8 +3,9 @@
 A source is an hfbert final folder, a checkpoint folder of an hfbert run (its `config.json` and
 `model.safetensors` beside the training state), or a stock `transformers` BERT folder or Hub id, converted in
 memory as `python -m hfbert.convert from-transformers` does (parameter names are identical, heads kept). All
-that can refuse a source is read from its config and tokenizer alone, before any corpus is read; the weights
-are loaded when the model is built.
+that can refuse a source is read from its config and tokenizer (and a checkpoint's manifest) alone, before any
+corpus is read; the weights are loaded, and checked to be finite and of a trained model's magnitude, when the
+model is built.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub.errors import HFValidationError
+import torch
+from huggingface_hub.errors import HFValidationError, StrictDataclassClassValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, AutoTokenizer, BertForPreTraining, PreTrainedTokenizerBase
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with AutoConfig)
+from hfbert.checkpointing import MANIFEST_NAME, damaged_file, find_checkpoints
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for, check_encoder_weights_loaded, hfbert_config_for
-from hfbert.files import check_local_files
+from hfbert.errors import Refusal
+from hfbert.files import check_local_files, check_local_path_exists
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.settings import DataSettings, ModelSettings
 from hfbert.tokenization import load_tokenizer
@@ -34,6 +38,8 @@ _FIX = (
     "(config.json with model_type 'bert' and its weights) or a Hub id such as bert-base-uncased"
 )
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+# A weight beyond this is no trained model's: training from it ends in a NaN loss at the first step.
+ABSURD_WEIGHT = 1e4
 
 
 @dataclass(frozen=True)
@@ -57,15 +63,17 @@ def _tokenizer_location(folder: Path) -> str | None:
 def _read_config(location: str, name: str) -> Any:
     try:
         return AutoConfig.from_pretrained(location)
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, StrictDataclassClassValidationError) as error:
+        # HfBertConfig's own ValueError reaches here wrapped by huggingface_hub's strict dataclass validation
+        error = error.__cause__ if isinstance(error, StrictDataclassClassValidationError) else error
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(f"{FLAG} {name}: cannot read its config ({reason}); {_FIX}") from None
+        raise Refusal(f"{FLAG} {name}: cannot read its config ({reason}); {_FIX}") from None
 
 
 def _local_location(name: str, path: Path) -> tuple[str, str | None]:
     """(folder, tokenizer location) of a local source, after refusing what is no model folder."""
     if path.is_file():
-        raise ValueError(f"{FLAG} {name} is a file; pass the folder that holds it ({path.parent}), or {_FIX}")
+        raise Refusal(f"{FLAG} {name} is a file; pass the folder that holds it ({path.parent}), or {_FIX}")
     check_local_files(path, FLAG, f"copy or write it again, or {_FIX}")
     if not (path / "config.json").is_file():
         checkpoint = (path / "manifest.json").is_file() or path.name.startswith("checkpoint-")
@@ -75,22 +83,40 @@ def _local_location(name: str, path: Path) -> tuple[str, str | None]:
             if checkpoint
             else "holds no config.json, so it is not a model folder"
         )
-        raise ValueError(f"{FLAG} {name}: {path.absolute()} {reason}; {_FIX}")
+        raise Refusal(f"{FLAG} {name}: {path.absolute()} {reason}; {_FIX}")
     if not any((path / weights).is_file() for weights in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")):
-        raise ValueError(f"{FLAG} {name}: {path.absolute()} has a config.json but no model weights; {_FIX}")
+        raise Refusal(f"{FLAG} {name}: {path.absolute()} has a config.json but no model weights; {_FIX}")
+    if (path / MANIFEST_NAME).is_file():
+        _check_checkpoint_intact(name, path)
     return str(path), _tokenizer_location(path)
 
 
+def _check_checkpoint_intact(name: str, checkpoint: Path) -> None:
+    """A checkpoint source is verified against its manifest (sizes and sha256), as a resume verifies it."""
+    problem = damaged_file(checkpoint)
+    if problem is None:
+        return
+    others = [path for path in find_checkpoints(checkpoint.parent) if path.name != checkpoint.name]
+    fix = (
+        f"start from another of its run's checkpoints ({', '.join(path.name for path in others)}), e.g. {FLAG} "
+        f"{others[-1]}"
+        if others
+        else f"copy the checkpoint again, or {_FIX}"
+    )
+    raise Refusal(f"{FLAG} {name}: the checkpoint is damaged: {problem}; {fix}")
+
+
 def find_source_model(name: str) -> SourceModel:
-    """The source named by --model_name_or_path: a local folder, else a Hub id (ValueError otherwise)."""
+    """The source named by --model_name_or_path: a local folder, else a Hub id (Refusal otherwise)."""
     path = Path(name).expanduser()
+    check_local_path_exists(name, FLAG, _FIX)
     if path.exists():
         location, tokenizer_location = _local_location(name, path)
     else:
         try:
             validate_repo_id(name)
         except HFValidationError:
-            raise ValueError(f"{FLAG} {name}: no such folder ({path.absolute()}); {_FIX}") from None
+            raise Refusal(f"{FLAG} {name}: no such folder ({path.absolute()}); {_FIX}") from None
         location, tokenizer_location = name, name  # a Hub model carries its tokenizer
     config = _read_config(location, name)
     if config.model_type == "hfbert":
@@ -98,7 +124,7 @@ def find_source_model(name: str) -> SourceModel:
     elif config.model_type == "bert":
         hfbert_config = hfbert_config_for(config)
     else:
-        raise ValueError(f"{FLAG} {name} holds a {config.model_type!r} model, not BERT; {_FIX}")
+        raise Refusal(f"{FLAG} {name} holds a {config.model_type!r} model, not BERT; {_FIX}")
     return SourceModel(
         name=name,
         location=location,
@@ -120,7 +146,7 @@ def check_source_fits(
     """Refuse, naming the value and the fix, a run whose flags contradict its source model."""
     where = f"{FLAG} {source.name}"
     if config_name is not None:
-        raise ValueError(
+        raise Refusal(
             f"--config_name {config_name} and {where} both set the architecture; drop --config_name "
             "(the model's architecture is the source's)"
         )
@@ -130,21 +156,21 @@ def check_source_fits(
         differing = [key for key, value in preset.items() if getattr(source.config, key) != value]
         if differing:
             found = ", ".join(f"{key} {getattr(source.config, key)} (preset {preset[key]})" for key in differing)
-            raise ValueError(f"--model_size {model_size} contradicts {where}: {found}; drop --model_size")
+            raise Refusal(f"--model_size {model_size} contradicts {where}: {found}; drop --model_size")
     if max_seq_length > source.config.max_position_embeddings:
-        raise ValueError(
+        raise Refusal(
             f"--max_seq_length {max_seq_length} exceeds {where}'s max_position_embeddings "
             f"{source.config.max_position_embeddings}; pass --max_seq_length <= "
             f"{source.config.max_position_embeddings}"
         )
     if len(tokenizer) > source.config.vocab_size or tokenizer.pad_token_id != source.config.pad_token_id:
-        raise ValueError(
+        raise Refusal(
             f"the tokenizer ({len(tokenizer)} tokens, pad id {tokenizer.pad_token_id}) does not fit {where} "
             f"(vocab_size {source.config.vocab_size}, pad_token_id {source.config.pad_token_id}); use the "
             "source's own tokenizer (drop --tokenizer_name)"
         )
     if source_tokenizer is not None and source_tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise ValueError(
+        raise Refusal(
             f"the tokenizer's vocabulary differs from {where}'s own ({len(tokenizer)} vs {len(source_tokenizer)} "
             "tokens, or other ids): its embeddings would mean other tokens; drop --tokenizer_name to use the "
             "source's tokenizer"
@@ -163,7 +189,7 @@ def check_source_model(model: ModelSettings, data: DataSettings) -> SourceModel 
     elif source_tokenizer is not None:
         tokenizer = source_tokenizer
     else:
-        raise ValueError(
+        raise Refusal(
             f"{FLAG} {source.name} holds no tokenizer; pass the tokenizer it was trained with as --tokenizer_name"
         )
     check_source_fits(
@@ -205,5 +231,24 @@ def load_source_model(source: SourceModel, config: HfBertConfig) -> HfBertForPre
         model = HfBertForPreTraining(config)
         model.load_state_dict(bert.state_dict(), strict=True)
     _check_loading_info(source, list(info["missing_keys"]), list(info["unexpected_keys"]))
+    check_weights_usable(f"{FLAG} {source.name}", model)
     return model
+
+
+def check_weights_usable(where: str, model: torch.nn.Module) -> None:
+    """Refuse, naming the tensor, weights that are not finite or far beyond any trained model's (|w| >
+    `ABSURD_WEIGHT`): training from them ends in a NaN loss at the first step, blamed on the learning rate."""
+    for tensor_name, tensor in model.state_dict().items():
+        if not tensor.is_floating_point() or not tensor.numel():
+            continue
+        if not bool(tensor.isfinite().all()):
+            problem = f"{int((~tensor.isfinite()).sum())} non-finite values (nan or inf)"
+        elif (largest := float(tensor.abs().max())) > ABSURD_WEIGHT:
+            problem = f"|weight| up to {largest:.3g} (above {ABSURD_WEIGHT:g}, far beyond a trained model's)"
+        else:
+            continue
+        raise Refusal(
+            f"{where}: its weights are unusable: {tensor_name} holds {problem}; start from an earlier checkpoint "
+            "of the run that wrote them, or from another model"
+        )
 
