@@ -302,6 +302,9 @@ def epoch_batches(
     train_loader.set_epoch(epoch)
     if progress.micro_batches_in_epoch:
         skip = micro_batches_to_skip(progress, accelerator.num_processes, len(train_loader))
+        # accelerate's micro-batch counter (which micro-batch ends an accumulation) comes back from this rank's
+        # RNG file counted in the writer's split, or not at all: count it in this one (0 past the epoch's end).
+        accelerator.step = skip % len(train_loader)
         return accelerator.skip_first_batches(train_loader, skip)
     return train_loader
 

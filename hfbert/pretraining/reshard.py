@@ -90,12 +90,9 @@ def set_accumulation(accelerator: Accelerator, optimization: OptimizationSetting
 def continue_on_this_split(
     accelerator: Accelerator, progress: TrainingProgress, checkpoint: Path, saved_processes: int, seed: int
 ) -> None:
-    """After `load_checkpoint` (written by `saved_processes`): the position global, accelerate's micro-batch
-    counter counted in this split, and RNG streams for ranks the checkpoint has none for."""
+    """After `load_checkpoint` (written by `saved_processes`): the position global and RNG streams for ranks
+    the checkpoint has none for (`micro_batches_to_skip` then places each process in the epoch)."""
     progress.adopt_per_process_position(saved_processes)
-    # accelerate restores `step` (which micro-batch ends an accumulation) from this rank's RNG file, counted in
-    # the writer's split, or leaves it at 0 without one: it is this process's micro-batches of the epoch.
-    accelerator.step = progress.micro_batches_in_epoch // accelerator.num_processes
     seed_new_ranks(accelerator, checkpoint, seed, progress.completed_steps)
 
 
