@@ -118,7 +118,8 @@ RECORDING_RUN = textwrap.dedent(
             digest.update(name.encode() + batch[name].cpu().numpy().tobytes())
         row = {"where": where, "update": progress.completed_steps + 1, "batch": digest.hexdigest(),
                "loss": loss.item(), "processes": accelerator.num_processes,
-               "accumulation": accelerator.gradient_accumulation_steps}
+               "accumulation": accelerator.gradient_accumulation_steps,
+               "bucket_view": getattr(state.model, "gradient_as_bucket_view", None)}
         with open(record_path, "a") as record:
             record.write(json.dumps(row) + "\\n")
         return outputs, loss
@@ -149,6 +150,9 @@ def launch(tmp_path: Path, run_inputs, output_dir: Path, processes: int, *extra:
     assert result.returncode == 0, result.stderr[-4000:]
     rows = [json.loads(line) for path in records.glob("*.jsonl") for line in path.read_text().splitlines()]
     assert {row["processes"] for row in rows} == {processes}
+    # DDP (under torchrun even for one process) keeps gradients as views into its all-reduce buckets
+    # (hfbert.pretraining.precision.DDP_SETTINGS).
+    assert {row["bucket_view"] for row in rows} == {True}
     by_place = {tuple(row["where"]): row for row in rows}
     assert len(by_place) == len(rows)  # no place trained twice
     return by_place
