@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_config
-from test_training import run_args, subprocess_env
+from test_training import REPO, run_args, subprocess_env
 
 from hfbert.checkpointing import CheckpointError, TrainingProgress
 from hfbert.errors import Refusal
@@ -220,3 +220,28 @@ def learning_rates(folder: Path) -> dict[int, float]:
     """The learning rate logged at every update (--logging_steps 1), by step."""
     rows = json.loads((folder / "log_history.json").read_text())
     return {row["step"]: row["learning_rate"] for row in rows if "learning_rate" in row}
+
+
+@pytest.mark.slow
+def test_a_split_that_cannot_keep_the_global_batch_is_refused_before_any_work(tmp_path, run_inputs, straight_run):
+    straight_dir, _ = straight_run
+    output_dir = resume_from(tmp_path, straight_dir / "checkpoint-3", "on-three")
+    before = sorted(path.relative_to(output_dir) for path in output_dir.rglob("*"))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--standalone",
+        str(REPO / "run_pretraining.py"),
+        *run_args(run_inputs, output_dir, "--per_device_train_batch_size", "4", "--max_train_steps", str(STEPS),
+                  "--gradient_accumulation_steps", "2", "--resume_from_checkpoint", "latest"),
+    ]  # fmt: skip
+    env = {**subprocess_env(), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode != 0  # torchrun's own code; the refusing process exits with 2
+    refusals = [line for line in result.stderr.splitlines() if line.startswith("run_pretraining.py: error:")]
+    assert refusals == [
+        f"run_pretraining.py: error: --resume_from_checkpoint {output_dir / 'checkpoint-3'}: its global batch of 16 "
+        "rows (4 per process x 2 processes x 2 accumulation) cannot be split over 3 processes; resume it with one "
+        "of: `ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 1 run_pretraining.py ...` (--gradient_accumulation_steps "
+        "4); `ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 run_pretraining.py ...` (--gradient_accumulation_steps "
+        "2); `ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 4 run_pretraining.py ...` (--gradient_accumulation_steps 1)"
+    ]
+    assert sorted(path.relative_to(output_dir) for path in output_dir.rglob("*")) == before

@@ -66,7 +66,8 @@ def keep_global_batch(
         )
         raise Refusal(
             f"--resume_from_checkpoint {checkpoint}: its global batch of {micro_batches * per_device} rows "
-            f"({per_device} per process x {saved_processes} processes x {saved[ACCUMULATION]} accumulation) "
+            f"({per_device} per process x {saved_processes} process{'es' if saved_processes > 1 else ''} x "
+            f"{saved[ACCUMULATION]} accumulation) "
             f"cannot be split over {num_processes} processes; resume it with one of: {launches}"
         )
     accumulation = micro_batches // num_processes
