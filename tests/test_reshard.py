@@ -10,11 +10,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 from conftest import tiny_config
 from test_training import REPO, run_args, subprocess_env
+from torch.utils.data import DataLoader, TensorDataset
 
 from hfbert.checkpointing import CheckpointError, TrainingProgress
 from hfbert.errors import Refusal
+from hfbert.pretraining.loop import epoch_batches
 from hfbert.pretraining.reshard import keep_global_batch, micro_batches_to_skip
 from hfbert.pretraining.settings import OptimizationSettings
 
@@ -88,6 +93,21 @@ def test_a_global_batch_that_cannot_be_split_is_refused_naming_the_launches_that
 def test_the_global_position_becomes_this_process_count_s(position, num_processes, batches_per_process, expected):
     progress = TrainingProgress(micro_batches_in_epoch=position)
     assert micro_batches_to_skip(progress, num_processes, batches_per_process) == expected
+
+
+@pytest.mark.parametrize(("position", "skipped", "counter"), [(4, 4, 4), (9, 9, 0)])
+def test_a_resumed_epoch_continues_accelerate_s_accumulation_count_from_its_position(position, skipped, counter):
+    """The counter came back from the writer's RNG file, counted in its split; past the epoch's end it is 0, as
+    accelerate leaves it when an epoch ends."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    loader = accelerator.prepare_data_loader(DataLoader(TensorDataset(torch.arange(36)), batch_size=4))
+    accelerator.step = 7  # e.g. what a 1-process writer with accumulation 7 left
+    batches = epoch_batches(accelerator, loader, 0, TrainingProgress(micro_batches_in_epoch=position))
+    assert (len(list(batches)), accelerator.step) == (9 - skipped, counter)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
 
 
 def test_a_position_inside_an_update_of_this_split_is_refused():
