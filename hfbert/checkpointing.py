@@ -72,26 +72,45 @@ class TrainingProgress:
     """Where training stands, saved with every checkpoint so that a resume continues at the exact batch.
 
     Register it once with `accelerator.register_for_checkpointing(progress)`; `save_state` / `load_state`
-    then store and restore it with the model, optimizer and RNG states.
+    then store and restore it with the model, optimizer and RNG states. The data position is global (counted
+    over all processes), so a run on another number of processes continues from the same sample.
     """
 
     completed_steps: int = 0  # optimizer updates done
     epoch: int = 0  # epoch in progress (or the next one, once an epoch has ended)
-    batch_in_epoch: int = 0  # batches of `epoch` already consumed (micro-batches, per process)
+    # Micro-batches of `epoch`'s draw order consumed by all processes together: its first
+    # micro_batches_in_epoch x per_device_train_batch_size samples.
+    micro_batches_in_epoch: int = 0
     log_history: list[dict[str, Any]] = field(default_factory=list)  # train/eval log rows, for the curves
     train_seconds: float = 0.0  # wall-clock time spent training (evaluation and saving excluded)
+    # Set only by loading a checkpoint of an hfbert before global positions: micro-batches per process, which
+    # `adopt_per_process_position` turns into the global position once the writer's process count is known.
+    per_process_batches_loaded: int | None = field(default=None, repr=False)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-data copy of the progress (what accelerate pickles into `custom_checkpoint_<i>.pkl`)."""
-        return asdict(self)
+        state = asdict(self)
+        del state["per_process_batches_loaded"]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the progress saved by `state_dict`."""
+        """Restore the progress saved by `state_dict` (or by an hfbert that counted batches per process)."""
         self.completed_steps = int(state["completed_steps"])
         self.epoch = int(state["epoch"])
-        self.batch_in_epoch = int(state["batch_in_epoch"])
+        if "micro_batches_in_epoch" in state:
+            self.micro_batches_in_epoch = int(state["micro_batches_in_epoch"])
+            self.per_process_batches_loaded = None
+        else:
+            self.per_process_batches_loaded = int(state["batch_in_epoch"])
         self.log_history = list(state["log_history"])
         self.train_seconds = float(state["train_seconds"])
+
+    def adopt_per_process_position(self, saved_processes: int) -> None:
+        """After loading a checkpoint that counted batches per process: its global position, from the number
+        of processes that wrote it (recorded in its manifest)."""
+        if self.per_process_batches_loaded is not None:
+            self.micro_batches_in_epoch = self.per_process_batches_loaded * saved_processes
+            self.per_process_batches_loaded = None
 
 
 def checkpoint_step(path: str | os.PathLike) -> int:
@@ -344,22 +363,14 @@ def relaunch_command(num_processes: int, cpu: bool) -> str:
     return f"accelerate launch --num_processes {num_processes} run_pretraining.py ..."
 
 
-def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> None:
+def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> int:
     """Restore a checkpoint already verified by `resolve_resume_checkpoint` with `accelerator.load_state`
     (model, optimizer, grad scaler, RNG, registered objects such as `TrainingProgress`). Call on every
-    process, after `accelerator.prepare` and `register_for_checkpointing`."""
+    process, after `accelerator.prepare` and `register_for_checkpointing`. Returns the number of processes
+    that wrote it: it may differ from this run's (see `hfbert.pretraining.reshard`); accelerate then loads
+    `random_states_<rank>.pkl` where it exists and skips it silently where it does not."""
     checkpoint = Path(checkpoint)
     saved_processes = int(read_manifest(checkpoint)["num_processes"])
-    # Per-process RNG files and data sharding only line up with the same number of processes
-    # (accelerate itself silently skips a missing RNG file).
-    if saved_processes != accelerator.num_processes:
-        raise CheckpointError(
-            f"Checkpoint {checkpoint} was saved by {saved_processes} processes but this run has "
-            f"{accelerator.num_processes}; relaunch with "
-            f"`{relaunch_command(saved_processes, accelerator.device.type == 'cpu')}` to resume it exactly (the "
-            "data position and per-process RNG streams depend on the process count), or start a new run from its "
-            f"weights with --model_name_or_path {checkpoint} and a new --output_dir"
-        )
     try:
         check_readable(sorted(checkpoint.rglob("*")), _earlier_checkpoints_hint(checkpoint), torch_files=True)
     except ValueError as error:
@@ -373,6 +384,7 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> 
             f"Checkpoint {checkpoint} cannot be loaded ({type(error).__name__}: {error}) although its files match "
             f"the manifest written with it; {_earlier_checkpoints_hint(checkpoint)}"
         ) from error
+    return saved_processes
 
 
 def _incomplete_checkpoints(output_dir: Path) -> list[str]:

@@ -89,8 +89,8 @@ def train(run, stop_at_step: int) -> None:
     for epoch in range(progress.epoch, num_epochs):
         dataloader.set_epoch(epoch)
         batches = (
-            accelerator.skip_first_batches(dataloader, progress.batch_in_epoch)
-            if progress.batch_in_epoch
+            accelerator.skip_first_batches(dataloader, progress.micro_batches_in_epoch)
+            if progress.micro_batches_in_epoch
             else dataloader
         )
         for features, targets in batches:
@@ -99,13 +99,13 @@ def train(run, stop_at_step: int) -> None:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-            progress.batch_in_epoch += 1
+            progress.micro_batches_in_epoch += 1
             progress.completed_steps += 1
             progress.log_history.append({"step": progress.completed_steps, "loss": loss.item()})
             if progress.completed_steps == stop_at_step:
                 return
         progress.epoch += 1
-        progress.batch_in_epoch = 0
+        progress.micro_batches_in_epoch = 0
 
 
 def parameters(model) -> list[torch.Tensor]:
@@ -250,14 +250,30 @@ def test_resume_argument_errors(tmp_path):
         resolve_resume_checkpoint(tmp_path, str(tmp_path))
 
 
-def test_process_count_mismatch_is_refused(tmp_path):
-    save_steps(tmp_path, [2])
+def test_a_checkpoint_of_another_process_count_loads_and_says_whose_it_is(tmp_path):
+    """Model and optimizer states are replicated under DDP, so they load on any number of processes; the
+    data position and the global batch are `hfbert.pretraining.reshard`'s (tests/test_reshard.py)."""
+    run = save_steps(tmp_path, [2])
+    run[5].micro_batches_in_epoch = 6
+    save_checkpoint(run[0], tmp_path, 2)
     manifest_path = tmp_path / "checkpoint-2" / MANIFEST_NAME
     manifest = json.loads(manifest_path.read_text())
     manifest["num_processes"] = 4
     write_json_atomic(manifest_path, manifest)
-    with pytest.raises(CheckpointError, match=r"saved by 4 processes but this run has 1.*torchrun --nproc_per_node 4.*--model_name_or_path"):
-        load_checkpoint(build_run()[0], tmp_path / "checkpoint-2")
+    resumed = build_run()
+    assert load_checkpoint(resumed[0], tmp_path / "checkpoint-2") == 4
+    assert resumed[5].micro_batches_in_epoch == 6
+
+
+def test_a_position_counted_per_process_by_an_older_hfbert_becomes_global():
+    progress = TrainingProgress()
+    older = {"completed_steps": 3, "epoch": 1, "batch_in_epoch": 5, "log_history": [], "train_seconds": 1.0}
+    progress.load_state_dict(older)
+    progress.adopt_per_process_position(saved_processes=2)
+    assert (progress.epoch, progress.micro_batches_in_epoch) == (1, 10)
+    assert "per_process_batches_loaded" not in progress.state_dict()
+    progress.adopt_per_process_position(saved_processes=2)  # a global position stays as it is
+    assert progress.micro_batches_in_epoch == 10
 
 
 def test_automatic_checkpoint_naming_is_refused(tmp_path):

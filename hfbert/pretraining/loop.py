@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from hfbert.checkpointing import TrainingProgress, save_checkpoint
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, check_loss_is_finite, evaluate
+from hfbert.pretraining.reshard import micro_batches_to_skip
 from hfbert.pretraining.settings import OptimizationSettings, RunSettings
 from hfbert.pretraining.setup import Budget, TrainingState
 
@@ -251,7 +252,7 @@ def fit(
                 set_learning_rate(state.optimizer, learning_rate)
                 step_args = (learning_rate, optimization, precision, run.output_dir)
                 outputs, loss = train_step(accelerator, state, batch, *step_args)
-                progress.batch_in_epoch += 1
+                progress.micro_batches_in_epoch += accelerator.num_processes  # global: any split continues it
                 window.add(outputs, loss, batch)
                 if not accelerator.sync_gradients:
                     continue
@@ -299,8 +300,12 @@ def epoch_batches(
 ) -> DataLoader:
     """The epoch's batches: its own shuffle, and past the batches already trained on when resumed mid-epoch."""
     train_loader.set_epoch(epoch)
-    if progress.batch_in_epoch:
-        return accelerator.skip_first_batches(train_loader, progress.batch_in_epoch)
+    if progress.micro_batches_in_epoch:
+        skip = micro_batches_to_skip(progress, accelerator.num_processes, len(train_loader))
+        # accelerate's micro-batch counter (which micro-batch ends an accumulation) comes back from this rank's
+        # RNG file counted in the writer's split, or not at all: count it in this one (0 past the epoch's end).
+        accelerator.step = skip % len(train_loader)
+        return accelerator.skip_first_batches(train_loader, skip)
     return train_loader
 
 
@@ -320,7 +325,7 @@ def end_epoch(
     checkpoint (--checkpointing_steps epoch). Returns the evaluation's metrics, if one ran."""
     progress = state.progress
     progress.epoch += 1
-    progress.batch_in_epoch = 0
+    progress.micro_batches_in_epoch = 0
     metrics = (
         run_evaluation(accelerator, state, eval_loader, run.with_tracking) if run.eval_steps is None else None
     )

@@ -10,11 +10,17 @@ import datasets
 import torch
 import transformers
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import parse_flag_from_env
+from accelerate.utils import DistributedDataParallelKwargs, parse_flag_from_env
 
 from hfbert.pretraining.settings import OptimizationSettings, RunSettings
 
 logger = logging.getLogger(__name__)
+
+# Gradients as views into DDP's all-reduce buckets: no copy into and out of the buckets each update, and (with
+# one micro-batch per update) no second gradient-sized buffer: 0.44 GB for base, 1.34 GB for large. Buckets
+# stay at 25 MB, which starts the first all-reduce early in the backward; accelerate's `accumulate` already
+# skips the all-reduce (no_sync) on all but the last micro-batch of an update (benchmarks/results/scaling.md).
+DDP_SETTINGS = DistributedDataParallelKwargs(gradient_as_bucket_view=True)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -71,6 +77,7 @@ def build_accelerator(optimization: OptimizationSettings, run: RunSettings) -> t
         project_dir=run.output_dir,
         # Pinned batches are copied while the previous step runs (accelerate's loader moves one batch ahead).
         dataloader_config=DataLoaderConfiguration(non_blocking=torch.cuda.is_available()),
+        kwargs_handlers=[DDP_SETTINGS],
     )
     logging.getLogger("hfbert").setLevel(logging.INFO if accelerator.is_main_process else logging.WARNING)
     # accelerate warns at every save that the tied decoder weight is stored once; that is intended here.

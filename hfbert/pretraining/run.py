@@ -27,6 +27,7 @@ from hfbert.checkpointing import (
     TOKENIZER_FOLDER,
     check_run_folder,
     load_checkpoint,
+    read_manifest,
     read_run_settings,
     remove_checkpoints,
     resolve_resume_checkpoint,
@@ -42,6 +43,7 @@ from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
 from hfbert.pretraining.finish import FinalFolder, finish
 from hfbert.pretraining.loop import CheckpointWriter, PreemptionSignals, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
+from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import (
     OptimizationSettings,
     PretrainingSettings,
@@ -75,16 +77,32 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
         check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
     if run.resume_from_checkpoint is None:
         return None
-    verified = [None]
+    verified = [None, settings.optimization.gradient_accumulation_steps]
     if accelerator.is_main_process:
         checkpoint = resolve_resume_checkpoint(run.output_dir, run.resume_from_checkpoint)
         if checkpoint is not None:
-            for note in check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
+            saved = resharded_settings(settings, accelerator, checkpoint)
+            for note in check_resume_settings(saved, settings, str(checkpoint)):
                 logger.warning(note)
-        verified = [None if checkpoint is None else str(checkpoint)]  # None: 'auto' found none, starts fresh
+        # None: 'auto' found none, starts fresh
+        verified = [None if checkpoint is None else str(checkpoint), settings.optimization.gradient_accumulation_steps]
     if accelerator.num_processes > 1:  # every process resumes the folder the main process verified
         broadcast_object_list(verified, from_process=0)
+    set_accumulation(accelerator, settings.optimization, verified[1])
     return None if verified[0] is None else Path(verified[0])
+
+
+def resharded_settings(settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path) -> dict | None:
+    """The checkpoint's run settings as this launch must repeat them: on another number of processes, with
+    the accumulation that keeps its global batch (set in `settings` too; see `hfbert.pretraining.reshard`)."""
+    return keep_global_batch(
+        read_run_settings(checkpoint),
+        int(read_manifest(checkpoint)["num_processes"]),
+        settings.optimization,
+        accelerator.num_processes,
+        str(checkpoint),
+        on_cpu=accelerator.device.type == "cpu",
+    )
 
 
 def start(settings: PretrainingSettings) -> tuple[Accelerator, str]:
@@ -192,7 +210,8 @@ def train(
     log_plan(data, optimization, budget, accelerator.num_processes, summary["num_parameters"])
     if checkpoint is not None:
         logger.info(f"Resuming from {checkpoint}")
-        load_checkpoint(accelerator, checkpoint)
+        saved_processes = load_checkpoint(accelerator, checkpoint)
+        continue_on_this_split(accelerator, state.progress, checkpoint, saved_processes, optimization.seed)
     if settings.run.with_tracking:
         accelerator.init_trackers("hfbert-pretraining", config=summary)
     checkpoints = CheckpointWriter(
