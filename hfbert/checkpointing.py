@@ -33,7 +33,7 @@ from accelerate import Accelerator
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, RunFailure
 from hfbert.files import (
     CHECKPOINT_PREFIX,
     FINAL_READY,
@@ -61,6 +61,10 @@ RUN_LOCK_NAME = ".hfbert-run.lock"
 FINAL_MODEL_FILES = ("model.safetensors", "config.json")
 
 _CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
+
+
+class CheckpointWriteError(RunFailure):
+    """A checkpoint could not be written (a full disk ...); the message names the last intact checkpoint."""
 
 
 class CheckpointError(Refusal):
@@ -307,7 +311,7 @@ def save_checkpoint(
     except WRITE_ERRORS as error:
         message = write_failure_message(error, final_folder, output_dir)  # before the cleanup frees space
         shutil.rmtree(temp_folder, ignore_errors=True)
-        raise CheckpointError(message) from error
+        raise CheckpointWriteError(message) from error
     if accelerator.is_main_process:
         if final_folder.exists():
             # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.

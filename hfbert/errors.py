@@ -1,5 +1,6 @@
-"""One way to refuse bad input: raise `Refusal`; every entry point's `__main__` goes through `run_cli`, which
-prints a refusal as one line and keeps tracebacks for real bugs.
+"""One way to refuse bad input: raise `Refusal`; one way to stop a run on a condition outside the code (a full
+disk): raise `RunFailure`. Every entry point's `__main__` goes through `run_cli`, which prints either as one
+line and keeps tracebacks for real bugs.
 
 A leaf module: everything in hfbert may import it, it imports nothing of hfbert's.
 """
@@ -16,6 +17,7 @@ from typing import Any, NoReturn
 # Set to 1 to see a refusal's traceback (a bug's traceback is always shown).
 DEBUG_ENV = "HFBERT_DEBUG"
 REFUSAL_EXIT_CODE = 2  # argparse's code for bad usage
+FAILURE_EXIT_CODE = 1
 
 
 class Refusal(ValueError):
@@ -23,6 +25,11 @@ class Refusal(ValueError):
 
     A `ValueError`, so library callers that catch those keep working; entry points print it as one line.
     """
+
+
+class RunFailure(RuntimeError):
+    """Work stopped on a condition outside the code (a full disk, a folder that became unwritable): the message
+    names the cause, what is intact and how to go on. Entry points print it as one line, exit code 1."""
 
 
 class RefusesUsageErrors:
@@ -39,16 +46,17 @@ class RefusingArgumentParser(RefusesUsageErrors, argparse.ArgumentParser):
 
 
 def run_cli(main: Callable[[], Any], prog: str | None = None) -> None:
-    """Run an entry point's `main()`; a `Refusal` ends the process with one line on stderr and exit code 2.
+    """Run an entry point's `main()`; a `Refusal` ends the process with one line on stderr and exit code 2, a
+    `RunFailure` with one line and exit code 1.
 
-    Any other exception is a bug and keeps its traceback. `HFBERT_DEBUG=1` shows a refusal's traceback too.
+    Any other exception is a bug and keeps its traceback. `HFBERT_DEBUG=1` shows the traceback of these too.
     """
     try:
         main()
-    except Refusal as refusal:
+    except (Refusal, RunFailure) as stop:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
         name = prog or Path(sys.argv[0]).name
-        message = " ".join(str(refusal).split())  # one line, whatever the message's own layout
+        message = " ".join(str(stop).split())  # one line, whatever the message's own layout
         print(f"{name}: error: {message}", file=sys.stderr, flush=True)
-        raise SystemExit(REFUSAL_EXIT_CODE) from None
+        raise SystemExit(REFUSAL_EXIT_CODE if isinstance(stop, Refusal) else FAILURE_EXIT_CODE) from None

@@ -24,6 +24,7 @@ from hfbert.checkpointing import (
     MANIFEST_NAME,
     RUN_LOCK_NAME,
     CheckpointError,
+    CheckpointWriteError,
     TrainingProgress,
     _write_manifest,
     check_run_folder,
@@ -382,7 +383,7 @@ def test_a_failed_save_names_the_cause_and_keeps_earlier_checkpoints(tmp_path):
     accelerator = build_run()[0]
     with (
         mock.patch.object(accelerator, "save_state", side_effect=RuntimeError("unexpected pos 64 vs 0")),
-        pytest.raises(CheckpointError, match=r"writing .*checkpoint-2 failed.*unexpected pos.*checkpoint-1 is intact"),
+        pytest.raises(CheckpointWriteError, match=r"writing .*checkpoint-2 failed.*unexpected pos.*checkpoint-1 is intact"),
     ):
         save_checkpoint(accelerator, tmp_path, 2)
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
@@ -408,7 +409,7 @@ def test_a_full_disk_while_writing_the_weights_names_the_intact_checkpoint(tmp_p
     # safetensors' error is no OSError: it escaped the save's handler and left .tmp-checkpoint-2 behind.
     with (
         mock.patch("accelerate.utils.other.safe_save_file", write_then_fail),
-        pytest.raises(CheckpointError) as raised,
+        pytest.raises(CheckpointWriteError) as raised,
     ):
         save_checkpoint(accelerator, tmp_path, 2)
     assert str(raised.value) == (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
+from hfbert.errors import FAILURE_EXIT_CODE, REFUSAL_EXIT_CODE, Refusal, RunFailure, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,3 +87,13 @@ def test_every_tool_refuses_a_bad_command_line_in_one_line(module, argv, capsys)
     assert stopped.value.code == REFUSAL_EXIT_CODE
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("tool: error: ") and line.endswith("(see --help)")
+
+
+def test_run_failure_is_one_line_with_exit_code_1(capsys):
+    def main():
+        raise RunFailure("no space left writing run/checkpoint-4; the last complete checkpoint run/checkpoint-2 is intact")
+
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(main, prog="tool")
+    assert stopped.value.code == FAILURE_EXIT_CODE
+    assert capsys.readouterr().err.count("\n") == 1

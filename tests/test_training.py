@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
+from hfbert.errors import RunFailure
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.cli import main
 
@@ -567,7 +568,7 @@ def test_a_full_disk_at_the_final_save_names_the_intact_checkpoint_and_the_resum
         (Path(folder) / "model.safetensors").write_bytes(b"\0" * 100)
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    with mock.patch.object(HfBertForPreTraining, "save_pretrained", full_disk), pytest.raises(OSError) as error:
+    with mock.patch.object(HfBertForPreTraining, "save_pretrained", full_disk), pytest.raises(RunFailure) as error:
         train_in_process(args)
     assert str(error.value).startswith(
         f"no space left writing {output_dir}; the last complete checkpoint {output_dir / 'checkpoint-2'} is intact; "

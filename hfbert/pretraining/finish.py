@@ -17,6 +17,7 @@ from accelerate import Accelerator
 
 from hfbert.analysis import ModelAnalysis
 from hfbert.checkpointing import write_failure_message
+from hfbert.errors import RunFailure
 from hfbert.files import WRITE_ERRORS, staged_files, write_json_atomic
 from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
@@ -123,4 +124,4 @@ def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> FinalFol
     try:
         return write_final_folder(output_dir, **contents)
     except WRITE_ERRORS as error:  # the folder's previous files are intact: the final files are staged
-        raise OSError(write_failure_message(error, output_dir, output_dir)) from error
+        raise RunFailure(write_failure_message(error, output_dir, output_dir)) from error
