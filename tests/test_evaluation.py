@@ -7,6 +7,7 @@ import torch
 from conftest import tiny_config
 
 from hfbert import HfBertForPreTraining
+from hfbert.errors import RunFailure
 from hfbert.pretraining.evaluation import (
     STATISTICS,
     ModelFlops,
@@ -54,6 +55,7 @@ def test_non_finite_loss_is_an_error_except_under_fp16():
     with pytest.raises(FloatingPointError, match=r"loss became nan at step 7.*--learning_rate") as error:
         check_loss_is_finite(torch.tensor(float("nan")), "no", 7, 1e-3)
     assert "start a new run" in str(error.value) and "resume from" not in str(error.value)  # resume refuses a new rate
+    assert isinstance(error.value, RunFailure)  # entry points print it as one line, exit 1
     check_loss_is_finite(torch.tensor(float("inf")), "fp16", 7, 1e-3)  # the grad scaler skips it
     check_loss_is_finite(torch.tensor(2.0), "bf16", 7, 1e-3)
 

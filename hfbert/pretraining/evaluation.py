@@ -14,6 +14,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from hfbert.checkpointing import TrainingProgress, last_finite_checkpoint_note
+from hfbert.errors import RunFailure
 from hfbert.modeling_hfbert import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
@@ -141,6 +142,10 @@ def evaluate(model: torch.nn.Module, eval_loader: DataLoader, accelerator: Accel
     return metrics_from_statistics(accelerator.reduce(totals, "sum"), prefix="eval_")
 
 
+class NonFiniteLoss(RunFailure, FloatingPointError):
+    """The training loss became NaN or infinite (outside fp16, whose grad scaler skips such steps)."""
+
+
 def check_loss_is_finite(
     loss: torch.Tensor, precision: str, step: int, learning_rate: float, output_dir: str | None = None
 ) -> None:
@@ -152,7 +157,7 @@ def check_loss_is_finite(
             f"Non-finite loss ({loss.item()}) at step {step}: the fp16 grad scaler skips this update."
         )
         return
-    raise FloatingPointError(
+    raise NonFiniteLoss(
         f"The training loss became {loss.item()} at step {step} (learning rate {learning_rate:.3g}, precision "
         f"{precision}). Resuming would diverge again, as a resume keeps the learning rate, warmup and clipping: "
         "start a new run (a new --output_dir, or --overwrite_output_dir) with a lower --learning_rate, more "
