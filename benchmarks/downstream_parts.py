@@ -65,7 +65,10 @@ def finetune_variant(folder: str, groups: set[str], task, tokenized, args) -> li
         )
         model.load_state_dict(mixed_state(model.state_dict(), twin.state_dict(), groups))
         tokenizer, train, evaluation = tokenized
-        accuracies.append(finetune.finetune_once(model, tokenizer, train, evaluation, args, seed)["accuracy"])
+        metrics = finetune.finetune_once(
+            model, tokenizer, train, evaluation, args, seed, args.learning_rate, args.num_train_epochs
+        )
+        accuracies.append(metrics["accuracy"])
     return accuracies
 
 
