@@ -665,6 +665,16 @@ def test_epochs_and_rates_default_by_model_size(hidden_size, epochs, rates):
     assert size_defaults(hidden_size) == (epochs, rates)
 
 
+def test_a_config_without_hidden_size_needs_explicit_epochs_and_rate():
+    from hfbert.finetune import parse_args, training_settings
+
+    files = ["model", "--train_file", "t.csv", "--validation_file", "v.csv"]
+    with pytest.raises(Refusal, match=r"model_dir model: its config has no hidden_size.*pass --num_train_epochs"):
+        training_settings(object(), "model_dir model", parse_args(files))
+    explicit = parse_args([*files, "--learning_rate", "1e-3", "--num_train_epochs", "4"])
+    assert training_settings(object(), "model_dir model", explicit) == (4.0, (1e-3,))
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [(["--learning_rate", "fast"], "neither 'auto' nor a number"),
