@@ -3,7 +3,9 @@ with the same architecture from random initialisation (or with another folder).
 
 The model is loaded as `AutoModelForSequenceClassification` and trained by transformers' `Trainer`; the data
 comes from the Hub (`--dataset_name`, e.g. GLUE, whose columns and metrics are known) or from local
-csv/jsonl/parquet files. Every check on the data and the folders runs before any training.
+csv/jsonl/parquet files. Every check on the data and the folders runs before any training. Unless
+--learning_rate is a number, each model's rate (the comparison's too) is chosen on a stratified 20% of the
+training rows held out, never on the evaluation split; the epochs follow the model's size.
 
     python -m hfbert.finetune runs/hfbert-quality --train_file train.csv --validation_file test.csv \\
         --text_column text --label_column label --max_train_samples 200 --compare random_init
