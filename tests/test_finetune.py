@@ -460,7 +460,8 @@ def test_results_belong_to_the_model_they_came_from(tmp_path, folder, topic_file
     assert results["models"]["model"]["folder"] == str(model)
     assert results["models"]["model"]["summary"]["accuracy"]["per_seed"] == [0.875, 0.875]
     assert results["models"]["comparison"] == {
-        "folder": str(other), "init": "pretrained", "summary": mock.ANY}  # fmt: skip
+        "folder": str(other), "init": "pretrained", "learning_rate": 2e-3, "num_train_epochs": 6,
+        "learning_rate_selection": None, "summary": mock.ANY}  # fmt: skip
     assert results["gain"]["accuracy"]["mean"] == pytest.approx(0.75)
     card = (model / "README.md").read_text()
     assert "0.875" in card and "0.125" not in card
@@ -482,8 +483,10 @@ def test_help_shows_the_defaults_and_every_flag_has_help(capsys):
 
     with pytest.raises(SystemExit):
         parse_args(["--help"])
-    text = capsys.readouterr().out
-    assert "(default: 5e-05)" in text and "(default: label)" in text and "keeps (default: 0)" in text
+    text = " ".join(capsys.readouterr().out.split())
+    assert "'auto' (the default)" in text and "(default: label)" in text and "keeps (default: 0)" in text
+    assert "(default: 20 for a model of hidden size <= 256 (tiny, mini), 3 for larger" in text
+    assert "(default: 1e-4 3e-4 1e-3 3e-3 for a model of hidden size <= 256 (tiny, mini), 2e-5 3e-5 5e-5" in text
     assert "(default: None)" not in text
 
 
@@ -570,3 +573,129 @@ def test_a_json_line_without_the_pair_column_is_a_missing_text_not_a_missing_col
         args_for(folder, pairs, pairs, tmp_path / "out", "--text_pair_column", "second"),
         r"pairs\.jsonl: row 1 .* has an empty or missing 'second'",
     )
+
+
+# ------------------------------------------------------------------------------------------------ issue 33, item 4
+
+
+def recording_finetune(calls):
+    """Stands in for finetune_once: records what each run trained and was scored on, and scores 1e-3 best."""
+
+    def finetune_once(model, tokenizer, train, evaluation, args, seed, learning_rate, epochs):
+        calls.append({
+            "init": model.source[1], "train": [tuple(ids) for ids in train["input_ids"]],
+            "evaluation": [tuple(ids) for ids in evaluation["input_ids"]], "rate": learning_rate, "epochs": epochs,
+            "seed": seed,
+        })  # fmt: skip
+        return {"accuracy": 0.9 if learning_rate == 1e-3 else 0.5}
+
+    return finetune_once
+
+
+def encoded(folder, rows):
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return {tuple(tokenizer(row["text"], truncation=True, max_length=128)["input_ids"]) for row in rows}
+
+
+def test_auto_chooses_each_models_rate_on_held_out_training_rows_and_never_on_the_evaluation_file(tmp_path, folder):
+    train_rows = [{"text": f"{text} number {i}", "label": topic} for i, (topic, text) in
+                  enumerate((t, x) for t in sorted(TOPICS) for x in TOPICS[t] for _ in range(3))]  # fmt: skip
+    evaluation_rows = [{"text": "the harbour was full of boats", "label": "ships"},
+                       {"text": "the referee stopped the race", "label": "sport"}]  # fmt: skip
+    train = write_csv(tmp_path / "train.csv", train_rows)
+    validation = write_csv(tmp_path / "validation.csv", evaluation_rows)
+    argv = [str(folder), "--train_file", str(train), "--validation_file", str(validation), "--seeds", "4", "5",
+            "--compare", RANDOM_INIT, "--output_dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
+    calls = []
+    with (
+        mock.patch("hfbert.finetune.build_model", side_effect=fake_build),
+        mock.patch("hfbert.finetune.finetune_once", side_effect=recording_finetune(calls)),
+    ):
+        results = main(argv)
+    training_ids, evaluation_ids = encoded(folder, train_rows), encoded(folder, evaluation_rows)
+    for init in ("pretrained", RANDOM_INIT):  # the comparison gets its own choice, made the same way
+        runs = [call for call in calls if call["init"] == init]
+        selection, final = runs[:4], runs[4:]
+        assert [call["rate"] for call in selection] == [1e-4, 3e-4, 1e-3, 3e-3]
+        assert all(call["seed"] == 4 and call["epochs"] == 20 for call in selection)  # tiny folder: 20 epochs
+        for call in selection:
+            assert len(call["evaluation"]) == 4 and len(call["train"]) == 14  # 20% of 18 rows, rounded up
+            assert set(call["evaluation"]) <= training_ids and not set(call["evaluation"]) & set(call["train"])
+            assert not (set(call["evaluation"]) | set(call["train"])) & evaluation_ids
+        assert [(call["rate"], call["seed"]) for call in final] == [(1e-3, 4), (1e-3, 5)]
+        assert all(set(call["evaluation"]) == evaluation_ids and len(call["train"]) == 18 for call in final)
+    saved = json.loads((tmp_path / "out" / RESULTS_NAME).read_text())
+    for role in ("model", "comparison"):
+        model = saved["models"][role]
+        assert model["learning_rate"] == 1e-3 and model["num_train_epochs"] == 20
+        selection = model["learning_rate_selection"]
+        assert selection["scores"] == {"0.0001": 0.5, "0.0003": 0.5, "0.001": 0.9, "0.003": 0.5}
+        assert (selection["held_in_rows"], selection["held_out_rows"], selection["seed"]) == (14, 4, 4)
+        assert "20% of the training rows" in selection["chosen_on"]
+    assert results["models"] == saved["models"]
+
+
+def test_an_explicit_learning_rate_skips_the_choice(tmp_path, folder, topic_files):
+    calls = []
+    with (
+        mock.patch("hfbert.finetune.build_model", side_effect=fake_build),
+        mock.patch("hfbert.finetune.finetune_once", side_effect=recording_finetune(calls)),
+    ):
+        results = main([str(folder), "--train_file", str(topic_files[0]), "--validation_file", str(topic_files[1]),
+                        "--learning_rate", "5e-5", "--num_train_epochs", "3", "--seeds", "1", "2",
+                        "--output_dir", str(tmp_path / "out"), "--quiet"])  # fmt: skip
+    assert [(call["rate"], call["epochs"], len(call["train"])) for call in calls] == [(5e-5, 3, 8), (5e-5, 3, 8)]
+    model = results["models"]["model"]
+    assert model["learning_rate"] == 5e-5 and model["learning_rate_selection"] is None
+
+
+def test_a_held_out_split_too_small_for_the_classes_is_refused_before_training(tmp_path, folder, topic_files):
+    argv = [str(folder), "--train_file", str(topic_files[0]), "--validation_file", str(topic_files[1]),
+            "--output_dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
+    refused_before_training([*argv, "--max_train_samples", "4"], r"holds out 20% of the 4 training rows \(1\).*--max_train_samples")
+
+
+@pytest.mark.parametrize(
+    "hidden_size, epochs, rates", [(128, 20, (1e-4, 3e-4, 1e-3, 3e-3)), (256, 20, (1e-4, 3e-4, 1e-3, 3e-3)),
+                                   (768, 3, (2e-5, 3e-5, 5e-5, 1e-4)), (1024, 3, (2e-5, 3e-5, 5e-5, 1e-4))]
+)  # fmt: skip
+def test_epochs_and_rates_default_by_model_size(hidden_size, epochs, rates):
+    from hfbert.finetune import size_defaults
+
+    assert size_defaults(hidden_size) == (epochs, rates)
+
+
+def test_a_config_without_hidden_size_needs_explicit_epochs_and_rate():
+    from hfbert.finetune import parse_args, training_settings
+
+    files = ["model", "--train_file", "t.csv", "--validation_file", "v.csv"]
+    with pytest.raises(Refusal, match=r"model_dir model: its config has no hidden_size.*pass --num_train_epochs"):
+        training_settings(object(), "model_dir model", parse_args(files))
+    explicit = parse_args([*files, "--learning_rate", "1e-3", "--num_train_epochs", "4"])
+    assert training_settings(object(), "model_dir model", explicit) == (4.0, (1e-3,))
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--learning_rate", "fast"], "neither 'auto' nor a number"),
+     (["--learning_rate", "1e-3", "--learning_rate_grid", "1e-4"], "--learning_rate_grid goes with"),
+     (["--learning_rate_grid", "1e-4", "1e-4"], "distinct rates"), (["--learning_rate", "0"], "must be > 0")],
+)  # fmt: skip
+def test_learning_rate_flags_that_cannot_work_are_usage_errors(flags, message, capsys):
+    from hfbert.finetune import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["model", "--train_file", "t.csv", "--validation_file", "v.csv", *flags])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_auto_learning_rate_trains_end_to_end_with_the_trainer(tmp_path, folder):
+    train = write_csv(tmp_path / "train.csv", topic_rows(20, seed=0))
+    validation = write_csv(tmp_path / "validation.csv", topic_rows(8, seed=1))
+    results = main([str(folder), "--train_file", str(train), "--validation_file", str(validation), "--seeds", "1",
+                    "--learning_rate_grid", "1e-4", "3e-3", "--num_train_epochs", "2",
+                    "--output_dir", str(tmp_path / "out"), "--quiet"])  # fmt: skip
+    selection = results["models"]["model"]["learning_rate_selection"]
+    assert set(selection["scores"]) == {"0.0001", "0.003"} and selection["held_out_rows"] == 4
+    assert results["models"]["model"]["learning_rate"] in (1e-4, 3e-3)
