@@ -40,13 +40,14 @@ from hfbert.pretraining.batches import BatchPlan, build_loaders, plan_batches
 from hfbert.pretraining.cluster import (
     check_output_dir_shared,
     check_processes_agree,
+    end_process_group,
     form_process_group,
     release_ddp_wrapper,
 )
 from hfbert.pretraining.data import PretrainingData, prepare_data
 from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
 from hfbert.pretraining.finish import FinalFolder, finish
-from hfbert.pretraining.loop import CheckpointWriter, PreemptionSignals, fit
+from hfbert.pretraining.loop import CheckpointWriter, Preempted, PreemptionSignals, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.settings import (
     OptimizationSettings,
@@ -212,18 +213,23 @@ def train(
         data.config,
     )
     flops = ModelFlops(data.config, summary_model, datasheet_peak_flops(accelerator.device, precision))
-    metrics = fit(
-        accelerator,
-        state,
-        train_loader,
-        eval_loader,
-        budget,
-        optimization,
-        settings.run,
-        precision,
-        checkpoints,
-        flops,
-    )
+    try:
+        metrics = fit(
+            accelerator,
+            state,
+            train_loader,
+            eval_loader,
+            budget,
+            optimization,
+            settings.run,
+            precision,
+            checkpoints,
+            flops,
+        )
+    except Preempted:  # every rank stops at the same update: its process group ends now, not at exit
+        release_ddp_wrapper(accelerator, state)
+        end_process_group(accelerator)
+        raise
     release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
     with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
         return finish_run(accelerator, state, data, settings, summary, metrics)
