@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_training import REPO, final_weights, run_args, run_inputs, subprocess_env  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.slow
+from hfbert.pretraining.cluster import ProcessGroupError, form_process_group
 
 BOUND_SECONDS = 240  # every process of a launch has exited by then (one takes 20-40 s on 2 busy cores)
 STEPS = ("--max_train_steps", "30", "--checkpointing_steps", "10", "--eval_steps", "1000")
@@ -114,6 +114,7 @@ def cache_files(cache: Path) -> dict[str, int]:
     return {str(path): path.stat().st_mtime_ns for path in cache.rglob("*.arrow")}
 
 
+@pytest.mark.slow
 def test_two_nodes_equal_one_node_of_two_processes_and_every_process_exits(tmp_path, run_inputs, one_node_of_two):  # noqa: F811
     """Three two-node runs: one datasets cache for both nodes, then a cache per node (prepared by each
     node), then again on those caches (read, not written)."""
@@ -131,6 +132,7 @@ def test_two_nodes_equal_one_node_of_two_processes_and_every_process_exits(tmp_p
             assert after == before, "the prepared caches were read, not written again"
 
 
+@pytest.mark.slow
 def test_nodes_with_different_flags_are_refused_on_every_rank_before_training(tmp_path, run_inputs):  # noqa: F811
     args = run_args(run_inputs, tmp_path / "run", *STEPS)
     other = [*args, "--learning_rate", "3e-4"]  # the last occurrence of a flag wins
@@ -149,6 +151,7 @@ def can_unshare_mounts() -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not can_unshare_mounts(), reason="needs `unshare -m` (root or user namespaces)")
 def test_an_output_dir_not_shared_by_every_node_is_refused_before_any_work(tmp_path, run_inputs):  # noqa: F811
     """Node 1 runs in its own mount namespace with another folder mounted where the output folder's parent is:
@@ -192,6 +195,7 @@ def documented_block(marker: str) -> str:
     return re.search(rf"<!-- {marker} -->\n```bash\n(.*?)```", text, re.S).group(1)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_is_restarted_and_ends_equal_to_an_uninterrupted_run(tmp_path, run_inputs, one_node_of_two):  # noqa: F811
     """docs/cluster.md's elastic command on one node of two processes; rank 0 is SIGKILLed after the first
     checkpoint and torchrun restarts the group, which resumes from it."""
@@ -242,6 +246,7 @@ def install(folder: Path, name: str, script: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
+@pytest.mark.slow
 def test_the_slurm_script_runs_one_task_per_node_and_equals_one_node_of_two(tmp_path, run_inputs, one_node_of_two):  # noqa: F811
     """docs/cluster.md's batch script, run as sbatch would on two nodes, with stand-ins for srun and scontrol
     that start each node's task on this machine (node-local datasets caches)."""
@@ -262,3 +267,16 @@ def test_the_slurm_script_runs_one_task_per_node_and_equals_one_node_of_two(tmp_
     assert_clean_success(nodes)
     assert not (tmp_path / "requeued").exists()
     assert_same_weights(output_dir, one_node_of_two)
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_process_group_that_never_forms_stops_naming_master_address_and_port(monkeypatch, rank):
+    """Rank 0 hosts the store and waits for a rank that never comes; rank 1 finds no store at the address."""
+    port = str(free_port())
+    for name, value in {"WORLD_SIZE": "2", "RANK": rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    started = time.monotonic()
+    with pytest.raises(ProcessGroupError, match=rf"MASTER_ADDR 127\.0\.0\.1 MASTER_PORT {port} within --ddp_timeout 2 s"):
+        form_process_group(2)
+    assert time.monotonic() - started < 60
