@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_training import REPO, final_weights, run_args, run_inputs, subprocess_env  # noqa: F401 (fixture)
 
-from hfbert.pretraining.cluster import ProcessGroupError, form_process_group
+from hfbert.pretraining.cluster import ProcessGroupError, differences, form_process_group
 
 BOUND_SECONDS = 240  # every process of a launch has exited by then (one takes 20-40 s on 2 busy cores)
 STEPS = ("--max_train_steps", "30", "--checkpointing_steps", "10", "--eval_steps", "1000")
@@ -280,3 +280,19 @@ def test_a_process_group_that_never_forms_stops_naming_master_address_and_port(m
     with pytest.raises(ProcessGroupError, match=rf"MASTER_ADDR 127\.0\.0\.1 MASTER_PORT {port} within --ddp_timeout 2 s"):
         form_process_group(2)
     assert time.monotonic() - started < 60
+
+
+def test_differences_name_each_flag_version_and_input_that_differs_from_rank_0():
+    reference = {
+        "flags": {"learning_rate": 1e-3, "seed": 42},
+        "corpus content": "aa",
+        "tokenizer": "t0",
+        "versions": {"torch": "2.13.0", "hfbert": "0.1.0"},
+    }
+    other = {**reference, "flags": {"learning_rate": 3e-4, "seed": 42}, "tokenizer": "t1", "versions": {"torch": "2.12.0", "hfbert": "0.1.0"}}
+    assert differences(reference, reference) == []
+    assert differences(reference, other) == [
+        "--learning_rate 0.0003 (rank 0: 0.001)",
+        "tokenizer 't1' (rank 0: 't0')",
+        "torch '2.12.0' (rank 0: '2.13.0')",
+    ]
