@@ -11,6 +11,7 @@ import gc
 import os
 import secrets
 import socket
+import time
 import weakref
 from datetime import timedelta
 from importlib.metadata import version
@@ -34,6 +35,9 @@ SHARED_FOLDER_PROBE_NAME = ".hfbert-shared-folder-probe.json"
 VERSIONED_PACKAGES = ("hfbert", "transformers", "torch", "accelerate", "datasets", "tokenizers")
 # The restart number torchrun gives a worker group (0 at the first start, +1 at every restart after a failure).
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+# Node 0's workers exit this much later than the other nodes' (see linger_on_the_store_node); torchrun notices
+# an exited worker within its --monitor_interval (0.1 s by default).
+EXIT_LINGER_SECONDS = 2.0
 
 
 class ProcessGroupError(RuntimeError):
@@ -85,6 +89,16 @@ def end_process_group(accelerator: Accelerator) -> None:
         store = dist.distributed_c10d._get_default_store()  # no public accessor; the group's own store
         store_barrier(store, accelerator.num_processes, f"hfbert/end/attempt-{attempt_of_launch()}")
     accelerator.end_training()
+    linger_on_the_store_node()
+
+
+def linger_on_the_store_node() -> None:
+    """On node 0 of a launch of several nodes, wait a moment before exiting: node 0's torchrun hosts the
+    store of the launchers' exit barrier and leaves as soon as the last launcher arrives there; a launcher
+    arriving last on another node then lost its store mid-barrier (torch's race: 'Error waiting on exit
+    barrier ... DistNetworkError' after a successful run). Arriving last, node 0 leaves after everyone."""
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and os.environ.get("GROUP_RANK") == "0":
+        time.sleep(EXIT_LINGER_SECONDS)
 
 
 def release_ddp_wrapper(accelerator: Accelerator, state: Any) -> None:
