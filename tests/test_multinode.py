@@ -263,6 +263,7 @@ def test_the_slurm_script_runs_one_task_per_node_and_equals_one_node_of_two(tmp_
     )  # fmt: skip
     command = ["bash", str(tmp_path / "hfbert.sbatch"), *without_output_dir(run_args(run_inputs, output_dir, *STEPS))]
     [(code, output)] = wait_all([start(command, env, tmp_path / "log")], [tmp_path / "log"])
+    assert code == 0, output[-4000:]
     nodes = [(code, output + (tmp_path / f"node{node}").read_text()) for node in range(2)]
     assert_clean_success(nodes)
     assert not (tmp_path / "requeued").exists()
