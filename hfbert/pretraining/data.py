@@ -15,7 +15,8 @@ import logging
 import math
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -612,6 +613,15 @@ def build_instances(
     return datasets.concatenate_datasets(passes), evaluation
 
 
+@contextmanager
+def cache_writers_first(accelerator: Accelerator) -> Iterator[None]:
+    """The main process first, then the first process of every other node, then the rest: one writer per
+    datasets cache, whether the nodes share one (the others read what the main process wrote) or each node has
+    its own (HF_DATASETS_CACHE on a local disk: written by the node's first process, read by its others)."""
+    with accelerator.main_process_first(), accelerator.local_main_process_first():
+        yield
+
+
 def prepare_data(
     corpus: CorpusArguments,
     data: DataSettings,
@@ -625,13 +635,13 @@ def prepare_data(
     """Corpus -> tokenizer -> model config -> NSP instances (the main process first, the others from cache).
     `checkpoint_tokenizer`: the tokenizer folder of the checkpoint a resumed run continues from; `source`: the
     model a run starts from (--model_name_or_path), whose tokenizer and config it takes."""
-    with accelerator.main_process_first():
+    with cache_writers_first(accelerator):
         documents = load_documents(corpus, num_proc=data.preprocessing_num_workers)
         documents = split_validation_documents(documents, data.validation_split_percentage, seed)
     tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
     config = build_model_config(model, data.max_seq_length, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
-    with accelerator.main_process_first(), naming_cache_failures():
+    with cache_writers_first(accelerator), naming_cache_failures():
         train, evaluation = build_instances(documents, tokenizer, data, seed)
     sentences, other = sample_sentences(documents["validation"])
     return PretrainingData(

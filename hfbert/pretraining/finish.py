@@ -21,6 +21,7 @@ from hfbert.errors import RunFailure
 from hfbert.files import WRITE_ERRORS, staged_files, write_json_atomic
 from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
+from hfbert.pretraining.cluster import end_process_group
 from hfbert.pretraining.samples import write_samples
 from hfbert.pretraining.settings import CorpusArguments, RunSettings
 
@@ -114,8 +115,7 @@ def finish(
         )
         if run.push_to_hub:
             logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    end_process_group(accelerator)
     return final
 
 

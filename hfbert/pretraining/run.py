@@ -38,10 +38,17 @@ from hfbert.files import check_local_files, publish_files
 from hfbert.model_card import check_hub_access
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import BatchPlan, build_loaders, plan_batches
+from hfbert.pretraining.cluster import (
+    check_output_dir_shared,
+    check_processes_agree,
+    end_process_group,
+    form_process_group,
+    release_ddp_wrapper,
+)
 from hfbert.pretraining.data import PretrainingData, prepare_data
 from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
 from hfbert.pretraining.finish import FinalFolder, finish
-from hfbert.pretraining.loop import CheckpointWriter, PreemptionSignals, fit
+from hfbert.pretraining.loop import CheckpointWriter, Preempted, PreemptionSignals, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import (
@@ -110,6 +117,7 @@ def start(settings: PretrainingSettings) -> tuple[Accelerator, str]:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     if settings.optimization.deterministic:
         use_deterministic_algorithms()
+    form_process_group(settings.run.ddp_timeout)  # several processes: this launch's group, with its timeout
     return build_accelerator(settings.optimization, settings.run)
 
 
@@ -222,18 +230,24 @@ def train(
         data.config,
     )
     flops = ModelFlops(data.config, summary_model, datasheet_peak_flops(accelerator.device, precision))
-    metrics = fit(
-        accelerator,
-        state,
-        train_loader,
-        eval_loader,
-        budget,
-        optimization,
-        settings.run,
-        precision,
-        checkpoints,
-        flops,
-    )
+    try:
+        metrics = fit(
+            accelerator,
+            state,
+            train_loader,
+            eval_loader,
+            budget,
+            optimization,
+            settings.run,
+            precision,
+            checkpoints,
+            flops,
+        )
+    except Preempted:  # every rank stops at the same update: its process group ends now, not at exit
+        release_ddp_wrapper(accelerator, state)
+        end_process_group(accelerator)
+        raise
+    release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
     with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
         return finish_run(accelerator, state, data, settings, summary, metrics)
 
@@ -270,9 +284,11 @@ def pretrain_run(settings: PretrainingSettings) -> FinalFolder:
     """`pretrain`, returning the final folder with the fill-mask section of its samples."""
     accelerator, precision = start(settings)
     with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
+        check_output_dir_shared(Path(settings.run.output_dir), accelerator)
         checkpoint = check_before_work(settings, accelerator)
         source = check_source_model(settings.model, settings.data)
         data = prepare_run_data(settings, accelerator, checkpoint, source)
+        check_processes_agree(settings, data, accelerator)  # before the first update, on every rank
         if source is None:
             return train(settings, accelerator, precision, data, HfBertForPreTraining(data.config), checkpoint)
         model = load_source_model(source, data.config)

@@ -337,6 +337,14 @@ class RunSettings:
             "`python -m hfbert.push RUN_DIR --hub_model_id ...`)."
         },
     )
+    ddp_timeout: int = field(
+        default=1800,
+        metadata={
+            "help": "Seconds the processes of a multi-process or multi-node run wait for each other (forming the "
+            "process group, any collective) before the run stops naming the master address and port "
+            "(transformers' --ddp_timeout)."
+        },
+    )
 
 
 # Settings a resumed run must share with its checkpoint (the rest may change between launches).
@@ -537,6 +545,7 @@ def _check_run(run: RunSettings) -> None:
         )
     if run.push_to_hub and not run.hub_model_id:
         raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
+    _check_positive({"ddp_timeout": run.ddp_timeout}, optional=False)
 
 
 def _check_fresh_model_flags(model: ModelSettings, data: DataSettings) -> None:

@@ -1,0 +1,219 @@
+"""Several processes and nodes: the process group formed for this attempt of a launch, the checks that every
+process runs the same run into one shared output folder, and an end after which nothing distributed outlives
+the run on any rank.
+
+Every function is a no-op, or a check of one process against itself, in a single-process run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import secrets
+import socket
+import time
+import weakref
+from datetime import timedelta
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator, PartialState
+from accelerate.utils import gather_object, parse_flag_from_env
+from torch.distributed.elastic.utils.store import barrier as store_barrier
+
+from hfbert.corpus import corpus_fingerprint
+from hfbert.errors import Refusal
+from hfbert.files import read_json, write_json_atomic
+from hfbert.pretraining.data import PretrainingData, tokenizer_fingerprint
+from hfbert.pretraining.settings import PretrainingSettings
+
+# Written by rank 0 into --output_dir and read back by every rank: is the folder one folder for all of them?
+SHARED_FOLDER_PROBE_NAME = ".hfbert-shared-folder-probe.json"
+VERSIONED_PACKAGES = ("hfbert", "transformers", "torch", "accelerate", "datasets", "tokenizers")
+# The restart number torchrun gives a worker group (0 at the first start, +1 at every restart after a failure).
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+# Node 0's workers exit this much later than the other nodes' (see linger_on_the_store_node); torchrun notices
+# an exited worker within its --monitor_interval (0.1 s by default).
+EXIT_LINGER_SECONDS = 2.0
+
+
+class ProcessGroupError(RuntimeError):
+    """The processes of a launch did not form their process group; the message names master address and port."""
+
+
+def attempt_of_launch() -> str:
+    return os.environ.get(RESTART_COUNT_ENV, "0")
+
+
+def form_process_group(timeout_seconds: int) -> None:
+    """Join the launch's process group before the Accelerator is built (accelerate then uses it as it is).
+
+    torchrun keeps one TCPStore for every restart of a worker group (static and c10d rendezvous alike), and
+    torch's env:// process group writes its keys there without the restart number: a restarted group could
+    read the killed group's gloo addresses ("Gloo connectFullMesh failed ... Connection refused") or its
+    barrier counts (a hang). The keys of this group are prefixed with the restart number. A group that does not
+    form within `timeout_seconds` (also the timeout of every later collective) stops naming address and port.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size < 2 or dist.is_initialized():
+        return
+    rank = int(os.environ["RANK"])
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    timeout = timedelta(seconds=timeout_seconds)
+    try:
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        attempt_store = dist.PrefixStore(f"hfbert/attempt-{attempt_of_launch()}", store)
+        cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()  # as accelerate decides
+        PartialState(cpu=cpu, store=attempt_store, rank=rank, world_size=world_size, timeout=timeout)
+    except (RuntimeError, TimeoutError, ValueError) as error:  # torch's DistError family, a bad address
+        raise ProcessGroupError(
+            f"Rank {rank} of {world_size} could not form the process group through MASTER_ADDR {address} "
+            f"MASTER_PORT {port} within --ddp_timeout {timeout_seconds} s (restart {attempt_of_launch()}): "
+            f"{type(error).__name__}: {' '.join(str(error).split())[:500]}. Start every node's launcher with the "
+            "same master address and port (reachable from every node: rank 0's host), --nnodes and "
+            "--nproc_per_node."
+        ) from error
+
+
+def end_process_group(accelerator: Accelerator) -> None:
+    """Every rank passes a final barrier, then destroys the process group (and finishes the trackers).
+
+    The barrier goes through the group's store: while a rank waits there its gloo worker threads can take the
+    GIL to free the work of the last collective. gloo's destructor joins those threads; run while the main
+    thread holds the GIL and a worker still needs it, it deadlocked (issue 35: a rank hung after success)."""
+    if accelerator.num_processes > 1 and dist.is_initialized():
+        accelerator.wait_for_everyone()
+        store = dist.distributed_c10d._get_default_store()  # no public accessor; the group's own store
+        store_barrier(store, accelerator.num_processes, f"hfbert/end/attempt-{attempt_of_launch()}")
+    accelerator.end_training()
+    linger_on_the_store_node()
+
+
+def linger_on_the_store_node() -> None:
+    """On node 0 of a launch of several nodes, wait a moment before exiting: node 0's torchrun hosts the
+    store of the launchers' exit barrier and leaves as soon as the last launcher arrives there; a launcher
+    arriving last on another node then lost its store mid-barrier (torch's race: 'Error waiting on exit
+    barrier ... DistNetworkError' after a successful run). Arriving last, node 0 leaves after everyone."""
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and os.environ.get("GROUP_RANK") == "0":
+        time.sleep(EXIT_LINGER_SECONDS)
+
+
+def release_ddp_wrapper(accelerator: Accelerator, state: Any) -> None:
+    """Replace `state.model` (the prepared model) by the model itself and free the DDP wrapper now: its
+    Reducer holds the process group, which `end_process_group` must destroy, not a later garbage collection
+    after other ranks have gone. The accelerator forgets what it prepared (nothing is saved after this)."""
+    model = accelerator.unwrap_model(state.model)
+    if model is state.model:
+        return
+    wrapper = weakref.ref(state.model)
+    state.model = model
+    accelerator.free_memory()  # its lists of prepared objects hold the wrapper; collects garbage
+    gc.collect()
+    if wrapper() is not None:
+        raise RuntimeError(
+            f"The DDP wrapper of the model is still referenced after training ({len(gc.get_referrers(wrapper()))} "
+            "referrers); it would destroy the process group at an unknown time"
+        )
+
+
+def check_output_dir_shared(output_dir: Path, accelerator: Accelerator) -> None:
+    """Refuse an --output_dir that is not one folder for every rank (e.g. a node-local disk at the same path):
+    rank 0 writes a random token there, every rank reads it back, all learn who did not see it."""
+    if accelerator.num_processes == 1:
+        return
+    probe = output_dir / SHARED_FOLDER_PROBE_NAME
+    if accelerator.is_main_process:
+        write_json_atomic(probe, {"token": secrets.token_hex(16)})
+    accelerator.wait_for_everyone()
+    try:
+        token = read_json(probe, "")["token"]
+    except (OSError, ValueError, KeyError, TypeError):  # missing (another folder) or unreadable: not seen
+        token = None
+    views = gather_object([(accelerator.process_index, where_am_i(), token)])
+    if accelerator.is_main_process:
+        probe.unlink()
+    accelerator.wait_for_everyone()  # gone before any rank looks at the folder's files
+    blind = [(rank, where) for rank, where, seen in views if seen is None or seen != views[0][2]]
+    if blind:
+        end_process_group(accelerator)
+        ranks = ", ".join(f"rank {rank} ({where})" for rank, where in blind)
+        raise Refusal(
+            f"--output_dir {output_dir} is not one folder shared by every node: {ranks} do not see the file rank "
+            "0 wrote into it, so their parts of every checkpoint would never reach it. Checkpoints and the final "
+            "folder must be on a filesystem every node mounts at the same path (NFS, Lustre, a shared volume): "
+            "pass such a folder as --output_dir on every node."
+        )
+
+
+def where_am_i() -> str:
+    """'node N, host H' of this process (torchrun's GROUP_RANK is the node's rank)."""
+    return f"node {os.environ.get('GROUP_RANK', '0')}, host {socket.gethostname()}"
+
+
+def run_fingerprint(settings: PretrainingSettings, data: PretrainingData) -> dict[str, Any]:
+    """What must be equal on every rank for the replicas to train one model: the flags, the corpus (content
+    of local files; a Hub dataset by name, config and the instances built from it), the tokenizer and the
+    versions of the code."""
+    return {
+        "flags": settings.to_dict(),
+        "corpus content": corpus_fingerprint(settings.corpus),
+        "training instances": len(data.train),
+        "evaluation instances": len(data.evaluation),
+        "tokenizer": tokenizer_fingerprint(data.tokenizer),
+        "versions": {package: version(package) for package in VERSIONED_PACKAGES},
+    }
+
+
+def differences(reference: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """'what: value (rank 0: value)' for each entry of `other` that differs from `reference`, flags and
+    versions one by one."""
+    found = []
+    for part, value in other.items():
+        expected = reference.get(part)
+        if isinstance(value, dict) and isinstance(expected, dict):
+            prefix = "--" if part == "flags" else ""
+            found += [
+                f"{prefix}{name} {value.get(name)!r} (rank 0: {expected.get(name)!r})"
+                for name in sorted(value.keys() | expected.keys())
+                if value.get(name) != expected.get(name)
+            ]
+        elif value != expected:
+            found.append(f"{part} {value!r} (rank 0: {expected!r})")
+    return found
+
+
+def check_processes_agree(
+    settings: PretrainingSettings, data: PretrainingData, accelerator: Accelerator
+) -> None:
+    """Refuse, on every rank and before the first update, a run whose ranks disagree on what they train (one
+    all_gather of every rank's `run_fingerprint`); the message names each rank, its node and what differs."""
+    if accelerator.num_processes == 1:
+        return
+    gathered = gather_object([(accelerator.process_index, where_am_i(), run_fingerprint(settings, data))])
+    reference = gathered[0][2]
+    disagreeing = [
+        f"rank {rank} ({where}): {'; '.join(found)}"
+        for rank, where, fingerprint in gathered[1:]
+        if (found := differences(reference, fingerprint))
+    ]
+    if disagreeing:
+        end_process_group(accelerator)
+        raise Refusal(
+            f"The processes of this run disagree with rank 0 ({gathered[0][1]}), so their replicas would drift "
+            f"apart: {' | '.join(disagreeing)}. Start every node with the same command, corpus, tokenizer and "
+            "hfbert, transformers and torch versions."
+        )
+
+
+__all__ = [
+    "ProcessGroupError",
+    "check_output_dir_shared",
+    "check_processes_agree",
+    "end_process_group",
+    "form_process_group",
+    "release_ddp_wrapper",
+    "run_fingerprint",
+]

@@ -1,0 +1,299 @@
+"""Several nodes on one machine (torchrun launchers that meet at 127.0.0.1, CPU processes, gloo): two nodes of
+one process train what one node of two trains and every process exits; nodes that disagree, or that do not
+share the output folder, are refused on every rank; a worker killed mid-run is restarted by torchrun and the
+run ends where an uninterrupted one ends; docs/cluster.md's Slurm script and elastic command run."""
+
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_training import REPO, final_weights, run_args, run_inputs, subprocess_env  # noqa: F401 (fixture)
+
+from hfbert.pretraining.cluster import ProcessGroupError, differences, form_process_group
+
+BOUND_SECONDS = 240  # every process of a launch has exited by then (one takes 20-40 s on 2 busy cores)
+STEPS = ("--max_train_steps", "30", "--checkpointing_steps", "10", "--eval_steps", "1000")
+CLUSTER_DOC = REPO / "docs" / "cluster.md"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def cpu_env(**extra: str) -> dict[str, str]:
+    return {**subprocess_env(), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
+
+
+def torchrun(*flags: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *flags, str(REPO / "run_pretraining.py")]
+
+
+def start(command: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> subprocess.Popen:
+    """In its own session, so that the test can tell whether anything it started is still alive."""
+    with log.open("w") as output:
+        return subprocess.Popen(command, env=env, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def session_alive(process: subprocess.Popen) -> bool:
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_all(processes: list[subprocess.Popen], logs: list[Path], bound: float = BOUND_SECONDS) -> list[tuple[int, str]]:
+    """Every launcher's exit code and output; fails (and kills them) if any launcher, or any process one
+    started, is alive `bound` seconds after the start."""
+    deadline = time.monotonic() + bound
+    try:
+        for process in processes:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        while any(session_alive(process) for process in processes) and time.monotonic() < deadline:
+            time.sleep(0.1)  # workers of an exited launcher
+        alive = [process.args for process in processes if session_alive(process)]
+        assert not alive, f"still alive after the launcher exited: {alive}"
+    except subprocess.TimeoutExpired:
+        tails = "\n".join(log.read_text()[-3000:] for log in logs)
+        pytest.fail(f"a launch was still running {bound} s after its start:\n{tails}")
+    finally:
+        for process in processes:
+            if session_alive(process):
+                os.killpg(process.pid, signal.SIGKILL)
+    return [(process.returncode, log.read_text()) for process, log in zip(processes, logs, strict=True)]
+
+
+def launch_nodes(tmp_path: Path, node_args: list[list[str]], node_envs: list[dict[str, str]], wrappers=None):
+    """One torchrun launcher of one process per node, all meeting at 127.0.0.1."""
+    port, nodes = str(free_port()), len(node_args)
+    wrappers = wrappers or [[]] * nodes
+    processes, logs = [], []
+    for rank in range(nodes):
+        log = tmp_path / f"node{rank}.log"
+        flags = ("--nnodes", str(nodes), "--nproc_per_node", "1", "--node_rank", str(rank))
+        command = [*wrappers[rank], *torchrun(*flags, "--master_addr", "127.0.0.1", "--master_port", port)]
+        processes.append(start([*command, *node_args[rank]], node_envs[rank], log))
+        logs.append(log)
+    return wait_all(processes, logs)
+
+
+def assert_clean_success(results: list[tuple[int, str]]) -> None:
+    for rank, (code, output) in enumerate(results):
+        assert code == 0, f"node {rank} exited with {code}:\n{output[-4000:]}"
+        assert "Traceback" not in output and "Error waiting on exit barrier" not in output, output[-4000:]
+
+
+def assert_same_weights(folder: Path, reference: Path) -> None:
+    expected, actual = final_weights(reference), final_weights(folder)
+    assert expected.keys() == actual.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+
+
+@pytest.fixture(scope="module")
+def one_node_of_two(tmp_path_factory, run_inputs) -> Path:  # noqa: F811
+    """The reference: one node of two processes, uninterrupted."""
+    folder = tmp_path_factory.mktemp("one-node")
+    command = [*torchrun("--nproc_per_node", "2", "--standalone"), *run_args(run_inputs, folder / "run", *STEPS)]
+    [(code, output)] = wait_all([start(command, cpu_env(), folder / "log")], [folder / "log"])
+    assert code == 0, output[-4000:]
+    return folder / "run"
+
+
+def cache_files(cache: Path) -> dict[str, int]:
+    return {str(path): path.stat().st_mtime_ns for path in cache.rglob("*.arrow")}
+
+
+@pytest.mark.slow
+def test_two_nodes_equal_one_node_of_two_processes_and_every_process_exits(tmp_path, run_inputs, one_node_of_two):  # noqa: F811
+    """Three two-node runs: one datasets cache for both nodes, then a cache per node (prepared by each
+    node), then again on those caches (read, not written)."""
+    shared, local = [tmp_path / "cache"] * 2, [tmp_path / "cache-node0", tmp_path / "cache-node1"]
+    for attempt, caches in enumerate((shared, local, local)):
+        before = [cache_files(cache) for cache in caches]
+        output_dir = tmp_path / f"run{attempt}"
+        args = run_args(run_inputs, output_dir, *STEPS)
+        envs = [cpu_env(HF_DATASETS_CACHE=str(cache)) for cache in caches]
+        assert_clean_success(launch_nodes(tmp_path, [args, args], envs))
+        assert_same_weights(output_dir, one_node_of_two)
+        after = [cache_files(cache) for cache in caches]
+        assert all(after), "every node's cache holds the prepared data"
+        if attempt == 2:
+            assert after == before, "the prepared caches were read, not written again"
+
+
+@pytest.mark.slow
+def test_nodes_with_different_flags_are_refused_on_every_rank_before_training(tmp_path, run_inputs):  # noqa: F811
+    args = run_args(run_inputs, tmp_path / "run", *STEPS)
+    other = [*args, "--learning_rate", "3e-4"]  # the last occurrence of a flag wins
+    results = launch_nodes(tmp_path, [args, other], [cpu_env(), cpu_env()])
+    for code, output in results:
+        assert code != 0
+        [line] = [line for line in output.splitlines() if "error: The processes of this run disagree" in line]
+        assert re.search(r"rank 1 \(node 1, host [^)]+\): --learning_rate 0\.0003 \(rank 0: 0\.001\)", line), line
+    assert not (tmp_path / "run" / "checkpoint-10").exists()
+
+
+def can_unshare_mounts() -> bool:
+    try:
+        return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_unshare_mounts(), reason="needs `unshare -m` (root or user namespaces)")
+def test_an_output_dir_not_shared_by_every_node_is_refused_before_any_work(tmp_path, run_inputs):  # noqa: F811
+    """Node 1 runs in its own mount namespace with another folder mounted where the output folder's parent is:
+    the same path, another disk."""
+    parent, elsewhere = tmp_path / "shared", tmp_path / "node1-disk"
+    parent.mkdir(), elsewhere.mkdir()
+    args = run_args(run_inputs, parent / "run", *STEPS)
+    own_disk = ["unshare", "-m", "sh", "-c", f'mount --bind "{elsewhere}" "{parent}" && exec "$@"', "sh"]
+    results = launch_nodes(tmp_path, [args, args], [cpu_env(), cpu_env()], wrappers=[[], own_disk])
+    for code, output in results:
+        assert code != 0
+        [line] = [line for line in output.splitlines() if "is not one folder shared by every node" in line]
+        assert "rank 1 (node 1, host" in line and "rank 0 (" not in line, line
+    assert not any(parent.rglob("*")) and not any(elsewhere.rglob("*")), "nothing was written"
+
+
+def descendants(pid: int) -> list[int]:
+    found = [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return found + [grandchild for child in found for grandchild in descendants(child)]
+
+
+def worker_of_rank(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of the training process of `rank` (torchrun gives its workers RANK; torchrun has none)."""
+    for pid in descendants(launcher.pid):
+        environ = dict(
+            entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in entry
+        )
+        if environ.get("RANK") == str(rank):
+            return pid
+    raise AssertionError(f"no worker of rank {rank} under {launcher.pid}")
+
+
+def without_output_dir(args: list[str]) -> list[str]:
+    at = args.index("--output_dir")
+    return args[:at] + args[at + 2 :]
+
+
+def documented_block(marker: str) -> str:
+    """The fenced code block after `<!-- marker -->` in docs/cluster.md."""
+    text = CLUSTER_DOC.read_text()
+    return re.search(rf"<!-- {marker} -->\n```bash\n(.*?)```", text, re.S).group(1)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_is_restarted_and_ends_equal_to_an_uninterrupted_run(tmp_path, run_inputs, one_node_of_two):  # noqa: F811
+    """docs/cluster.md's elastic command on one node of two processes; rank 0 is SIGKILLed after the first
+    checkpoint and torchrun restarts the group, which resumes from it."""
+    output_dir = tmp_path / "run"
+    args = without_output_dir(run_args(run_inputs, output_dir, *STEPS))
+    command = ["bash", "-c", documented_block("elastic-command"), "elastic", *args]
+    env = cpu_env(NNODES="1", NPROC_PER_NODE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                  JOB_ID="test", OUTPUT_DIR=str(output_dir))  # fmt: skip
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # this venv's torchrun
+    log = tmp_path / "log"
+    launcher = start(command, env, log)
+    deadline = time.monotonic() + BOUND_SECONDS
+    while not (output_dir / "checkpoint-10").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.02)
+    os.kill(worker_of_rank(launcher, 0), signal.SIGKILL)
+    [(code, output)] = wait_all([launcher], [log])
+    assert code == 0, output[-4000:]
+    assert "Resuming from" in output and "checkpoint-10" in output, output[-4000:]
+    assert output.count("Resuming from") == 1, "killed after checkpoint-10: one restart"
+    assert_same_weights(output_dir, one_node_of_two)
+
+
+STAND_IN_SRUN = """#!/bin/bash
+# srun for the test: one task per node, all on this machine, each with its SLURM_NODEID.
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((node = 0; node < SLURM_NNODES; node++)); do
+    SLURM_NODEID=$node SLURM_PROCID=$node HF_DATASETS_CACHE="$CACHE_PREFIX$node" "$@" > "$LOG_PREFIX$node" 2>&1 &
+    pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+exit $status
+"""
+STAND_IN_SCONTROL = """#!/bin/bash
+# scontrol for the test: the job's hosts are this machine; a requeue is recorded.
+case "$1" in
+    show) for ((node = 0; node < SLURM_NNODES; node++)); do echo 127.0.0.1; done ;;
+    requeue) echo "$2" >> "$REQUEUED" ;;
+esac
+"""
+
+
+def install(folder: Path, name: str, script: str) -> None:
+    path = folder / name
+    path.write_text(script)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.mark.slow
+def test_the_slurm_script_runs_one_task_per_node_and_equals_one_node_of_two(tmp_path, run_inputs, one_node_of_two):  # noqa: F811
+    """docs/cluster.md's batch script, run as sbatch would on two nodes, with stand-ins for srun and scontrol
+    that start each node's task on this machine (node-local datasets caches)."""
+    bin_folder, output_dir = tmp_path / "bin", tmp_path / "run"
+    bin_folder.mkdir()
+    install(bin_folder, "srun", STAND_IN_SRUN)
+    install(bin_folder, "scontrol", STAND_IN_SCONTROL)
+    (tmp_path / "hfbert.sbatch").write_text(documented_block("slurm-script"))
+    env = cpu_env(
+        PATH=f"{bin_folder}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        SLURM_JOB_ID="35", SLURM_NNODES="2", SLURM_JOB_NODELIST="node[0-1]", GPUS_PER_NODE="1",
+        MASTER_PORT=str(free_port()), OUTPUT_DIR=str(output_dir), CACHE_PREFIX=str(tmp_path / "cache-node"),
+        LOG_PREFIX=str(tmp_path / "node"), REQUEUED=str(tmp_path / "requeued"),
+    )  # fmt: skip
+    command = ["bash", str(tmp_path / "hfbert.sbatch"), *without_output_dir(run_args(run_inputs, output_dir, *STEPS))]
+    [(code, output)] = wait_all([start(command, env, tmp_path / "log")], [tmp_path / "log"])
+    assert code == 0, output[-4000:]
+    nodes = [(code, output + (tmp_path / f"node{node}").read_text()) for node in range(2)]
+    assert_clean_success(nodes)
+    assert not (tmp_path / "requeued").exists()
+    assert_same_weights(output_dir, one_node_of_two)
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_process_group_that_never_forms_stops_naming_master_address_and_port(monkeypatch, rank):
+    """Rank 0 hosts the store and waits for a rank that never comes; rank 1 finds no store at the address."""
+    port = str(free_port())
+    for name, value in {"WORLD_SIZE": "2", "RANK": rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    started = time.monotonic()
+    with pytest.raises(ProcessGroupError, match=rf"MASTER_ADDR 127\.0\.0\.1 MASTER_PORT {port} within --ddp_timeout 2 s"):
+        form_process_group(2)
+    assert time.monotonic() - started < 60
+
+
+def test_differences_name_each_flag_version_and_input_that_differs_from_rank_0():
+    reference = {
+        "flags": {"learning_rate": 1e-3, "seed": 42},
+        "corpus content": "aa",
+        "tokenizer": "t0",
+        "versions": {"torch": "2.13.0", "hfbert": "0.1.0"},
+    }
+    other = {**reference, "flags": {"learning_rate": 3e-4, "seed": 42}, "tokenizer": "t1", "versions": {"torch": "2.12.0", "hfbert": "0.1.0"}}
+    assert differences(reference, reference) == []
+    assert differences(reference, other) == [
+        "--learning_rate 0.0003 (rank 0: 0.001)",
+        "tokenizer 't1' (rank 0: 't0')",
+        "torch '2.12.0' (rank 0: '2.13.0')",
+    ]
