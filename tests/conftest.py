@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+from pathlib import Path
 
 # Hermetic: no Hub, and a datasets cache of this session's own (subprocesses inherit it).
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="hfbert-tests-datasets-")
@@ -51,6 +52,15 @@ def sample_tokenizer(sample_documents):
     return train_tokenizer(
         sample_documents["train"], vocab_size=TINY_VOCAB_SIZE, min_frequency=2, show_progress=False
     )
+
+
+@pytest.fixture(scope="module")
+def run_inputs(tmp_path_factory, sample_tokenizer) -> dict[str, Path]:
+    """A saved tokenizer and a tiny model config for it, shared by every run in this module."""
+    folder = tmp_path_factory.mktemp("inputs")
+    sample_tokenizer.save_pretrained(folder / "tokenizer")
+    tiny_config(vocab_size=len(sample_tokenizer)).save_pretrained(folder / "model-config")
+    return {"tokenizer": folder / "tokenizer", "config": folder / "model-config" / "config.json"}
 
 
 DAMAGES = ("truncated", "garbled")

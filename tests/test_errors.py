@@ -11,13 +11,18 @@ from hfbert.errors import FAILURE_EXIT_CODE, REFUSAL_EXIT_CODE, Refusal, RunFail
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_refusal_is_one_line_with_exit_code_2(capsys):
+@pytest.mark.parametrize(
+    "stop, exit_code",
+    [(Refusal, REFUSAL_EXIT_CODE), (RunFailure, FAILURE_EXIT_CODE)],
+    ids=["refusal: bad input before any work", "run failure: a full disk"],
+)
+def test_refusals_and_run_failures_are_one_line_with_their_exit_code(stop, exit_code, capsys):
     def main():
-        raise Refusal("--max_train_steps 0 must be > 0\n  (or leave it unset)")
+        raise stop("--max_train_steps 0 must be > 0\n  (or leave it unset)")
 
     with pytest.raises(SystemExit) as stopped:
         run_cli(main, prog="tool")
-    assert stopped.value.code == REFUSAL_EXIT_CODE
+    assert stopped.value.code == exit_code
     assert capsys.readouterr().err == "tool: error: --max_train_steps 0 must be > 0 (or leave it unset)\n"
 
 
@@ -87,13 +92,3 @@ def test_every_tool_refuses_a_bad_command_line_in_one_line(module, argv, capsys)
     assert stopped.value.code == REFUSAL_EXIT_CODE
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("tool: error: ") and line.endswith("(see --help)")
-
-
-def test_run_failure_is_one_line_with_exit_code_1(capsys):
-    def main():
-        raise RunFailure("no space left writing run/checkpoint-4; the last complete checkpoint run/checkpoint-2 is intact")
-
-    with pytest.raises(SystemExit) as stopped:
-        run_cli(main, prog="tool")
-    assert stopped.value.code == FAILURE_EXIT_CODE
-    assert capsys.readouterr().err.count("\n") == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_training import REPO, final_weights, run_args, run_inputs, subprocess_env  # noqa: F401 (fixture)
+from test_training import REPO, final_weights, run_args, subprocess_env
 
 from hfbert.pretraining.cluster import ProcessGroupError, differences, form_process_group
 
@@ -101,7 +101,7 @@ def assert_same_weights(folder: Path, reference: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_node_of_two(tmp_path_factory, run_inputs) -> Path:  # noqa: F811
+def one_node_of_two(tmp_path_factory, run_inputs) -> Path:
     """The reference: one node of two processes, uninterrupted."""
     folder = tmp_path_factory.mktemp("one-node")
     command = [*torchrun("--nproc_per_node", "2", "--standalone"), *run_args(run_inputs, folder / "run", *STEPS)]
@@ -115,7 +115,7 @@ def cache_files(cache: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_two_nodes_equal_one_node_of_two_processes_and_every_process_exits(tmp_path, run_inputs, one_node_of_two):  # noqa: F811
+def test_two_nodes_equal_one_node_of_two_processes_and_every_process_exits(tmp_path, run_inputs, one_node_of_two):
     """Three two-node runs: one datasets cache for both nodes, then a cache per node (prepared by each
     node), then again on those caches (read, not written)."""
     shared, local = [tmp_path / "cache"] * 2, [tmp_path / "cache-node0", tmp_path / "cache-node1"]
@@ -133,7 +133,7 @@ def test_two_nodes_equal_one_node_of_two_processes_and_every_process_exits(tmp_p
 
 
 @pytest.mark.slow
-def test_nodes_with_different_flags_are_refused_on_every_rank_before_training(tmp_path, run_inputs):  # noqa: F811
+def test_nodes_with_different_flags_are_refused_on_every_rank_before_training(tmp_path, run_inputs):
     args = run_args(run_inputs, tmp_path / "run", *STEPS)
     other = [*args, "--learning_rate", "3e-4"]  # the last occurrence of a flag wins
     results = launch_nodes(tmp_path, [args, other], [cpu_env(), cpu_env()])
@@ -153,7 +153,7 @@ def can_unshare_mounts() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not can_unshare_mounts(), reason="needs `unshare -m` (root or user namespaces)")
-def test_an_output_dir_not_shared_by_every_node_is_refused_before_any_work(tmp_path, run_inputs):  # noqa: F811
+def test_an_output_dir_not_shared_by_every_node_is_refused_before_any_work(tmp_path, run_inputs):
     """Node 1 runs in its own mount namespace with another folder mounted where the output folder's parent is:
     the same path, another disk."""
     parent, elsewhere = tmp_path / "shared", tmp_path / "node1-disk"
@@ -196,7 +196,7 @@ def documented_block(marker: str) -> str:
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_run_is_restarted_and_ends_equal_to_an_uninterrupted_run(tmp_path, run_inputs, one_node_of_two):  # noqa: F811
+def test_a_worker_killed_mid_run_is_restarted_and_ends_equal_to_an_uninterrupted_run(tmp_path, run_inputs, one_node_of_two):
     """docs/cluster.md's elastic command on one node of two processes; rank 0 is SIGKILLed after the first
     checkpoint and torchrun restarts the group, which resumes from it."""
     output_dir = tmp_path / "run"
@@ -247,7 +247,7 @@ def install(folder: Path, name: str, script: str) -> None:
 
 
 @pytest.mark.slow
-def test_the_slurm_script_runs_one_task_per_node_and_equals_one_node_of_two(tmp_path, run_inputs, one_node_of_two):  # noqa: F811
+def test_the_slurm_script_runs_one_task_per_node_and_equals_one_node_of_two(tmp_path, run_inputs, one_node_of_two):
     """docs/cluster.md's batch script, run as sbatch would on two nodes, with stand-ins for srun and scontrol
     that start each node's task on this machine (node-local datasets caches)."""
     bin_folder, output_dir = tmp_path / "bin", tmp_path / "run"

@@ -13,7 +13,6 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from conftest import tiny_config
 from test_training import REPO, run_args, subprocess_env
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -24,15 +23,6 @@ from hfbert.pretraining.reshard import keep_global_batch, micro_batches_to_skip
 from hfbert.pretraining.settings import OptimizationSettings
 
 CHECKPOINT = "runs/x/checkpoint-30"
-
-
-@pytest.fixture(scope="module")
-def run_inputs(tmp_path_factory, sample_tokenizer) -> dict[str, Path]:
-    """A saved tokenizer and a tiny model config for it (as tests/test_training.py's)."""
-    folder = tmp_path_factory.mktemp("inputs")
-    sample_tokenizer.save_pretrained(folder / "tokenizer")
-    tiny_config(vocab_size=len(sample_tokenizer)).save_pretrained(folder / "model-config")
-    return {"tokenizer": folder / "tokenizer", "config": folder / "model-config" / "config.json"}
 
 
 def saved_settings(per_device: int = 8, accumulation: int = 1) -> dict:

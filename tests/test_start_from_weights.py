@@ -9,7 +9,7 @@ import torch
 import transformers
 from conftest import tiny_config
 from safetensors.torch import load_file
-from test_training import run_args, run_inputs, train_in_process  # noqa: F401  (run_inputs: a fixture)
+from test_training import run_args, train_in_process
 
 from hfbert import HfBertForPreTraining
 from hfbert.checkpointing import RUN_LOCK_NAME
@@ -20,7 +20,7 @@ from hfbert.pretraining.cli import parse_args
 PHASE_1 = ("--max_seq_length", "32", "--max_train_steps", "6", "--dupe_factor", "1")
 
 
-def source_args(run_inputs, output_dir, source, *extra):  # noqa: F811
+def source_args(run_inputs, output_dir, source, *extra):
     """run_args without --config_name and --tokenizer_name: both come from the source."""
     args = run_args(run_inputs, output_dir, *extra)
     for flag in ("--config_name", "--tokenizer_name"):
@@ -30,7 +30,7 @@ def source_args(run_inputs, output_dir, source, *extra):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def phase_1(tmp_path_factory, run_inputs):  # noqa: F811
+def phase_1(tmp_path_factory, run_inputs):
     output_dir = tmp_path_factory.mktemp("phase1") / "run"
     train_in_process(run_args(run_inputs, output_dir, *PHASE_1))
     return output_dir
@@ -39,7 +39,7 @@ def phase_1(tmp_path_factory, run_inputs):  # noqa: F811
 @pytest.mark.slow
 def test_phase_2_starts_from_phase_1s_exact_weights_and_trains_the_longer_positions(
     tmp_path,
-    run_inputs,  # noqa: F811
+    run_inputs,
     phase_1,
 ):
     phase_1_weights = load_file(phase_1 / "model.safetensors")
@@ -70,7 +70,7 @@ def test_phase_2_starts_from_phase_1s_exact_weights_and_trains_the_longer_positi
 
 
 @pytest.mark.slow
-def test_continued_pretraining_from_a_stock_bert_folder_and_from_a_checkpoint(tmp_path, run_inputs, phase_1):  # noqa: F811
+def test_continued_pretraining_from_a_stock_bert_folder_and_from_a_checkpoint(tmp_path, run_inputs, phase_1):
     config = bert_config_for(transformers.AutoConfig.from_pretrained(phase_1))
     stock = tmp_path / "stock-bert"
     transformers.BertForPreTraining(config).save_pretrained(stock)
@@ -91,7 +91,7 @@ def test_continued_pretraining_from_a_stock_bert_folder_and_from_a_checkpoint(tm
     assert started["model"].config.hidden_size == 32
 
 
-def test_flags_that_contradict_the_source_are_refused_before_any_work(tmp_path, run_inputs):  # noqa: F811
+def test_flags_that_contradict_the_source_are_refused_before_any_work(tmp_path, run_inputs):
     source = tmp_path / "source"
     tokenizer = transformers.AutoTokenizer.from_pretrained(run_inputs["tokenizer"])
     HfBertForPreTraining(tiny_config(vocab_size=len(tokenizer))).save_pretrained(source)

@@ -45,15 +45,6 @@ FINAL_FILES = {
 }
 
 
-@pytest.fixture(scope="module")
-def run_inputs(tmp_path_factory, sample_tokenizer) -> dict[str, Path]:
-    """A saved tokenizer and a tiny model config for it, shared by every run in this module."""
-    folder = tmp_path_factory.mktemp("inputs")
-    sample_tokenizer.save_pretrained(folder / "tokenizer")
-    tiny_config(vocab_size=len(sample_tokenizer)).save_pretrained(folder / "model-config")
-    return {"tokenizer": folder / "tokenizer", "config": folder / "model-config" / "config.json"}
-
-
 def run_args(run_inputs: dict[str, Path], output_dir: Path, *extra: str) -> list[str]:
     return [
         "--tokenizer_name",
