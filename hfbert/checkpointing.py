@@ -639,7 +639,7 @@ def _remove_if_empty(created: list[Path]) -> None:
 
 
 @contextmanager
-def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True) -> Iterator[None]:
+def run_folder_lock(output_dir: str | os.PathLike) -> Iterator[None]:
     """Hold `output_dir` for this run: a second run on the same folder is refused with `CheckpointError`
     naming the holder's pid, host and start time.
 
@@ -650,7 +650,7 @@ def run_folder_lock(output_dir: str | os.PathLike, *, main_process: bool = True)
     created it and left nothing in it (with the parents it created).
     """
     output_dir = Path(output_dir)
-    if not main_process or fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
+    if fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
         yield  # a file in the way is refused by check_run_folder, with the fix
         return
     check_folder_writable(output_dir, "--output_dir")  # named here, not as a raw OSError on the lock file

@@ -467,11 +467,6 @@ def test_the_lock_is_released_and_removed_when_the_run_fails(tmp_path):
         pass
 
 
-def test_only_the_main_process_takes_the_lock(tmp_path):
-    with run_folder_lock(tmp_path / "run"), run_folder_lock(tmp_path / "run", main_process=False):
-        pass
-
-
 HOLD_THE_LOCK = textwrap.dedent(
     """
     import sys, time

@@ -12,12 +12,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 from test_training import REPO, final_weights, run_args, subprocess_env
 
-from hfbert.pretraining.cluster import ProcessGroupError, differences, form_process_group
+from hfbert.checkpointing import CheckpointError, run_folder_lock
+from hfbert.errors import Refusal
+from hfbert.pretraining import cluster
+from hfbert.pretraining.cluster import (
+    ProcessGroupError,
+    checked_on_main_process,
+    differences,
+    form_process_group,
+)
 
 BOUND_SECONDS = 240  # every process of a launch has exited by then (one takes 20-40 s on 2 busy cores)
 STEPS = ("--max_train_steps", "30", "--checkpointing_steps", "10", "--eval_steps", "1000")
@@ -142,6 +151,44 @@ def test_nodes_with_different_flags_are_refused_on_every_rank_before_training(tm
         [line] = [line for line in output.splitlines() if "error: The processes of this run disagree" in line]
         assert re.search(r"rank 1 \(node 1, host [^)]+\): --learning_rate 0\.0003 \(rank 0: 0\.001\)", line), line
     assert not (tmp_path / "run" / "checkpoint-10").exists()
+
+
+@pytest.mark.slow
+def test_a_folder_in_use_is_refused_on_every_node_at_once(tmp_path, run_inputs):
+    """Only the main process can take the run folder's lock; its refusal reaches the other nodes' processes
+    too, which end with it at once instead of waiting for rank 0 until --ddp_timeout."""
+    args = run_args(run_inputs, tmp_path / "run", *STEPS)
+    with run_folder_lock(tmp_path / "run"):  # another run holds the folder
+        results = launch_nodes(tmp_path, [args, args], [cpu_env(), cpu_env()])
+    for node, (code, output) in enumerate(results):
+        assert code != 0, f"node {node} exited with 0"
+        assert re.search(r"run_pretraining\.py: error: --output_dir \S+ is in use by another training run", output), (
+            f"node {node}:\n{output[-3000:]}"
+        )
+
+
+def checked(rank: int, outcome: list, check) -> object:
+    """`checked_on_main_process` on `rank` of 2, the main process's `outcome` broadcast to it."""
+    accelerator = mock.Mock(is_main_process=rank == 0, num_processes=2)
+
+    def broadcast(objects, from_process):
+        if rank:
+            objects[:] = outcome
+        else:
+            outcome[:] = objects
+
+    with mock.patch.object(cluster, "broadcast_object_list", broadcast), mock.patch.object(cluster, "end_process_group"):
+        return checked_on_main_process(accelerator, check)
+
+
+def test_a_main_process_check_gives_every_rank_its_result_or_its_refusal():
+    outcome: list = []
+    assert checked(0, outcome, lambda: 7) == 7
+    assert checked(1, outcome, pytest.fail) == 7  # only the main process checks
+    with pytest.raises(CheckpointError, match="in use"):  # the main process keeps its own error
+        checked(0, outcome, mock.Mock(side_effect=CheckpointError("--output_dir run is in use")))
+    with pytest.raises(Refusal, match="in use"):
+        checked(1, outcome, pytest.fail)
 
 
 def can_unshare_mounts() -> bool:

@@ -13,15 +13,16 @@ import secrets
 import socket
 import time
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator, PartialState
-from accelerate.utils import gather_object, parse_flag_from_env
+from accelerate.utils import broadcast_object_list, gather_object, parse_flag_from_env
 from torch.distributed.elastic.utils.store import barrier as store_barrier
 
 from hfbert.corpus import corpus_fingerprint
@@ -38,6 +39,9 @@ RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 # Node 0's workers exit this much later than the other nodes' (see linger_on_the_store_node); torchrun notices
 # an exited worker within its --monitor_interval (0.1 s by default).
 EXIT_LINGER_SECONDS = 2.0
+
+
+Result = TypeVar("Result")
 
 
 class ProcessGroupError(RuntimeError):
@@ -117,6 +121,25 @@ def release_ddp_wrapper(accelerator: Accelerator, state: Any) -> None:
             f"The DDP wrapper of the model is still referenced after training ({len(gc.get_referrers(wrapper()))} "
             "referrers); it would destroy the process group at an unknown time"
         )
+
+
+def checked_on_main_process(accelerator: Accelerator, check: Callable[[], Result]) -> Result:
+    """Run `check`, which only the main process can make (the run folder's lock, the checkpoint to resume), and
+    give every rank its result or its refusal: a refusal then ends every rank at once, each printing it, instead
+    of leaving the other ranks (other nodes' above all) waiting for the main process until --ddp_timeout."""
+    outcome: list[Any] = [None, None]  # the result, or the refusal's message
+    refusal: Refusal | None = None
+    if accelerator.is_main_process:
+        try:
+            outcome[0] = check()
+        except Refusal as raised:
+            refusal, outcome[1] = raised, str(raised)
+    if accelerator.num_processes > 1:
+        broadcast_object_list(outcome, from_process=0)
+    if outcome[1] is not None:
+        end_process_group(accelerator)
+        raise refusal or Refusal(outcome[1])  # the main process keeps its own (e.g. a CheckpointError)
+    return outcome[0]
 
 
 def check_output_dir_shared(output_dir: Path, accelerator: Accelerator) -> None:
@@ -212,6 +235,7 @@ __all__ = [
     "ProcessGroupError",
     "check_output_dir_shared",
     "check_processes_agree",
+    "checked_on_main_process",
     "end_process_group",
     "form_process_group",
     "release_ddp_wrapper",

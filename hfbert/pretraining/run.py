@@ -16,12 +16,14 @@ benchmarks/time_to_quality.py). Every process of a multi-process launch calls `p
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import set_seed
 
 from hfbert.checkpointing import (
     TOKENIZER_FOLDER,
@@ -41,6 +43,7 @@ from hfbert.pretraining.batches import BatchPlan, build_loaders, plan_batches
 from hfbert.pretraining.cluster import (
     check_output_dir_shared,
     check_processes_agree,
+    checked_on_main_process,
     end_process_group,
     form_process_group,
     release_ddp_wrapper,
@@ -84,19 +87,22 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
         check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
     if run.resume_from_checkpoint is None:
         return None
-    verified = [None, settings.optimization.gradient_accumulation_steps]
-    if accelerator.is_main_process:
-        checkpoint = resolve_resume_checkpoint(run.output_dir, run.resume_from_checkpoint)
-        if checkpoint is not None:
-            saved = resharded_settings(settings, accelerator, checkpoint)
-            for note in check_resume_settings(saved, settings, str(checkpoint)):
-                logger.warning(note)
-        # None: 'auto' found none, starts fresh
-        verified = [None if checkpoint is None else str(checkpoint), settings.optimization.gradient_accumulation_steps]
-    if accelerator.num_processes > 1:  # every process resumes the folder the main process verified
-        broadcast_object_list(verified, from_process=0)
-    set_accumulation(accelerator, settings.optimization, verified[1])
-    return None if verified[0] is None else Path(verified[0])
+    # Every process resumes the folder the main process verified, with the accumulation it chose.
+    checkpoint, accumulation = checked_on_main_process(accelerator, partial(verify_resume, settings, accelerator))
+    set_accumulation(accelerator, settings.optimization, accumulation)
+    return None if checkpoint is None else Path(checkpoint)
+
+
+def verify_resume(settings: PretrainingSettings, accelerator: Accelerator) -> tuple[str | None, int]:
+    """The checkpoint to resume (None: 'auto' found none, a fresh start), verified against its manifest and the
+    run's settings, and the gradient accumulation that keeps its global batch on this number of processes."""
+    checkpoint = resolve_resume_checkpoint(settings.run.output_dir, settings.run.resume_from_checkpoint)
+    if checkpoint is None:
+        return None, settings.optimization.gradient_accumulation_steps
+    saved = resharded_settings(settings, accelerator, checkpoint)
+    for note in check_resume_settings(saved, settings, str(checkpoint)):
+        logger.warning(note)
+    return str(checkpoint), settings.optimization.gradient_accumulation_steps
 
 
 def resharded_settings(settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path) -> dict | None:
@@ -283,7 +289,8 @@ def pretrain(settings: PretrainingSettings) -> Path:
 def pretrain_run(settings: PretrainingSettings) -> FinalFolder:
     """`pretrain`, returning the final folder with the fill-mask section of its samples."""
     accelerator, precision = start(settings)
-    with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
+    with ExitStack() as held:  # the run folder's lock, taken by the main process; its refusal ends every rank
+        checked_on_main_process(accelerator, partial(held.enter_context, run_folder_lock(settings.run.output_dir)))
         check_output_dir_shared(Path(settings.run.output_dir), accelerator)
         checkpoint = check_before_work(settings, accelerator)
         source = check_source_model(settings.model, settings.data)
