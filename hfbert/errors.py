@@ -58,5 +58,8 @@ def run_cli(main: Callable[[], Any], prog: str | None = None) -> None:
             raise
         name = prog or Path(sys.argv[0]).name
         message = " ".join(str(stop).split())  # one line, whatever the message's own layout
-        print(f"{name}: error: {message}", file=sys.stderr, flush=True)
+        # One write of the whole line: the processes of a launch share one stderr, and print() writes the text
+        # and its newline separately, so two ranks' refusals could run into one line.
+        sys.stderr.write(f"{name}: error: {message}\n")
+        sys.stderr.flush()
         raise SystemExit(REFUSAL_EXIT_CODE if isinstance(stop, Refusal) else FAILURE_EXIT_CODE) from None
