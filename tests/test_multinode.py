@@ -19,7 +19,7 @@ import torch
 from test_training import REPO, final_weights, run_args, subprocess_env
 
 from hfbert.checkpointing import CheckpointError, run_folder_lock
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, RunFailure
 from hfbert.pretraining import cluster
 from hfbert.pretraining.cluster import (
     ProcessGroupError,
@@ -328,6 +328,7 @@ def test_a_process_group_that_never_forms_stops_naming_master_address_and_port(m
     with pytest.raises(ProcessGroupError, match=rf"MASTER_ADDR 127\.0\.0\.1 MASTER_PORT {port} within --ddp_timeout 2 s"):
         form_process_group(2)
     assert time.monotonic() - started < 60
+    assert issubclass(ProcessGroupError, RunFailure)  # entry points print it as one line, exit 1
 
 
 def test_differences_name_each_flag_version_and_input_that_differs_from_rank_0():

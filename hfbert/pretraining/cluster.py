@@ -26,7 +26,7 @@ from accelerate.utils import broadcast_object_list, gather_object, parse_flag_fr
 from torch.distributed.elastic.utils.store import barrier as store_barrier
 
 from hfbert.corpus import corpus_fingerprint
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, RunFailure
 from hfbert.files import read_json, write_json_atomic
 from hfbert.pretraining.data import PretrainingData, tokenizer_fingerprint
 from hfbert.pretraining.settings import PretrainingSettings
@@ -44,8 +44,9 @@ EXIT_LINGER_SECONDS = 2.0
 Result = TypeVar("Result")
 
 
-class ProcessGroupError(RuntimeError):
-    """The processes of a launch did not form their process group; the message names master address and port."""
+class ProcessGroupError(RunFailure):
+    """The processes of a launch did not form their process group; the message names master address and port
+    (printed as one line by the entry point: a cluster problem, not a bug)."""
 
 
 def attempt_of_launch() -> str:
