@@ -56,7 +56,8 @@ def data_stage(tokenizer_folder: str, args: argparse.Namespace) -> dict[str, flo
     from transformers import AutoTokenizer
 
     from hfbert.corpus import CorpusArguments, load_documents
-    from hfbert.pretraining.data import build_nsp_instances, split_validation_documents, tokenize_documents
+    from hfbert.pretraining.data import split_validation_documents, tokenize_documents
+    from hfbert.pretraining.instances import InstanceRecipe, count_instances, write_instances
 
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
@@ -64,17 +65,13 @@ def data_stage(tokenizer_folder: str, args: argparse.Namespace) -> dict[str, flo
     instances = 0
     for split, passes in (("train", args.dupe_factor), ("validation", 1)):
         tokenized = tokenize_documents(documents[split], tokenizer)
-        for pass_index in range(passes):
-            instances += len(
-                build_nsp_instances(
-                    tokenized,
-                    cls_token_id=tokenizer.cls_token_id,
-                    sep_token_id=tokenizer.sep_token_id,
-                    max_seq_length=args.max_seq_length,
-                    seed=args.seed,
-                    pass_index=pass_index,
-                )
-            )
+        recipe = InstanceRecipe(
+            "mlm+nsp", tokenizer.cls_token_id, tokenizer.sep_token_id, args.max_seq_length, seed=args.seed
+        )
+        if split == "validation":
+            instances += len(write_instances(tokenized, recipe))
+        for pass_index in range(passes if split == "train" else 0):
+            instances += int(count_instances(tokenized, recipe, pass_index).sum())
     return {"seconds": time.perf_counter() - start, "instances": instances}
 
 

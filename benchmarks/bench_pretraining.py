@@ -53,8 +53,9 @@ from hfbert.convert import bert_config_for
 from hfbert.corpus import load_documents
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.batches import DataCollatorForPretraining, masked_positions_from_labels
-from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining.data import tokenize_documents
 from hfbert.pretraining.evaluation import flops_per_token
+from hfbert.pretraining.instances import InstanceRecipe, write_instances
 from hfbert.pretraining.settings import CorpusArguments
 from hfbert.tokenization import train_tokenizer
 
@@ -84,13 +85,8 @@ def sample_instances(vocab_size: int, seq_len: int) -> tuple[Any, Any]:
     tokenizer = train_tokenizer(documents["train"], vocab_size=vocab_size, show_progress=False)
     if len(tokenizer) > vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than --vocab_size {vocab_size}")
-    instances = build_nsp_instances(
-        tokenize_documents(documents["train"], tokenizer),
-        cls_token_id=tokenizer.cls_token_id,
-        sep_token_id=tokenizer.sep_token_id,
-        max_seq_length=seq_len,
-        seed=SEED,
-    )
+    recipe = InstanceRecipe("mlm+nsp", tokenizer.cls_token_id, tokenizer.sep_token_id, seq_len, seed=SEED)
+    instances = write_instances(tokenize_documents(documents["train"], tokenizer), recipe)
     return tokenizer, instances
 
 

@@ -25,7 +25,8 @@ from transformers import AutoTokenizer
 
 from hfbert.corpus import load_documents
 from hfbert.pretraining.batches import DataCollatorForPretraining
-from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining.data import tokenize_documents
+from hfbert.pretraining.instances import InstanceRecipe, write_instances
 from hfbert.pretraining.settings import CorpusArguments
 from hfbert.tokenization import train_tokenizer
 
@@ -111,10 +112,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     else:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
     tokenized = {split: tokenize_documents(documents[split], tokenizer) for split in ("train", "validation")}
-    nsp = dict(cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
-               max_seq_length=args.max_seq_length, seed=42)  # fmt: skip
-    train_instances = build_nsp_instances(tokenized["train"], **nsp)
-    eval_instances = build_nsp_instances(tokenized["validation"], **nsp)
+    recipe = InstanceRecipe("mlm+nsp", tokenizer.cls_token_id, tokenizer.sep_token_id, args.max_seq_length, seed=42)
+    train_instances = write_instances(tokenized["train"], recipe)
+    eval_instances = write_instances(tokenized["validation"], recipe)
     unigrams, bigrams = bigram_model(tokenized["train"]["sentences"])
     print(f"\n{len(eval_instances)} validation instances; counts from {sum(unigrams.values())} training tokens\n")
     print("| predictor | held-out accuracy |\n|---|---|")

@@ -22,7 +22,8 @@ from transformers import AutoTokenizer
 from hfbert import HfBertForPreTraining
 from hfbert.corpus import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, load_documents
 from hfbert.pretraining.batches import DataCollatorForPretraining
-from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining.data import tokenize_documents
+from hfbert.pretraining.instances import InstanceRecipe, write_instances
 from hfbert.pretraining.settings import CorpusArguments
 
 
@@ -91,14 +92,10 @@ def main(argv: list[str] | None = None) -> list[float]:
         "| pairing | pairs | NSP accuracy | AUC of P(random) | share predicted random |\n|---|---|---|---|---|"
     )
     for pairing in range(args.pairings):
-        instances = build_nsp_instances(
-            tokenized,
-            cls_token_id=tokenizer.cls_token_id,
-            sep_token_id=tokenizer.sep_token_id,
-            max_seq_length=args.max_seq_length,
-            seed=args.seed,
-            pass_index=pairing,
+        recipe = InstanceRecipe(
+            "mlm+nsp", tokenizer.cls_token_id, tokenizer.sep_token_id, args.max_seq_length, seed=args.seed
         )
+        instances = write_instances(tokenized, recipe, pass_index=pairing)
         labels = torch.tensor(instances["next_sentence_label"])
         probabilities = random_probabilities(
             model, tokenizer, instances, args.batch_size, args.seed + pairing

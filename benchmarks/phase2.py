@@ -30,7 +30,8 @@ from hfbert import HfBertForPreTraining
 from hfbert.corpus import load_documents
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.batches import DataCollatorForPretraining, EpochDraws, InstanceDraws
-from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
+from hfbert.pretraining.data import tokenize_documents
+from hfbert.pretraining.instances import InstanceRecipe, write_instances
 from hfbert.pretraining.settings import CorpusArguments
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,15 +91,10 @@ def heldout_accuracy(folder: Path, max_seq_length: int, max_instances: int) -> t
     model = HfBertForPreTraining.from_pretrained(folder).eval()
     validation = load_documents(CorpusArguments())["validation"]
     tokenized = tokenize_documents(validation, tokenizer)
-    instances = build_nsp_instances(
-        tokenized,
-        cls_token_id=tokenizer.cls_token_id,
-        sep_token_id=tokenizer.sep_token_id,
-        max_seq_length=max_seq_length,
-        short_seq_prob=0.0,
-        seed=SEED,
-        pass_index=0,
+    recipe = InstanceRecipe(
+        "mlm+nsp", tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length, short_seq_prob=0.0, seed=SEED
     )
+    instances = write_instances(tokenized, recipe)
     instances = instances.select(range(min(max_instances, len(instances))))
     loader = DataLoader(
         InstanceDraws(instances),

@@ -9,14 +9,10 @@ from tokenizers import normalizers
 from transformers import AutoTokenizer
 
 import hfbert.pretraining.data as pretraining_data
+import hfbert.pretraining.instances as pretraining_instances
 from hfbert.corpus import DOCUMENTS_PER_BATCH
-from hfbert.pretraining.data import (
-    build_mlm_instances,
-    build_nsp_instances,
-    split_sentences,
-    split_validation_documents,
-    tokenize_documents,
-)
+from hfbert.pretraining.data import split_sentences, split_validation_documents, tokenize_documents
+from hfbert.pretraining.instances import InstanceRecipe, truncation, write_instances
 
 MAX_SEQ_LENGTH = 128
 
@@ -34,14 +30,13 @@ def tokenized(train_documents, sample_tokenizer):
     return tokenize_documents(train_documents, sample_tokenizer)
 
 
-def build(tokenized, tokenizer, **kwargs):
-    return build_nsp_instances(
-        tokenized,
-        cls_token_id=tokenizer.cls_token_id,
-        sep_token_id=tokenizer.sep_token_id,
-        max_seq_length=kwargs.pop("max_seq_length", MAX_SEQ_LENGTH),
-        **kwargs,
-    )
+def recipe(tokenizer, objective="mlm+nsp", max_seq_length=MAX_SEQ_LENGTH, **kwargs) -> InstanceRecipe:
+    ids = {"cls_token_id": tokenizer.cls_token_id, "sep_token_id": tokenizer.sep_token_id}
+    return InstanceRecipe(objective, max_seq_length=max_seq_length, **ids, **kwargs)
+
+
+def build(tokenized, tokenizer, pass_index=0, num_proc=None, **kwargs):
+    return write_instances(tokenized, recipe(tokenizer, **kwargs), pass_index, num_proc=num_proc)
 
 
 @pytest.fixture(scope="module")
@@ -220,9 +215,7 @@ def test_a_long_line_without_punctuation_is_cut_into_instances_in_linear_time():
     other = [[500 + index % 400 for index in range(start, start + 20)] for start in range(0, 400, 20)]
     tokenized = Dataset.from_dict({"sentences": [[line], other]})
     start = time.perf_counter()
-    instances = build_nsp_instances(
-        tokenized, cls_token_id=1, sep_token_id=2, max_seq_length=MAX_SEQ_LENGTH, short_seq_prob=0.0
-    )
+    instances = write_instances(tokenized, InstanceRecipe("mlm+nsp", 1, 2, MAX_SEQ_LENGTH, short_seq_prob=0.0))
     assert time.perf_counter() - start < 5.0  # 0.2 s here; 3 s before, quadratic (11 s for 200,000 tokens)
     kept = []
     for ids, types, label in zip(
@@ -240,11 +233,10 @@ def test_a_long_line_without_punctuation_is_cut_into_instances_in_linear_time():
 
 
 def test_truncating_a_million_token_segment_takes_linear_time():
-    tokens_a = list(range(1_000_000))
     start = time.perf_counter()
-    pretraining_data._truncate_seq_pair(tokens_a, [1, 2], 125, random.Random(0))
+    (front, back), cut_b = truncation(1_000_000, 2, 125, random.Random(0))
     assert time.perf_counter() - start < 5.0  # under 1 s; hours when each token is deleted from a list's front
-    assert len(tokens_a) == 123
+    assert 1_000_000 - front - back == 123 and cut_b == (0, 0)
 
 
 def truncated_one_token_at_a_time(tokens_a, tokens_b, max_num_tokens, rng):  # google's loop
@@ -265,18 +257,15 @@ def test_truncation_removes_the_tokens_googles_loop_removes():
         expected_a, expected_b, expected_rng = list(tokens_a), list(tokens_b), random.Random(case)
         truncated_one_token_at_a_time(expected_a, expected_b, max_num_tokens, expected_rng)
         rng = random.Random(case)
-        pretraining_data._truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+        cut_a, cut_b = truncation(len(tokens_a), len(tokens_b), max_num_tokens, rng)
+        tokens_a = tokens_a[cut_a[0] : len(tokens_a) - cut_a[1]]
+        tokens_b = tokens_b[cut_b[0] : len(tokens_b) - cut_b[1]]
         assert (tokens_a, tokens_b) == (expected_a, expected_b)
         assert rng.getstate() == expected_rng.getstate()  # the same draws: the next pair is drawn as before
 
 
 def test_mlm_instances_cut_each_document_into_full_segments(tokenized, sample_tokenizer):
-    instances = build_mlm_instances(
-        tokenized,
-        cls_token_id=sample_tokenizer.cls_token_id,
-        sep_token_id=sample_tokenizer.sep_token_id,
-        max_seq_length=64,
-    )
+    instances = write_instances(tokenized, recipe(sample_tokenizer, "mlm", max_seq_length=64))
     assert instances.column_names == ["input_ids", "token_type_ids"]  # no next_sentence_label
     rows = instances["input_ids"]
     assert all(
@@ -305,8 +294,8 @@ def test_documents_go_through_tokenizing_and_instances_a_bounded_batch_at_a_time
     sentence = "The cat sat on the mat . It was warm there ."
     documents = Dataset.from_dict({"paragraphs": [[sentence] * 3] * (3 * DOCUMENTS_PER_BATCH + 1)})
     batch_sizes = defaultdict(list)
-    def recording(name):
-        original = getattr(pretraining_data, name)
+    def recording(module, name):
+        original = getattr(module, name)
 
         def record_then_call(batch, *args, **kwargs):
             batch_sizes[name].append(len(next(iter(batch.values()))))
@@ -314,13 +303,12 @@ def test_documents_go_through_tokenizing_and_instances_a_bounded_batch_at_a_time
 
         return record_then_call
 
-    for name in ("_tokenize_batch", "_build_instances_batch", "_build_segments_batch"):
-        monkeypatch.setattr(pretraining_data, name, recording(name))
+    monkeypatch.setattr(pretraining_data, "_tokenize_batch", recording(pretraining_data, "_tokenize_batch"))
+    monkeypatch.setattr(pretraining_instances, "_rows_batch", recording(pretraining_instances, "_rows_batch"))
     tokenized = tokenize_documents(documents, sample_tokenizer)
     build(tokenized, sample_tokenizer)
-    ids = {"cls_token_id": sample_tokenizer.cls_token_id, "sep_token_id": sample_tokenizer.sep_token_id}
-    build_mlm_instances(tokenized, max_seq_length=MAX_SEQ_LENGTH, **ids)
-    assert set(batch_sizes) == {"_tokenize_batch", "_build_instances_batch", "_build_segments_batch"}
+    write_instances(tokenized, recipe(sample_tokenizer, "mlm"))
+    assert set(batch_sizes) == {"_tokenize_batch", "_rows_batch"}
     for sizes in batch_sizes.values():
         assert max(sizes) == DOCUMENTS_PER_BATCH and sum(sizes) >= len(documents)
 
@@ -340,7 +328,7 @@ def test_second_build_comes_from_cache(tokenized, sample_tokenizer, monkeypatch)
     first = build(tokenized, sample_tokenizer, seed=7)
     assert first.cache_files
 
-    monkeypatch.setattr(pretraining_data, "_create_pairs_from_document", fail)
+    monkeypatch.setattr(pretraining_instances, "nsp_pairs", fail)
     second = build(tokenized, sample_tokenizer, seed=7)
     assert second.cache_files == first.cache_files
     assert second["input_ids"] == first["input_ids"]
@@ -360,7 +348,7 @@ def test_the_cache_is_keyed_by_the_tokenizers_content_not_its_folder(
     first = tokenize_documents(train_documents, one)
     first_instances = build(first, one, seed=11)
     monkeypatch.setattr(pretraining_data, "split_sentences", fail)
-    monkeypatch.setattr(pretraining_data, "_create_pairs_from_document", fail)
+    monkeypatch.setattr(pretraining_instances, "nsp_pairs", fail)
     second = tokenize_documents(train_documents, two)
     assert second.cache_files == first.cache_files
     assert build(second, two, seed=11).cache_files == first_instances.cache_files
@@ -379,7 +367,7 @@ def test_a_tokenizer_with_other_content_is_another_cache_key(
 def test_fewer_than_two_documents_is_an_error():
     single = Dataset.from_dict({"sentences": [[[5, 6, 7], [8, 9]]]})
     with pytest.raises(ValueError, match="at least 2 documents") as error:
-        build_nsp_instances(single, cls_token_id=2, sep_token_id=3, max_seq_length=16)
+        write_instances(single, InstanceRecipe("mlm+nsp", 2, 3, 16))
     for fix in ("--validation_file", "--validation_split_percentage", "--document_boundary"):
         assert fix in str(error.value)
 
@@ -463,6 +451,6 @@ def test_validation_split_percentage_out_of_range_is_refused(tmp_path):
         split_validation_documents(DatasetDict(train=saved_documents(tmp_path, 40)), 0, seed=42)
 
 
-def test_max_seq_length_too_small_is_an_error(tokenized):
+def test_max_seq_length_too_small_is_an_error():
     with pytest.raises(ValueError, match="max_seq_length 4"):
-        build_nsp_instances(tokenized, cls_token_id=2, sep_token_id=3, max_seq_length=4)
+        InstanceRecipe("mlm+nsp", 2, 3, 4)
