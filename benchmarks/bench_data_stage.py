@@ -55,7 +55,8 @@ def data_stage(tokenizer_folder: str, args: argparse.Namespace) -> dict[str, flo
     """Runs the data stage once in this process; returns its seconds and the number of instances."""
     from transformers import AutoTokenizer
 
-    from hfbert.corpus import CorpusArguments, load_documents
+    from hfbert.corpus import load_documents
+    from hfbert.corpus_source import CorpusArguments
     from hfbert.pretraining.data import build_nsp_instances, split_validation_documents, tokenize_documents
 
     start = time.perf_counter()
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         print(json.dumps(data_stage(args.stage_tokenizer, args)))
         return []
     from benchmarks.bench_pretraining import describe_machine
-    from hfbert.corpus import CorpusArguments, load_documents
+    from hfbert.corpus import load_documents
+    from hfbert.corpus_source import CorpusArguments
     from hfbert.tokenization import train_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="bench-data-stage-"))

@@ -28,10 +28,10 @@ from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
 from hfbert.corpus import load_documents
+from hfbert.corpus_source import CorpusArguments
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.batches import DataCollatorForPretraining, EpochDraws, InstanceDraws
 from hfbert.pretraining.data import build_nsp_instances, tokenize_documents
-from hfbert.pretraining.settings import CorpusArguments
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 42
