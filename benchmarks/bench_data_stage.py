@@ -55,7 +55,8 @@ def data_stage(tokenizer_folder: str, args: argparse.Namespace) -> dict[str, flo
     """Runs the data stage once in this process; returns its seconds and the number of instances."""
     from transformers import AutoTokenizer
 
-    from hfbert.corpus import CorpusArguments, load_documents
+    from hfbert.corpus import load_documents
+    from hfbert.corpus_source import CorpusArguments
     from hfbert.pretraining.data import split_validation_documents, tokenize_documents
     from hfbert.pretraining.instances import InstanceRecipe, count_instances, write_instances
 
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         print(json.dumps(data_stage(args.stage_tokenizer, args)))
         return []
     from benchmarks.bench_pretraining import describe_machine
-    from hfbert.corpus import CorpusArguments, load_documents
+    from hfbert.corpus import load_documents
+    from hfbert.corpus_source import CorpusArguments
     from hfbert.tokenization import train_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="bench-data-stage-"))

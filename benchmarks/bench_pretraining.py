@@ -51,12 +51,12 @@ from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.configuration_hfbert import PRESETS
 from hfbert.convert import bert_config_for
 from hfbert.corpus import load_documents
+from hfbert.corpus_source import CorpusArguments
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.batches import DataCollatorForPretraining, masked_positions_from_labels
 from hfbert.pretraining.data import tokenize_documents
 from hfbert.pretraining.evaluation import flops_per_token
 from hfbert.pretraining.instances import InstanceRecipe, write_instances
-from hfbert.pretraining.settings import CorpusArguments
 from hfbert.tokenization import train_tokenizer
 
 SEED = 1234

@@ -24,10 +24,10 @@ import torch
 from transformers import AutoTokenizer
 
 from hfbert.corpus import load_documents
+from hfbert.corpus_source import CorpusArguments
 from hfbert.pretraining.batches import DataCollatorForPretraining
 from hfbert.pretraining.data import tokenize_documents
 from hfbert.pretraining.instances import InstanceRecipe, write_instances
-from hfbert.pretraining.settings import CorpusArguments
 from hfbert.tokenization import train_tokenizer
 
 CANDIDATES = 3000  # bigram predictions are searched among the most frequent tokens

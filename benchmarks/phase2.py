@@ -28,11 +28,11 @@ from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
 from hfbert.corpus import load_documents
+from hfbert.corpus_source import CorpusArguments
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.batches import DataCollatorForPretraining, EpochDraws, InstanceDraws
 from hfbert.pretraining.data import tokenize_documents
 from hfbert.pretraining.instances import InstanceRecipe, write_instances
-from hfbert.pretraining.settings import CorpusArguments
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 42

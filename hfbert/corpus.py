@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import functools
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -39,15 +37,17 @@ from fsspec.utils import infer_compression
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
+from hfbert.corpus_source import (
+    SHIPPED_SAMPLE_DIR,
+    CorpusArguments,
+    CorpusError,
+    DocumentBoundary,
+    local_files,
+)
 from hfbert.errors import Refusal
-from hfbert.files import describe_write_failure, is_disk_full, sha256_file
-
-# The corpus flags live with the other settings; imported here, where they are read.
-from hfbert.pretraining.settings import CorpusArguments, CorpusError, DocumentBoundary
+from hfbert.files import describe_write_failure, is_disk_full
 
 SPLITS = ("train", "validation")
-SHIPPED_SAMPLE_DIR = Path(__file__).parent / "data" / "wikitext-2-raw-sample"
-SHIPPED_SAMPLE_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw"}
 # Extensions with a structured `datasets` builder; every other extension is read as plain text.
 _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 _BINARY_CHECK_BYTES = 8000  # as git does: a NUL byte in the first 8,000 bytes means binary
@@ -218,38 +218,6 @@ def _load_hub_dataset(
         raise CorpusError(f"--dataset_name {args.dataset_name}: {error}") from error
 
 
-def _local_files(args: CorpusArguments) -> dict[str, Path]:
-    """The files of a local-file source by split (the shipped sample when no --train_file is given)."""
-    if args.train_file is None:
-        return {split: SHIPPED_SAMPLE_DIR / name for split, name in SHIPPED_SAMPLE_FILES.items()}
-    files = {"train": Path(args.train_file)}
-    if args.validation_file is not None:
-        files["validation"] = Path(args.validation_file)
-    return files
-
-
-def corpus_fingerprint(args: CorpusArguments) -> str | None:
-    """sha256 of the content of the corpus's local files (the shipped sample without --train_file), recorded in
-    every checkpoint so that a corpus edited before a resume is refused instead of silently changing the run.
-    None for a Hub dataset (its revision is the Hub's) or a path that is no file (refused when loaded)."""
-    if args.dataset_name is not None:
-        return None
-    files = sorted(_local_files(args).items())
-    if not all(path.is_file() for _, path in files):
-        return None
-    stats = tuple((split, str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for split, path in files)
-    return _fingerprint_of_files(stats)
-
-
-@functools.lru_cache(maxsize=8)
-def _fingerprint_of_files(stats: tuple[tuple[str, str, int, int], ...]) -> str:
-    # Keyed by size and mtime too, so a file changed in between is hashed again (each checkpoint asks).
-    digest = hashlib.sha256()
-    for split, path, _size, _mtime in stats:
-        digest.update(f"{split}\0{sha256_file(path)}\0".encode())
-    return digest.hexdigest()
-
-
 def _flag_of(split: str) -> str:
     return "--train_file" if split == "train" else "--validation_file"
 
@@ -347,7 +315,7 @@ def _naming_undecodable_files(files: dict[str, Path]) -> Iterator[None]:
 def _load_local_files(
     args: CorpusArguments, num_proc: int | None
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
-    files = _local_files(args)
+    files = local_files(args)
     for split, path in files.items():
         flag = _flag_of(split)
         if not path.is_file():
@@ -462,7 +430,7 @@ def load_documents(
     boundary = resolve_document_boundary(args)
     # Streamed files are decoded while iterating, and the json builder keeps invalid UTF-8 until the rows are
     # read here: decoding errors are named wherever rows are read.
-    local_files = _local_files(args) if args.dataset_name is None else {}
+    files_by_split = local_files(args) if args.dataset_name is None else {}
     dict_class = datasets.IterableDatasetDict if args.streaming else datasets.DatasetDict
     documents = dict_class()
     for split in SPLITS:
@@ -475,7 +443,7 @@ def load_documents(
                 f"(columns: {rows.column_names}); pass --text_column with one of them"
             )
         # Checked on the rows (reads only up to the first document): datasets cannot build an empty split.
-        split_files = {name: path for name, path in local_files.items() if name == split}
+        split_files = {name: path for name, path in files_by_split.items() if name == split}
         with _naming_undecodable_files(split_files):
             first_document = next(iter_documents(rows, args.text_column, boundary), None)
         if first_document is None:

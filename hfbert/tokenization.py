@@ -39,7 +39,8 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
-from hfbert.corpus import CorpusArguments, load_documents
+from hfbert.corpus import load_documents
+from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal, RefusesUsageErrors
 from hfbert.files import (
     WRITE_ERRORS,

@@ -39,7 +39,8 @@ def _seed_everything():
 @pytest.fixture(scope="session")
 def sample_documents():
     """The shipped WikiText sample as documents (train + validation)."""
-    from hfbert.corpus import CorpusArguments, load_documents
+    from hfbert.corpus import load_documents
+    from hfbert.corpus_source import CorpusArguments
 
     return load_documents(CorpusArguments())
 

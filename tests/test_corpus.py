@@ -15,16 +15,13 @@ from transformers import HfArgumentParser
 
 import hfbert.corpus
 from hfbert.corpus import (
-    SHIPPED_SAMPLE_DIR,
-    SHIPPED_SAMPLE_FILES,
-    CorpusArguments,
-    CorpusError,
     clean_wikitext_line,
     is_wikitext_article_heading,
     iter_documents,
     load_documents,
     resolve_document_boundary,
 )
+from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments, CorpusError
 from hfbert.errors import Refusal
 
 HUB_CONFIG = "wikitext-2-raw-v1"

@@ -18,7 +18,7 @@ import pytest
 from accelerate.state import AcceleratorState, GradientState
 from transformers import HfArgumentParser
 
-from hfbert.corpus import CorpusArguments
+from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import REFUSAL_EXIT_CODE
 from hfbert.pretraining.cli import build_parser
 from hfbert.tokenization import TokenizerTrainingArguments

@@ -7,9 +7,9 @@ import torch
 from conftest import tiny_config
 
 from hfbert import HfBertForPreTraining
+from hfbert.corpus_source import CorpusArguments
 from hfbert.inspect import write_samples as write_samples_from_folder
 from hfbert.pretraining.finish import FinalFolder, write_final_folder
-from hfbert.pretraining.settings import CorpusArguments
 
 SENTENCES = [
     "The game was released in Japan in 2011 and sold well .",

@@ -638,7 +638,7 @@ def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_in
 
 @pytest.mark.slow
 def test_a_corpus_edited_before_the_resume_is_refused_naming_it(tmp_path, run_inputs):
-    from hfbert.corpus import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+    from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 
     corpus = {split: tmp_path / name for split, name in SHIPPED_SAMPLE_FILES.items()}
     for split, path in corpus.items():

@@ -6,10 +6,10 @@ import argparse
 import os
 import sys
 
+from hfbert.corpus_source import CorpusArguments
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.run import pretrain_run
 from hfbert.pretraining.settings import (
-    CorpusArguments,
     DataSettings,
     ModelSettings,
     OptimizationSettings,

@@ -25,7 +25,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list, gather_object, parse_flag_from_env
 from torch.distributed.elastic.utils.store import barrier as store_barrier
 
-from hfbert.corpus import corpus_fingerprint
+from hfbert.corpus_source import corpus_fingerprint
 from hfbert.errors import Refusal, RunFailure
 from hfbert.files import read_json, write_json_atomic
 from hfbert.pretraining.data import PretrainingData, tokenizer_fingerprint

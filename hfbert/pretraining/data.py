@@ -26,6 +26,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import DOCUMENTS_PER_BATCH, load_documents, naming_cache_failures
+from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal
 from hfbert.initialization import check_structured_attention_config
 from hfbert.pretraining.instances import (
@@ -36,7 +37,6 @@ from hfbert.pretraining.instances import (
     write_instances,
 )
 from hfbert.pretraining.settings import (
-    CorpusArguments,
     DataSettings,
     ModelSettings,
     check_max_seq_length,

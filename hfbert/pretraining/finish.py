@@ -17,13 +17,14 @@ from accelerate import Accelerator
 
 from hfbert.analysis import ModelAnalysis
 from hfbert.checkpointing import write_failure_message
+from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import RunFailure
 from hfbert.files import WRITE_ERRORS, staged_files, write_json_atomic
 from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.cluster import end_process_group
 from hfbert.pretraining.samples import write_samples
-from hfbert.pretraining.settings import CorpusArguments, RunSettings
+from hfbert.pretraining.settings import RunSettings
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The settings of a pretraining run, grouped as litgpt groups them, and checked in one place.
 
 Each group is a dataclass whose fields are also run_pretraining.py's flags (`transformers.HfArgumentParser`
-reads the `help` metadata); each stage of `hfbert.pretraining` takes the group(s) it needs; `pretrain` takes the bundle.
+reads the `help` metadata; the corpus group, `CorpusArguments`, is `hfbert.corpus_source`'s); each stage of `hfbert.pretraining` takes the group(s) it needs; `pretrain` takes the bundle.
 `PretrainingSettings.__post_init__` is the only place flags are validated, so every bad flag is refused
 before any data is read or any file is written. Flag names follow transformers' run_mlm_no_trainer.py.
 """
@@ -17,10 +17,10 @@ from typing import Any, Literal
 from huggingface_hub.errors import StrictDataclassClassValidationError
 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
+from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import check_local_path_exists
 
-DocumentBoundary = Literal["heading", "blank_line", "row"]
 # What a run from scratch gets without --vocab_size / --attention_init (a run from weights has neither).
 DEFAULT_VOCAB_SIZE = 30522
 DEFAULT_ATTENTION_INIT = "structured"
@@ -29,71 +29,6 @@ FRESH_MODEL_FLAGS = {
     "vocab_size": "the vocabulary is the source's tokenizer's (or --tokenizer_name's, which must match it)",
     "attention_init": "the source's weights are the start; nothing is initialised",
 }
-
-
-class CorpusError(Refusal):
-    """A corpus cannot be loaded: missing file, empty corpus, unreachable Hub dataset, bad column ..."""
-
-
-@dataclass
-class CorpusArguments:
-    """Where the text comes from (command-line flags through `transformers.HfArgumentParser`)."""
-
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
-            "repo. Without it and without --train_file, the WikiText-2 sample shipped with hfbert is used."
-        },
-    )
-    dataset_config_name: str | None = field(
-        default=None, metadata={"help": "Configuration of --dataset_name (e.g. wikitext-103-raw-v1)."}
-    )
-    train_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "Local training text: plain text of any extension (.txt, .raw, ...), or parquet/json/csv."
-        },
-    )
-    validation_file: str | None = field(
-        default=None, metadata={"help": "Local validation text, same formats as --train_file."}
-    )
-    text_column: str = field(
-        default="text",
-        metadata={"help": "Column holding the text in parquet/json/csv files and Hub datasets."},
-    )
-    streaming: bool = field(
-        default=False,
-        metadata={
-            "help": "Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk)."
-        },
-    )
-    document_boundary: DocumentBoundary | None = field(
-        default=None,
-        metadata={
-            "help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
-            "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
-            "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
-            "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files, "
-            "blank_line for other text files."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.dataset_name is not None and self.train_file is not None:
-            raise CorpusError(
-                f"both --dataset_name {self.dataset_name} and --train_file {self.train_file} were given; "
-                "pass only one of them"
-            )
-        if self.validation_file is not None and self.train_file is None:
-            raise CorpusError(
-                f"--validation_file {self.validation_file} was given without --train_file; pass --train_file too"
-            )
-        if self.dataset_config_name is not None and self.dataset_name is None:
-            raise CorpusError(
-                f"--dataset_config_name {self.dataset_config_name} was given without --dataset_name; "
-                "pass --dataset_name too"
-            )
 
 
 @dataclass
@@ -390,7 +325,7 @@ RESUME_INVARIANT = {
 
 # The budget may change on resume when the learning rate does not depend on it (a constant schedule).
 BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
-# Recorded with the settings: sha256 of the corpus's files (hfbert.corpus.corpus_fingerprint), not a flag.
+# Recorded with the settings: sha256 of the corpus's files (hfbert.corpus_source.corpus_fingerprint), not a flag.
 CORPUS_FINGERPRINT = "corpus_sha256"
 
 
@@ -432,8 +367,6 @@ class PretrainingSettings:
     def resume_invariant(self) -> dict[str, Any]:
         """The settings a checkpoint records: those a resumed run must repeat (`RESUME_INVARIANT`), the
         budget (`BUDGET_FLAGS`) and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
-        from hfbert.corpus import corpus_fingerprint  # here: hfbert.corpus imports these settings
-
         groups = {
             "data": self.data,
             "model": self.model,

@@ -1,0 +1,120 @@
+"""What names a corpus: its flags and the fingerprint of its content.
+
+`CorpusArguments` are the corpus flags train_tokenizer.py and run_pretraining.py share (checked when built);
+`corpus_fingerprint` is the sha256 of a local corpus's files, recorded with a run's settings so that a resume
+on edited text is refused. `hfbert.corpus` reads the text these name; `hfbert.pretraining.settings` bundles
+the flags with the run's other groups. This module imports neither.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from hfbert.errors import Refusal
+from hfbert.files import sha256_file
+
+DocumentBoundary = Literal["heading", "blank_line", "row"]
+# The WikiText-2 raw sample shipped inside this package: the corpus when no source is named.
+SHIPPED_SAMPLE_DIR = Path(__file__).parent / "data" / "wikitext-2-raw-sample"
+SHIPPED_SAMPLE_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw"}
+
+
+class CorpusError(Refusal):
+    """A corpus cannot be loaded: missing file, empty corpus, unreachable Hub dataset, bad column ..."""
+
+
+@dataclass
+class CorpusArguments:
+    """Where the text comes from (command-line flags through `transformers.HfArgumentParser`)."""
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
+            "repo. Without it and without --train_file, the WikiText-2 sample shipped with hfbert is used."
+        },
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "Configuration of --dataset_name (e.g. wikitext-103-raw-v1)."}
+    )
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local training text: plain text of any extension (.txt, .raw, ...), or parquet/json/csv."
+        },
+    )
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Local validation text, same formats as --train_file."}
+    )
+    text_column: str = field(
+        default="text",
+        metadata={"help": "Column holding the text in parquet/json/csv files and Hub datasets."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk)."
+        },
+    )
+    document_boundary: DocumentBoundary | None = field(
+        default=None,
+        metadata={
+            "help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
+            "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
+            "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
+            "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files, "
+            "blank_line for other text files."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.dataset_name is not None and self.train_file is not None:
+            raise CorpusError(
+                f"both --dataset_name {self.dataset_name} and --train_file {self.train_file} were given; "
+                "pass only one of them"
+            )
+        if self.validation_file is not None and self.train_file is None:
+            raise CorpusError(
+                f"--validation_file {self.validation_file} was given without --train_file; pass --train_file too"
+            )
+        if self.dataset_config_name is not None and self.dataset_name is None:
+            raise CorpusError(
+                f"--dataset_config_name {self.dataset_config_name} was given without --dataset_name; "
+                "pass --dataset_name too"
+            )
+
+
+def local_files(args: CorpusArguments) -> dict[str, Path]:
+    """The files of a local-file source by split (the shipped sample when no --train_file is given)."""
+    if args.train_file is None:
+        return {split: SHIPPED_SAMPLE_DIR / name for split, name in SHIPPED_SAMPLE_FILES.items()}
+    files = {"train": Path(args.train_file)}
+    if args.validation_file is not None:
+        files["validation"] = Path(args.validation_file)
+    return files
+
+
+def corpus_fingerprint(args: CorpusArguments) -> str | None:
+    """sha256 of the content of the corpus's local files (the shipped sample without --train_file), recorded in
+    every checkpoint so that a corpus edited before a resume is refused instead of silently changing the run.
+    None for a Hub dataset (its revision is the Hub's) or a path that is no file (refused when loaded)."""
+    if args.dataset_name is not None:
+        return None
+    files = sorted(local_files(args).items())
+    if not all(path.is_file() for _, path in files):
+        return None
+    stats = tuple((split, str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for split, path in files)
+    return _fingerprint_of_files(stats)
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint_of_files(stats: tuple[tuple[str, str, int, int], ...]) -> str:
+    # Keyed by size and mtime too, so a file changed in between is hashed again (each checkpoint asks).
+    digest = hashlib.sha256()
+    for split, path, _size, _mtime in stats:
+        digest.update(f"{split}\0{sha256_file(path)}\0".encode())
+    return digest.hexdigest()
