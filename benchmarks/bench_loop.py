@@ -127,7 +127,7 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str):
     rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
     last = max(rows)
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
-    mean_length = statistics.mean(len(ids) for ids in data.train["input_ids"])
+    mean_length = statistics.mean(len(ids) for ids in data.train.write()["input_ids"])
     loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds
     batch = next(iter(train_loader))
     times = []
@@ -176,7 +176,7 @@ def trainer_loop(
     trainer = Trainer(
         model=model,
         args=training_args,
-        train_dataset=data.train,
+        train_dataset=data.train.write(),  # the same instances, written: what a Trainer user has
         data_collator=collator,
         callbacks=[clock],
     )

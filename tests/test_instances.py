@@ -62,6 +62,7 @@ def test_drawn_instances_are_the_written_passes_in_order(tokenized, sample_token
     expected = {name: [row for part in written for row in part[name]] for name in chosen.features()}
     every = drawn[list(range(len(drawn)))]
     assert every == expected
+    assert drawn.write()[:] == expected  # rows on disk for a Trainer: the same, in the same order
     last = len(drawn) - 1
     assert drawn[last] == {name: column[last] for name, column in expected.items()}
     if objective == "mlm+nsp":  # another pass pairs the sentences differently

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from datasets import Dataset, Features, List, Value
+from datasets import Dataset, Features, List, Value, concatenate_datasets
 from datasets.fingerprint import Hasher
 
 from hfbert.corpus import DOCUMENTS_PER_BATCH
@@ -423,6 +423,7 @@ class DrawnInstances:
         self.num_documents = len(tokenized)
         if any(len(count) != self.num_documents for count in counts):
             raise ValueError(f"every pass needs one count per document ({self.num_documents})")
+        self.passes = len(counts)
         self.unit_offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts), dtype=np.int64)])
         self._spans: OrderedDict[int, list[Span]] = OrderedDict()
         self._cached_spans = 0
@@ -442,6 +443,12 @@ class DrawnInstances:
             return self.recipe.row(self.documents, self.span(int(index)))
         rows = [self.recipe.row(self.documents, self.span(int(i))) for i in index]
         return {name: [row[name] for row in rows] for name in self.features}
+
+    def write(self, num_proc: int | None = None) -> Dataset:
+        """Every instance written as one dataset, in index order: for tools that want rows on disk (a
+        transformers ``Trainer``, an export), at the cache size this class avoids."""
+        written = [write_instances(self.documents.dataset, self.recipe, p, num_proc) for p in range(self.passes)]
+        return concatenate_datasets(written)
 
     def span(self, index: int) -> Span:
         if not 0 <= index < len(self):
