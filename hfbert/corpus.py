@@ -45,7 +45,7 @@ from hfbert.corpus_source import (
     local_files,
 )
 from hfbert.errors import Refusal
-from hfbert.files import describe_write_failure, is_disk_full
+from hfbert.files import describe_write_failure, is_disk_full, sha256_file
 
 SPLITS = ("train", "validation")
 # Extensions with a structured `datasets` builder; every other extension is read as plain text.
@@ -58,6 +58,8 @@ _ROWS_PER_READ = 1000
 DOCUMENTS_PER_BATCH = 32
 _HUB_PROBE_TIMEOUT_S = 10
 _UTF8_CHECK_BYTES_PER_READ = 1 << 24
+# Part of the documents' cache key: an edited grouping must not reuse documents grouped by the old code.
+_SOURCE = Hasher.hash(Path(__file__).read_bytes())
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -312,9 +314,9 @@ def _naming_undecodable_files(files: dict[str, Path]) -> Iterator[None]:
         raise
 
 
-def _load_local_files(
-    args: CorpusArguments, num_proc: int | None
-) -> datasets.DatasetDict | datasets.IterableDatasetDict:
+def _load_local_files(args: CorpusArguments) -> datasets.IterableDatasetDict:
+    """The files' rows, streamed whatever --streaming says: they are read once, while grouping them into
+    documents, and datasets' Arrow copy of the raw rows would add the corpus's size to the cache again."""
     files = local_files(args)
     for split, path in files.items():
         flag = _flag_of(split)
@@ -339,8 +341,7 @@ def _load_local_files(
         return datasets.load_dataset(
             builders.pop(),
             data_files={split: str(path) for split, path in files.items()},
-            streaming=args.streaming,
-            num_proc=None if args.streaming else num_proc,
+            streaming=True,
         )
 
 
@@ -369,9 +370,10 @@ def _group_split(
     text_column: str,
     boundary: DocumentBoundary,
     files: dict[str, Path],
+    streaming: bool,
 ) -> datasets.Dataset | datasets.IterableDataset:
     gen_kwargs = {"rows": rows, "text_column": text_column, "boundary": boundary}
-    if isinstance(rows, datasets.IterableDataset):
+    if streaming:
         return datasets.IterableDataset.from_generator(
             _iter_documents_of_files,
             features=DOCUMENT_FEATURES,
@@ -384,11 +386,18 @@ def _group_split(
             gen_kwargs=gen_kwargs,
             split=datasets.NamedSplit(split),
             writer_batch_size=DOCUMENTS_PER_BATCH,
-            # The source's fingerprint names its content; hashing the Dataset object itself would be slow.
             fingerprint=Hasher.hash(
-                ["hfbert.corpus.iter_documents", rows._fingerprint, text_column, boundary]
+                ["hfbert.corpus.iter_documents", _rows_fingerprint(rows, files), text_column, boundary, _SOURCE]
             ),
         )
+
+
+def _rows_fingerprint(rows: datasets.Dataset | datasets.IterableDataset, files: dict[str, Path]) -> str:
+    """What names the rows' content: the files' sha256 (streamed local files), else datasets' fingerprint
+    of the source (hashing the Dataset object itself would be slow)."""
+    if isinstance(rows, datasets.Dataset):
+        return rows._fingerprint
+    return Hasher.hash(sorted((split, sha256_file(path)) for split, path in files.items()))
 
 
 @contextlib.contextmanager
@@ -423,7 +432,7 @@ def load_documents(
     source = (
         _load_hub_dataset(args, num_proc)
         if args.dataset_name is not None
-        else _load_local_files(args, num_proc)
+        else _load_local_files(args)
     )
     if "train" not in source:
         raise CorpusError(f"{_describe_source(args)} has no 'train' split (it has {list(source)})")
@@ -432,11 +441,9 @@ def load_documents(
     # read here: decoding errors are named wherever rows are read.
     files_by_split = local_files(args) if args.dataset_name is None else {}
     dict_class = datasets.IterableDatasetDict if args.streaming else datasets.DatasetDict
-    documents = dict_class()
-    for split in SPLITS:
-        if split not in source:
-            continue
-        rows = source[split]
+    split_rows = {split: source[split] for split in SPLITS if split in source}
+    # Every split is checked before any is grouped and written, so a refusal leaves nothing in the cache.
+    for split, rows in split_rows.items():
         if rows.column_names is not None and args.text_column not in rows.column_names:
             raise CorpusError(
                 f"--text_column {args.text_column} is not a column of {_describe_source(args)} "
@@ -451,5 +458,8 @@ def load_documents(
                 f"{_describe_source(args)} has no text in its {split} split (document_boundary={boundary}); "
                 "pass a corpus with text"
             )
-        documents[split] = _group_split(rows, split, args.text_column, boundary, split_files)
+    documents = dict_class()
+    for split, rows in split_rows.items():
+        split_files = {name: path for name, path in files_by_split.items() if name == split}
+        documents[split] = _group_split(rows, split, args.text_column, boundary, split_files, args.streaming)
     return documents
