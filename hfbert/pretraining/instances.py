@@ -14,6 +14,7 @@ are contiguous ranges, and the pairing needs the documents' sentence lengths onl
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import random
 from collections import OrderedDict
@@ -278,13 +279,13 @@ def random_next_segment(
     other = other_document_index(document, len(documents), rng)
     offsets = documents.sentence_offsets(other)
     first = rng.randint(0, len(offsets) - 2)
-    length = 0
-    for sentence in range(first, len(offsets) - 1):
-        length += min(int(offsets[sentence + 1] - offsets[sentence]), max_num_tokens + 1)
-        if length >= target_length:
+    start = stop = int(offsets[first])
+    # Where each sentence from the first on ends; at most one sentence per token of the target is needed.
+    for end in offsets[first + 1 : first + 2 + max(target_length, 0)].tolist():
+        stop += min(end - stop, max_num_tokens + 1)
+        if stop - start >= target_length:
             break
-    start = int(offsets[first])
-    return other, start, start + length
+    return other, start, stop
 
 
 def other_document_index(document: int, num_documents: int, rng: random.Random) -> int:
@@ -307,18 +308,27 @@ def truncation(
     removals = length_a + length_b - max_num_tokens
     if removals <= 0:
         return (0, 0), (0, 0)
-    from_front = [rng.random() < 0.5 for _ in range(removals)]
-    first = min(removals, abs(length_a - length_b))  # taken from the longer side
-    longer, alternating = from_front[:first], from_front[first:]
-    fronts_b, fronts_a = alternating[0::2], alternating[1::2]
-    if length_a > length_b:
-        fronts_a = longer + fronts_a
-    else:
-        fronts_b = longer + fronts_b
-    return (
-        (sum(fronts_a), len(fronts_a) - sum(fronts_a)),
-        (sum(fronts_b), len(fronts_b) - sum(fronts_b)),
-    )
+    # Draw i is below 0.5 exactly when bit 64 i + 31 of these bits is 0: random() takes two 32-bit words and
+    # is below 0.5 when the first is below 2**31, and getrandbits returns the same words, the first lowest.
+    bits = rng.getrandbits(64 * removals)
+    first = min(removals, abs(length_a - length_b))  # taken from the longer side, then B, A, B, ...
+    alternating = removals - first
+    backs = {
+        "longer": (bits & _top_bits(first, 64)).bit_count(),
+        "b": ((bits >> (64 * first)) & _top_bits((alternating + 1) // 2, 128)).bit_count(),
+        "a": ((bits >> (64 * first + 64)) & _top_bits(alternating // 2, 128)).bit_count(),
+    }
+    counts = {"b": (alternating + 1) // 2, "a": alternating // 2}
+    longer = "a" if length_a > length_b else "b"
+    counts[longer] += first
+    backs[longer] += backs.pop("longer")
+    return (counts["a"] - backs["a"], backs["a"]), (counts["b"] - backs["b"], backs["b"])
+
+
+@functools.lru_cache(maxsize=1024)
+def _top_bits(count: int, stride: int) -> int:
+    """Bit 31 of the first 32-bit word of ``count`` draws ``stride`` bits apart."""
+    return sum(1 << (31 + stride * index) for index in range(count))
 
 
 def check_documents_for_nsp(tokenized: Dataset) -> None:
