@@ -33,6 +33,9 @@ How each column is measured:
   benchmark hook. Should the bar ever not be found, the process's whole wall time is used and the number is
   marked ``(wall)``. run_mlm: the baseline process writes a line to stderr right after ``optimizer.step()``
   and ends.
+- **CPU s**: the user and system CPU seconds the process and its descendants (the ended ones too) had used at
+  that moment (psutil). On a shared machine wall time grows with the other jobs' load and CPU time much less:
+  CPU s is the steadier number for comparing sides and sizes, wall time the one that shows parallel speed-up.
 - **MB/s per process**: text MB (the training file) / s to first update / W.
 - **cache bytes / text byte**: the bytes of files in the run's fresh ``HF_DATASETS_CACHE`` after it ended (for
   hfbert plus whatever the run left in sub-folders of its output folder: the top-level files there are the
@@ -61,6 +64,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -219,6 +223,23 @@ def tree_rss(process) -> tuple[int, int]:
     return sum(sizes), sizes[0]
 
 
+def tree_cpu_seconds(process) -> float:
+    """CPU seconds (user + system) so far of `process` (a psutil.Process), its live descendants and the
+    descendants that ended and were waited for."""
+    import psutil
+
+    total = 0.0
+    try:
+        members = [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    for member in members:
+        with contextlib.suppress(psutil.Error):
+            times = member.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 def measure(
     command: list[str], env: dict[str, str], marker: re.Pattern[bytes], log: Path
 ) -> dict[str, float]:
@@ -228,6 +249,8 @@ def measure(
     import psutil
 
     found: list[float] = []
+    cpu_at_marker: list[float] = []
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with log.open("wb") as output:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.PIPE)
@@ -240,10 +263,11 @@ def measure(
                 seen = seen[-4096:] + chunk  # a bar split across reads is still found
                 if not found and marker.search(seen):
                     found.append(now)
+                    cpu_at_marker.append(tree_cpu_seconds(handle))
 
+        handle = psutil.Process(process.pid)
         reader = threading.Thread(target=read_stderr, daemon=True)
         reader.start()
-        handle = psutil.Process(process.pid)
         peak, main_peak = 0, 0
         try:
             while process.poll() is None:
@@ -259,15 +283,22 @@ def measure(
         end = time.perf_counter()
         reader.join()
         process.stderr.close()
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total_cpu = sum(
+        getattr(children_after, name) - getattr(children_before, name) for name in ("ru_utime", "ru_stime")
+    )
     if process.returncode != 0:
         tail = log.read_bytes()[-3000:].decode("utf-8", "replace")
         raise SystemExit(f"{' '.join(command)} exited {process.returncode}:\n{tail}")
     return {
         "seconds": (found[0] if found else end) - start,
+        "cpu_seconds": cpu_at_marker[0] if found else total_cpu,
         "marker_found": bool(found),
+        "total_cpu_seconds": total_cpu,
         "wall_seconds": end - start,
         "peak_rss_mib": peak / MIB,
         "main_peak_rss_mib": main_peak / MIB,
+        "load_average": os.getloadavg()[0],  # 1-minute, at the end: how busy the machine was meanwhile
     }
 
 
@@ -329,29 +360,22 @@ def measure_side(side: str, corpus: Path, tokenizer: Path, workers: int, work: P
 
 def train_tokenizer(folder: Path, vocab_size: int) -> None:
     """train_tokenizer.py on the shipped sample, untimed."""
-    command = [
-        sys.executable,
-        "train_tokenizer.py",
-        "--vocab_size",
-        str(vocab_size),
-        "--output_dir",
-        str(folder),
-    ]
+    command = [sys.executable, "train_tokenizer.py", "--vocab_size", str(vocab_size), "--output_dir", str(folder)]  # fmt: skip
     subprocess.run(command, cwd=REPO, check=True, capture_output=True)
 
 
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| side | corpus MB | workers | s to first update | MB/s per process | cache bytes / text byte | "
-        "peak RSS MiB, all (main) | second run s | hfbert / run_mlm time |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| side | corpus MB | workers | s to first update | CPU s | MB/s per process | cache bytes / text byte | "
+        "peak RSS MiB, all (main) | second run s | hfbert / run_mlm s (CPU s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         seconds = f"{row['seconds']:.1f}" + ("" if row["marker_found"] else " (wall)")
         second = f"{row['second_run_seconds']:.1f}" if "second_run_seconds" in row else "-"
-        ratio = f"{row['time_ratio']:.2f}" if "time_ratio" in row else "-"
+        ratio = f"{row['time_ratio']:.2f} ({row['cpu_ratio']:.2f})" if "time_ratio" in row else "-"
         lines.append(
-            f"| {row['side']} | {row['megabytes']:.3g} | {row['workers']} | {seconds} | "
+            f"| {row['side']} | {row['megabytes']:.3g} | {row['workers']} | {seconds} | {row['cpu_seconds']:.1f} | "
             f"{row['mb_per_second_per_process']:.2f} | {row['cache_bytes_per_text_byte']:.2f} | "
             f"{row['peak_rss_mib']:.0f} ({row['main_peak_rss_mib']:.0f}) | {second} | {ratio} |"
         )
@@ -361,6 +385,7 @@ def markdown_table(rows: list[dict]) -> str:
 def scaling_lines(rows: list[dict], workers: list[int]) -> list[str]:
     """Time against corpus size (at each W) and against W (at each size), for each side."""
     seconds = {(row["side"], row["megabytes"], row["workers"]): row["seconds"] for row in rows}
+    cpu = {(row["side"], row["megabytes"], row["workers"]): row["cpu_seconds"] for row in rows}
     sides = [side for side in SIDES if any(row["side"] == side for row in rows)]
     megabytes = sorted({row["megabytes"] for row in rows})
     lines = []
@@ -368,7 +393,9 @@ def scaling_lines(rows: list[dict], workers: list[int]) -> list[str]:
         small, large = megabytes[0], megabytes[-1]
         for count in workers:
             ratios = ", ".join(
-                f"{side} {seconds[side, large, count] / seconds[side, small, count]:.1f}x" for side in sides
+                f"{side} {seconds[side, large, count] / seconds[side, small, count]:.1f}x "
+                f"(CPU {cpu[side, large, count] / cpu[side, small, count]:.1f}x)"
+                for side in sides
             )
             lines.append(f"- time at {large:.3g} MB / at {small:.3g} MB, {count} worker(s): {ratios} "
                          f"(linear: {large / small:.1f}x)")  # fmt: skip
@@ -406,9 +433,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     for side in order
                 }
                 if len(measured) == 2:
-                    measured["hfbert"]["time_ratio"] = (
-                        measured["hfbert"]["seconds"] / measured["run_mlm"]["seconds"]
-                    )
+                    hfbert, run_mlm = measured["hfbert"], measured["run_mlm"]
+                    hfbert["time_ratio"] = hfbert["seconds"] / run_mlm["seconds"]
+                    hfbert["cpu_ratio"] = hfbert["cpu_seconds"] / run_mlm["cpu_seconds"]
                 rows += [measured[side] for side in SIDES if side in measured]
                 print(f"[{megabytes:g} MB, {workers} worker(s)] "
                       + ", ".join(f"{side} {row['seconds']:.1f} s" for side, row in measured.items()),
@@ -433,6 +460,10 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
     lines = scaling_lines(rows, args.workers)
     if lines:
         print("\n" + "\n".join(lines))
+    loads = [row["load_average"] for row in rows]
+    if loads:
+        print(f"\n1-minute load average at the end of each first run: {min(loads):.1f} to {max(loads):.1f} "
+              f"({os.cpu_count()} cores)")  # fmt: skip
     for row in rows:
         if row.get("second_run_new_cache_bytes", 0) > 0.01 * row["cache_bytes"]:
             print(f"\nwarning: {row['side']}'s second run at {row['megabytes']:.3g} MB, {row['workers']} worker(s) "

@@ -188,13 +188,15 @@ def test_bench_data_stage_generates_the_size_asked_for_in_whole_lines(tmp_path):
 
 def test_bench_data_stage_reports_scaling_in_size_and_workers():
     rows = [
-        {"side": side, "megabytes": size, "workers": workers, "seconds": seconds * size / workers}
+        {"side": side, "megabytes": size, "workers": workers, "seconds": seconds * size / workers,
+         "cpu_seconds": seconds * size}
         for side, seconds in (("hfbert", 2.0), ("run_mlm", 1.0))
         for size in (10.0, 100.0)
         for workers in (1, 2)
     ]
     lines = bench_data_stage.scaling_lines(rows, [1, 2])
-    assert "- time at 100 MB / at 10 MB, 1 worker(s): hfbert 10.0x, run_mlm 10.0x (linear: 10.0x)" in lines
+    assert ("- time at 100 MB / at 10 MB, 1 worker(s): hfbert 10.0x (CPU 10.0x), run_mlm 10.0x (CPU 10.0x) "
+            "(linear: 10.0x)") in lines
     assert "- speed-up from 1 to 2 workers at 10 MB: hfbert 2.00x, run_mlm 2.00x (linear: 2.00x)" in lines
 
 
@@ -206,12 +208,14 @@ def test_bench_data_stage_measures_hfbert_and_run_mlm_to_the_first_update(capsys
     assert [row["side"] for row in rows] == ["hfbert", "run_mlm"] and json.loads(path.read_text()) == rows
     for row in rows:
         assert row["marker_found"] and 0 < row["seconds"] <= row["wall_seconds"]
+        assert 0 < row["cpu_seconds"] <= row["total_cpu_seconds"]
         assert row["mb_per_second_per_process"] > 0 and row["cache_bytes_per_text_byte"] > 0
         assert row["peak_rss_mib"] >= row["main_peak_rss_mib"] > 50
     assert rows[0]["time_ratio"] == pytest.approx(rows[0]["seconds"] / rows[1]["seconds"])
+    assert rows[0]["cpu_ratio"] == pytest.approx(rows[0]["cpu_seconds"] / rows[1]["cpu_seconds"])
     header = (
-        "| side | corpus MB | workers | s to first update | MB/s per process | cache bytes / text byte | "
-        "peak RSS MiB, all (main) | second run s | hfbert / run_mlm time |"
+        "| side | corpus MB | workers | s to first update | CPU s | MB/s per process | cache bytes / text byte | "
+        "peak RSS MiB, all (main) | second run s | hfbert / run_mlm s (CPU s) |"
     )
     out = capsys.readouterr().out
     assert header in out and "| hfbert | 0.2 | 1 |" in out and "| run_mlm | 0.2 | 1 |" in out
