@@ -107,6 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--workdir", default=None, help="where corpora, caches and runs go (default: a temp dir)"
     )
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--logs", default=None, help="keep each run's stdout and stderr in this folder")
     # The baseline's own process: TRAIN_FILE VALIDATION_FILE TOKENIZER.
     parser.add_argument("--baseline_run", nargs=3, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--baseline_workers", type=int, default=1, help=argparse.SUPPRESS)
@@ -355,6 +356,10 @@ def measure_side(side: str, corpus: Path, tokenizer: Path, workers: int, work: P
     finally:
         for folder in (cache, first_dir, second_dir):
             shutil.rmtree(folder, ignore_errors=True)
+        if args.logs:
+            Path(args.logs).mkdir(parents=True, exist_ok=True)
+            for log in work.glob(f"{name}*.log"):
+                shutil.copy(log, Path(args.logs) / log.name)
     return row
 
 
