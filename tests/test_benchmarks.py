@@ -172,13 +172,54 @@ def test_gpu_report_skips_parts_once_the_budget_is_spent():
     ]
 
 
+def test_bench_data_stage_finds_hfberts_first_update_on_its_progress_bar():
+    bar = "pretraining:   0%|          | 0/1 [00:00<?, ?step/s]\rpretraining: 100%|##########| 1/1 [00:00<00:00]"
+    assert bench_data_stage.HFBERT_FIRST_UPDATE.search(bar.encode())
+    assert not bench_data_stage.HFBERT_FIRST_UPDATE.search(bar.split("\r")[0].encode())
+    assert not bench_data_stage.HFBERT_FIRST_UPDATE.search(b"Building NSP instances: 100%|###| 1/1 [00:00<00:00]")
+
+
+def test_bench_data_stage_generates_the_size_asked_for_in_whole_lines(tmp_path):
+    corpus = bench_data_stage.generated_corpus(tmp_path / "corpus", 1.5)
+    text = corpus.read_bytes()
+    assert 1.5e6 - 10_000 < len(text) <= 1.5e6 and text.endswith(b"\n")
+    assert text.startswith(b" = ") and (tmp_path / "corpus" / "wiki.valid.raw").is_file()
+
+
+def test_bench_data_stage_reports_scaling_in_size_and_workers():
+    rows = [
+        {"side": side, "megabytes": size, "workers": workers, "seconds": seconds * size / workers,
+         "cpu_seconds": seconds * size}
+        for side, seconds in (("hfbert", 2.0), ("run_mlm", 1.0))
+        for size in (10.0, 100.0)
+        for workers in (1, 2)
+    ]
+    lines = bench_data_stage.scaling_lines(rows, [1, 2])
+    assert ("- time at 100 MB / at 10 MB, 1 worker(s): hfbert 10.0x (CPU 10.0x), run_mlm 10.0x (CPU 10.0x) "
+            "(linear: 10.0x)") in lines
+    assert "- speed-up from 1 to 2 workers at 10 MB: hfbert 2.00x, run_mlm 2.00x (linear: 2.00x)" in lines
+
+
 @pytest.mark.slow
-def test_bench_data_stage_reuses_the_cache_on_a_second_run_and_a_resume(capsys, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the stages' processes import this checkout
-    rows = bench_data_stage.main(["--vocab_size", "300", "--dupe_factor", "2"])
-    assert [row["new_cache_files"] > 0 for row in rows] == [True, False, False]
-    assert len({row["instances"] for row in rows}) == 1
-    assert "| resume (tokenizer from checkpoint-N/tokenizer) |" in capsys.readouterr().out
+def test_bench_data_stage_measures_hfbert_and_run_mlm_to_the_first_update(capsys, tmp_path):
+    path = tmp_path / "rows.json"
+    args = ["--megabytes", "0.2", "--workers", "1", "--no_second_run", "--workdir", str(tmp_path), "--json", str(path)]
+    rows = bench_data_stage.main(args)
+    assert [row["side"] for row in rows] == ["hfbert", "run_mlm"] and json.loads(path.read_text()) == rows
+    for row in rows:
+        assert row["marker_found"] and 0 < row["seconds"] <= row["wall_seconds"]
+        assert 0 < row["cpu_seconds"] <= row["total_cpu_seconds"]
+        assert row["mb_per_second_per_process"] > 0 and row["cache_bytes_per_text_byte"] > 0
+        assert row["peak_rss_mib"] >= row["main_peak_rss_mib"] > 50
+    assert rows[0]["time_ratio"] == pytest.approx(rows[0]["seconds"] / rows[1]["seconds"])
+    assert rows[0]["cpu_ratio"] == pytest.approx(rows[0]["cpu_seconds"] / rows[1]["cpu_seconds"])
+    header = (
+        "| side | corpus MB | workers | s to first update | CPU s | MB/s per process | cache bytes / text byte | "
+        "peak RSS MiB, all (main) | second run s | hfbert / run_mlm s (CPU s) |"
+    )
+    out = capsys.readouterr().out
+    assert header in out and "| hfbert | 0.2 | 1 |" in out and "| run_mlm | 0.2 | 1 |" in out
+    assert [path.name for path in tmp_path.iterdir()] == ["rows.json"]  # corpora, caches and runs removed
 
 
 @pytest.mark.slow
