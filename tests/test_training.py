@@ -454,9 +454,26 @@ def test_truncated_checkpoint_is_refused_on_resume(tmp_path, run_inputs):
     assert listing(output_dir) == before
 
 
-def test_streaming_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="drop --streaming"):
-        train_in_process(["--output_dir", "unused", "--streaming", "--dataset_name", "Salesforce/wikitext"])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ([], "--streaming needs --max_train_steps or --max_train_seconds"),
+        (["--max_train_steps", "5"], "python train_tokenizer.py --streaming"),
+        (["--max_train_steps", "5", "--tokenizer_name", "t", "--dupe_factor", "3"], "each pass over the stream pairs"),
+        (["--max_train_steps", "5", "--tokenizer_name", "t", "--checkpointing_steps", "epoch"], "--checkpointing_steps N"),
+        (["--max_train_steps", "5", "--tokenizer_name", "t", "--stream_window_documents", "1"], "must be >= 2"),
+    ],
+)
+def test_streaming_refuses_what_a_stream_cannot_do_before_any_work(tmp_path, flags, message):
+    output_dir = tmp_path / "run"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_in_process(["--output_dir", str(output_dir), "--streaming", "--dataset_name", "Salesforce/wikitext", *flags])
+    assert not output_dir.exists()
+
+
+def test_stream_flags_without_streaming_are_refused():
+    with pytest.raises(ValueError, match="applies to --streaming runs only"):
+        train_in_process(["--output_dir", "unused", "--stream_window_documents", "10"])
 
 
 @pytest.mark.parametrize(
