@@ -37,7 +37,7 @@ import fsspec
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import send_to_device
+from accelerate.utils import gather_object, send_to_device
 from datasets.distributed import split_dataset_by_node
 from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
@@ -406,8 +406,6 @@ class StreamLoader:
 
     def checkpoint_state(self, accelerator: Accelerator) -> dict[str, Any]:
         """Every process's position, gathered (call on every process): what `stream_state.json` holds."""
-        from accelerate.utils import gather_object
-
         ranks = gather_object([self.state()]) if accelerator.num_processes > 1 else [self.state()]
         return {"num_processes": accelerator.num_processes, "num_workers": self.num_workers, "ranks": ranks}
 
