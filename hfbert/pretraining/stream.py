@@ -226,7 +226,7 @@ class WindowDocuments:
     def __init__(self, sentences: Sequence[Sequence[Sequence[int]]]):
         self._offsets = [np.cumsum([0, *map(len, document)]) for document in sentences]
         self._tokens = [
-            np.fromiter(itertools.chain.from_iterable(document), dtype=np.int64, count=int(offsets[-1]))
+            np.fromiter(itertools.chain.from_iterable(document), dtype=np.int32, count=int(offsets[-1]))
             for document, offsets in zip(sentences, self._offsets, strict=True)
         ]
 
