@@ -278,11 +278,13 @@ def save_checkpoint(
     run_settings: dict[str, Any] | None = None,
     tokenizer: Any = None,
     model_config: Any = None,
+    extra_json: dict[str, Any] | None = None,
 ) -> Path:
     """Save the full training state to `output_dir/checkpoint-<step>`, crash-safely. Call on EVERY process.
 
     The state goes to `.tmp-checkpoint-<step>` (accelerate writes the shared files from the main process and
-    one RNG file per process; `run_settings`, the `tokenizer` and the `model_config` are saved beside them), then the main process
+    one RNG file per process; `run_settings`, the `tokenizer`, the `model_config` and `extra_json` (file name -> JSON
+    data, e.g. a stream's position) are saved beside them), then the main process
     writes the manifest, renames the folder into place and only then removes the oldest checkpoints beyond
     `total_limit`. A failed write (e.g. a full disk) raises `CheckpointError` and leaves earlier checkpoints
     untouched. Returns the checkpoint folder.
@@ -307,6 +309,8 @@ def save_checkpoint(
                 tokenizer.save_pretrained(temp_folder / TOKENIZER_FOLDER)
             if model_config is not None:  # with model.safetensors: a folder --model_name_or_path can start from
                 model_config.save_pretrained(temp_folder)
+            for name, content in (extra_json or {}).items():
+                write_json_atomic(temp_folder / name, content)
             _write_manifest(temp_folder, step, accelerator.num_processes)
     except WRITE_ERRORS as error:
         message = write_failure_message(error, final_folder, output_dir)  # before the cleanup frees space

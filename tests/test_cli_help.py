@@ -39,6 +39,12 @@ COMPANIONS = {
     "--checkpoints_total_limit": ["--checkpointing_steps", "400", "--checkpoints_total_limit", "2"],
     "--push_to_hub": ["--push_to_hub", "--hub_model_id", "your-name/hfbert-mini"],
 }
+STREAMING = ["--streaming", "--max_train_steps", "100", "--tokenizer_name", "{file}"]
+COMPANIONS |= {
+    "--streaming": STREAMING,
+    "--stream_window_documents": [*STREAMING, "--stream_window_documents", "500"],
+    "--stream_validation_documents": [*STREAMING, "--stream_validation_documents", "500"],
+}
 
 
 def printed_help(main, capsys) -> str:
@@ -58,10 +64,9 @@ def test_help_prints_cleanly(main, capsys):
     assert "--output_dir" in text
 
 
-def test_pretraining_help_hides_streaming_which_the_script_refuses(capsys):
-    assert "--streaming" not in printed_help(pretraining_cli.main, capsys)
-    with pytest.raises(ValueError, match="drop --streaming"):
-        pretraining_cli.parse_args(["--streaming", "--output_dir", "runs/x"])
+def test_pretraining_help_offers_streaming(capsys):
+    text = printed_help(pretraining_cli.main, capsys)
+    assert "--streaming" in text and "--stream_window_documents" in text
 
 
 def listed_flags(help_text: str) -> list[str]:

@@ -244,6 +244,108 @@ def test_two_cpu_processes_with_torchrun(tmp_path, run_inputs):
     assert result.stdout.count("Model, tokenizer, model card, curves and samples") == 1  # only the main process
 
 
+def streaming_args(run_inputs: dict[str, Path], output_dir: Path, *extra: str) -> list[str]:
+    """A --streaming run over the shipped sample in windows of 2 articles, 32 instances a batch (an update
+    takes rows of several windows)."""
+    args = run_args(run_inputs, output_dir, "--streaming", "--stream_window_documents", "2", *extra)
+    args[args.index("--per_device_train_batch_size") + 1] = "32"
+    return args
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path, run_inputs, workers):
+    """N updates straight and N/2 + resume + N/2 give the same weights bit for bit: each loader worker
+    continues after the last instance trained on, and with 2 workers an odd number of batches taken (5)
+    rotates which worker makes the next batch."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = ("--max_train_steps", "10", "--dataloader_num_workers", workers)
+    train_in_process(streaming_args(run_inputs, straight, *common, "--checkpointing_steps", "5"))
+    saved = json.loads((straight / "checkpoint-5" / "stream_state.json").read_text())
+    assert saved["num_processes"] == 1 and saved["ranks"][0]["batches_taken"] == 5
+    assert len(saved["ranks"][0]["positions"]) == max(1, int(workers))
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-5", resumed / "checkpoint-5")
+    train_in_process(streaming_args(run_inputs, resumed, *common, "--resume_from_checkpoint", "latest", "--eval_steps", "2"))
+    expected, actual = final_weights(straight), final_weights(resumed)
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+    summary = json.loads((straight / "training_args.json").read_text())
+    assert summary["streaming"] and summary["train_instances"] is None and summary["planned_train_steps"] == 10
+    assert {"eval_nsp_accuracy", "eval_mlm_accuracy"} <= json.loads((straight / "eval_results.json").read_text()).keys()
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_streams_position_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    args = streaming_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--dataloader_num_workers", "2")
+    returncode, message = start_and_signal(
+        tmp_path, [*args, "--max_train_steps", "100000"], "| 3/100000", lambda process: process.send_signal(signal.SIGTERM)
+    )
+    assert returncode == 128 + signal.SIGTERM, message[-3000:]
+    assert resumed_equals_uninterrupted(tmp_path, args) >= 3
+
+
+@pytest.mark.slow
+def test_a_streaming_run_resumed_with_other_flags_or_another_corpus_is_refused_untouched(tmp_path, run_inputs):
+    from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+
+    corpus = tmp_path / "train.raw"
+    shutil.copy(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"], corpus)
+    output_dir = tmp_path / "run"
+    args = streaming_args(run_inputs, output_dir, "--train_file", str(corpus), "--stream_validation_documents", "3")
+    train_in_process([*args, "--max_train_steps", "2", "--checkpointing_steps", "2"])
+    before = listing(output_dir)
+    resume = [*args, "--max_train_steps", "2", "--resume_from_checkpoint", "latest"]
+
+    def refused(argv: list[str], message: str) -> None:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            train_in_process(argv)
+        assert listing(output_dir) == before
+
+    window = resume.index("--stream_window_documents") + 1
+    refused([*resume[:window], "3", *resume[window + 1 :]], "--stream_window_documents 2 in the checkpoint, 3 now")
+    refused([*resume, "--dataloader_num_workers", "2"], "pass --dataloader_num_workers 0")
+    not_streaming = run_args(run_inputs, output_dir, "--train_file", str(corpus), "--max_train_steps", "2")
+    not_streaming[not_streaming.index("--per_device_train_batch_size") + 1] = "32"
+    refused([*not_streaming, "--resume_from_checkpoint", "latest"], "--streaming True in the checkpoint, False now")
+    corpus.write_text(corpus.read_text().replace(" the ", " a "))
+    refused(resume, f"the corpus ({corpus}) has changed")
+
+
+@pytest.mark.slow
+def test_a_streaming_run_on_two_cpu_processes_resumes_exactly_on_two_only(tmp_path, run_inputs):
+    """Each process streams its own share of the documents (split_dataset_by_node); the checkpoint holds both
+    positions, a resume on 2 processes continues exactly, one on 1 process is refused before any work."""
+    env = {**subprocess_env(), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+
+    def launch(processes: int, output_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+        launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--standalone"]
+        command = [
+            sys.executable, *(launcher if processes > 1 else []),
+            str(REPO / "run_pretraining.py"), *streaming_args(run_inputs, output_dir, "--max_train_steps", "6", *extra),
+        ]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    result = launch(2, straight, "--checkpointing_steps", "3")
+    assert result.returncode == 0, result.stderr[-4000:]
+    saved = json.loads((straight / "checkpoint-3" / "stream_state.json").read_text())
+    assert saved["num_processes"] == 2 and [rank["batches_taken"] for rank in saved["ranks"]] == [3, 3]
+    assert saved["ranks"][0]["positions"] != saved["ranks"][1]["positions"]
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-3", resumed / "checkpoint-3")
+    before = listing(resumed)
+    one = launch(1, resumed, "--resume_from_checkpoint", "latest")
+    assert one.returncode == 2 and "resumes on 2 processes only" in one.stderr, one.stderr[-3000:]
+    assert listing(resumed) == before
+    result = launch(2, resumed, "--resume_from_checkpoint", "latest")
+    assert result.returncode == 0, result.stderr[-4000:]
+    expected, actual = final_weights(straight), final_weights(resumed)
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+
+
 # ----------------------------------------------------------------------------------------------- hub
 
 
@@ -454,9 +556,26 @@ def test_truncated_checkpoint_is_refused_on_resume(tmp_path, run_inputs):
     assert listing(output_dir) == before
 
 
-def test_streaming_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="drop --streaming"):
-        train_in_process(["--output_dir", "unused", "--streaming", "--dataset_name", "Salesforce/wikitext"])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ([], "--streaming needs --max_train_steps or --max_train_seconds"),
+        (["--max_train_steps", "5"], "python train_tokenizer.py --streaming"),
+        (["--max_train_steps", "5", "--tokenizer_name", "t", "--dupe_factor", "3"], "each pass over the stream pairs"),
+        (["--max_train_steps", "5", "--tokenizer_name", "t", "--checkpointing_steps", "epoch"], "--checkpointing_steps N"),
+        (["--max_train_steps", "5", "--tokenizer_name", "t", "--stream_window_documents", "1"], "must be >= 2"),
+    ],
+)
+def test_streaming_refuses_what_a_stream_cannot_do_before_any_work(tmp_path, flags, message):
+    output_dir = tmp_path / "run"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_in_process(["--output_dir", str(output_dir), "--streaming", "--dataset_name", "Salesforce/wikitext", *flags])
+    assert not output_dir.exists()
+
+
+def test_stream_flags_without_streaming_are_refused():
+    with pytest.raises(ValueError, match="applies to --streaming runs only"):
+        train_in_process(["--output_dir", "unused", "--stream_window_documents", "10"])
 
 
 @pytest.mark.parametrize(

@@ -417,6 +417,25 @@ def plan_batches(
     )
 
 
+def _shape(plan: BatchPlan) -> dict[str, Any]:
+    return {
+        "max_predictions_per_seq": plan.max_predictions_per_seq,
+        "pad_to_length": plan.pad_to_length,
+        "seed": plan.seed,
+    }
+
+
+def _loader_options(plan: BatchPlan) -> dict[str, Any]:
+    num_workers = plan.num_workers
+    return {
+        "num_workers": num_workers,
+        "pin_memory": plan.pin_memory,
+        "persistent_workers": num_workers > 0,
+        "prefetch_factor": 4 if num_workers > 0 else None,
+        "worker_init_fn": ignore_stop_signals,  # a signal to the whole process group is the main process's
+    }
+
+
 def build_loaders(
     plan: BatchPlan, tokenizer: Any, train: DrawnInstances, evaluation: Any
 ) -> tuple[DataLoader, DataLoader]:
@@ -424,19 +443,6 @@ def build_loaders(
     when planned) in worker processes, into pinned memory on CUDA; the training instances are made there too.
     `evaluation`: written instances (a ``datasets.Dataset``)."""
     seed = plan.seed
-    shape = {
-        "max_predictions_per_seq": plan.max_predictions_per_seq,
-        "pad_to_length": plan.pad_to_length,
-        "seed": seed,
-    }
-    num_workers = plan.num_workers
-    loader_options = {
-        "num_workers": num_workers,
-        "pin_memory": plan.pin_memory,
-        "persistent_workers": num_workers > 0,
-        "prefetch_factor": 4 if num_workers > 0 else None,
-        "worker_init_fn": ignore_stop_signals,  # a signal to the whole process group is the main process's
-    }
     train_batch = plan.train_batch_size
     train_loader = DataLoader(
         InstanceDraws(train),
@@ -446,30 +452,34 @@ def build_loaders(
             tokenizer,
             mlm_probability=plan.mlm_probability,
             whole_word_masking=plan.whole_word_masking,
-            **shape,
+            **_shape(plan),
         ),
         drop_last=plan.drop_last and len(train) >= train_batch,
         # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG
         # and shifts the training dropout stream (the evaluation loader's too, at every evaluation).
         generator=torch.Generator().manual_seed(seed),
-        **loader_options,
+        **_loader_options(plan),
     )
+    return train_loader, build_eval_loader(plan, tokenizer, evaluation)
+
+
+def build_eval_loader(plan: BatchPlan, tokenizer: Any, evaluation: Any) -> DataLoader:
+    """The evaluation loader: the written instances in order, the same masks at every evaluation."""
     eval_batch = plan.eval_batch_size
     eval_collator = DataCollatorForPretraining(
         tokenizer,
         mlm_probability=plan.eval_mlm_probability,
         pad_to_batch_size=eval_batch if plan.fill_eval_batches else None,
-        **shape,
+        **_shape(plan),
     )
-    eval_loader = DataLoader(
+    return DataLoader(
         InstanceDraws(evaluation),
         batch_size=eval_batch,
-        sampler=EpochDraws(len(evaluation), seed, shuffle=False),
+        sampler=EpochDraws(len(evaluation), plan.seed, shuffle=False),
         collate_fn=eval_collator,
-        generator=torch.Generator().manual_seed(seed),
-        **loader_options,
+        generator=torch.Generator().manual_seed(plan.seed),
+        **_loader_options(plan),
     )
-    return train_loader, eval_loader
 
 
 def ignore_stop_signals(worker_id: int) -> None:

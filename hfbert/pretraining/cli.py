@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -21,15 +20,9 @@ from hfbert.tokenization import RefusingHfArgumentParser
 
 def build_parser() -> RefusingHfArgumentParser:
     """run_pretraining.py's flags: the corpus flags it shares with train_tokenizer.py, then its own groups."""
-    parser = RefusingHfArgumentParser(
+    return RefusingHfArgumentParser(
         (CorpusArguments, DataSettings, ModelSettings, OptimizationSettings, RunSettings)  # type: ignore[arg-type]
     )
-    # --streaming is train_tokenizer.py's: pretraining pairs sentences across the whole cached corpus, so the
-    # flag stays parseable (validate refuses it with that reason) but is not offered in --help.
-    for action in parser._actions:
-        if action.dest == "streaming":
-            action.help = argparse.SUPPRESS
-    return parser
 
 
 def parse_args(argv: list[str] | None = None) -> PretrainingSettings:

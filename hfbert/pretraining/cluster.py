@@ -28,7 +28,7 @@ from torch.distributed.elastic.utils.store import barrier as store_barrier
 from hfbert.corpus_source import corpus_fingerprint
 from hfbert.errors import Refusal, RunFailure
 from hfbert.files import read_json, write_json_atomic
-from hfbert.pretraining.data import PretrainingData, tokenizer_fingerprint
+from hfbert.pretraining.data import PretrainingData, count_training_instances, tokenizer_fingerprint
 from hfbert.pretraining.settings import PretrainingSettings
 
 # Written by rank 0 into --output_dir and read back by every rank: is the folder one folder for all of them?
@@ -184,7 +184,7 @@ def run_fingerprint(settings: PretrainingSettings, data: PretrainingData) -> dic
     return {
         "flags": settings.to_dict(),
         "corpus content": corpus_fingerprint(settings.corpus),
-        "training instances": len(data.train),
+        "training instances": count_training_instances(data.train),  # None for a stream
         "evaluation instances": len(data.evaluation),
         "tokenizer": tokenizer_fingerprint(data.tokenizer),
         "versions": {package: version(package) for package in VERSIONED_PACKAGES},

@@ -253,7 +253,7 @@ class PretrainingData:
 
     tokenizer: Any
     config: HfBertConfig
-    train: DrawnInstances
+    train: DrawnInstances  # or, with --streaming, a hfbert.pretraining.stream.TrainingStream
     evaluation: datasets.Dataset
     sample_sentences: list[str]  # validation sentences for the final folder's samples.md
     other_sentence: str | None  # a sentence of another validation document (the random NSP pair)
@@ -339,6 +339,11 @@ def build_instances(
     if data.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
     return train, evaluation
+
+
+def count_training_instances(train: Any) -> int | None:
+    """How many training instances a run has: None for a stream (--streaming), whose length is unknown."""
+    return len(train) if hasattr(train, "__len__") else None
 
 
 @contextmanager

@@ -152,13 +152,17 @@ class InstanceRecipe:
         """Sentence pairs with a next-sentence label (else segments)."""
         return self.objective == "mlm+nsp"
 
-    def spans(self, documents: TokenizedDocuments, pass_index: int, document: int) -> list[Span]:
-        """The instances ``document`` gives in pass ``pass_index``; the same whichever process asks."""
+    def spans(
+        self, documents: TokenizedDocuments, pass_index: int, document: int, stream_key: str = ""
+    ) -> list[Span]:
+        """The instances ``document`` gives in pass ``pass_index``; the same whichever process asks.
+        ``stream_key`` names the window a streamed document is in (`hfbert.pretraining.stream`), whose documents
+        are numbered from 0 in every window."""
         offsets = documents.sentence_offsets(document)
         if not self.pairs:  # no randomness: the masks, drawn per epoch, change between epochs
             return mlm_segments(document, int(offsets[-1]), self.max_seq_length - 2)
         # A string seed is hashed with SHA-512 by random.Random, so it is stable across processes and runs.
-        rng = random.Random(f"{self.seed}-{pass_index}-{document}")
+        rng = random.Random(f"{self.seed}-{pass_index}-{document}{stream_key}")
         max_num_tokens = self.max_seq_length - 3
         return nsp_pairs(document, offsets.tolist(), documents, max_num_tokens, self.short_seq_prob, rng)
 

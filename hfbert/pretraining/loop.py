@@ -8,6 +8,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, check_loss
 from hfbert.pretraining.reshard import micro_batches_to_skip
 from hfbert.pretraining.settings import OptimizationSettings, RunSettings
 from hfbert.pretraining.setup import Budget, TrainingState
+from hfbert.pretraining.stream import STREAM_STATE_NAME, StreamLoader
 
 logger = logging.getLogger(__name__)
 
@@ -29,16 +31,20 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CheckpointWriter:
     """Where checkpoints go and what they record besides the `TrainingState`: the run's settings (compared
-    on resume), its tokenizer (reused on resume) and the model's config (so that a checkpoint folder is one a
-    new run can start from with --model_name_or_path)."""
+    on resume), its tokenizer (reused on resume), the model's config (so that a checkpoint folder is one a
+    new run can start from with --model_name_or_path) and, for a stream, where each process stands in it."""
 
     output_dir: str
     total_limit: int | None
     run_settings: dict[str, Any]
     tokenizer: Any
     model_config: Any = None
+    stream: StreamLoader | None = None  # --streaming: every process's position in the stream is saved too
 
     def save(self, accelerator: Accelerator, step: int) -> Path:
+        extra = None
+        if self.stream is not None:  # gathered from every process (this is called on every process)
+            extra = {STREAM_STATE_NAME: self.stream.checkpoint_state(accelerator)}
         return save_checkpoint(
             accelerator,
             self.output_dir,
@@ -47,6 +53,7 @@ class CheckpointWriter:
             run_settings=self.run_settings,
             tokenizer=self.tokenizer,
             model_config=self.model_config,
+            extra_json=extra,
         )
 
 
@@ -263,7 +270,8 @@ def fit(
                 bar.update(1)
                 log_due = is_due(step, run.logging_steps) or step == budget.max_train_steps
                 if log_due:
-                    row = window.row(accelerator, progress, epoch, learning_rate, flops)
+                    logged_epoch = train_loader.stream_pass if isinstance(train_loader, StreamLoader) else epoch
+                    row = window.row(accelerator, progress, logged_epoch, learning_rate, flops)
                     log_training_row(accelerator, progress, row, bar, precision, run)
                     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
                 if is_due(step, run.eval_steps):
@@ -296,9 +304,12 @@ def stop_if_signalled(
 
 
 def epoch_batches(
-    accelerator: Accelerator, train_loader: DataLoader, epoch: int, progress: TrainingProgress
-) -> DataLoader:
-    """The epoch's batches: its own shuffle, and past the batches already trained on when resumed mid-epoch."""
+    accelerator: Accelerator, train_loader: DataLoader | StreamLoader, epoch: int, progress: TrainingProgress
+) -> Iterable[dict[str, torch.Tensor]]:
+    """The epoch's batches: its own shuffle, and past the batches already trained on when resumed mid-epoch.
+    A stream (--streaming) is one endless epoch, placed by its own checkpointed position (`StreamLoader`)."""
+    if isinstance(train_loader, StreamLoader):
+        return train_loader.batches(accelerator.device)
     train_loader.set_epoch(epoch)
     if progress.micro_batches_in_epoch:
         skip = micro_batches_to_skip(progress, accelerator.num_processes, len(train_loader))

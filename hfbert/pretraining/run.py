@@ -2,7 +2,7 @@
 
     check_before_work   the run folder, the checkpoint to resume and its settings, Hub access   (checkpointing)
     precision           the precision and the Accelerator                                     (precision)
-    data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data)
+    data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data; stream)
     batches             the batch plan and the loaders                                         (batches)
     setup               model, optimizer, schedule, budget, prepared by accelerate             (setup)
     fit                 the loop: step, log, evaluate, checkpoint, preemption                  (loop, evaluation)
@@ -39,7 +39,7 @@ from hfbert.checkpointing import (
 from hfbert.files import check_local_files, publish_files
 from hfbert.model_card import check_hub_access
 from hfbert.modeling_hfbert import HfBertForPreTraining
-from hfbert.pretraining.batches import BatchPlan, build_loaders, plan_batches
+from hfbert.pretraining.batches import BatchPlan, build_loaders, plan_batches, resolve_num_workers
 from hfbert.pretraining.cluster import (
     check_output_dir_shared,
     check_processes_agree,
@@ -48,7 +48,7 @@ from hfbert.pretraining.cluster import (
     form_process_group,
     release_ddp_wrapper,
 )
-from hfbert.pretraining.data import PretrainingData, prepare_data
+from hfbert.pretraining.data import PretrainingData, count_training_instances, prepare_data
 from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
 from hfbert.pretraining.finish import FinalFolder, finish
 from hfbert.pretraining.loop import CheckpointWriter, Preempted, PreemptionSignals, fit
@@ -62,6 +62,13 @@ from hfbert.pretraining.settings import (
 )
 from hfbert.pretraining.setup import Budget, TrainingState, count_parameters, setup_training
 from hfbert.pretraining.source_model import SourceModel, check_source_model, load_source_model
+from hfbert.pretraining.stream import (
+    TrainingStream,
+    build_stream_loaders,
+    check_stream_checkpoint,
+    prepare_stream_data,
+    read_stream_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +106,14 @@ def verify_resume(settings: PretrainingSettings, accelerator: Accelerator) -> tu
     checkpoint = resolve_resume_checkpoint(settings.run.output_dir, settings.run.resume_from_checkpoint)
     if checkpoint is None:
         return None, settings.optimization.gradient_accumulation_steps
+    on_cpu = accelerator.device.type == "cpu"
+    if settings.corpus.streaming:  # its positions are per process: only its own process count continues them
+        saved = read_run_settings(checkpoint)
+        for note in check_resume_settings(saved, settings, str(checkpoint)):
+            logger.warning(note)
+        workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
+        check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu)
+        return str(checkpoint), settings.optimization.gradient_accumulation_steps
     saved = resharded_settings(settings, accelerator, checkpoint)
     for note in check_resume_settings(saved, settings, str(checkpoint)):
         logger.warning(note)
@@ -136,7 +151,8 @@ def prepare_run_data(
     """The data stage, then the run folder made ready (checkpoints of a replaced run removed, an interrupted
     final folder published). Seeds the run first, so the model built next starts from the same weights."""
     set_seed(settings.optimization.seed)
-    data = prepare_data(
+    prepare = prepare_stream_data if settings.corpus.streaming else prepare_data
+    data = prepare(
         settings.corpus,
         settings.data,
         settings.model,
@@ -176,7 +192,7 @@ def run_summary(
         "static_masked_slots": plan.max_predictions_per_seq,
         "num_processes": num_processes,
         "planned_train_steps": budget.planned_train_steps,
-        "train_instances": len(data.train),
+        "train_instances": count_training_instances(data.train),  # None for a stream: its length is unknown
         "eval_instances": len(data.evaluation),
         "corpus": corpus.dataset_name or corpus.train_file or "shipped WikiText-2 sample",
     }
@@ -189,8 +205,14 @@ def log_plan(
     num_processes: int,
     num_parameters: int,
 ) -> None:
+    train_count = count_training_instances(data.train)
+    training = (
+        f"{train_count} training instances"
+        if train_count is not None
+        else f"a stream of training instances (windows of {data.train.window_documents} documents)"
+    )
     logger.info(
-        f"{len(data.train)} training instances, {len(data.evaluation)} evaluation instances; "
+        f"{training}, {len(data.evaluation)} evaluation instances; "
         f"{budget.describe()}, each of {optimization.per_device_train_batch_size} x "
         f"{num_processes} x {optimization.gradient_accumulation_steps} instances; "
         f"{num_parameters / 1e6:.1f}M parameters."
@@ -215,7 +237,9 @@ def train(
     plan = plan_batches(
         settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device
     )
-    train_loader, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+    stream = isinstance(data.train, TrainingStream)
+    loaders = build_stream_loaders if stream else build_loaders
+    train_loader, eval_loader = loaders(plan, data.tokenizer, data.train, data.evaluation)
     attention_init = "bert" if weights_loaded else settings.model.attention_init
     state, train_loader, eval_loader, budget = setup_training(
         model, train_loader, eval_loader, optimization, attention_init, accelerator
@@ -226,6 +250,8 @@ def train(
         logger.info(f"Resuming from {checkpoint}")
         saved_processes = load_checkpoint(accelerator, checkpoint)
         continue_on_this_split(accelerator, state.progress, checkpoint, saved_processes, optimization.seed)
+        if stream:
+            train_loader.resume(read_stream_state(checkpoint), accelerator.process_index)
     if settings.run.with_tracking:
         accelerator.init_trackers("hfbert-pretraining", config=summary)
     checkpoints = CheckpointWriter(
@@ -234,6 +260,7 @@ def train(
         settings.resume_invariant(),
         data.tokenizer,
         data.config,
+        stream=train_loader if stream else None,
     )
     flops = ModelFlops(data.config, summary_model, datasheet_peak_flops(accelerator.device, precision))
     try:

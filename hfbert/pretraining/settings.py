@@ -21,6 +21,9 @@ from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import check_local_path_exists
 
+# What a --streaming run gets without --stream_window_documents / --stream_validation_documents.
+STREAM_WINDOW_DOCUMENTS = 1000
+STREAM_VALIDATION_DOCUMENTS = 1000
 # What a run from scratch gets without --vocab_size / --attention_init (a run from weights has neither).
 DEFAULT_VOCAB_SIZE = 30522
 DEFAULT_ATTENTION_INIT = "structured"
@@ -113,6 +116,23 @@ class DataSettings:
     )
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "Processes for datasets.map."}
+    )
+    stream_window_documents: int | None = field(
+        default=None,
+        metadata={
+            "help": f"With --streaming: consecutive documents of the stream made into instances together (default "
+            f"{STREAM_WINDOW_DOCUMENTS}): a window is tokenized and paired in a loader worker, an NSP pair's random "
+            "B comes from another document of its window (google draws it from the whole corpus), and its "
+            "instances are shuffled together."
+        },
+    )
+    stream_validation_documents: int | None = field(
+        default=None,
+        metadata={
+            "help": f"With --streaming and a source without a validation split: the first N documents of the "
+            f"training stream (default {STREAM_VALIDATION_DOCUMENTS}) are the fixed validation set, written once "
+            "to the datasets cache; training skips them."
+        },
     )
 
 
@@ -294,6 +314,8 @@ RESUME_INVARIANT = {
         "validation_split_percentage",
         "whole_word_masking",
         "objective",
+        "stream_window_documents",
+        "stream_validation_documents",
     ),
     "model": ("model_name_or_path", "config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
     "optimization": (
@@ -319,6 +341,7 @@ RESUME_INVARIANT = {
         "validation_file",
         "text_column",
         "document_boundary",
+        "streaming",  # a stream's instances and its checkpointed position are made differently
     ),
 }
 
@@ -346,6 +369,12 @@ class PretrainingSettings:
             self.model.attention_init = self.model.attention_init or DEFAULT_ATTENTION_INIT
             if self.data.vocab_size is None:
                 self.data.vocab_size = DEFAULT_VOCAB_SIZE
+        check_stream_flags(self.corpus.streaming, self.data)
+        if self.corpus.streaming:
+            self.data.stream_window_documents = self.data.stream_window_documents or STREAM_WINDOW_DOCUMENTS
+            self.data.stream_validation_documents = (
+                self.data.stream_validation_documents or STREAM_VALIDATION_DOCUMENTS
+            )
         self.validate()
 
     def validate(self) -> None:
@@ -359,10 +388,7 @@ class PretrainingSettings:
         check_output_apart_from_source(self.model, self.run)
         check_objective(self.data)
         if self.corpus.streaming:
-            raise Refusal(
-                "run_pretraining.py pairs sentences across the whole corpus (next sentence prediction) and "
-                "needs the datasets cache: drop --streaming (train_tokenizer.py supports it)"
-            )
+            check_streaming(self)
 
     def resume_invariant(self) -> dict[str, Any]:
         """The settings a checkpoint records: those a resumed run must repeat (`RESUME_INVARIANT`), the
@@ -561,6 +587,54 @@ def check_objective(data: DataSettings) -> None:
             "without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
             "--num_train_epochs or --max_train_steps instead"
         )
+
+
+STREAM_FLAGS = ("stream_window_documents", "stream_validation_documents")
+
+
+def check_stream_flags(streaming: bool, data: DataSettings) -> None:
+    """The --stream_* flags shape a streamed run only: given without --streaming they are refused, not ignored."""
+    if streaming:
+        return
+    for name in STREAM_FLAGS:
+        if getattr(data, name) is not None:
+            raise Refusal(f"--{name} {getattr(data, name)} applies to --streaming runs only; add --streaming or drop --{name}")
+
+
+def check_streaming(settings: PretrainingSettings) -> None:
+    """What a --streaming run cannot do, refused before any work: a stream has no length (so no epochs to
+    count a budget or a checkpoint schedule in), a tokenizer cannot be trained on a stream inside the run, and
+    each pass over the stream pairs the sentences anew (so --dupe_factor has nothing to add)."""
+    data, optimization, run = settings.data, settings.optimization, settings.run
+    if optimization.max_train_steps is None and optimization.max_train_seconds is None:
+        raise Refusal(
+            "--streaming needs --max_train_steps or --max_train_seconds: a stream's length is unknown, so "
+            "--num_train_epochs cannot be the budget"
+        )
+    if run.checkpointing_steps == "epoch":
+        raise Refusal(
+            "--checkpointing_steps epoch has no meaning with --streaming (a stream's passes are not counted "
+            "ahead); pass --checkpointing_steps N (updates)"
+        )
+    if data.dupe_factor != 1:
+        raise Refusal(
+            f"--dupe_factor {data.dupe_factor} with --streaming: each pass over the stream pairs the sentences "
+            "anew, so drop --dupe_factor (more updates, --max_train_steps, give more passes)"
+        )
+    has_tokenizer = data.tokenizer_name is not None or settings.model.model_name_or_path is not None
+    if not has_tokenizer and run.resume_from_checkpoint is None:
+        raise Refusal(
+            "--streaming needs a trained tokenizer (a tokenizer is not trained on a stream inside the run): "
+            "train one first with `python train_tokenizer.py --streaming <the same corpus flags> --output_dir "
+            "tokenizer` and pass --tokenizer_name tokenizer (or --model_name_or_path)"
+        )
+    least = 2 if data.objective == "mlm+nsp" else 1  # NSP draws a random B from another document
+    for name in STREAM_FLAGS:
+        if getattr(data, name) < least:
+            raise Refusal(
+                f"--{name} {getattr(data, name)} must be >= {least}"
+                + (" (next sentence prediction draws B from another document)" if least > 1 else "")
+            )
 
 
 def check_resume_settings(

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from hfbert.checkpointing import TrainingProgress
 from hfbert.initialization import init_structured_attention
 from hfbert.pretraining.settings import OptimizationSettings
+from hfbert.pretraining.stream import StreamLoader
 
 UNBOUNDED_STEPS = 10**12  # the step budget of a run bounded by --max_train_seconds alone
 
@@ -103,18 +104,27 @@ def build_optimizer(model: torch.nn.Module, optimization: OptimizationSettings, 
     )
 
 
-def plan_budget(optimization: OptimizationSettings, batches_per_epoch: int, num_processes: int) -> Budget:
+def plan_budget(
+    optimization: OptimizationSettings, batches_per_epoch: int | None, num_processes: int
+) -> Budget:
     """The updates of the run (--max_train_steps, or the epochs', or unbounded under a time budget alone)
-    and the schedule laid out over them."""
-    updates_per_epoch = math.ceil(
-        math.ceil(batches_per_epoch / num_processes) / optimization.gradient_accumulation_steps
-    )
-    max_train_steps = optimization.max_train_steps or (
-        # A time budget alone runs as many epochs as fit in it; otherwise --num_train_epochs.
-        UNBOUNDED_STEPS
-        if optimization.max_train_seconds
-        else optimization.num_train_epochs * updates_per_epoch
-    )
+    and the schedule laid out over them. `batches_per_epoch` None: a stream (--streaming), whose length is
+    unknown; it is one endless epoch, and settings refuse it without --max_train_steps or --max_train_seconds."""
+    if batches_per_epoch is None:
+        if optimization.max_train_steps is None and optimization.max_train_seconds is None:
+            raise ValueError("a stream needs --max_train_steps or --max_train_seconds (it has no epochs)")
+        updates_per_epoch = None
+        max_train_steps = optimization.max_train_steps or UNBOUNDED_STEPS
+    else:
+        updates_per_epoch = math.ceil(
+            math.ceil(batches_per_epoch / num_processes) / optimization.gradient_accumulation_steps
+        )
+        max_train_steps = optimization.max_train_steps or (
+            # A time budget alone runs as many epochs as fit in it; otherwise --num_train_epochs.
+            UNBOUNDED_STEPS
+            if optimization.max_train_seconds
+            else optimization.num_train_epochs * updates_per_epoch
+        )
     schedule = LearningRateSchedule(
         peak=optimization.learning_rate,
         warmup_steps=optimization.num_warmup_steps,
@@ -122,17 +132,18 @@ def plan_budget(optimization: OptimizationSettings, batches_per_epoch: int, num_
         max_seconds=optimization.max_train_seconds,
         shape=optimization.lr_scheduler_type,
     )
-    return Budget(schedule, max_train_steps, num_epochs=math.ceil(max_train_steps / updates_per_epoch))
+    num_epochs = 1 if updates_per_epoch is None else math.ceil(max_train_steps / updates_per_epoch)
+    return Budget(schedule, max_train_steps, num_epochs=num_epochs)
 
 
 def setup_training(
     model: torch.nn.Module,
-    train_loader: DataLoader,
+    train_loader: DataLoader | StreamLoader,
     eval_loader: DataLoader,
     optimization: OptimizationSettings,
     attention_init: str,
     accelerator: Accelerator,
-) -> tuple[TrainingState, DataLoader, DataLoader, Budget]:
+) -> tuple[TrainingState, DataLoader | StreamLoader, DataLoader, Budget]:
     """Optimizer, schedule and budget for `model`, everything prepared by accelerate (not yet resumed).
 
     `model` is any module whose forward takes a batch plus `mlm_masked_rows_only=True` and returns `mlm_loss`,
@@ -149,9 +160,11 @@ def setup_training(
         # (torch.compile's wrapper would prefix them with "_orig_mod.").
         model.compile(dynamic=False)
     optimizer = build_optimizer(model, optimization, accelerator.device)
-    budget = plan_budget(optimization, len(train_loader), accelerator.num_processes)
+    stream = isinstance(train_loader, StreamLoader)
+    budget = plan_budget(optimization, None if stream else len(train_loader), accelerator.num_processes)
     model, optimizer = accelerator.prepare(model, optimizer)
-    train_loader = accelerator.prepare_data_loader(train_loader)
+    if not stream:  # a stream is split by process already (split_dataset_by_node) and moves its own batches
+        train_loader = accelerator.prepare_data_loader(train_loader)
     eval_loader = accelerator.prepare_data_loader(eval_loader)
     progress = TrainingProgress()
     accelerator.register_for_checkpointing(progress)

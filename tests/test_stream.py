@@ -1,0 +1,202 @@
+"""hfbert.pretraining.stream: instances made from a stream of documents, in windows, split by process and by
+loader worker; a position restored from a checkpoint continues with exactly the next batch."""
+
+import itertools
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from datasets import load_from_disk
+from datasets.distributed import split_dataset_by_node
+
+from hfbert.corpus import is_wikitext_article_heading, load_documents
+from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments
+from hfbert.errors import Refusal, RunFailure
+from hfbert.pretraining.batches import BatchPlan
+from hfbert.pretraining.data import tokenize_documents
+from hfbert.pretraining.instances import InstanceRecipe, TokenizedDocuments
+from hfbert.pretraining.settings import DataSettings
+from hfbert.pretraining.stream import (
+    STREAM_STATE_NAME,
+    TrainingStream,
+    WindowDocuments,
+    build_stream_loaders,
+    check_stream_checkpoint,
+    draw_id,
+    validation_documents,
+)
+
+ARTICLES = 6
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Path:
+    """The first 6 articles of the shipped sample's training text, as a WikiText .raw file."""
+    lines = (SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"]).read_text(encoding="utf-8").splitlines(keepends=True)
+    starts = [number for number, line in enumerate(lines) if is_wikitext_article_heading(line)]
+    path = tmp_path_factory.mktemp("corpus") / "small.raw"
+    path.write_text("".join(lines[: starts[ARTICLES]]), encoding="utf-8")
+    return path
+
+
+def streamed(path: Path) -> datasets.IterableDataset:
+    return load_documents(CorpusArguments(train_file=str(path), streaming=True))["train"]
+
+
+def make_recipe(tokenizer, objective="mlm+nsp") -> InstanceRecipe:
+    return InstanceRecipe(objective, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length=64, seed=5)
+
+
+def stream_loader(documents, tokenizer, workers: int, window: int = 2, objective="mlm+nsp", rank: int = 0):
+    plan = BatchPlan(
+        train_batch_size=16,
+        eval_batch_size=16,
+        max_predictions_per_seq=None,
+        pad_to_length=None,
+        fill_eval_batches=False,
+        drop_last=False,
+        num_workers=workers,
+        pin_memory=False,
+        mlm_probability=0.15,
+        eval_mlm_probability=0.15,
+        seed=5,
+    )
+    stream = TrainingStream(documents, make_recipe(tokenizer, objective), tokenizer, window, rank)
+    loader, _ = build_stream_loaders(plan, tokenizer, stream, [])
+    return loader
+
+
+def take(loader, count: int) -> list[dict[str, torch.Tensor]]:
+    batches = loader.batches(torch.device("cpu"))
+    taken = [next(batches) for _ in range(count)]
+    batches.close()  # ends the DataLoader's iterator and its workers
+    return taken
+
+
+def saved_state(loader) -> dict:
+    """What stream_state.json would hold for this one process (through JSON, as a checkpoint stores it)."""
+    return json.loads(json.dumps({"num_processes": 1, "num_workers": loader.num_workers, "ranks": [loader.state()]}))
+
+
+def assert_same_batches(expected, actual) -> None:
+    assert len(expected) == len(actual)
+    for number, (one, other) in enumerate(zip(expected, actual, strict=True)):
+        assert one.keys() == other.keys()
+        for key in one:
+            assert torch.equal(one[key], other[key]), (number, key)
+
+
+def test_window_documents_give_the_cached_documents_instances(sample_documents, sample_tokenizer, tmp_path):
+    """The same documents in memory (a window) and in the cache pair the same way (without a stream key)."""
+    sample_documents["train"].select(range(5)).save_to_disk(tmp_path / "documents")
+    tokenized = tokenize_documents(load_from_disk(tmp_path / "documents"), sample_tokenizer)
+    cached = TokenizedDocuments(tokenized)
+    window = WindowDocuments(tokenized["sentences"])
+    recipe = make_recipe(sample_tokenizer)
+    assert len(window) == len(cached) == 5
+    for document in range(5):
+        spans = recipe.spans(window, 1, document)
+        assert spans == recipe.spans(cached, 1, document)
+        assert [recipe.row(window, span) for span in spans] == [recipe.row(cached, span) for span in spans]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("stop_after", [7, 50])  # an odd count of batches (workers rotate), and past a pass
+def test_a_restored_position_continues_with_exactly_the_next_batch(small_corpus, sample_tokenizer, workers, stop_after):
+    documents = streamed(small_corpus)
+    straight = take(stream_loader(documents, sample_tokenizer, workers), 100)
+    first = stream_loader(documents, sample_tokenizer, workers)
+    head = take(first, stop_after)
+    assert first.stream_pass == (0 if stop_after == 7 else 1)  # 6 articles: about 45 batches a pass
+    resumed = stream_loader(documents, sample_tokenizer, workers)
+    resumed.resume(saved_state(first), rank=0)
+    assert_same_batches(straight, head + take(resumed, 100 - stop_after))
+
+
+def test_workers_make_every_instance_of_a_pass_once(small_corpus, sample_tokenizer):
+    """Loader workers split the windows between them: the instances of a pass, by draw id, are those made
+    without workers, each once; the next pass pairs the sentences anew."""
+    dataset = stream_loader(streamed(small_corpus), sample_tokenizer, workers=0).dataset
+
+    def instances(worker: int, workers: int, epoch: int = 0) -> dict[int, list[int]]:
+        made = {}
+        for row in dataset.worker_rows(worker, workers, None):
+            if row["stream_position"].epoch > epoch:
+                return made
+            if row["stream_position"].epoch == epoch:
+                assert row["draw"] not in made
+                made[row["draw"]] = row["input_ids"]
+        raise AssertionError("the stream ended")
+
+    alone = instances(0, 1)
+    split = [instances(worker, 2) for worker in range(2)]
+    assert split[0].keys().isdisjoint(split[1]) and split[0] | split[1] == alone and len(alone) > 600
+    windows = {row["stream_position"].window for row in itertools.islice(dataset.worker_rows(1, 2, None), 50)}
+    assert windows == {1}  # worker 1 of 2 makes windows 1, 3, ...
+    assert sorted(instances(0, 1, epoch=1).values()) != sorted(alone.values())  # pass 1 pairs anew
+
+
+def test_draw_ids_are_unique_per_pass_rank_window_and_row():
+    ids = {draw_id(epoch, rank, window, row) for epoch in range(3) for rank in range(3) for window in (0, 1, 7) for row in (0, 1, 99)}
+    assert len(ids) == 3 * 3 * 3 * 3
+
+
+def test_processes_share_the_stream_between_them(small_corpus):
+    documents = streamed(small_corpus)
+    every = [document["paragraphs"][0] for document in documents]
+    ranks = [
+        [document["paragraphs"][0] for document in split_dataset_by_node(documents, rank=rank, world_size=2)]
+        for rank in range(2)
+    ]
+    assert sorted(ranks[0] + ranks[1]) == sorted(every) and set(ranks[0]).isdisjoint(ranks[1])
+
+
+def test_a_worker_without_a_window_stops_the_run_with_one_line(small_corpus, sample_tokenizer):
+    loader = stream_loader(streamed(small_corpus), sample_tokenizer, workers=2, window=100)
+    with pytest.raises(RunFailure, match=r"gave loader worker 1 of 2 no instances.*--stream_window_documents") as error:
+        take(loader, 200)
+    assert "\n" not in str(error.value)
+
+
+def test_the_mlm_objective_streams_segments(small_corpus, sample_tokenizer):
+    (batch,) = take(stream_loader(streamed(small_corpus), sample_tokenizer, workers=0, objective="mlm"), 1)
+    assert "next_sentence_label" not in batch and batch["input_ids"].shape[0] == 16
+
+
+def test_held_out_validation_documents_are_the_streams_first_ones(small_corpus):
+    corpus = CorpusArguments(train_file=str(small_corpus), streaming=True)
+    documents = load_documents(corpus)
+    data = DataSettings(stream_validation_documents=2)
+    validation = validation_documents(documents, corpus, data)
+    every = [document["paragraphs"] for document in documents["train"]]
+    assert validation["paragraphs"] == every[:2]
+    assert validation_documents(documents, corpus, data)._fingerprint == validation._fingerprint  # cached
+    with pytest.raises(Refusal, match=f"the training stream has {ARTICLES} documents and --stream_validation_documents 50"):
+        validation_documents(documents, corpus, DataSettings(stream_validation_documents=50))
+
+
+def test_a_streaming_checkpoint_resumes_on_its_own_process_and_worker_counts_only(tmp_path):
+    (tmp_path / STREAM_STATE_NAME).write_text(json.dumps({"num_processes": 2, "num_workers": 4, "ranks": [{}, {}]}))
+    check_stream_checkpoint(tmp_path, num_processes=2, num_workers=4, on_cpu=True)
+    with pytest.raises(Refusal, match="resumes on 2 processes only"):
+        check_stream_checkpoint(tmp_path, num_processes=1, num_workers=4, on_cpu=True)
+    with pytest.raises(Refusal, match="pass --dataloader_num_workers 4"):
+        check_stream_checkpoint(tmp_path, num_processes=2, num_workers=0, on_cpu=True)
+    with pytest.raises(Refusal, match="not written by a --streaming run"):
+        check_stream_checkpoint(tmp_path / "elsewhere", num_processes=2, num_workers=4, on_cpu=True)
+
+
+def test_windows_are_shuffled_and_paired_by_their_own_seed(small_corpus, sample_tokenizer):
+    """Two windows with the same document numbers pair differently (the stream key), and the instance order
+    of a window is not its documents' order."""
+    loader = stream_loader(streamed(small_corpus), sample_tokenizer, workers=0)
+    dataset = loader.dataset
+    _, _, paragraphs = next(dataset.windows(None, 0))
+    documents, spans = dataset.window_spans(0, 0, paragraphs)
+    _, same_window = dataset.window_spans(0, 0, paragraphs)
+    _, as_window_1 = dataset.window_spans(0, 1, paragraphs)
+    assert spans == same_window and spans != as_window_1
+    assert [span.document for span in spans] != sorted(span.document for span in spans)
+    assert len(documents) == 2
