@@ -318,12 +318,9 @@ def build_model_config(
     return config
 
 
-def build_instances(
-    documents: datasets.DatasetDict, tokenizer: Any, data: DataSettings, seed: int
-) -> tuple[DrawnInstances, datasets.Dataset]:
-    """The training instances (`dupe_factor` passes, counted now and made while training) and the evaluation
-    instances (one pass, written: every evaluation scores the same rows), cached by datasets."""
-    recipe = InstanceRecipe(
+def instance_recipe(data: DataSettings, tokenizer: Any, seed: int) -> InstanceRecipe:
+    """How the run's documents become instances: --objective, --max_seq_length and --short_seq_prob."""
+    return InstanceRecipe(
         objective=data.objective,
         cls_token_id=tokenizer.cls_token_id,
         sep_token_id=tokenizer.sep_token_id,
@@ -331,6 +328,14 @@ def build_instances(
         short_seq_prob=data.short_seq_prob,
         seed=seed,
     )
+
+
+def build_instances(
+    documents: datasets.DatasetDict, tokenizer: Any, data: DataSettings, seed: int
+) -> tuple[DrawnInstances, datasets.Dataset]:
+    """The training instances (`dupe_factor` passes, counted now and made while training) and the evaluation
+    instances (one pass, written: every evaluation scores the same rows), cached by datasets."""
+    recipe = instance_recipe(data, tokenizer, seed)
     workers = data.preprocessing_num_workers
     tokenized = {split: tokenize_documents(documents[split], tokenizer, num_proc=workers) for split in documents}
     # --objective mlm cuts every document the same way in every pass: --dupe_factor is 1 (settings refuse more).

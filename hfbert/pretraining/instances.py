@@ -368,21 +368,38 @@ def count_instances(
     The pairing runs once here, on sentence lengths, and is not written: only its counts are, cached by
     datasets under the documents' fingerprint and the recipe (4 bytes a document a pass).
     """
+    description = f"Pairing sentences (pass {pass_index})" if recipe.pairs else "Cutting segments"
+    # Counts are small: larger batches than the rows' keep datasets' per-batch overhead down.
+    counts = _map_pass(tokenized, recipe, pass_index, _count_batch, COUNT_FEATURES, 32, description, num_proc)
+    return counts.data.column("instances").to_numpy()
+
+
+def _map_pass(
+    tokenized: Dataset,
+    recipe: InstanceRecipe,
+    pass_index: int,
+    function: Any,
+    features: Features,
+    batches_of_documents: int,
+    description: str,
+    num_proc: int | None,
+) -> Dataset:
+    """``function`` over every document of pass ``pass_index``, cached under the documents, the recipe, the
+    pass and the function's name."""
     if recipe.pairs:
         check_documents_for_nsp(tokenized)
-    counts = tokenized.map(
-        _count_batch,
+    return tokenized.map(
+        function,
         batched=True,
-        batch_size=DOCUMENTS_PER_BATCH * 32,
+        batch_size=DOCUMENTS_PER_BATCH * batches_of_documents,
         with_indices=True,
         num_proc=num_proc,
         remove_columns=tokenized.column_names,
-        features=COUNT_FEATURES,
+        features=features,
         fn_kwargs={"documents": TokenizedDocuments(tokenized), "recipe": recipe, "pass_index": pass_index},
-        new_fingerprint=recipe.fingerprint(tokenized, "count_instances", pass_index),
-        desc=f"Pairing sentences (pass {pass_index})" if recipe.pairs else "Cutting segments",
+        new_fingerprint=recipe.fingerprint(tokenized, function.__name__, pass_index),
+        desc=description,
     )
-    return counts.data.column("instances").to_numpy()
 
 
 def _rows_batch(
@@ -406,20 +423,8 @@ def write_instances(
 ) -> Dataset:
     """Every instance of pass ``pass_index``, written as a dataset (the fixed validation set, and benchmarks):
     the same rows :class:`DrawnInstances` makes while training, in document order."""
-    if recipe.pairs:
-        check_documents_for_nsp(tokenized)
-    return tokenized.map(
-        _rows_batch,
-        batched=True,
-        batch_size=DOCUMENTS_PER_BATCH,
-        with_indices=True,
-        num_proc=num_proc,
-        remove_columns=tokenized.column_names,
-        features=recipe.features(),
-        fn_kwargs={"documents": TokenizedDocuments(tokenized), "recipe": recipe, "pass_index": pass_index},
-        new_fingerprint=recipe.fingerprint(tokenized, "write_instances", pass_index),
-        desc=f"Building NSP instances (pass {pass_index})" if recipe.pairs else "Building MLM segments",
-    )
+    description = f"Building NSP instances (pass {pass_index})" if recipe.pairs else "Building MLM segments"
+    return _map_pass(tokenized, recipe, pass_index, _rows_batch, recipe.features(), 1, description, num_proc)
 
 
 class DrawnInstances:

@@ -64,6 +64,7 @@ from hfbert.pretraining.data import (
     _tokenize_batch,
     build_model_config,
     cache_writers_first,
+    instance_recipe,
     load_run_tokenizer,
     sample_sentences,
     tokenize_documents,
@@ -121,14 +122,7 @@ def prepare_stream_data(
     tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
     config = build_model_config(model, data.max_seq_length, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings
-    recipe = InstanceRecipe(
-        objective=data.objective,
-        cls_token_id=tokenizer.cls_token_id,
-        sep_token_id=tokenizer.sep_token_id,
-        max_seq_length=data.max_seq_length,
-        short_seq_prob=data.short_seq_prob,
-        seed=seed,
-    )
+    recipe = instance_recipe(data, tokenizer, seed)
     with cache_writers_first(accelerator), naming_cache_failures():
         validation = validation_documents(documents, corpus, data)
         evaluation = validation_instances(validation, tokenizer, recipe, data)
