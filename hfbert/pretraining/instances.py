@@ -332,7 +332,9 @@ def truncation(
 @functools.lru_cache(maxsize=1024)
 def _top_bits(count: int, stride: int) -> int:
     """Bit 31 of the first 32-bit word of ``count`` draws ``stride`` bits apart."""
-    return sum(1 << (31 + stride * index) for index in range(count))
+    # Built from bytes, in linear time (a sum of shifted ints is quadratic in the count).
+    word = b"\x00\x00\x00\x80" + bytes(stride // 8 - 4)
+    return int.from_bytes(word * count, "little")
 
 
 def check_documents_for_nsp(tokenized: Dataset) -> None:
