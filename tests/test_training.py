@@ -314,6 +314,27 @@ def test_a_streaming_run_resumed_with_other_flags_or_another_corpus_is_refused_u
 
 
 @pytest.mark.slow
+def test_a_streaming_run_from_a_hub_layout_folder_resumes_exactly(tmp_path, run_inputs):
+    """--dataset_name (a local folder laid out like the Hub's Salesforce/wikitext, parquet files): the stream's
+    position in its parquet rows goes through stream_state.json and the resumed run equals the straight one."""
+    from test_corpus import HUB_CONFIG, hub_layout_folder
+
+    folder = hub_layout_folder.__wrapped__(tmp_path)  # the fixture's function: test_corpus's Hub-layout folder
+    source = ("--dataset_name", str(folder), "--dataset_config_name", HUB_CONFIG)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = (*source, "--max_train_steps", "7")
+    train_in_process(streaming_args(run_inputs, straight, *common, "--checkpointing_steps", "5"))
+    (position,) = json.loads((straight / "checkpoint-5" / "stream_state.json").read_text())["ranks"][0]["positions"]
+    assert position["window"] >= 1 and position["state"] is not None  # a position inside the parquet rows
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-5", resumed / "checkpoint-5")
+    train_in_process(streaming_args(run_inputs, resumed, *common, "--resume_from_checkpoint", "latest"))
+    expected, actual = final_weights(straight), final_weights(resumed)
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+
+
+@pytest.mark.slow
 def test_a_streaming_run_on_two_cpu_processes_resumes_exactly_on_two_only(tmp_path, run_inputs):
     """Each process streams its own share of the documents (split_dataset_by_node); the checkpoint holds both
     positions, a resume on 2 processes continues exactly, one on 1 process is refused before any work."""

@@ -123,7 +123,8 @@ class DataSettings:
             "help": f"With --streaming: consecutive documents of the stream made into instances together (default "
             f"{STREAM_WINDOW_DOCUMENTS}): a window is tokenized and paired in a loader worker, an NSP pair's random "
             "B comes from another document of its window (google draws it from the whole corpus), and its "
-            "instances are shuffled together."
+            "instances are shuffled together: the window is the span instances are shuffled over, so give it "
+            "as many documents as memory allows (benchmarks/results/streaming.md)."
         },
     )
     stream_validation_documents: int | None = field(
