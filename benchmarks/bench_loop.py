@@ -116,13 +116,15 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str):
     set_seed(optimization.seed, device_specific=True)
     plan = plan_batches(settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device)
     loaders = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
-    state, train_loader, eval_loader, budget = setup_training(
-        model, *loaders, optimization, settings.model.attention_init, accelerator
+    fade = settings.model.structured_attention_fade or 0.0
+    state, train_loader, eval_loader, budget, shaping = setup_training(
+        model, *loaders, optimization, settings.model.attention_init, fade, accelerator
     )
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     checkpoints = CheckpointWriter(output_dir, None, settings.resume_invariant(), data.tokenizer)
     flops = ModelFlops(data.config, model, peak_flops_per_process=None)
-    fit(accelerator, state, train_loader, eval_loader, budget, optimization, settings.run, precision, checkpoints, flops)
+    fit(accelerator, state, train_loader, eval_loader, budget, optimization, settings.run, precision, checkpoints, flops,
+        shaping)  # fmt: skip
     run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed)
     rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
     last = max(rows)

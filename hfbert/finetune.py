@@ -488,8 +488,8 @@ def add_to_model_card(
 
 def reinit_query_key_hint(folder: str) -> str | None:
     """A note for a folder that `run_pretraining.py` pretrained from the structured attention start (its
-    training_args.json says so): such folders fine-tuned better with --reinit_query_key in every measurement.
-    None for any other folder."""
+    training_args.json says so) and kept it (no --structured_attention_fade): such folders fine-tuned better
+    with --reinit_query_key in every measurement. None for any other folder."""
     try:
         training_args = json.loads((Path(folder) / TRAINING_ARGS_NAME).read_text())
     except (OSError, ValueError):
@@ -497,6 +497,8 @@ def reinit_query_key_hint(folder: str) -> str | None:
     if not isinstance(training_args, dict) or training_args.get("attention_init") != "structured":
         return None
     if training_args.get("model_name_or_path"):  # started from weights: the start was not applied
+        return None
+    if training_args.get("structured_attention_fade"):  # the start faded: the queries and keys are its own
         return None
     return (
         f"Note: {folder} was pretrained from the structured attention start. Such folders fine-tuned better "

@@ -99,13 +99,21 @@ def word_match_query_key(head_size: int, hidden_size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def init_structured_attention(model: nn.Module, seed: int) -> None:
+def init_structured_attention(
+    model: nn.Module, seed: int, keep_random_rows: bool = False
+) -> dict[str, torch.Tensor]:
     """Lay the structured start (see the module docstring) onto a freshly initialised BERT, in place.
 
     Args:
         model: a BERT with transformers' parameter layout (hfbert's or transformers' models, with or without
             a head); its config must pass `check_structured_attention_config`.
         seed: seed of the random frequencies (a private generator: the global RNG is left untouched).
+        keep_random_rows: add the three heads' query/key rows to the random ones instead of replacing them,
+            so that the model is left with BERT's initialisation there once they are taken away again
+            (hfbert.pretraining.attention_shaping.StructuredFade).
+
+    Returns:
+        The query/key components written, by parameter name: full-size tensors, zero outside the three heads.
     """
     config = model.config
     check_structured_attention_config(config)
@@ -126,10 +134,16 @@ def init_structured_attention(model: nn.Module, seed: int) -> None:
         (1, 0): (*offset_query_key(frequencies, +1, head_size, hidden), OFFSET_GAIN),
         (0, 1): (match, match, MATCH_GAIN),
     }
+    prefix = f"{model.base_model_prefix}." if encoder is not model else ""
+    components: dict[str, torch.Tensor] = {}
     for (layer, head), (query, key, gain) in heads_to_set.items():
         attention = encoder.encoder.layer[layer].attention.self
         rows = slice(head * head_size, (head + 1) * head_size)
-        attention.query.weight[rows] = (query * gain * gain_scale).to(attention.query.weight.dtype)
-        attention.key.weight[rows] = (key * gain * gain_scale).to(attention.key.weight.dtype)
-        attention.query.bias[rows] = 0.0
-        attention.key.bias[rows] = 0.0
+        for role, pattern in (("query", query), ("key", key)):
+            weight = getattr(attention, role).weight
+            name = f"{prefix}encoder.layer.{layer}.attention.self.{role}.weight"
+            component = components.setdefault(name, torch.zeros_like(weight))
+            component[rows] = (pattern * gain * gain_scale).to(weight.dtype)
+            weight[rows] = component[rows] + weight[rows] if keep_random_rows else component[rows]
+            getattr(attention, role).bias[rows] = 0.0
+    return components

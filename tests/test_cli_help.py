@@ -17,6 +17,7 @@ EXAMPLE_VALUES = {
     "--max_eval_samples": "100",
     "--preprocessing_num_workers": "2",
     "--dropout": "0",
+    "--structured_attention_fade": "1",
     "--max_train_steps": "800",
     "--max_train_seconds": "600",
     "--eval_steps": "200",

@@ -20,6 +20,14 @@ from hfbert.pretraining.settings import check_resume_settings
         (["--mlm_probability", "1.5"], "--mlm_probability 1.5 must be in (0, 1)"),
         (["--dropout", "1.0"], "--dropout 1.0 must be in [0, 1)"),
         (["--nsp_loss_weight", "-1"], "--nsp_loss_weight -1.0 must be >= 0"),
+        (["--structured_attention_fade", "1.5"], "--structured_attention_fade 1.5 must be a fraction of the budget"),
+        (
+            ["--attention_init", "bert", "--structured_attention_fade", "0.5"],
+            "--attention_init bert has none; drop --structured_attention_fade or pass --attention_init structured",
+        ),
+        (["--model_name_or_path", "src", "--structured_attention_fade", "1"], "weights hold no structured start to fade"),
+        (["--cls_attention_spread", "-1"], "--cls_attention_spread -1.0 must be >= 0"),
+        (["--cls_attention_spread", "1", "--torch_compile"], "drop --torch_compile or --cls_attention_spread"),
         (["--validation_split_percentage", "0"], "must be in (0, 100)"),
         (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
         (["--max_grad_norm", "nan"], "--max_grad_norm nan must be a finite number, e.g. 1.0"),
@@ -41,6 +49,24 @@ def test_bad_flags_are_refused_when_parsed(flags, message):
     with pytest.raises(ValueError) as error:
         parse_args(["--output_dir", "unused", *flags])
     assert message in str(error.value)
+
+
+def test_the_structured_fade_is_resolved_for_a_fresh_structured_model_only():
+    assert parse_args(["--output_dir", "o"]).model.structured_attention_fade == 0.0
+    assert parse_args(["--output_dir", "o", "--attention_init", "bert"]).model.structured_attention_fade is None
+
+
+def test_resume_refuses_another_fade_or_spread_and_a_longer_budget_under_a_fade():
+    fading = ["--output_dir", "o", "--lr_scheduler_type", "constant", "--structured_attention_fade", "0.5"]
+    saved = parse_args([*fading, "--max_train_steps", "10"]).resume_invariant()
+    with pytest.raises(ValueError, match=r"--max_train_steps 10 in the checkpoint, 20 now \(--structured_attention_fade"):
+        check_resume_settings(saved, parse_args([*fading, "--max_train_steps", "20"]), "ckpt")
+    other = parse_args([*fading[:-1], "1", "--max_train_steps", "10"])
+    with pytest.raises(ValueError, match=r"--structured_attention_fade 0.5 in the checkpoint, 1.0 now"):
+        check_resume_settings(saved, other, "ckpt")
+    spread = parse_args([*fading, "--max_train_steps", "10", "--cls_attention_spread", "1"])
+    with pytest.raises(ValueError, match=r"--cls_attention_spread 0.0 in the checkpoint, 1.0 now"):
+        check_resume_settings(saved, spread, "ckpt")
 
 
 def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():

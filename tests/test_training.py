@@ -196,6 +196,23 @@ def test_half_then_resume_then_half_equals_straight_training(tmp_path, run_input
 
 
 @pytest.mark.slow
+def test_a_fading_start_with_the_cls_penalty_resumes_exactly_and_ends_without_the_structure(tmp_path, run_inputs):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = ("--max_train_steps", "10", "--structured_attention_fade", "0.6", "--cls_attention_spread", "1")
+    train_in_process(run_args(run_inputs, straight, *common, "--checkpointing_steps", "4"))
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-4", resumed / "checkpoint-4")
+    train_in_process(run_args(run_inputs, resumed, *common, "--resume_from_checkpoint", "latest"))
+    expected, actual = final_weights(straight), final_weights(resumed)
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+    plain = tmp_path / "plain"  # the same run without the two levers ends elsewhere
+    train_in_process(run_args(run_inputs, plain, "--max_train_steps", "10"))
+    query = "bert.encoder.layer.1.attention.self.query.weight"  # its largest entries: the next-token head's
+    assert expected[query].abs().max() < final_weights(plain)[query].abs().max() / 4
+
+
+@pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "400", "--checkpointing_steps", "3")

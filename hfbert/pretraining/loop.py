@@ -19,11 +19,14 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from hfbert.checkpointing import TrainingProgress, save_checkpoint
+from hfbert.pretraining.attention_shaping import AttentionShaping
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, check_loss_is_finite, evaluate
 from hfbert.pretraining.reshard import micro_batches_to_skip
 from hfbert.pretraining.settings import OptimizationSettings, RunSettings
 from hfbert.pretraining.setup import Budget, TrainingState
 from hfbert.pretraining.stream import STREAM_STATE_NAME, StreamLoader
+
+NO_SHAPING = AttentionShaping()
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +102,14 @@ def train_step(
     optimization: OptimizationSettings,
     precision: str,
     output_dir: str | None = None,
+    shaping: AttentionShaping = NO_SHAPING,
 ) -> tuple[Any, torch.Tensor]:
     """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch;
-    `output_dir` names the last finite checkpoint should the loss stop being finite."""
+    `output_dir` names the last finite checkpoint should the loss stop being finite; `shaping` adds its
+    penalty to the loss."""
     with accelerator.accumulate(state.model):
         outputs = state.model(**batch, mlm_masked_rows_only=True)
-        loss = outputs.mlm_loss
+        loss = shaping.add_penalty(outputs.mlm_loss, batch)
         if outputs.nsp_loss is not None:  # None under --objective mlm
             loss = loss + optimization.nsp_loss_weight * outputs.nsp_loss
         # On CUDA the check waits for the device, so it runs once per logging interval instead (in fit).
@@ -238,9 +243,11 @@ def fit(
     precision: str,
     checkpoints: CheckpointWriter,
     flops: ModelFlops,
+    shaping: AttentionShaping = NO_SHAPING,
 ) -> dict[str, float]:
-    """Train until the step or time budget runs out; log, evaluate and checkpoint on their schedules. On
-    SIGTERM/SIGUSR1, write a checkpoint and raise `Preempted`. Returns the final evaluation metrics."""
+    """Train until the step or time budget runs out; log, evaluate and checkpoint on their schedules; shape
+    the attention as `shaping` says. On SIGTERM/SIGUSR1, write a checkpoint and raise `Preempted`. Returns
+    the final evaluation metrics."""
     progress = state.progress
     every_checkpoint = run.checkpointing_steps
     checkpoint_steps = int(every_checkpoint) if every_checkpoint not in (None, "epoch") else None
@@ -248,6 +255,7 @@ def fit(
     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
     clock = time.perf_counter()  # start of the current stretch of training time
     seconds = synced_train_seconds(accelerator, progress, budget)
+    shaping.resume_at(budget.progress(progress.completed_steps, seconds))
     metrics: dict[str, float] | None = None
     state.model.train()
     with PreemptionSignals() as preemption:
@@ -257,7 +265,7 @@ def fit(
             for batch in epoch_batches(accelerator, train_loader, epoch, progress):
                 learning_rate = budget.schedule(progress.completed_steps, seconds)
                 set_learning_rate(state.optimizer, learning_rate)
-                step_args = (learning_rate, optimization, precision, run.output_dir)
+                step_args = (learning_rate, optimization, precision, run.output_dir, shaping)
                 outputs, loss = train_step(accelerator, state, batch, *step_args)
                 progress.micro_batches_in_epoch += accelerator.num_processes  # global: any split continues it
                 window.add(outputs, loss, batch)
@@ -267,6 +275,7 @@ def fit(
                 step, now = progress.completed_steps, time.perf_counter()
                 progress.train_seconds += now - clock
                 seconds = synced_train_seconds(accelerator, progress, budget)
+                shaping.after_update(budget.progress(step, seconds))
                 bar.update(1)
                 log_due = is_due(step, run.logging_steps) or step == budget.max_train_steps
                 if log_due:

@@ -241,8 +241,9 @@ def train(
     loaders = build_stream_loaders if stream else build_loaders
     train_loader, eval_loader = loaders(plan, data.tokenizer, data.train, data.evaluation)
     attention_init = "bert" if weights_loaded else settings.model.attention_init
-    state, train_loader, eval_loader, budget = setup_training(
-        model, train_loader, eval_loader, optimization, attention_init, accelerator
+    fade = 0.0 if weights_loaded else settings.model.structured_attention_fade or 0.0
+    state, train_loader, eval_loader, budget, shaping = setup_training(
+        model, train_loader, eval_loader, optimization, attention_init, fade, accelerator
     )
     summary = run_summary(settings, summary_model, data, precision, plan, budget, accelerator.num_processes)
     log_plan(data, optimization, budget, accelerator.num_processes, summary["num_parameters"])
@@ -275,6 +276,7 @@ def train(
             precision,
             checkpoints,
             flops,
+            shaping,
         )
     except Preempted:  # every rank stops at the same update: its process group ends now, not at exit
         release_ddp_wrapper(accelerator, state)

@@ -27,10 +27,12 @@ STREAM_VALIDATION_DOCUMENTS = 1000
 # What a run from scratch gets without --vocab_size / --attention_init (a run from weights has neither).
 DEFAULT_VOCAB_SIZE = 30522
 DEFAULT_ATTENTION_INIT = "structured"
+DEFAULT_STRUCTURED_ATTENTION_FADE = 0.0
 # The flags that only shape a fresh model, and why each has no meaning for a run from weights.
 FRESH_MODEL_FLAGS = {
     "vocab_size": "the vocabulary is the source's tokenizer's (or --tokenizer_name's, which must match it)",
     "attention_init": "the source's weights are the start; nothing is initialised",
+    "structured_attention_fade": "the source's weights hold no structured start to fade",
 }
 
 
@@ -178,6 +180,16 @@ class ModelSettings:
             "--model_name_or_path (its weights are the start)."
         },
     )
+    structured_attention_fade: float | None = field(
+        default=None,
+        metadata={
+            "help": "With the structured start: the fraction of the budget (updates or seconds, as the learning "
+            "rate's decay counts it) over which its three heads' query/key patterns fade linearly to nothing, "
+            "leaving BERT's random rows and what training learned. 0 (default): they stay. The folder of a "
+            "short run then fine-tunes better on few labels (benchmarks/results/downstream.md, 'Pretraining "
+            "levers'); held-out MLM accuracy ends lower."
+        },
+    )
 
 
 @dataclass
@@ -204,6 +216,15 @@ class OptimizationSettings:
     num_warmup_steps: int = field(default=0, metadata={"help": "Linear warmup updates."})
     nsp_loss_weight: float = field(
         default=1.0, metadata={"help": "Weight of the NSP loss in the training loss (mlm + w * nsp)."}
+    )
+    cls_attention_spread: float = field(
+        default=0.0,
+        metadata={
+            "help": "Weight w of a penalty on [CLS]'s attention for looking at few tokens: w times one minus "
+            "its entropy over the log of the input's length, averaged over layers and heads (training loss "
+            "mlm + w * penalty + nsp). [CLS] is what a fine-tuned classifier reads, and no MLM loss reads its "
+            "row. 0 (default): none. Not with --torch_compile."
+        },
     )
     num_train_epochs: int = field(
         default=3, metadata={"help": "Epochs, unless --max_train_steps or --max_train_seconds is given."}
@@ -318,7 +339,8 @@ RESUME_INVARIANT = {
         "stream_window_documents",
         "stream_validation_documents",
     ),
-    "model": ("model_name_or_path", "config_name", "model_size", "dropout"),  # not attention_init: a resume loads its weights
+    # not attention_init: a resume loads its weights; the fade goes on subtracting from them
+    "model": ("model_name_or_path", "config_name", "model_size", "dropout", "structured_attention_fade"),
     "optimization": (
         "per_device_train_batch_size",
         "gradient_accumulation_steps",
@@ -331,6 +353,7 @@ RESUME_INVARIANT = {
         "lr_scheduler_type",
         "num_warmup_steps",
         "nsp_loss_weight",
+        "cls_attention_spread",
         "seed",
         "mixed_precision",
         "torch_compile",  # compiled runs pad every batch to --max_seq_length and drop an epoch's short last batch
@@ -368,6 +391,8 @@ class PretrainingSettings:
         if self.model.model_name_or_path is None:  # a run from scratch: the defaults of a fresh model
             self.model.model_size = self.model.model_size or "mini"
             self.model.attention_init = self.model.attention_init or DEFAULT_ATTENTION_INIT
+            if self.model.structured_attention_fade is None and self.model.attention_init == "structured":
+                self.model.structured_attention_fade = DEFAULT_STRUCTURED_ATTENTION_FADE
             if self.data.vocab_size is None:
                 self.data.vocab_size = DEFAULT_VOCAB_SIZE
         check_stream_flags(self.corpus.streaming, self.data)
@@ -460,6 +485,14 @@ def _check_data(data: DataSettings) -> None:
 def _check_model(model: ModelSettings, data: DataSettings) -> None:
     if model.dropout is not None and not 0.0 <= model.dropout < 1.0:
         raise Refusal(f"--dropout {model.dropout} must be in [0, 1)")
+    fade = model.structured_attention_fade
+    if fade is not None and not 0.0 <= fade <= 1.0:
+        raise Refusal(f"--structured_attention_fade {fade} must be a fraction of the budget in [0, 1], e.g. 1")
+    if fade and model.attention_init != "structured":
+        raise Refusal(
+            f"--structured_attention_fade {fade} fades the structured start, and --attention_init "
+            f"{model.attention_init} has none; drop --structured_attention_fade or pass --attention_init structured"
+        )
     # A --config_name file or a --model_name_or_path source is read by check_before_work, before any work.
     if model.config_name is None and model.model_name_or_path is None:
         preset = HfBertConfig.from_preset(model.model_size)
@@ -484,9 +517,14 @@ def _check_optimization(optimization: OptimizationSettings) -> None:
     for name in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(optimization, name) < 1.0:
             raise Refusal(f"--{name} {getattr(optimization, name)} must be in [0, 1), e.g. 0.9 or 0.999")
-    for name in ("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight"):
+    for name in ("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight", "cls_attention_spread"):
         if getattr(optimization, name) < 0:
             raise Refusal(f"--{name} {getattr(optimization, name)} must be >= 0")
+    if optimization.cls_attention_spread and optimization.torch_compile:
+        raise Refusal(
+            f"--cls_attention_spread {optimization.cls_attention_spread} reads the attention through forward "
+            "hooks, which a compiled model is not tested with; drop --torch_compile or --cls_attention_spread"
+        )
 
 
 def _check_run(run: RunSettings) -> None:
@@ -513,7 +551,12 @@ def _check_fresh_model_flags(model: ModelSettings, data: DataSettings) -> None:
     recorded in training_args.json and the model card as the run's settings."""
     if model.model_name_or_path is None:
         return
-    for name, value in (("vocab_size", data.vocab_size), ("attention_init", model.attention_init)):
+    fresh_model_flags = (
+        ("vocab_size", data.vocab_size),
+        ("attention_init", model.attention_init),
+        ("structured_attention_fade", model.structured_attention_fade),
+    )
+    for name, value in fresh_model_flags:
         if value is not None:
             raise Refusal(
                 f"--{name} {value} only shapes a fresh model, and --model_name_or_path {model.model_name_or_path} "
@@ -666,7 +709,12 @@ def check_resume_settings(
     for name, value in budget.items():
         if name not in saved or saved[name] == value:
             continue
-        if settings.optimization.lr_scheduler_type == "constant":
+        if settings.model.structured_attention_fade:
+            changed.append(
+                f"--{name} {saved[name]!r} in the checkpoint, {value!r} now (--structured_attention_fade "
+                f"{settings.model.structured_attention_fade} is laid out over the planned budget)"
+            )
+        elif settings.optimization.lr_scheduler_type == "constant":
             notes.append(f"--{name} changed from {saved[name]!r} to {value!r}: training continues to the new budget")
         else:
             changed.append(

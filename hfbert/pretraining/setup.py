@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from hfbert.checkpointing import TrainingProgress
 from hfbert.initialization import init_structured_attention
+from hfbert.pretraining.attention_shaping import AttentionShaping, ClsAttentionSpread, StructuredFade
 from hfbert.pretraining.settings import OptimizationSettings
 from hfbert.pretraining.stream import StreamLoader
 
@@ -78,6 +79,13 @@ class Budget:
     max_train_steps: int
     num_epochs: int
 
+    def progress(self, step: int, seconds: float) -> float:
+        """The share of the budget spent after `step` updates and `seconds` of training, at most 1."""
+        spent = step / self.max_train_steps
+        if self.schedule.max_seconds is not None:
+            spent = max(spent, seconds / self.schedule.max_seconds)
+        return min(spent, 1.0)
+
     @property
     def planned_train_steps(self) -> int | None:
         """The updates planned, or None under a time budget alone (as many as fit: none are planned)."""
@@ -142,17 +150,22 @@ def setup_training(
     eval_loader: DataLoader,
     optimization: OptimizationSettings,
     attention_init: str,
+    structured_attention_fade: float,
     accelerator: Accelerator,
-) -> tuple[TrainingState, DataLoader | StreamLoader, DataLoader, Budget]:
-    """Optimizer, schedule and budget for `model`, everything prepared by accelerate (not yet resumed).
+) -> tuple[TrainingState, DataLoader | StreamLoader, DataLoader, Budget, AttentionShaping]:
+    """Optimizer, schedule and budget for `model`, everything prepared by accelerate (not yet resumed), and
+    what shapes its attention during training (`hfbert.pretraining.attention_shaping`).
 
     `model` is any module whose forward takes a batch plus `mlm_masked_rows_only=True` and returns `mlm_loss`,
     `nsp_loss`, `prediction_logits` at the masked rows (row-major order of labels != -100) and
     `seq_relationship_logits`, as `HfBertForPreTraining` does; on the static path (the default on CUDA) the
     batch also holds `masked_positions` (B, P) and labels are (B, P). This is the seam through which another
     model trains in the same pipeline (benchmarks/time_to_quality.py trains transformers' BERT this way)."""
+    structured_components = {}
     if attention_init == "structured":  # a resumed run then loads its checkpoint over it
-        init_structured_attention(model, seed=optimization.seed)
+        fading = structured_attention_fade > 0
+        components = init_structured_attention(model, seed=optimization.seed, keep_random_rows=fading)
+        structured_components = components if fading else {}
     if (
         optimization.torch_compile
     ):  # static shapes throughout (see batches.plan_batches): one graph, never dynamic
@@ -168,7 +181,16 @@ def setup_training(
     eval_loader = accelerator.prepare_data_loader(eval_loader)
     progress = TrainingProgress()
     accelerator.register_for_checkpointing(progress)
-    return TrainingState(model, optimizer, progress), train_loader, eval_loader, budget
+    unwrapped = accelerator.unwrap_model(model)
+    shaping = AttentionShaping(
+        StructuredFade(unwrapped, structured_components, structured_attention_fade)
+        if structured_components
+        else None,
+        ClsAttentionSpread(unwrapped, optimization.cls_attention_spread)
+        if optimization.cls_attention_spread
+        else None,
+    )
+    return TrainingState(model, optimizer, progress), train_loader, eval_loader, budget, shaping
 
 
 def count_parameters(model: torch.nn.Module) -> int:

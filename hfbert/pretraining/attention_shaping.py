@@ -1,0 +1,140 @@
+"""Two ways pretraining leaves attention that few-label fine-tuning can use (benchmarks/results/downstream.md).
+
+The structured start (hfbert.initialization) makes a small model learn in minutes, but the sharp patterns it
+writes into the attention queries and keys (previous token, next token, same word) stay in the saved folder,
+and a classifier fine-tuned on a few hundred labels then reads little more than the first words: the main
+job's folder fine-tuned 8.5 points worse than random weights on the tweets' tuning split. Two levers, each a
+flag of `run_pretraining.py`, both asked for by the training loop (the model classes are untouched):
+
+- `StructuredFade` (`--structured_attention_fade F`): the start's patterns fade linearly to nothing over the
+  first fraction F of the budget. The random BERT rows under them and what training learned stay, so the
+  folder's queries and keys are the model's own.
+- `ClsAttentionSpread` (`--cls_attention_spread W`): a penalty of W times how far [CLS]'s attention is from
+  spreading over the whole input (one minus its entropy over the log of the row's length, averaged over
+  layers, heads and rows). [CLS]'s row serves no MLM loss, so this costs masked-word prediction nothing; it is
+  the vector a classifier reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class StructuredFade:
+    """Subtracts the structured start's query/key components from the weights as the budget's progress goes
+    from 0 to `fraction`: after an update at progress p the weights hold max(0, 1 - p / fraction) of them.
+
+    The scale is a pure function of the checkpointed progress, so a resumed run, whose weights already carry
+    the scale of its checkpoint, continues the same subtraction (`resume_at`)."""
+
+    def __init__(self, model: nn.Module, components: dict[str, torch.Tensor], fraction: float):
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        parameters = dict(model.named_parameters())
+        self.pairs = [
+            (parameters[name], component.to(parameters[name].device, parameters[name].dtype))
+            for name, component in components.items()
+        ]
+        self.fraction = fraction
+        self.applied_scale = 1.0
+
+    def scale(self, progress: float) -> float:
+        """The share of the components the weights hold at `progress` (in [0, 1]) of the budget."""
+        return max(0.0, 1.0 - progress / self.fraction)
+
+    def resume_at(self, progress: float) -> None:
+        """The weights were loaded from a checkpoint written at `progress`."""
+        self.applied_scale = self.scale(progress)
+
+    @torch.no_grad()
+    def after_update(self, progress: float) -> None:
+        """Bring the weights to the scale of `progress` (called after each optimizer update; no host sync)."""
+        scale = self.scale(progress)
+        if scale < self.applied_scale:  # progress never goes back; a scale is never added again
+            for parameter, component in self.pairs:
+                parameter.sub_((self.applied_scale - scale) * component)
+            self.applied_scale = scale
+
+
+class ClsAttentionSpread:
+    """Forward hooks on every layer's query and key projections; `penalty` turns what the last training
+    forward captured into weight * mean over layers of mean over rows and heads of (1 - H(p) / log n), p the
+    attention of the row's query at position 0 ([CLS], first in the last layer's queries too) over its n
+    unpadded keys. Hooks are not traced by torch.compile the same way: settings refuse the combination."""
+
+    def __init__(self, model: nn.Module, weight: float):
+        encoder = getattr(model, model.base_model_prefix, model)
+        self.weight = weight
+        self.num_heads = model.config.num_attention_heads
+        self.captured: list[dict[str, torch.Tensor]] = []
+        self.handles = []
+        for layer in encoder.encoder.layer:
+            attention = layer.attention.self
+            outputs: dict[str, torch.Tensor] = {}
+            self.captured.append(outputs)
+            for role in ("query", "key"):
+                self.handles.append(
+                    getattr(attention, role).register_forward_hook(self._capture(outputs, role))
+                )
+
+    @staticmethod
+    def _capture(outputs: dict[str, torch.Tensor], role: str):
+        def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+            if module.training:  # evaluation forwards keep nothing
+                outputs[role] = output
+
+        return hook
+
+    def penalty(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The weighted penalty of the last training forward, whose (B, T) `attention_mask` marks real keys."""
+        valid = attention_mask.bool()
+        log_lengths = valid.sum(-1).float().log()[:, None]  # (B, 1)
+        total = 0.0
+        for outputs in self.captured:
+            query, key = outputs.pop("query")[:, 0], outputs.pop("key")  # (B, d), (B, T, d)
+            batch, length, width = key.shape
+            head_size = width // self.num_heads
+            logits = (
+                torch.einsum(
+                    "bhs,bths->bht",
+                    query.reshape(batch, self.num_heads, head_size),
+                    key.reshape(batch, length, self.num_heads, head_size),
+                )
+                * head_size**-0.5
+            )
+            log_probs = logits.masked_fill(~valid[:, None, :], float("-inf")).log_softmax(-1)
+            entropy = -(log_probs.exp() * log_probs.masked_fill(~valid[:, None, :], 0.0)).sum(-1)  # (B, H)
+            total = total + (1 - entropy / log_lengths).mean()
+        return self.weight * total / len(self.captured)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+@dataclass(frozen=True)
+class AttentionShaping:
+    """What the training loop applies: the fade after each update, the penalty in each training loss."""
+
+    fade: StructuredFade | None = None
+    cls_spread: ClsAttentionSpread | None = None
+
+    def resume_at(self, progress: float) -> None:
+        if self.fade is not None:
+            self.fade.resume_at(progress)
+
+    def after_update(self, progress: float) -> None:
+        if self.fade is not None:
+            self.fade.after_update(progress)
+
+    def add_penalty(self, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`loss` plus the [CLS] spread penalty of the forward that made it (unchanged without one)."""
+        if self.cls_spread is None:
+            return loss
+        return loss + self.cls_spread.penalty(batch["attention_mask"])
+
+
+__all__ = ["AttentionShaping", "ClsAttentionSpread", "StructuredFade"]
