@@ -55,6 +55,7 @@ from hfbert.finetune_data import (
     task_columns,
     tokenize,
 )
+from hfbert.model_card import kept_structured_start
 from hfbert.plotting import save_figure
 from hfbert.pretraining.finish import TRAINING_ARGS_NAME
 
@@ -494,11 +495,7 @@ def reinit_query_key_hint(folder: str) -> str | None:
         training_args = json.loads((Path(folder) / TRAINING_ARGS_NAME).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(training_args, dict) or training_args.get("attention_init") != "structured":
-        return None
-    if training_args.get("model_name_or_path"):  # started from weights: the start was not applied
-        return None
-    if training_args.get("structured_attention_fade"):  # the start faded: the queries and keys are its own
+    if not isinstance(training_args, dict) or not kept_structured_start(training_args):
         return None
     return (
         f"Note: {folder} was pretrained from the structured attention start. Such folders fine-tuned better "

@@ -125,7 +125,29 @@ _OBJECTIVES = {
 }
 
 
-def _usage_sections(model_name: str) -> str:
+def kept_structured_start(training_config: dict[str, Any]) -> bool:
+    """Whether the folder was pretrained from scratch from the structured attention start and kept its patterns
+    (no --structured_attention_fade): such folders fine-tuned better with --reinit_query_key."""
+    return (
+        training_config.get("attention_init") == "structured"
+        and not training_config.get("model_name_or_path")  # started from weights: the start was not applied
+        and not training_config.get("structured_attention_fade")  # faded: its queries and keys are its own
+    )
+
+
+def _query_key_advice(training_config: dict[str, Any]) -> str:
+    if kept_structured_start(training_config):
+        return """A small model, above all one that pretrained briefly, fine-tunes better with `--reinit_query_key`: its
+attention queries and keys are drawn afresh, and every other weight stays pretrained. Pretraining from the
+structured start leaves sharp attention patterns in such a model, and fine-tuning does not unlearn them
+(`--structured_attention_fade` and `--cls_attention_spread` in pretraining leave a folder that needs no such
+surgery).
+
+"""
+    return ""
+
+
+def _usage_sections(model_name: str, training_config: dict[str, Any]) -> str:
     """The card's "How to load it" and "Fine-tuning" sections."""
     return f"""## How to load it
 
@@ -165,11 +187,7 @@ the evaluation file (`--learning_rate auto`, the default; a number skips the cho
 model's size: 20 for hidden size <= 256 (tiny, mini), 3 for larger ones. `finetune_results.json` says which rate
 was chosen and on what.
 
-A small model, above all one that pretrained briefly, fine-tunes better with `--reinit_query_key`: its
-attention queries and keys are drawn afresh, and every other weight stays pretrained. Pretraining leaves sharp
-attention patterns in such a model, and fine-tuning does not unlearn them.
-
-"""
+{_query_key_advice(training_config)}"""
 
 
 def card_body(
@@ -199,7 +217,7 @@ A BERT model pretrained {start} with `hfbert` on {objectives}, trained on {data_
 model: the weights are in `model.safetensors`, and `config.json` maps the Auto classes (`auto_map`) to the
 model code shipped in this folder.
 
-{_usage_sections(model_name)}## Evaluation
+{_usage_sections(model_name, training_config)}## Evaluation
 
 Measured on the validation split at the end of training (`eval_results.json`):
 

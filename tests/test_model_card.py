@@ -94,7 +94,20 @@ def test_the_cards_fine_tuning_command_is_one_hfbert_finetune_accepts(tmp_path):
     argv = shlex.split(command.replace("\\\n", " "))[3:]
     args = finetune.parse_args(argv)
     assert args.model_dir == "someone/hfbert-tiny" and args.compare == finetune.RANDOM_INIT
-    assert "--reinit_query_key" in text
+
+
+@pytest.mark.parametrize(
+    "start, advised",
+    [
+        ({"attention_init": "structured"}, True),  # kept the structured start's patterns
+        ({"attention_init": "structured", "structured_attention_fade": 1.0}, False),  # faded them
+        ({"attention_init": "bert"}, False),
+        ({"attention_init": "structured", "model_name_or_path": "runs/phase1"}, False),  # the start not applied
+    ],
+)
+def test_the_card_advises_reinit_query_key_only_for_a_folder_that_kept_the_structured_start(tmp_path, start, advised):
+    text = ModelCard.load(write_card(tmp_path, training_config=TRAINING_CONFIG | start)).text
+    assert ("--reinit_query_key" in text) == advised
 
 
 def test_the_card_names_the_objective_the_run_trained(tmp_path):
