@@ -183,8 +183,8 @@ class ModelSettings:
     structured_attention_fade: float | None = field(
         default=None,
         metadata={
-            "help": "With the structured start: the fraction of the budget (updates or seconds, as the learning "
-            "rate's decay counts it) over which its three heads' query/key patterns fade linearly to nothing, "
+            "help": "With the structured start: the fraction of the budget (updates or seconds, whichever is "
+            "further along) over which its three heads' query/key patterns fade linearly to nothing, "
             "leaving BERT's random rows and what training learned. 0 (default): they stay. The folder of a "
             "short run then fine-tunes better on few labels (benchmarks/results/downstream.md, 'Pretraining "
             "levers'); held-out MLM accuracy ends lower."
