@@ -599,7 +599,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "model_dir", help="a finished run's output folder, one of its checkpoint-<step> folders, or any BERT folder"
     )
-    data = parser.add_argument_group("data")
+    add_data_arguments(parser.add_argument_group("data"))
+    add_finetuning_arguments(parser.add_argument_group("fine-tuning (transformers' Trainer)"))
+    add_output_arguments(parser.add_argument_group("comparison and output"))
+    return parser
+
+
+def add_data_arguments(data: argparse._ArgumentGroup) -> None:
+    """Where the labelled rows come from and which of them are used."""
     data.add_argument("--dataset_name", help="a Hub dataset, e.g. nyu-mll/glue (GLUE's columns and metrics are known)")
     data.add_argument("--dataset_config_name", help="e.g. sst2, mrpc, rte, mnli, cola, qnli, qqp")
     data.add_argument("--validation_split", default="validation", help="evaluation split of a non-GLUE Hub set")
@@ -617,7 +624,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_eval_samples", type=int, help="evaluate on this many rows, drawn by --data_seed (default: every row)"
     )
     data.add_argument("--data_seed", type=int, default=0, help="which examples --max_train_samples keeps")
-    training = parser.add_argument_group("fine-tuning (transformers' Trainer)")
+
+
+def add_finetuning_arguments(training: argparse._ArgumentGroup) -> None:
+    """The Trainer's settings, the seeds and the surgery before fine-tuning."""
     training.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one fine-tuning run per seed")
     training.add_argument(
         "--learning_rate",
@@ -653,9 +663,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--reinit_query_key",
         action="store_true",
         help="draw the pretrained folders' attention queries and keys afresh before fine-tuning (the embeddings, "
-        "values and feed-forward layers stay pretrained): small hfbert folders fine-tune better so with few labels",
+        "values and feed-forward layers stay pretrained): small hfbert folders that kept the structured attention "
+        "start (no --structured_attention_fade) fine-tune better so with few labels",
     )
-    output = parser.add_argument_group("comparison and output")
+
+
+def add_output_arguments(output: argparse._ArgumentGroup) -> None:
+    """What the model is compared with and where the results go."""
     output.add_argument("--compare", help=f"'{RANDOM_INIT}' (the same config, freshly initialised) or another folder")
     output.add_argument("--output_dir", help=f"where {RESULTS_NAME} and {PLOT_NAME} go (default: the model folder)")
     output.add_argument(
@@ -664,7 +678,6 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument(
         "--quiet", action="store_true", help="no progress bars or library warnings: the scores and the table only"
     )
-    return parser
 
 
 def rates_text(rates: Sequence[float]) -> str:

@@ -63,6 +63,7 @@ from hfbert.pretraining.settings import (
 from hfbert.pretraining.setup import Budget, TrainingState, count_parameters, setup_training
 from hfbert.pretraining.source_model import SourceModel, check_source_model, load_source_model
 from hfbert.pretraining.stream import (
+    StreamLoader,
     TrainingStream,
     build_stream_loaders,
     check_stream_checkpoint,
@@ -228,31 +229,25 @@ def train(
     checkpoint: Path | None,
     weights_loaded: bool = False,
 ) -> FinalFolder:
-    """Batches -> setup -> resume -> fit -> finish for `model` (built from `data.config` right after
-    `prepare_run_data`, or holding a source model's weights: `weights_loaded`, and then --attention_init is
-    not applied over them); returns the final model folder."""
+    """Batches -> setup -> resume -> fit -> finish for `model` (fresh from `data.config`, or holding a source
+    model's weights: `weights_loaded`, and then no --attention_init over them); returns the final folder."""
     optimization = settings.optimization
-    summary_model = model
     set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
     plan = plan_batches(
         settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device
     )
-    stream = isinstance(data.train, TrainingStream)
-    loaders = build_stream_loaders if stream else build_loaders
+    loaders = build_stream_loaders if isinstance(data.train, TrainingStream) else build_loaders
     train_loader, eval_loader = loaders(plan, data.tokenizer, data.train, data.evaluation)
     attention_init = "bert" if weights_loaded else settings.model.attention_init
     fade = 0.0 if weights_loaded else settings.model.structured_attention_fade or 0.0
     state, train_loader, eval_loader, budget, shaping = setup_training(
         model, train_loader, eval_loader, optimization, attention_init, fade, accelerator
     )
-    summary = run_summary(settings, summary_model, data, precision, plan, budget, accelerator.num_processes)
+    stream_loader = train_loader if isinstance(train_loader, StreamLoader) else None
+    summary = run_summary(settings, model, data, precision, plan, budget, accelerator.num_processes)
     log_plan(data, optimization, budget, accelerator.num_processes, summary["num_parameters"])
     if checkpoint is not None:
-        logger.info(f"Resuming from {checkpoint}")
-        saved_processes = load_checkpoint(accelerator, checkpoint)
-        continue_on_this_split(accelerator, state.progress, checkpoint, saved_processes, optimization.seed)
-        if stream:
-            train_loader.resume(read_stream_state(checkpoint), accelerator.process_index)
+        resume_from(accelerator, state, checkpoint, stream_loader, optimization.seed)
     if settings.run.with_tracking:
         accelerator.init_trackers("hfbert-pretraining", config=summary)
     checkpoints = CheckpointWriter(
@@ -261,9 +256,9 @@ def train(
         settings.resume_invariant(),
         data.tokenizer,
         data.config,
-        stream=train_loader if stream else None,
+        stream=stream_loader,
     )
-    flops = ModelFlops(data.config, summary_model, datasheet_peak_flops(accelerator.device, precision))
+    flops = ModelFlops(data.config, model, datasheet_peak_flops(accelerator.device, precision))
     try:
         metrics = fit(
             accelerator,
@@ -285,6 +280,21 @@ def train(
     release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
     with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
         return finish_run(accelerator, state, data, settings, summary, metrics)
+
+
+def resume_from(
+    accelerator: Accelerator,
+    state: TrainingState,
+    checkpoint: Path,
+    stream_loader: StreamLoader | None,
+    seed: int,
+) -> None:
+    """Load `checkpoint` into the prepared state and go on from its place in the data, on this run's split."""
+    logger.info(f"Resuming from {checkpoint}")
+    saved_processes = load_checkpoint(accelerator, checkpoint)
+    continue_on_this_split(accelerator, state.progress, checkpoint, saved_processes, seed)
+    if stream_loader is not None:
+        stream_loader.resume(read_stream_state(checkpoint), accelerator.process_index)
 
 
 def finish_run(
