@@ -55,7 +55,7 @@ from hfbert.finetune_data import (
     task_columns,
     tokenize,
 )
-from hfbert.model_card import kept_structured_start
+from hfbert.model_card import pretrained_from_structured_start
 from hfbert.plotting import save_figure
 from hfbert.pretraining.finish import TRAINING_ARGS_NAME
 
@@ -489,13 +489,13 @@ def add_to_model_card(
 
 def reinit_query_key_hint(folder: str) -> str | None:
     """A note for a folder that `run_pretraining.py` pretrained from the structured attention start (its
-    training_args.json says so) and kept it (no --structured_attention_fade): such folders fine-tuned better
-    with --reinit_query_key in every measurement. None for any other folder."""
+    training_args.json says so), faded or not: such folders fine-tuned better with --reinit_query_key in every
+    measurement. None for any other folder."""
     try:
         training_args = json.loads((Path(folder) / TRAINING_ARGS_NAME).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(training_args, dict) or not kept_structured_start(training_args):
+    if not isinstance(training_args, dict) or not pretrained_from_structured_start(training_args):
         return None
     return (
         f"Note: {folder} was pretrained from the structured attention start. Such folders fine-tuned better "
@@ -663,8 +663,8 @@ def add_finetuning_arguments(training: argparse._ArgumentGroup) -> None:
         "--reinit_query_key",
         action="store_true",
         help="draw the pretrained folders' attention queries and keys afresh before fine-tuning (the embeddings, "
-        "values and feed-forward layers stay pretrained): small hfbert folders that kept the structured attention "
-        "start (no --structured_attention_fade) fine-tune better so with few labels",
+        "values and feed-forward layers stay pretrained): small hfbert folders pretrained from the structured "
+        "attention start, faded or not, fine-tune better so with few labels",
     )
 
 

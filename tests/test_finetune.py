@@ -247,7 +247,7 @@ def test_reinit_query_key_draws_only_the_attention_queries_and_keys_afresh(folde
         ({"attention_init": "structured", "model_name_or_path": None}, True),
         ({"attention_init": "bert", "model_name_or_path": None}, False),
         ({"attention_init": "structured", "model_name_or_path": "runs/phase1"}, False),  # the start not applied
-        ({"attention_init": "structured", "structured_attention_fade": 1.0}, False),  # it faded: queries are its own
+        ({"attention_init": "structured", "structured_attention_fade": 1.0}, True),  # faded: still helped (main job)
         ({"attention_init": "structured", "structured_attention_fade": 0.0}, True),
         (None, False),  # a folder without training_args.json (a stock BERT)
         ("{not json", False),
