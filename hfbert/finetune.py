@@ -599,14 +599,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "model_dir", help="a finished run's output folder, one of its checkpoint-<step> folders, or any BERT folder"
     )
-    add_data_arguments(parser.add_argument_group("data"))
-    add_finetuning_arguments(parser.add_argument_group("fine-tuning (transformers' Trainer)"))
-    add_output_arguments(parser.add_argument_group("comparison and output"))
+    add_data_arguments(parser)
+    add_finetuning_arguments(parser)
+    add_output_arguments(parser)
     return parser
 
 
-def add_data_arguments(data: argparse._ArgumentGroup) -> None:
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the labelled rows come from and which of them are used."""
+    data = parser.add_argument_group("data")
     data.add_argument("--dataset_name", help="a Hub dataset, e.g. nyu-mll/glue (GLUE's columns and metrics are known)")
     data.add_argument("--dataset_config_name", help="e.g. sst2, mrpc, rte, mnli, cola, qnli, qqp")
     data.add_argument("--validation_split", default="validation", help="evaluation split of a non-GLUE Hub set")
@@ -626,8 +627,9 @@ def add_data_arguments(data: argparse._ArgumentGroup) -> None:
     data.add_argument("--data_seed", type=int, default=0, help="which examples --max_train_samples keeps")
 
 
-def add_finetuning_arguments(training: argparse._ArgumentGroup) -> None:
+def add_finetuning_arguments(parser: argparse.ArgumentParser) -> None:
     """The Trainer's settings, the seeds and the surgery before fine-tuning."""
+    training = parser.add_argument_group("fine-tuning (transformers' Trainer)")
     training.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one fine-tuning run per seed")
     training.add_argument(
         "--learning_rate",
@@ -668,8 +670,9 @@ def add_finetuning_arguments(training: argparse._ArgumentGroup) -> None:
     )
 
 
-def add_output_arguments(output: argparse._ArgumentGroup) -> None:
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """What the model is compared with and where the results go."""
+    output = parser.add_argument_group("comparison and output")
     output.add_argument("--compare", help=f"'{RANDOM_INIT}' (the same config, freshly initialised) or another folder")
     output.add_argument("--output_dir", help=f"where {RESULTS_NAME} and {PLOT_NAME} go (default: the model folder)")
     output.add_argument(
