@@ -219,12 +219,12 @@ def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_
     # A constant schedule, so that the resumed run may deliberately stop earlier (--max_train_steps 12).
     args += ["--checkpoints_total_limit", "2", "--eval_steps", "1000", "--lr_scheduler_type", "constant"]
     command = [sys.executable, str(REPO / "run_pretraining.py"), *args]
-    process = subprocess.Popen(
-        command, env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    stderr = tmp_path / "stderr.txt"  # a file, not a pipe nobody reads while it runs: a full pipe blocks the run
+    with stderr.open("w") as sink:
+        process = subprocess.Popen(command, env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=sink)
     deadline = time.monotonic() + 240
     while not (output_dir / "checkpoint-6").exists():
-        assert process.poll() is None, process.stderr.read().decode()[-3000:]
+        assert process.poll() is None, stderr.read_text()[-3000:]
         assert time.monotonic() < deadline, "no checkpoint-6 within 240 s"
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
