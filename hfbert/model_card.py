@@ -181,10 +181,11 @@ python -m hfbert.finetune {model_name} --train_file train.csv --validation_file 
     --text_column text --label_column label --compare random_init
 ```
 
-Each model's learning rate (the comparison's too) is chosen on a held-out 20% of the training rows, never on
-the evaluation file (`--learning_rate auto`, the default; a number skips the choice), and the epochs follow the
-model's size: 20 for hidden size <= 256 (tiny, mini), 3 for larger ones. `finetune_results.json` says which rate
-was chosen and on what.
+Each model's learning rate (the comparison's too) is chosen on three folds of the training rows, never on the
+evaluation file (`--learning_rate auto`, the default; a number skips the choice), and the epochs follow the
+model's size: 20 for hidden size <= 256 (tiny, mini), 3 for larger ones. A seed whose fit collapsed is named, and
+the gain is paired per seed with a 95% interval that says when it is within the seed-to-seed noise.
+`finetune_results.json` says which rate was chosen, on what, and every fit's scores.
 
 {_query_key_advice(training_config)}"""
 

@@ -1,5 +1,6 @@
 """The measurement scripts under benchmarks/ that the README's numbers come from."""
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -302,7 +303,7 @@ def test_downstream_chooses_each_models_rate_on_the_tuning_split_and_reports_the
             json.loads(test_run.read_text())["evaluation_examples"] == 30
         )  # the test split, not the tuning one
     assert 0.0 <= report["sets"]["tweets"]["naive_bayes"][12] <= 1.0
-    with mock.patch.object(downstream.finetune, "main", side_effect=AssertionError("fine-tuned again")):
+    with mock.patch.object(downstream, "finetune_main", side_effect=AssertionError("fine-tuned again")):
         assert downstream.main(argv)["sets"] == report["sets"]  # a second run reads the results back
 
 
@@ -350,7 +351,7 @@ def test_downstream_reports_every_folder_on_every_set_and_checks_every_pool_firs
     argv = [str(tmp_path / "first"), str(tmp_path / "second"), "--work_dir", str(tmp_path / "work"), "--sets", *sets,
             "--train_sizes", "8", "--epochs", "1", "--tune_per_class", "5", "--test_per_class", "10"]  # fmt: skip
     with (
-        mock.patch.object(downstream.finetune, "check_model_folder"),
+        mock.patch.object(downstream, "check_model_folder"),
         mock.patch.object(downstream, "read_set", side_effect=rows),
         mock.patch.object(downstream, "finetuned", side_effect=fake_finetuned) as finetuned,
     ):
@@ -369,10 +370,12 @@ def test_downstream_reports_every_folder_on_every_set_and_checks_every_pool_firs
 
 def test_downstream_parts_groups_cover_the_encoder_once_and_variants_take_what_they_name(model_dir):
     from benchmarks import downstream_parts
-    from hfbert import finetune
+    from hfbert.finetune.models import MODEL_ROLE, build_model, load_candidate
+    from hfbert.finetune.settings import RANDOM_INIT, TrainingSettings
 
-    pretrained = finetune.build_model(str(model_dir), "pretrained", 3, seed=1, label_names=["a", "b", "c"])
-    twin = finetune.build_model(str(model_dir), finetune.RANDOM_INIT, 3, seed=1, label_names=["a", "b", "c"])
+    candidate = load_candidate(MODEL_ROLE, str(model_dir), "model_dir", TrainingSettings(), False, False)
+    pretrained = build_model(candidate, ["a", "b", "c"], seed=1)
+    twin = build_model(dataclasses.replace(candidate, init=RANDOM_INIT), ["a", "b", "c"], seed=1)
     names = [name for name in pretrained.state_dict() if not name.startswith("classifier.")]
     for name in names:  # every encoder tensor is in exactly one group
         assert sum(member(name) for member in downstream_parts.GROUPS.values()) == 1, name

@@ -1,5 +1,6 @@
 """python -m hfbert.finetune: a finished folder fine-tuned with transformers' Trainer against random init."""
 
+import dataclasses
 import json
 import os
 import random
@@ -21,14 +22,11 @@ from hfbert import HfBertForPreTraining
 from hfbert.checkpointing import MANIFEST_FORMAT_VERSION, MANIFEST_NAME
 from hfbert.errors import Refusal
 from hfbert.files import sha256_file
-from hfbert.finetune import (
-    RANDOM_INIT,
-    RESULTS_NAME,
-    build_model,
-    classification_metrics,
-    main,
-)
-from hfbert.finetune_data import few_labels, load_task
+from hfbert.finetune.data import few_labels, load_task
+from hfbert.finetune.fit import FitResult, classification_metrics
+from hfbert.finetune.models import MODEL_ROLE, build_model, load_candidate
+from hfbert.finetune.run import RESULTS_NAME, main
+from hfbert.finetune.settings import RANDOM_INIT, TrainingSettings
 
 TOPICS = {
     "sport": ["the team won the match", "he scored in the game", "the club played the season"],
@@ -78,6 +76,17 @@ def args_for(folder, train, validation, output_dir, *extra):
     ]  # fmt: skip
 
 
+def candidate(folder, init="pretrained"):
+    """The model `hfbert.finetune` fine-tunes from `folder` (its pretrained weights, or random init)."""
+    loaded = load_candidate(MODEL_ROLE, str(folder), "model_dir", TrainingSettings(), False, False)
+    return dataclasses.replace(loaded, init=init)
+
+
+def fit_result(accuracy, majority_rate=0.5, epoch_losses=(0.7, 0.1)):
+    """A FitResult as finetune_once returns it, scoring `accuracy`."""
+    return FitResult({"accuracy": accuracy}, tuple(epoch_losses), (1, 1), majority_rate)
+
+
 @pytest.mark.slow
 def test_single_sentences_from_csv_learn_and_compare_with_random_init(tmp_path, folder):
     train = write_csv(tmp_path / "train.csv", topic_rows(48, seed=0))
@@ -108,7 +117,11 @@ def test_sentence_pairs_from_jsonl_and_seeds_reproduce(tmp_path, folder):
 def test_model_card_gains_model_index_and_keeps_its_text(tmp_path, folder):
     train = write_csv(tmp_path / "train.csv", topic_rows(16, seed=0))
     validation = write_csv(tmp_path / "validation.csv", topic_rows(8, seed=1))
-    main(args_for(folder, train, validation, tmp_path / "out", "--num_train_epochs", "1", "--update_model_card"))
+    main(
+        args_for(
+            folder, train, validation, tmp_path / "out", "--num_train_epochs", "1", "--update_model_card"
+        )
+    )
     card = (folder / "README.md").read_text()
     assert "model-index" in card and "text-classification" in card and "Some text to keep." in card
     assert "re-initialised" not in card
@@ -119,14 +132,14 @@ def test_model_card_gains_model_index_and_keeps_its_text(tmp_path, folder):
 
 def test_random_init_twin_has_the_same_config_and_other_weights(folder):
     names = ["a", "b"]
-    pretrained = build_model(str(folder), "pretrained", 2, seed=1, label_names=names)
-    twin = build_model(str(folder), RANDOM_INIT, 2, seed=1, label_names=names)
+    pretrained = build_model(candidate(folder), names, seed=1)
+    twin = build_model(candidate(folder, RANDOM_INIT), names, seed=1)
     assert pretrained.config.to_dict() == twin.config.to_dict()
     word_embeddings = "bert.embeddings.word_embeddings.weight"
     assert not torch.equal(pretrained.state_dict()[word_embeddings], twin.state_dict()[word_embeddings])
     saved = HfBertForPreTraining.from_pretrained(folder).state_dict()[word_embeddings]
     assert torch.equal(pretrained.state_dict()[word_embeddings], saved)
-    again = build_model(str(folder), RANDOM_INIT, 2, seed=1, label_names=names)
+    again = build_model(candidate(folder, RANDOM_INIT), names, seed=1)
     assert torch.equal(again.state_dict()[word_embeddings], twin.state_dict()[word_embeddings])
 
 
@@ -140,7 +153,10 @@ def test_random_init_twin_has_the_same_config_and_other_weights(folder):
 )
 def test_bad_data_is_refused_before_training(tmp_path, folder, rows, flags, message):
     train = write_csv(tmp_path / "train.csv", rows)
-    with mock.patch("hfbert.finetune.finetune_once") as finetune_once, pytest.raises(ValueError, match=message):
+    with (
+        mock.patch("hfbert.finetune.run.finetune_once") as finetune_once,
+        pytest.raises(ValueError, match=message),
+    ):
         main(args_for(folder, train, train, tmp_path / "out", *flags))
     finetune_once.assert_not_called()
 
@@ -148,7 +164,9 @@ def test_bad_data_is_refused_before_training(tmp_path, folder, rows, flags, mess
 def test_labels_unseen_in_training_and_folders_without_a_model_are_refused(tmp_path, folder):
     train = write_csv(tmp_path / "train.csv", [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])
     validation = write_csv(tmp_path / "validation.csv", [{"text": "c", "label": "z"}])
-    with pytest.raises(ValueError, match=r"validation\.csv has labels that --train_file .*train\.csv lacks: \['z'\]"):
+    with pytest.raises(
+        ValueError, match=r"validation\.csv has labels that --train_file .*train\.csv lacks: \['z'\]"
+    ):
         main(args_for(folder, train, validation, tmp_path / "out"))
     (tmp_path / "tokenizer-only").mkdir()
     (tmp_path / "tokenizer-only" / "tokenizer.json").write_text("{}")
@@ -172,10 +190,22 @@ def test_glue_columns_and_metrics_and_an_unreachable_hub(tmp_path, folder):
         split = datasets.Dataset.from_list(rows, features=features)
         return datasets.DatasetDict(train=split, validation=split)
 
-    glue = [str(folder), "--dataset_name", "nyu-mll/glue", "--dataset_config_name", "mrpc", "--seeds", "1", "--quiet"]
+    glue = [
+        str(folder),
+        "--dataset_name",
+        "nyu-mll/glue",
+        "--dataset_config_name",
+        "mrpc",
+        "--seeds",
+        "1",
+        "--quiet",
+    ]
     with (
-        mock.patch("hfbert.finetune.datasets.load_dataset", side_effect=fake_glue),
-        mock.patch("hfbert.finetune.finetune_once", return_value={"accuracy": 0.5, "f1": 0.4}) as finetune_once,
+        mock.patch("hfbert.finetune.data.datasets.load_dataset", side_effect=fake_glue),
+        mock.patch(
+            "hfbert.finetune.run.finetune_once",
+            return_value=FitResult({"accuracy": 0.5, "f1": 0.4}, (0.7, 0.1), (4, 4), 0.5),
+        ) as finetune_once,
     ):
         results = main([*glue, "--output_dir", str(tmp_path / "out")])
     train = finetune_once.call_args.args[2]
@@ -222,8 +252,8 @@ def test_the_folders_tokenizer_loads_without_a_prompt_with_hfbert_imported_or_tr
 
 def test_reinit_query_key_draws_only_the_attention_queries_and_keys_afresh(folder):
     names = ["a", "b"]
-    kept = build_model(str(folder), "pretrained", 2, seed=1, label_names=names)
-    drawn = build_model(str(folder), "pretrained", 2, seed=1, label_names=names, reinit_query_key=True)
+    kept = build_model(candidate(folder), names, seed=1)
+    drawn = build_model(candidate(folder), names, seed=1, reinit_query_key=True)
     kept_weights, drawn_weights = kept.state_dict(), drawn.state_dict()
     redrawn = [
         name for name in kept_weights
@@ -236,7 +266,7 @@ def test_reinit_query_key_draws_only_the_attention_queries_and_keys_afresh(folde
     query = drawn_weights["bert.encoder.layer.0.attention.self.query.weight"]
     assert abs(query.std().item() - kept.config.initializer_range) < 0.2 * kept.config.initializer_range
     assert not drawn_weights["bert.encoder.layer.0.attention.self.key.bias"].any()
-    again = build_model(str(folder), "pretrained", 2, seed=1, label_names=names, reinit_query_key=True)
+    again = build_model(candidate(folder), names, seed=1, reinit_query_key=True)
     assert torch.equal(again.state_dict()["bert.encoder.layer.1.attention.self.key.weight"],
                        drawn_weights["bert.encoder.layer.1.attention.self.key.weight"])  # fmt: skip
 
@@ -246,15 +276,21 @@ def test_reinit_query_key_draws_only_the_attention_queries_and_keys_afresh(folde
     [
         ({"attention_init": "structured", "model_name_or_path": None}, True),
         ({"attention_init": "bert", "model_name_or_path": None}, False),
-        ({"attention_init": "structured", "model_name_or_path": "runs/phase1"}, False),  # the start not applied
-        ({"attention_init": "structured", "structured_attention_fade": 1.0}, True),  # faded: still helped (main job)
+        (
+            {"attention_init": "structured", "model_name_or_path": "runs/phase1"},
+            False,
+        ),  # the start not applied
+        (
+            {"attention_init": "structured", "structured_attention_fade": 1.0},
+            True,
+        ),  # faded: still helped (main job)
         ({"attention_init": "structured", "structured_attention_fade": 0.0}, True),
         (None, False),  # a folder without training_args.json (a stock BERT)
         ("{not json", False),
     ],
 )
 def test_a_folder_pretrained_from_the_structured_start_gets_the_reinit_hint(tmp_path, training_args, hinted):
-    from hfbert.finetune import reinit_query_key_hint
+    from hfbert.finetune.models import reinit_query_key_hint
 
     if training_args is not None:
         text = training_args if isinstance(training_args, str) else json.dumps(training_args)
@@ -266,7 +302,7 @@ def test_a_folder_pretrained_from_the_structured_start_gets_the_reinit_hint(tmp_
 
 
 def test_reinit_query_key_refuses_a_model_without_bert_attention():
-    from hfbert.finetune import reinitialise_query_key
+    from hfbert.finetune.models import reinitialise_query_key
 
     with pytest.raises(ValueError, match="no attention projections named query and key"):
         reinitialise_query_key(torch.nn.Sequential(torch.nn.Linear(2, 2)))
@@ -277,14 +313,19 @@ def test_reinit_query_key_refuses_a_model_without_bert_attention():
 
 def refused_before_training(argv, message):
     """main(argv) raises a Refusal matching `message`, and nothing was fine-tuned."""
-    with mock.patch("hfbert.finetune.finetune_once") as finetune_once, pytest.raises(Refusal, match=message):
+    with (
+        mock.patch("hfbert.finetune.run.finetune_once") as finetune_once,
+        pytest.raises(Refusal, match=message),
+    ):
         main(argv)
     finetune_once.assert_not_called()
 
 
 @pytest.fixture
 def topic_files(tmp_path):
-    return write_csv(tmp_path / "train.csv", topic_rows(8, seed=0)), write_csv(tmp_path / "dev.csv", topic_rows(4, 1))
+    return write_csv(tmp_path / "train.csv", topic_rows(8, seed=0)), write_csv(
+        tmp_path / "dev.csv", topic_rows(4, 1)
+    )
 
 
 def checkpoint_like(folder, path):
@@ -308,14 +349,16 @@ def test_a_checkpoint_folder_is_fine_tuned_with_its_tokenizer_and_refused_when_i
     tmp_path, folder, topic_files
 ):
     checkpoint = checkpoint_like(folder, tmp_path / "run" / "checkpoint-4")
-    with mock.patch("hfbert.finetune.finetune_once", return_value={"accuracy": 0.5}) as finetune_once:
+    with mock.patch("hfbert.finetune.run.finetune_once", return_value=fit_result(0.75)) as finetune_once:
         main(args_for(checkpoint, *topic_files, tmp_path / "out", "--seeds", "1"))
     assert finetune_once.call_count == 1
     weights = checkpoint / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1  # same size, readable header: only the checksum tells
     weights.write_bytes(bytes(data))
-    refused_before_training(args_for(checkpoint, *topic_files, tmp_path / "out"), "model.safetensors is corrupted")
+    refused_before_training(
+        args_for(checkpoint, *topic_files, tmp_path / "out"), "model.safetensors is corrupted"
+    )
 
 
 def test_folders_without_a_tokenizer_are_refused_before_any_training(tmp_path, folder, topic_files):
@@ -323,7 +366,8 @@ def test_folders_without_a_tokenizer_are_refused_before_any_training(tmp_path, f
     shutil.copytree(folder, bare, ignore=shutil.ignore_patterns("tokenizer*"))
     refused_before_training(args_for(bare, *topic_files, tmp_path / "out"), "holds no tokenizer")
     refused_before_training(
-        args_for(folder, *topic_files, tmp_path / "out", "--compare", str(bare)), r"--compare .*holds no tokenizer"
+        args_for(folder, *topic_files, tmp_path / "out", "--compare", str(bare)),
+        r"--compare .*holds no tokenizer",
     )
 
 
@@ -331,15 +375,21 @@ def test_a_folder_without_config_or_with_unreadable_weights_is_refused(tmp_path,
     damaged = tmp_path / "damaged"
     shutil.copytree(folder, damaged)
     damage(damaged / "model.safetensors", "truncated")
-    refused_before_training(args_for(damaged, *topic_files, tmp_path / "out"), "model.safetensors is truncated")
+    refused_before_training(
+        args_for(damaged, *topic_files, tmp_path / "out"), "model.safetensors is truncated"
+    )
     (damaged / "config.json").unlink()
-    refused_before_training(args_for(folder, *topic_files, tmp_path / "out", "--compare", str(damaged)), "--compare")
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--compare", str(damaged)), "--compare"
+    )
 
 
 def test_an_output_folder_that_cannot_be_written_is_refused_before_training(
     tmp_path, folder, topic_files, read_only_folder
 ):
-    refused_before_training(args_for(folder, *topic_files, read_only_folder), "--output_dir .* cannot be written")
+    refused_before_training(
+        args_for(folder, *topic_files, read_only_folder), "--output_dir .* cannot be written"
+    )
 
 
 def test_max_seq_length_beyond_the_models_positions_is_refused(tmp_path, folder, topic_files):
@@ -356,10 +406,12 @@ def test_sample_counts_against_classes_and_rows_are_refused(tmp_path, folder, to
         r"--max_train_samples 2 .* 3 classes",
     )
     refused_before_training(
-        args_for(folder, *topic_files, tmp_path / "out", "--max_train_samples", "9"), r"--max_train_samples 9 .* 8"
+        args_for(folder, *topic_files, tmp_path / "out", "--max_train_samples", "9"),
+        r"--max_train_samples 9 .* 8",
     )
     refused_before_training(
-        args_for(folder, *topic_files, tmp_path / "out", "--max_eval_samples", "5"), r"--max_eval_samples 5 .* 4"
+        args_for(folder, *topic_files, tmp_path / "out", "--max_eval_samples", "5"),
+        r"--max_eval_samples 5 .* 4",
     )
 
 
@@ -386,20 +438,24 @@ def write_bytes(path, data: bytes):
         ("list.jsonl", b'{"text": "a", "label": 1}\n[1, 2]\n', r"list\.jsonl .*not one object per row"),
     ],
 )  # fmt: skip
-def test_bad_validation_files_are_refused_naming_the_file(tmp_path, folder, topic_files, name, content, message):
+def test_bad_validation_files_are_refused_naming_the_file(
+    tmp_path, folder, topic_files, name, content, message
+):
     validation = tmp_path / name if content is None else write_bytes(tmp_path / name, content)
     refused_before_training(args_for(folder, topic_files[0], validation, tmp_path / "out"), message)
 
 
 def test_texts_keep_their_line_breaks_and_unicode_separators(tmp_path):
-    from hfbert.finetune import parse_args
+    from hfbert.finetune.settings import parse_args
 
     texts = ["a ship\nat sea", "a team\u2028won", "the ship\x0csank", "the team lost"]
     rows = [{"text": text, "label": index % 2} for index, text in enumerate(texts)]
     jsonl = tmp_path / "rows.jsonl"
     jsonl.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
     for path in (write_csv(tmp_path / "rows.csv", rows), jsonl):
-        task = load_task(parse_args(["model", "--train_file", str(path), "--validation_file", str(path)]))
+        task = load_task(
+            parse_args(["model", "--train_file", str(path), "--validation_file", str(path)]).data
+        )
         assert task.train["text"] == texts, path
 
 
@@ -408,7 +464,9 @@ def test_a_folder_with_a_tokenizer_config_but_no_vocabulary_is_refused(tmp_path,
     shutil.copytree(folder, config_only, ignore=shutil.ignore_patterns("tokenizer.json"))
     refused_before_training(args_for(config_only, *topic_files, tmp_path / "out"), "holds no tokenizer")
     (config_only / "tokenizer.json").write_text("{}")  # JSON, but no tokenizer
-    refused_before_training(args_for(config_only, *topic_files, tmp_path / "out"), "tokenizer .* cannot be loaded")
+    refused_before_training(
+        args_for(config_only, *topic_files, tmp_path / "out"), "tokenizer .* cannot be loaded"
+    )
 
 
 @pytest.mark.parametrize(
@@ -416,7 +474,7 @@ def test_a_folder_with_a_tokenizer_config_but_no_vocabulary_is_refused(tmp_path,
               ("--train_file", "a.csv", "--validation_file", "b.csv", "--dataset_config_name", "sst2")],
 )  # fmt: skip
 def test_data_flags_that_would_be_ignored_are_usage_errors(flags, capsys):
-    from hfbert.finetune import parse_args
+    from hfbert.finetune.settings import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["model", *flags])
@@ -424,7 +482,7 @@ def test_data_flags_that_would_be_ignored_are_usage_errors(flags, capsys):
 
 
 def test_labels_are_read_alike_from_csv_jsonl_and_parquet(tmp_path):
-    from hfbert.finetune import parse_args
+    from hfbert.finetune.settings import parse_args
 
     texts = ["a ship", "a team", "a song", "the ship", "the team", "the song"]
     csv_path = write_bytes(tmp_path / "floats.csv", b"text,label\n" + b"".join(
@@ -435,15 +493,17 @@ def test_labels_are_read_alike_from_csv_jsonl_and_parquet(tmp_path):
     datasets.Dataset.from_dict({"text": texts, "label": [float(i % 3) for i in range(6)]}).to_parquet(parquet)
     label_ids = []
     for path in (csv_path, mixed, parquet):
-        task = load_task(parse_args(["model", "--train_file", str(path), "--validation_file", str(path)]))
+        task = load_task(
+            parse_args(["model", "--train_file", str(path), "--validation_file", str(path)]).data
+        )
         assert task.label_names == ["0", "1", "2"], path
         label_ids.append(task.train["labels"])
     assert label_ids[0] == label_ids[1] == label_ids[2] == [0, 1, 2, 0, 1, 2]
 
 
-def fake_build(folder, init, *args, **kwargs):
+def fake_build(candidate, *args, **kwargs):
     """Stands in for build_model: a marker naming where the model came from."""
-    return mock.Mock(source=(str(folder), init))
+    return mock.Mock(source=(str(candidate.folder), candidate.init))
 
 
 @pytest.mark.parametrize("compare_name", ["pretrained", "random_init"])
@@ -454,16 +514,21 @@ def test_results_belong_to_the_model_they_came_from(tmp_path, folder, topic_file
     shutil.copytree(folder, other)
     accuracy = {(str(model), "pretrained"): 0.875, (str(other), "pretrained"): 0.125}
     with (
-        mock.patch("hfbert.finetune.build_model", side_effect=fake_build),
-        mock.patch("hfbert.finetune.finetune_once", side_effect=lambda m, *rest: {"accuracy": accuracy[m.source]}),
+        mock.patch("hfbert.finetune.run.build_model", side_effect=fake_build),
+        mock.patch(
+            "hfbert.finetune.run.finetune_once",
+            side_effect=lambda m, *rest: fit_result(accuracy[m.source], majority_rate=0.1),
+        ),
     ):
-        results = main(args_for(model, *topic_files, tmp_path / "out", "--compare", str(other), "--update_model_card"))
+        results = main(
+            args_for(model, *topic_files, tmp_path / "out", "--compare", str(other), "--update_model_card")
+        )
     assert set(results["models"]) == {"model", "comparison"}
     assert results["models"]["model"]["folder"] == str(model)
     assert results["models"]["model"]["summary"]["accuracy"]["per_seed"] == [0.875, 0.875]
     assert results["models"]["comparison"] == {
         "folder": str(other), "init": "pretrained", "learning_rate": 2e-3, "num_train_epochs": 6,
-        "learning_rate_selection": None, "summary": mock.ANY}  # fmt: skip
+        "learning_rate_selection": None, "summary": mock.ANY, "collapsed": {}, "fits": mock.ANY}  # fmt: skip
     assert results["gain"]["accuracy"]["mean"] == pytest.approx(0.75)
     card = (model / "README.md").read_text()
     assert "0.875" in card and "0.125" not in card
@@ -472,7 +537,9 @@ def test_results_belong_to_the_model_they_came_from(tmp_path, folder, topic_file
     assert set(saved["models"]) == {"model", "comparison"}
 
 
-def test_a_folder_named_random_init_in_the_working_directory_is_ambiguous(tmp_path, folder, topic_files, monkeypatch):
+def test_a_folder_named_random_init_in_the_working_directory_is_ambiguous(
+    tmp_path, folder, topic_files, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     shutil.copytree(folder, tmp_path / RANDOM_INIT)
     refused_before_training(
@@ -481,14 +548,14 @@ def test_a_folder_named_random_init_in_the_working_directory_is_ambiguous(tmp_pa
 
 
 def test_help_shows_the_defaults_and_every_flag_has_help(capsys):
-    from hfbert.finetune import parse_args
+    from hfbert.finetune.settings import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "'auto' (the default)" in text and "(default: label)" in text and "keeps (default: 0)" in text
     assert "(default: 20 for a model of hidden size <= 256 (tiny, mini), 3 for larger" in text
-    assert "(default: 1e-4 3e-4 1e-3 3e-3 for a model of hidden size <= 256 (tiny, mini), 2e-5 3e-5 5e-5" in text
+    assert "(default: 1e-4 3e-4 1e-3 for a model of hidden size <= 256 (tiny, mini), 2e-5 3e-5 5e-5" in text
     assert "(default: None)" not in text
 
 
@@ -533,8 +600,11 @@ def test_sigterm_during_fine_tuning_says_so_and_leaves_no_temporary_folder(tmp_p
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
     deadline = time.monotonic() + 240
-    while not list(scratch.glob("hfbert-finetune-*")) and time.monotonic() < deadline and process.poll() is None:
+    while (
+        not list(scratch.glob("hfbert-finetune-*")) and time.monotonic() < deadline and process.poll() is None
+    ):
         time.sleep(0.2)
+    assert list(scratch.glob("hfbert-finetune-*")), "the Trainer's scratch folder never appeared: nothing to clean up"
     time.sleep(1)  # into trainer.train()
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
@@ -551,7 +621,9 @@ def test_a_compare_folder_without_a_sequence_classifier_is_refused_before_the_mo
     from transformers import ViTConfig
 
     vision = tmp_path / "vision"
-    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(vision)
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(
+        vision
+    )
     save_file({"weight": torch.zeros(2)}, vision / "model.safetensors")
     shutil.copy(folder / "tokenizer.json", vision / "tokenizer.json")
     refused_before_training(
@@ -580,16 +652,26 @@ def test_a_json_line_without_the_pair_column_is_a_missing_text_not_a_missing_col
 # ------------------------------------------------------------------------------------------------ issue 33, item 4
 
 
-def recording_finetune(calls):
-    """Stands in for finetune_once: records what each run trained and was scored on, and scores 1e-3 best."""
+# Fold scores per rate for the recorded runs below: 3e-4 is best on two folds but collapses (at the majority-class
+# rate 0.5) on the third, 1e-4 is steady but low, 1e-3 wins on mean minus spread.
+FOLD_SCORES = {1e-4: [0.6, 0.6, 0.6], 3e-4: [0.95, 0.95, 0.5], 1e-3: [0.9, 0.7, 0.9]}
 
-    def finetune_once(model, tokenizer, train, evaluation, args, seed, learning_rate, epochs):
+
+def recording_finetune(calls):
+    """Stands in for finetune_once: records what each run trained and was scored on; selection runs score
+    FOLD_SCORES (in fold order, per model and rate), the final runs 0.8."""
+
+    def finetune_once(model, tokenizer, train, evaluation, training, seed, learning_rate, epochs):
+        earlier = [c for c in calls if c["init"] == model.source[1] and c["rate"] == learning_rate]
         calls.append({
             "init": model.source[1], "train": [tuple(ids) for ids in train["input_ids"]],
             "evaluation": [tuple(ids) for ids in evaluation["input_ids"]], "rate": learning_rate, "epochs": epochs,
             "seed": seed,
         })  # fmt: skip
-        return {"accuracy": 0.9 if learning_rate == 1e-3 else 0.5}
+        scores = FOLD_SCORES.get(learning_rate, [])
+        return fit_result(
+            scores[len(earlier)] if len(earlier) < len(scores) and len(evaluation) < 10 else 0.8
+        )
 
     return finetune_once
 
@@ -599,31 +681,39 @@ def encoded(folder, rows):
     return {tuple(tokenizer(row["text"], truncation=True, max_length=128)["input_ids"]) for row in rows}
 
 
-def test_auto_chooses_each_models_rate_on_held_out_training_rows_and_never_on_the_evaluation_file(tmp_path, folder):
+def test_auto_chooses_each_models_rate_on_folds_of_the_training_rows_and_never_on_the_evaluation_file(
+    tmp_path, folder
+):
     train_rows = [{"text": f"{text} number {i}", "label": topic} for i, (topic, text) in
                   enumerate((t, x) for t in sorted(TOPICS) for x in TOPICS[t] for _ in range(3))]  # fmt: skip
     evaluation_rows = [{"text": "the harbour was full of boats", "label": "ships"},
-                       {"text": "the referee stopped the race", "label": "sport"}]  # fmt: skip
+                       {"text": "the referee stopped the race", "label": "sport"}] * 6  # fmt: skip
     train = write_csv(tmp_path / "train.csv", train_rows)
     validation = write_csv(tmp_path / "validation.csv", evaluation_rows)
     argv = [str(folder), "--train_file", str(train), "--validation_file", str(validation), "--seeds", "4", "5",
             "--compare", RANDOM_INIT, "--output_dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
     calls = []
     with (
-        mock.patch("hfbert.finetune.build_model", side_effect=fake_build),
-        mock.patch("hfbert.finetune.finetune_once", side_effect=recording_finetune(calls)),
+        mock.patch("hfbert.finetune.run.build_model", side_effect=fake_build),
+        mock.patch("hfbert.finetune.run.finetune_once", side_effect=recording_finetune(calls)),
     ):
         results = main(argv)
     training_ids, evaluation_ids = encoded(folder, train_rows), encoded(folder, evaluation_rows)
     for init in ("pretrained", RANDOM_INIT):  # the comparison gets its own choice, made the same way
         runs = [call for call in calls if call["init"] == init]
-        selection, final = runs[:4], runs[4:]
-        assert [call["rate"] for call in selection] == [1e-4, 3e-4, 1e-3, 3e-3]
-        assert all(call["seed"] == 4 and call["epochs"] == 20 for call in selection)  # tiny folder: 20 epochs
-        for call in selection:
-            assert len(call["evaluation"]) == 4 and len(call["train"]) == 14  # 20% of 18 rows, rounded up
-            assert set(call["evaluation"]) <= training_ids and not set(call["evaluation"]) & set(call["train"])
-            assert not (set(call["evaluation"]) | set(call["train"])) & evaluation_ids
+        selection, final = runs[:9], runs[9:]
+        assert [(call["rate"], call["seed"]) for call in selection] == [
+            (rate, seed) for rate in (1e-4, 3e-4, 1e-3) for seed in (4, 5, 4)
+        ]  # fold i with seed i of --seeds, in turn
+        assert all(call["epochs"] == 20 for call in selection)  # tiny folder: 20 epochs
+        for rate in (1e-4, 3e-4, 1e-3):
+            folds = [call for call in selection if call["rate"] == rate]
+            held_out = [row for call in folds for row in call["evaluation"]]
+            assert sorted(held_out) == sorted(training_ids)  # every training row held out exactly once
+            for call in folds:
+                assert len(call["evaluation"]) == 6 and len(call["train"]) == 12
+                assert not set(call["evaluation"]) & set(call["train"])
+                assert not (set(call["evaluation"]) | set(call["train"])) & evaluation_ids
         assert [(call["rate"], call["seed"]) for call in final] == [(1e-3, 4), (1e-3, 5)]
         assert all(set(call["evaluation"]) == evaluation_ids and len(call["train"]) == 18 for call in final)
     saved = json.loads((tmp_path / "out" / RESULTS_NAME).read_text())
@@ -631,22 +721,30 @@ def test_auto_chooses_each_models_rate_on_held_out_training_rows_and_never_on_th
         model = saved["models"][role]
         assert model["learning_rate"] == 1e-3 and model["num_train_epochs"] == 20
         selection = model["learning_rate_selection"]
-        assert selection["scores"] == {"0.0001": 0.5, "0.0003": 0.5, "0.001": 0.9, "0.003": 0.5}
-        assert (selection["held_in_rows"], selection["held_out_rows"], selection["seed"]) == (14, 4, 4)
-        assert "20% of the training rows" in selection["chosen_on"]
+        assert selection["fold_scores"] == {f"{rate:g}": scores for rate, scores in FOLD_SCORES.items()}
+        assert (
+            list(selection["dropped"]) == ["0.0003"]
+            and "fold 3 (seed 4) collapsed" in selection["dropped"]["0.0003"]
+        )
+        assert (
+            selection["folds"] == 3 and "3 stratified folds of the 18 training rows" in selection["chosen_on"]
+        )
     assert results["models"] == saved["models"]
 
 
 def test_an_explicit_learning_rate_skips_the_choice(tmp_path, folder, topic_files):
     calls = []
     with (
-        mock.patch("hfbert.finetune.build_model", side_effect=fake_build),
-        mock.patch("hfbert.finetune.finetune_once", side_effect=recording_finetune(calls)),
+        mock.patch("hfbert.finetune.run.build_model", side_effect=fake_build),
+        mock.patch("hfbert.finetune.run.finetune_once", side_effect=recording_finetune(calls)),
     ):
         results = main([str(folder), "--train_file", str(topic_files[0]), "--validation_file", str(topic_files[1]),
                         "--learning_rate", "5e-5", "--num_train_epochs", "3", "--seeds", "1", "2",
                         "--output_dir", str(tmp_path / "out"), "--quiet"])  # fmt: skip
-    assert [(call["rate"], call["epochs"], len(call["train"])) for call in calls] == [(5e-5, 3, 8), (5e-5, 3, 8)]
+    assert [(call["rate"], call["epochs"], len(call["train"])) for call in calls] == [
+        (5e-5, 3, 8),
+        (5e-5, 3, 8),
+    ]
     model = results["models"]["model"]
     assert model["learning_rate"] == 5e-5 and model["learning_rate_selection"] is None
 
@@ -654,27 +752,37 @@ def test_an_explicit_learning_rate_skips_the_choice(tmp_path, folder, topic_file
 def test_a_held_out_split_too_small_for_the_classes_is_refused_before_training(tmp_path, folder, topic_files):
     argv = [str(folder), "--train_file", str(topic_files[0]), "--validation_file", str(topic_files[1]),
             "--output_dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
-    refused_before_training([*argv, "--max_train_samples", "4"], r"holds out 20% of the 4 training rows \(1\).*--max_train_samples")
+    refused_before_training(
+        [*argv, "--max_train_samples", "4"],
+        r"holds out each of 3 folds of the 4 training rows .* class 'ships' \(2\), 'sport' \(2\) has fewer rows than "
+        r"folds; pass more training rows \(a larger --max_train_samples\), fewer --learning_rate_folds",
+    )
+    with mock.patch("hfbert.finetune.run.finetune_once", return_value=fit_result(0.75)) as finetune_once:
+        main([*argv, "--max_train_samples", "4", "--learning_rate_folds", "2", "--seeds", "1"])
+    assert finetune_once.call_count == 3 * 2 + 1  # the default grid's three rates on two folds, then the seed
 
 
 @pytest.mark.parametrize(
-    "hidden_size, epochs, rates", [(128, 20, (1e-4, 3e-4, 1e-3, 3e-3)), (256, 20, (1e-4, 3e-4, 1e-3, 3e-3)),
+    "hidden_size, epochs, rates", [(128, 20, (1e-4, 3e-4, 1e-3)), (256, 20, (1e-4, 3e-4, 1e-3)),
                                    (768, 3, (2e-5, 3e-5, 5e-5, 1e-4)), (1024, 3, (2e-5, 3e-5, 5e-5, 1e-4))]
 )  # fmt: skip
 def test_epochs_and_rates_default_by_model_size(hidden_size, epochs, rates):
-    from hfbert.finetune import size_defaults
+    from hfbert.finetune.models import size_defaults
 
     assert size_defaults(hidden_size) == (epochs, rates)
 
 
 def test_a_config_without_hidden_size_needs_explicit_epochs_and_rate():
-    from hfbert.finetune import parse_args, training_settings
+    from hfbert.finetune.models import training_settings
+    from hfbert.finetune.settings import parse_args
 
     files = ["model", "--train_file", "t.csv", "--validation_file", "v.csv"]
-    with pytest.raises(Refusal, match=r"model_dir model: its config has no hidden_size.*pass --num_train_epochs"):
-        training_settings(object(), "model_dir model", parse_args(files))
+    with pytest.raises(
+        Refusal, match=r"model_dir model: its config has no hidden_size.*pass --num_train_epochs"
+    ):
+        training_settings(object(), "model_dir model", parse_args(files).training)
     explicit = parse_args([*files, "--learning_rate", "1e-3", "--num_train_epochs", "4"])
-    assert training_settings(object(), "model_dir model", explicit) == (4.0, (1e-3,))
+    assert training_settings(object(), "model_dir model", explicit.training) == (4.0, (1e-3,))
 
 
 @pytest.mark.parametrize(
@@ -684,7 +792,7 @@ def test_a_config_without_hidden_size_needs_explicit_epochs_and_rate():
      (["--learning_rate_grid", "1e-4", "1e-4"], "distinct rates"), (["--learning_rate", "0"], "must be > 0")],
 )  # fmt: skip
 def test_learning_rate_flags_that_cannot_work_are_usage_errors(flags, message, capsys):
-    from hfbert.finetune import parse_args
+    from hfbert.finetune.settings import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["model", "--train_file", "t.csv", "--validation_file", "v.csv", *flags])
@@ -701,3 +809,168 @@ def test_auto_learning_rate_trains_end_to_end_with_the_trainer(tmp_path, folder)
     selection = results["models"]["model"]["learning_rate_selection"]
     assert set(selection["scores"]) == {"0.0001", "0.003"} and selection["held_out_rows"] == 4
     assert results["models"]["model"]["learning_rate"] in (1e-4, 3e-3)
+
+
+# ------------------------------------------------------------------------------------------------ issue 42
+
+
+def fold_fits(scores_by_rate, collapsed=()):
+    """{FoldFit: FitResult} scoring `scores_by_rate` (fold order); (rate, fold) in `collapsed` at the majority rate."""
+    from hfbert.finetune.selection import FoldFit
+
+    return {
+        FoldFit(rate, fold, fold + 1): fit_result(0.5 if (rate, fold) in collapsed else score)
+        for rate, scores in scores_by_rate.items() for fold, score in enumerate(scores)
+    }  # fmt: skip
+
+
+def test_the_rate_choice_drops_a_rate_with_a_collapsed_fold_and_prefers_a_steady_rate_to_an_erratic_one():
+    from hfbert.finetune.selection import choose_rate
+
+    steady_vs_erratic = fold_fits({1e-3: [0.9, 0.9, 0.9], 3e-3: [1.0, 1.0, 0.75]})  # mean 0.917, spread 0.144
+    assert choose_rate(steady_vs_erratic, "accuracy").chosen == 1e-3
+    best_but_collapsed = fold_fits({1e-4: [0.6, 0.6, 0.6], 3e-4: [1.0, 1.0, 1.0]}, collapsed={(3e-4, 2)})
+    choice = choose_rate(best_but_collapsed, "accuracy")
+    assert choice.chosen == 1e-4 and list(choice.dropped) == [3e-4] and choice.note is None
+    assert (
+        "fold 3 (seed 3) collapsed: accuracy 0.500, no better than the majority-class rate 0.500"
+        in choice.dropped[3e-4]
+    )
+    assert (
+        choose_rate(fold_fits({1e-4: [0.7, 0.7], 3e-4: [0.7, 0.7]}), "accuracy").chosen == 1e-4
+    )  # a tie: lower
+    everything = choose_rate(
+        fold_fits({1e-4: [0.7], 3e-4: [0.9]}, collapsed={(1e-4, 0), (3e-4, 0)}), "accuracy"
+    )
+    assert (
+        everything.chosen == 1e-4
+        and "a fit collapsed at every rate of the grid; the lowest, 0.0001" in everything.note
+    )
+
+
+@pytest.mark.parametrize(
+    "accuracy, majority_rate, losses, collapsed",
+    [(0.2, 0.2, (1.6, 0.1), "no better than the majority-class rate 0.200"),
+     (0.432, 0.2, (1.6, 1.61), "training loss never fell below its start (1.600 in the first epoch, 1.610 in the last)"),
+     (0.432, 0.2, (1.6, 1.2), None), (0.21, 0.2, (1.6,), None)],
+)  # fmt: skip
+def test_a_fit_collapsed_at_the_majority_class_rate_or_when_its_loss_never_fell(
+    accuracy, majority_rate, losses, collapsed
+):
+    result = fit_result(accuracy, majority_rate, losses)
+    assert (result.collapse is None) == (collapsed is None)
+    if collapsed:
+        assert collapsed in result.collapse and result.as_json()["collapsed"] == result.collapse
+
+
+def test_the_gain_is_paired_per_seed_with_an_interval_and_says_when_it_is_within_the_noise():
+    from hfbert.finetune.report import paired_gain
+
+    model = {"accuracy": {"per_seed": [0.80, 0.70, 0.78]}}
+    comparison = {"accuracy": {"per_seed": [0.76, 0.74, 0.72]}}
+    gain = paired_gain(model, comparison, [1, 2, 3])["accuracy"]
+    assert gain["per_seed"] == pytest.approx({"1": 0.04, "2": -0.04, "3": 0.06})
+    assert gain["mean"] == pytest.approx(0.02) and gain["std"] == pytest.approx(0.0529, abs=1e-4)
+    assert gain["interval_95"] == pytest.approx(
+        [0.02 - 4.303 * 0.052915 / 3**0.5, 0.02 + 4.303 * 0.052915 / 3**0.5], abs=1e-4
+    )
+    assert (gain["ahead_at"], gain["behind_at"]) == (2, 1)
+    assert (
+        gain["verdict"].startswith("within the seed-to-seed noise")
+        and "--seeds 1 2 3 4 5 6" in gain["verdict"]
+    )
+    clear = paired_gain({"accuracy": {"per_seed": [0.9, 0.91, 0.92]}}, comparison, [1, 2, 3])["accuracy"]
+    assert clear["verdict"] == "ahead beyond the seed-to-seed noise" and clear["interval_95"][0] > 0
+    one = paired_gain({"accuracy": {"per_seed": [0.9]}}, {"accuracy": {"per_seed": [0.8]}}, [7])["accuracy"]
+    assert one["interval_95"] is None and one["verdict"].startswith("one seed: no spread")
+
+
+def test_a_collapsed_seed_is_named_in_the_output_the_results_and_the_card_and_one_line_per_fit(
+    tmp_path, folder, topic_files, capsys
+):
+    model = tmp_path / "model"
+    shutil.copytree(folder, model)
+    fits = iter(
+        [
+            fit_result(0.75),
+            fit_result(0.5),
+            fit_result(0.75),
+            fit_result(0.625),
+            fit_result(0.75),
+            fit_result(0.5),
+        ]
+    )
+    with (
+        mock.patch("hfbert.finetune.run.build_model", side_effect=fake_build),
+        mock.patch("hfbert.finetune.run.finetune_once", side_effect=lambda *args: next(fits)),
+    ):
+        results = main([str(model), "--train_file", str(topic_files[0]), "--validation_file", str(topic_files[1]),
+                        "--learning_rate", "1e-3", "--seeds", "1", "2", "3", "--compare", RANDOM_INIT,
+                        "--output_dir", str(tmp_path / "out"), "--update_model_card"])  # fmt: skip
+    out, err = capsys.readouterr()
+    why = "accuracy 0.500, no better than the majority-class rate 0.500"
+    assert results["models"]["model"]["collapsed"] == {"2": why}
+    assert results["models"]["comparison"]["collapsed"] == {"3": why}
+    fit_lines = [line for line in out.splitlines() if line.startswith(("model (", "comparison ("))]
+    assert len(fit_lines) == 6 and fit_lines[1].endswith(f"on 4 evaluation rows; COLLAPSED: {why}")
+    assert "| model | " in out and "0.750, 0.500 (collapsed), 0.750" in out
+    assert f"COLLAPSED: the model's seed 2: {why}; its mean above counts it" in out
+    assert "fine-tuning: 100%" in err and "6/6" in err  # one bar over the six fits
+    gain = results["gain"]["accuracy"]
+    assert gain["per_seed"] == pytest.approx({"1": 0.125, "2": -0.25, "3": 0.25})
+    assert "within the seed-to-seed noise" in gain["verdict"]
+    assert "paired per seed: +0.042 ± 0.260 over 3 seeds (+0.125, -0.250, +0.250), 95% interval" in out
+    from huggingface_hub import ModelCard
+
+    (entry,) = ModelCard.load(model / "README.md").data.eval_results
+    assert entry.metric_value == pytest.approx(round((0.75 + 0.5 + 0.75) / 3, 4))
+    assert entry.metric_args == {
+        "seeds": [1, 2, 3], "per_seed": [0.75, 0.5, 0.75], "learning_rate": 0.001, "learning_rate_choice": "as passed",
+        "num_train_epochs": 20.0, "collapsed_seeds": ["2"],
+    }  # fmt: skip
+
+
+def folder_with_its_own_code(folder, path, marker):
+    """A copy of `folder` whose config names a model type nothing registers, with the code for it in the folder;
+    the code writes `marker` when imported (what running a folder's code can do)."""
+    shutil.copytree(folder, path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type="shipped", auto_map={"AutoConfig": "configuration_shipped.ShippedConfig"})
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "configuration_shipped.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from transformers import BertConfig\n\n\nclass ShippedConfig(BertConfig):\n    model_type = 'shipped'\n"
+    )
+    return path
+
+
+def test_no_code_from_a_folder_runs_unless_the_user_passes_trust_remote_code(tmp_path, folder, topic_files):
+    marker = tmp_path / "the-folders-code-ran"
+    shipped = folder_with_its_own_code(folder, tmp_path / "shipped", marker)
+    argv = args_for(shipped, *topic_files, tmp_path / "out")
+    refused_before_training(argv, r"model_dir .*shipped: its model type \(config.json\) is not one transformers or "
+                                  r"hfbert knows, and loading it would run the Python code the folder ships; pass "
+                                  r"--trust_remote_code if you trust that code")  # fmt: skip
+    assert not marker.exists()
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--compare", str(shipped)),
+        "--compare .*shipped: its model type",
+    )
+    assert not marker.exists()
+    with pytest.raises(Refusal, match="no sequence-classification class"):  # consent given: the code runs
+        main([*argv, "--trust_remote_code"])
+    assert marker.read_text() == "ran"
+
+
+def test_an_hfbert_folder_runs_the_installed_hfbert_not_the_copy_it_ships(tmp_path, folder, topic_files):
+    marker = tmp_path / "the-folders-copy-ran"
+    model = tmp_path / "model"
+    shutil.copytree(folder, model)
+    for name in ("configuration_hfbert.py", "modeling_hfbert.py"):
+        code = (model / name).read_text() if (model / name).is_file() else ""
+        (model / name).write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n{code}")
+    assert "auto_map" in json.loads((model / "config.json").read_text())
+    with mock.patch("hfbert.finetune.run.finetune_once", return_value=fit_result(0.75)) as finetune_once:
+        main(args_for(model, *topic_files, tmp_path / "out", "--seeds", "1"))
+    assert type(finetune_once.call_args.args[0]).__module__ == "hfbert.modeling_hfbert"
+    assert not marker.exists()

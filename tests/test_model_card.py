@@ -86,14 +86,14 @@ def test_the_cards_fine_tuning_command_is_one_hfbert_finetune_accepts(tmp_path):
     import re
     import shlex
 
-    from hfbert import finetune
+    from hfbert.finetune.settings import RANDOM_INIT, parse_args
 
     text = ModelCard.load(write_card(tmp_path)).text
     command = re.search(r"```bash\n(python -m hfbert\.finetune .*?)\n```", text, re.S).group(1)
     assert "dev.csv \\\n    --text_column" in command  # the shell continuation survives (a bare \ in the f-string ate it)
     argv = shlex.split(command.replace("\\\n", " "))[3:]
-    args = finetune.parse_args(argv)
-    assert args.model_dir == "someone/hfbert-tiny" and args.compare == finetune.RANDOM_INIT
+    settings = parse_args(argv)
+    assert settings.models.model_dir == "someone/hfbert-tiny" and settings.models.compare == RANDOM_INIT
 
 
 @pytest.mark.parametrize(

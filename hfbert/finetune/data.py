@@ -9,7 +9,6 @@ checks. Every problem is a `Refusal` that names the file or flag and the fix.
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import collections
 import csv
@@ -26,6 +25,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from hfbert.errors import Refusal
+from hfbert.finetune.settings import DataSettings
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def _read_text(path: Path, flag: str) -> str:
         return data.decode("utf-8-sig")  # a byte-order mark (Excel's "CSV UTF-8") is fine
     except UnicodeDecodeError as error:
         raise Refusal(
-            f"{flag} {path} is not UTF-8 text (byte {error.start}: {error.object[error.start:error.start + 4]!r}); "
+            f"{flag} {path} is not UTF-8 text (byte {error.start}: {error.object[error.start : error.start + 4]!r}); "
             "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8, or 'CSV UTF-8' in a spreadsheet)"
         ) from None
 
@@ -96,7 +96,9 @@ def _csv_rows(path: Path, flag: str) -> list[dict[str, Any]]:
             raise Refusal(f"{flag} {path} is empty; {FILE_FIX}")
         return list(reader)  # every value a string, "" for an empty cell, None for a short row
     except csv.Error as error:
-        raise Refusal(f"{flag} {path} is not valid CSV (line {reader.line_num}: {error}); {FILE_FIX}") from None
+        raise Refusal(
+            f"{flag} {path} is not valid CSV (line {reader.line_num}: {error}); {FILE_FIX}"
+        ) from None
 
 
 def _json_rows(path: Path, flag: str) -> list[dict[str, Any]]:
@@ -252,33 +254,35 @@ def _is_fraction(value: str) -> bool:
 # ------------------------------------------------------------------------------------------------ loading
 
 
-def task_columns(args: argparse.Namespace) -> tuple[str, str | None, str, tuple[str, ...]]:
+def task_columns(data: DataSettings) -> tuple[str, str | None, str, tuple[str, ...]]:
     """(text column, pair column, label column, metrics) from the flags, with GLUE's defaults."""
-    task = GLUE_TASKS.get(args.dataset_config_name or "") if args.dataset_name in GLUE_NAMES else None
-    text = args.text_column or (task.text_column if task else "text")
-    pair = args.text_pair_column or (task.text_pair_column if task else None)
+    task = GLUE_TASKS.get(data.dataset_config_name or "") if data.dataset_name in GLUE_NAMES else None
+    text = data.text_column or (task.text_column if task else "text")
+    pair = data.text_pair_column or (task.text_pair_column if task else None)
     metrics = task.metrics if task else ("accuracy",)
-    return text, pair, args.label_column, metrics
+    return text, pair, data.label_column, metrics
 
 
-def _load_hub(args: argparse.Namespace) -> tuple[datasets.Dataset, datasets.Dataset, str]:
-    task = GLUE_TASKS.get(args.dataset_config_name or "") if args.dataset_name in GLUE_NAMES else None
+def _load_hub(data: DataSettings) -> tuple[datasets.Dataset, datasets.Dataset, str]:
+    task = GLUE_TASKS.get(data.dataset_config_name or "") if data.dataset_name in GLUE_NAMES else None
     try:
-        splits = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+        splits = datasets.load_dataset(data.dataset_name, data.dataset_config_name)
     except Exception as error:  # datasets raises many types for offline / missing / typo
         raise Refusal(
-            f"--dataset_name {args.dataset_name} (--dataset_config_name {args.dataset_config_name}) could not "
+            f"--dataset_name {data.dataset_name} (--dataset_config_name {data.dataset_config_name}) could not "
             f"be loaded ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); check the "
             "name and your connection to the Hub, or pass --train_file/--validation_file"
         ) from None
-    validation = task.validation_split if task else args.validation_split
+    validation = task.validation_split if task else data.validation_split
     for split in ("train", validation):
         if split not in splits:
-            raise Refusal(f"--dataset_name {args.dataset_name} has no {split!r} split; it has {list(splits)}")
+            raise Refusal(f"--dataset_name {data.dataset_name} has no {split!r} split; it has {list(splits)}")
     return splits["train"], splits[validation], validation
 
 
-def _hub_split(split: datasets.Dataset, where: str, text_columns: list[str], label: str) -> tuple[dict, list[str]]:
+def _hub_split(
+    split: datasets.Dataset, where: str, text_columns: list[str], label: str
+) -> tuple[dict, list[str]]:
     """A Hub split's columns and its labels as class names (a ClassLabel's names; -1, GLUE's unlabelled test
     rows, dropped)."""
     feature = split.features.get(label)
@@ -290,69 +294,80 @@ def _hub_split(split: datasets.Dataset, where: str, text_columns: list[str], lab
     return columns, _string_labels(columns[label], where, label)
 
 
-def _load_files(args: argparse.Namespace, text_columns: list[str], label: str) -> list[tuple[dict, list[str], str]]:
+def _load_files(data: DataSettings, text_columns: list[str], label: str) -> list[tuple[dict, list[str], str]]:
     """(columns, labels, where) of --train_file and --validation_file."""
     splits = []
-    for flag, path in (("--train_file", args.train_file), ("--validation_file", args.validation_file)):
+    for flag, path in (("--train_file", data.train_file), ("--validation_file", data.validation_file)):
         where = f"{flag} {path}"
         columns = _checked_columns(read_labelled_file(path, flag), where, text_columns, label)
         splits.append((columns, _string_labels(columns[label], where, label), where))
     return splits
 
 
-def _load_hub_splits(args: argparse.Namespace, text_columns: list[str], label: str) -> tuple[list, str, list | None]:
+def _load_hub_splits(
+    data: DataSettings, text_columns: list[str], label: str
+) -> tuple[list, str, list | None]:
     """([(columns, labels, where)] of the train and evaluation splits, the evaluation split's name, the
     ClassLabel's names if the label column is one)."""
-    train, evaluation, split_name = _load_hub(args)
+    train, evaluation, split_name = _load_hub(data)
     splits = []
-    for split, where in ((train, f"--dataset_name {args.dataset_name} 'train'"), (evaluation, repr(split_name))):
+    for split, where in (
+        (train, f"--dataset_name {data.dataset_name} 'train'"),
+        (evaluation, repr(split_name)),
+    ):
         splits.append((*_hub_split(split, where, text_columns, label), where))
     feature = train.features.get(label)
     return splits, split_name, list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
 
 
-def load_task(args: argparse.Namespace) -> TaskData:
+def load_task(data: DataSettings) -> TaskData:
     """The task's splits with integer labels 0..n-1, after every check on the files, columns, texts, labels
     and the sample-count flags."""
-    text, pair, label, metrics = task_columns(args)
+    text, pair, label, metrics = task_columns(data)
     text_columns = [column for column in (text, pair) if column is not None]
     if label in text_columns:
         raise Refusal(f"--label_column {label} is also a text column; pass the column that holds the class")
-    if args.dataset_name is not None:
-        splits, split_name, names = _load_hub_splits(args, text_columns, label)
+    if data.dataset_name is not None:
+        splits, split_name, names = _load_hub_splits(data, text_columns, label)
     else:
-        splits, split_name, names = _load_files(args, text_columns, label), Path(args.validation_file).name, None
+        splits, split_name, names = (
+            _load_files(data, text_columns, label),
+            Path(data.validation_file).name,
+            None,
+        )
     (_, train_labels, train_where), (_, evaluation_labels, evaluation_where) = splits
     names = names or _label_names(train_labels, evaluation_labels, label, (train_where, evaluation_where))
-    check_sample_counts(args, len(train_labels), len(evaluation_labels), len(set(train_labels)))
+    check_sample_counts(data, len(train_labels), len(evaluation_labels), len(set(train_labels)))
     index = {name: i for i, name in enumerate(names)}
     train_set, evaluation_set = (
-        datasets.Dataset.from_dict({**{c: columns[c] for c in text_columns}, "labels": [index[v] for v in labels]})
+        datasets.Dataset.from_dict(
+            {**{c: columns[c] for c in text_columns}, "labels": [index[v] for v in labels]}
+        )
         for columns, labels, _ in splits
     )
-    if args.max_train_samples is not None:
-        train_set = few_labels(train_set, args.max_train_samples, args.data_seed)
-    if args.max_eval_samples is not None:
-        evaluation_set = evaluation_set.shuffle(seed=args.data_seed).select(range(args.max_eval_samples))
+    if data.max_train_samples is not None:
+        train_set = few_labels(train_set, data.max_train_samples, data.data_seed)
+    if data.max_eval_samples is not None:
+        evaluation_set = evaluation_set.shuffle(seed=data.data_seed).select(range(data.max_eval_samples))
     return TaskData(train_set, evaluation_set, text, pair, names, metrics, split_name)
 
 
-def check_sample_counts(args: argparse.Namespace, train_rows: int, evaluation_rows: int, classes: int) -> None:
+def check_sample_counts(data: DataSettings, train_rows: int, evaluation_rows: int, classes: int) -> None:
     """Refuse --max_train_samples / --max_eval_samples that the splits cannot honour."""
-    if args.max_train_samples is not None:
-        if args.max_train_samples > train_rows:
+    if data.max_train_samples is not None:
+        if data.max_train_samples > train_rows:
             raise Refusal(
-                f"--max_train_samples {args.max_train_samples} exceeds the training split's {train_rows} rows; "
+                f"--max_train_samples {data.max_train_samples} exceeds the training split's {train_rows} rows; "
                 f"pass at most {train_rows}, or leave it out to train on every row"
             )
-        if args.max_train_samples < classes:
+        if data.max_train_samples < classes:
             raise Refusal(
-                f"--max_train_samples {args.max_train_samples} is fewer than the {classes} classes, so some class "
+                f"--max_train_samples {data.max_train_samples} is fewer than the {classes} classes, so some class "
                 f"would have no example; pass at least {classes}"
             )
-    if args.max_eval_samples is not None and args.max_eval_samples > evaluation_rows:
+    if data.max_eval_samples is not None and data.max_eval_samples > evaluation_rows:
         raise Refusal(
-            f"--max_eval_samples {args.max_eval_samples} exceeds the evaluation split's {evaluation_rows} rows; "
+            f"--max_eval_samples {data.max_eval_samples} exceeds the evaluation split's {evaluation_rows} rows; "
             f"pass at most {evaluation_rows}, or leave it out to evaluate on every row"
         )
 
@@ -371,29 +386,36 @@ def few_labels(train: datasets.Dataset, count: int, seed: int) -> datasets.Datas
     return train.select(sorted(chosen))
 
 
-def hold_out(
-    train: datasets.Dataset, share: float, seed: int, label_names: list[str]
-) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(held in, held out): `share` of the training rows held out, stratified by class (datasets'
-    train_test_split), drawn by `seed`; refuses a split that would leave a class out of either part."""
-    counts = collections.Counter(train["labels"])
-    held_out_rows = math.ceil(share * len(train))  # as train_test_split rounds a float test_size
-    thin = [label_names[label] for label, count in sorted(counts.items()) if count < 2]
-    if thin or held_out_rows < len(counts) or len(train) - held_out_rows < len(counts):
+def stratified_folds(
+    train: datasets.Dataset, folds: int, seed: int, label_names: list[str]
+) -> list[tuple[datasets.Dataset, datasets.Dataset]]:
+    """`folds` (held in, held out) pairs of the training rows, each row held out once and every class spread
+    evenly over the folds (drawn by `seed`); refuses rows too few for every class to be in every fold.
+    Written here because datasets splits off one test share (train_test_split), not k folds."""
+    labels = np.asarray(train["labels"])
+    counts = collections.Counter(labels.tolist())
+    thin = [f"{label_names[label]!r} ({count})" for label, count in sorted(counts.items()) if count < folds]
+    if thin:
         raise Refusal(
-            f"--learning_rate auto holds out {share:.0%} of the {len(train)} training rows ({held_out_rows}) to "
-            f"choose the rate, too few for the {len(counts)} classes to be on both sides"
-            + (f" (class {', '.join(map(repr, thin[:5]))} has a single row)" if thin else "")
-            + "; pass more training rows (a larger --max_train_samples), or a --learning_rate such as 1e-3"
+            f"--learning_rate auto holds out each of {folds} folds of the {len(train)} training rows in turn to "
+            f"choose the rate, and class {', '.join(thin[:5])} has fewer rows than folds; pass more training rows "
+            f"(a larger --max_train_samples), fewer --learning_rate_folds, or a --learning_rate such as 1e-3"
         )
-    classes = datasets.ClassLabel(names=label_names)  # what train_test_split stratifies by
-    split = train.cast_column("labels", classes).train_test_split(
-        test_size=share, stratify_by_column="labels", seed=seed
+    generator = np.random.default_rng(seed)
+    order = np.concatenate(
+        [generator.permutation(np.flatnonzero(labels == label)) for label in sorted(counts)]
     )
-    return split["train"], split["test"]
+    pairs = []
+    for fold in range(folds):
+        held_out = np.sort(order[fold::folds])
+        held_in = np.setdiff1d(np.arange(len(train)), held_out)
+        pairs.append((train.select(held_in), train.select(held_out)))
+    return pairs
 
 
-def tokenize(task: TaskData, tokenizer: PreTrainedTokenizerBase, max_seq_length: int) -> tuple[datasets.Dataset, ...]:
+def tokenize(
+    task: TaskData, tokenizer: PreTrainedTokenizerBase, max_seq_length: int
+) -> tuple[datasets.Dataset, ...]:
     """(train, evaluation) as token ids and labels, truncated to `max_seq_length`."""
 
     def encode(rows: dict[str, list]) -> dict[str, list]:

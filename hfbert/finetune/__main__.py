@@ -1,0 +1,3 @@
+from hfbert.finetune.run import command_line
+
+command_line()

@@ -1,0 +1,338 @@
+"""`python -m hfbert.finetune`: check everything, then fine-tune the model (and the comparison) under every
+seed, each at its rate (chosen on folds of the training rows unless passed), with one progress bar over every
+fit and one line per finished fit; then write the results, the plot and (asked for) the model card."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import datasets
+import transformers
+from tqdm.auto import tqdm
+
+from hfbert.errors import Refusal, run_cli
+from hfbert.files import check_folder_writable, write_json_atomic
+from hfbert.finetune.data import TaskData, load_task, stratified_folds, task_columns, tokenize
+from hfbert.finetune.fit import FitResult, finetune_once
+from hfbert.finetune.models import (
+    COMPARISON_ROLE,
+    MODEL_ROLE,
+    Candidate,
+    build_model,
+    load_candidate,
+    refusal_from,
+    reinit_query_key_hint,
+)
+from hfbert.finetune.report import (
+    add_to_model_card,
+    check_model_card,
+    collapsed_seeds,
+    paired_gain,
+    plot_results,
+    report_table,
+    summarise,
+)
+from hfbert.finetune.selection import FoldFit, choose_rate, selection_plan
+from hfbert.finetune.settings import PROG, RANDOM_INIT, FinetuneSettings, TrainingSettings, parse_args
+
+RESULTS_NAME = "finetune_results.json"
+PLOT_NAME = "finetune_results.png"
+
+
+def check_before_work(settings: FinetuneSettings) -> tuple[list[Candidate], TaskData]:
+    """Every check on the folders, the output places, the flags and the data, before any training: the
+    models to fine-tune (the one under test first) and the task."""
+    models, training, output = settings.models, settings.training, settings.output
+    pair_task = task_columns(settings.data)[1] is not None
+    load = {"training": training, "pair_task": pair_task, "trust_remote_code": models.trust_remote_code}
+    candidates = [load_candidate(MODEL_ROLE, models.model_dir, "model_dir", **load)]
+    if models.compare == RANDOM_INIT:
+        if Path(RANDOM_INIT).exists():
+            raise Refusal(
+                f"--compare {RANDOM_INIT} means random initialisation, but a folder of that name is here too; "
+                f"pass --compare ./{RANDOM_INIT} to compare with the folder"
+            )
+        candidates.append(dataclasses.replace(candidates[0], role=COMPARISON_ROLE, init=RANDOM_INIT))
+    elif models.compare is not None:
+        if Path(models.compare).resolve() == Path(models.model_dir).resolve():
+            raise Refusal(
+                f"--compare {models.compare} is the model folder itself; pass another folder or {RANDOM_INIT}"
+            )
+        candidates.append(load_candidate(COMPARISON_ROLE, models.compare, "--compare", **load))
+    if output.output_dir is not None:
+        refusal_from(lambda: check_folder_writable(output.output_dir, "--output_dir"))
+    else:
+        refusal_from(lambda: check_folder_writable(models.model_dir, "model_dir (where the results go)"))
+    if output.update_model_card:
+        refusal_from(lambda: check_folder_writable(models.model_dir, "--update_model_card's model_dir"))
+        check_model_card(Path(models.model_dir) / "README.md")
+    if training.fp16:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise Refusal("--fp16 needs a CUDA GPU and none is available; leave --fp16 out on a CPU")
+    task = load_task(settings.data)
+    if training.chooses_rate:  # rows too few for the folds are refused here, before any training
+        stratified_folds(task.train, training.learning_rate_folds, settings.data.data_seed, task.label_names)
+    return candidates, task
+
+
+class FitProgress:
+    """One bar over every fit of the comparison (none with --quiet), and one line per finished fit above it."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar = tqdm(total=total, desc="fine-tuning", unit="fit", disable=quiet, dynamic_ncols=True)
+
+    def done(
+        self, candidate: Candidate, where: str, result: FitResult, metrics: Sequence[str], rows: str
+    ) -> None:
+        scores = ", ".join(f"{metric} {result.metrics[metric]:.3f}" for metric in metrics)
+        line = f"{candidate.role} ({candidate.description}), {where}: {scores} on {rows}"
+        if result.collapse:
+            line += f"; COLLAPSED: {result.collapse}"
+        if self.quiet:
+            print(line, flush=True)
+        else:
+            self.bar.write(line)
+        self.bar.update()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def selection_fits(
+    candidate: Candidate,
+    task: TaskData,
+    training: TrainingSettings,
+    data_seed: int,
+    progress: FitProgress | None,
+) -> dict[FoldFit, FitResult]:
+    """`--learning_rate auto`'s fits: each rate of the candidate's grid on each fold of the training rows,
+    scored on the fold's held-out rows. The evaluation split is never looked at."""
+    folds = stratified_folds(task.train, training.learning_rate_folds, data_seed, task.label_names)
+    encoded = [
+        tokenize(
+            dataclasses.replace(task, train=held_in, evaluation=held_out),
+            candidate.tokenizer,
+            training.max_seq_length,
+        )
+        for held_in, held_out in folds
+    ]
+    fits = {}
+    for where in selection_plan(candidate.learning_rates, len(folds), training.seeds):
+        train, held_out = encoded[where.fold]
+        model = build_model(candidate, task.label_names, where.seed, training.reinit_query_key)
+        fits[where] = finetune_once(
+            model,
+            candidate.tokenizer,
+            train,
+            held_out,
+            training,
+            where.seed,
+            where.rate,
+            candidate.num_train_epochs,
+        )
+        if progress:
+            progress.done(
+                candidate, f"rate {where.rate:g}, fold {where.fold + 1}/{len(folds)} (seed {where.seed})",
+                fits[where], task.metrics[:1], f"{len(held_out)} held-out training rows",
+            )  # fmt: skip
+    return fits
+
+
+def seed_fits(
+    candidate: Candidate,
+    task: TaskData,
+    training: TrainingSettings,
+    rate: float,
+    progress: FitProgress | None,
+) -> dict[int, FitResult]:
+    """The candidate fine-tuned at `rate` on every training row once per seed, scored on the evaluation split."""
+    train, evaluation = tokenize(task, candidate.tokenizer, training.max_seq_length)
+    per_seed = {}
+    for seed in training.seeds:
+        model = build_model(candidate, task.label_names, seed, training.reinit_query_key)
+        per_seed[seed] = finetune_once(
+            model, candidate.tokenizer, train, evaluation, training, seed, rate, candidate.num_train_epochs
+        )
+        if progress:
+            progress.done(
+                candidate,
+                f"rate {rate:g}, seed {seed}",
+                per_seed[seed],
+                task.metrics,
+                f"{len(evaluation)} evaluation rows",
+            )
+    return per_seed
+
+
+def fit_count(candidates: Sequence[Candidate], training: TrainingSettings) -> int:
+    per_model = [
+        len(training.seeds)
+        + (len(c.learning_rates) * training.learning_rate_folds if training.chooses_rate else 0)
+        for c in candidates
+    ]
+    return sum(per_model)
+
+
+def run_comparison(settings: FinetuneSettings) -> dict[str, Any]:
+    """Check everything, then fine-tune the model (and the comparison) under every seed; returns the results,
+    keyed by role ("model", "comparison")."""
+    candidates, task = check_before_work(settings)
+    training = settings.training
+    hint = None if training.reinit_query_key else reinit_query_key_hint(settings.models.model_dir)
+    if hint:
+        print(hint, flush=True)
+    results: dict[str, Any] = {
+        "model_dir": str(settings.models.model_dir),
+        "compare": settings.models.compare,
+        "seeds": list(training.seeds),
+        "train_examples": len(task.train),
+        "evaluation_examples": len(task.evaluation),
+        "evaluation_split": task.evaluation_split,
+        "labels": task.label_names,
+        "settings": settings.as_flags(),
+        "models": {},
+    }
+    progress = FitProgress(fit_count(candidates, training), settings.output.quiet)
+    try:
+        for candidate in candidates:
+            results["models"][candidate.role] = fit_candidate(candidate, task, settings, progress)
+    finally:
+        progress.close()
+    if len(candidates) > 1:
+        models = results["models"]
+        results["gain"] = paired_gain(
+            models[MODEL_ROLE]["summary"], models[COMPARISON_ROLE]["summary"], training.seeds
+        )
+    return results
+
+
+def fit_candidate(
+    candidate: Candidate, task: TaskData, settings: FinetuneSettings, progress: FitProgress
+) -> dict[str, Any]:
+    """One model's entry in the results: its rate (chosen, or as passed) and its fits under every seed."""
+    training, data_seed = settings.training, settings.data.data_seed
+    selection = None
+    rate = training.learning_rate
+    if training.chooses_rate:
+        fits = selection_fits(candidate, task, training, data_seed, progress)
+        choice = choose_rate(fits, task.metrics[0])
+        rate = choice.chosen
+        fold_rows = len(task.train) // training.learning_rate_folds
+        selection = {
+            **choice.as_json(),
+            "chosen_on": f"{training.learning_rate_folds} stratified folds of the {len(task.train)} training rows "
+            f"(about {fold_rows} held out each, --data_seed {data_seed}), one fit per rate and fold",
+            "folds": training.learning_rate_folds,
+            "fold_fits": [
+                {"rate": where.rate, "fold": where.fold, "seed": where.seed, **result.as_json()}
+                for where, result in fits.items()
+            ],
+        }
+    per_seed = seed_fits(candidate, task, training, rate, progress)
+    return {
+        "folder": str(candidate.folder),
+        "init": candidate.init,
+        "learning_rate": rate,
+        "num_train_epochs": candidate.num_train_epochs,
+        "learning_rate_selection": selection,
+        "summary": summarise(per_seed, task.metrics),
+        "collapsed": collapsed_seeds(per_seed),
+        "fits": {str(seed): fit.as_json() for seed, fit in per_seed.items()},
+    }
+
+
+@contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """No progress bars and no warnings (such as a LOAD REPORT per fit's new head) from transformers and
+    datasets while the block runs: the comparison's own bar and lines say what happens. Restored after."""
+    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
+    dataset_bars = datasets.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bar()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.logging.enable_progress_bar()
+        if dataset_bars:
+            datasets.enable_progress_bar()
+
+
+def write_results(settings: FinetuneSettings, results: dict[str, Any]) -> Path:
+    """finetune_results.json (atomically) and its plot in the output folder, and the model card if asked."""
+    output_dir = Path(settings.output.output_dir or settings.models.model_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(output_dir / RESULTS_NAME, results)
+    plot_results(results, output_dir / PLOT_NAME)
+    if settings.output.update_model_card:
+        data, model_dir = settings.data, Path(settings.models.model_dir)
+        if data.dataset_name is not None:
+            add_to_model_card(model_dir, results, data.dataset_name, data.dataset_config_name)
+        else:  # local files: named after what was evaluated on and what was trained on
+            train, validation = Path(data.train_file).name, Path(data.validation_file).name
+            add_to_model_card(model_dir, results, validation, None, f"{validation} (fine-tuned on {train})")
+    return output_dir
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """`python -m hfbert.finetune`: check, fine-tune, write the results (and the model card); returns them."""
+    from hfbert import finetune  # the package's docstring is --help's description
+
+    settings = parse_args(argv, finetune.__doc__)
+    with quiet_libraries():
+        results = run_comparison(settings)
+        output_dir = write_results(settings, results)
+    print("\n" + report_table(results))
+    print(f"\nResults: {output_dir / RESULTS_NAME}, {output_dir / PLOT_NAME}")
+    return results
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT arrived: raised where the run is, so that every `with` block (the Trainer's scratch
+    folder) cleans up on the way out. A BaseException, as KeyboardInterrupt: no `except Exception` swallows it."""
+
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(signal.Signals(signal_number).name)
+        self.signal_number = signal_number
+
+
+def _raise_stopped(signal_number: int, frame: Any) -> None:
+    raise Stopped(signal_number)
+
+
+@contextmanager
+def stop_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Turn `signals` into `Stopped` while the block runs (main thread only); the handlers are restored after."""
+    previous = {number: signal.signal(number, _raise_stopped) for number in signals}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def command_line() -> None:
+    """The process entry point: a refusal is one line and exit 2 (run_cli); a stop by SIGTERM or Ctrl-C is one
+    line and exit 128 + the signal, with the scratch folders removed and no results written."""
+    try:
+        with stop_on_signals():
+            run_cli(main, prog=PROG)
+    except Stopped as stopped:
+        print(
+            f"{PROG}: stopped by {stopped}; nothing of this run was kept ({RESULTS_NAME} and the model card are "
+            "written only once every fine-tuning run has finished); run the command again",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(128 + stopped.signal_number) from None

@@ -1,0 +1,80 @@
+"""`--learning_rate auto`: which rate each model is fine-tuned at, chosen on folds of the training rows alone.
+
+Each rate of the grid is fitted once per fold (fold i with the i-th seed of --seeds, in turn) and scored on
+the fold's held-out rows. One split and one seed made the choice a coin toss (a rate won by three rows of 40,
+and a seed then collapsed at it), so a rate at which any fold's fit collapsed is dropped, and the others are
+ranked by the mean over the folds minus their spread (standard deviation): a rate that is good on average but
+erratic loses to a steady one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hfbert.finetune.fit import FitResult
+
+
+@dataclass(frozen=True)
+class FoldFit:
+    """Where one selection fit ran: its rate, its fold (from 0) and its seed."""
+
+    rate: float
+    fold: int
+    seed: int
+
+
+def selection_plan(rates: Sequence[float], folds: int, seeds: Sequence[int]) -> list[FoldFit]:
+    """Every fit the choice makes, rates in increasing order, then folds."""
+    return [FoldFit(rate, fold, seeds[fold % len(seeds)]) for rate in sorted(rates) for fold in range(folds)]
+
+
+@dataclass(frozen=True)
+class RateChoice:
+    """The rate chosen and, per rate, its fold scores, its mean minus spread, and why it was dropped."""
+
+    chosen: float
+    metric: str
+    fold_scores: dict[float, list[float]]
+    ranking: dict[float, float]  # mean minus spread over the folds
+    dropped: dict[float, str]  # rate -> why (a collapsed fold)
+    note: str | None  # said when every rate was dropped
+
+    def as_json(self) -> dict:
+        return {
+            "chosen": self.chosen,
+            "metric": self.metric,
+            "rule": "rates with a collapsed fold dropped; the best mean minus spread over the folds (lower rate on a tie)",
+            "fold_scores": {f"{rate:g}": scores for rate, scores in self.fold_scores.items()},
+            "mean_minus_spread": {f"{rate:g}": score for rate, score in self.ranking.items()},
+            "dropped": {f"{rate:g}": why for rate, why in self.dropped.items()},
+            "note": self.note,
+        }
+
+
+def choose_rate(fits: dict[FoldFit, FitResult], metric: str) -> RateChoice:
+    """The rule, applied to every selection fit's result on its fold's held-out rows."""
+    rates = sorted({where.rate for where in fits})
+    fold_scores = {
+        rate: [fits[w].metrics[metric] for w in sorted(fits, key=lambda w: w.fold) if w.rate == rate]
+        for rate in rates
+    }
+    ranking = {
+        rate: statistics.fmean(scores) - (statistics.stdev(scores) if len(scores) > 1 else 0.0)
+        for rate, scores in fold_scores.items()
+    }
+    dropped = {}
+    for where, result in sorted(fits.items(), key=lambda item: (item[0].rate, item[0].fold)):
+        if result.collapse and where.rate not in dropped:
+            dropped[where.rate] = f"fold {where.fold + 1} (seed {where.seed}) collapsed: {result.collapse}"
+    kept = [rate for rate in rates if rate not in dropped]
+    note = None
+    if not kept:  # small rates are the stable ones (Mosbach et al. 2021): the lowest, said so
+        kept = rates[:1]
+        note = (
+            f"a fit collapsed at every rate of the grid; the lowest, {rates[0]:g}, is used. Pass more training "
+            "rows, or a --learning_rate_grid of smaller rates"
+        )
+    chosen = max(kept, key=lambda rate: (ranking[rate], -rate))
+    return RateChoice(chosen, metric, fold_scores, ranking, dropped, note)
