@@ -179,9 +179,10 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--folds", type=int, default=3)
     parser.add_argument("--report", action="store_true", help="print the tables from fits.jsonl; fit nothing")
-    args = parser.parse_args(argv)
-    args.source_csv = args.tune_per_class = args.test_per_class = None  # benchmarks.downstream's set options
-    return args
+    parser.add_argument("--source_csv", type=Path, help="benchmarks.downstream's: the tweets from this csv")
+    parser.add_argument("--tune_per_class", type=int, help="benchmarks.downstream's (default: each set's own)")
+    parser.add_argument("--test_per_class", type=int, help="benchmarks.downstream's (default: each set's own)")
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> str:

