@@ -39,7 +39,7 @@ class RateChoice:
     fold_scores: dict[float, list[float]]
     ranking: dict[float, float]  # mean minus spread over the folds
     dropped: dict[float, str]  # rate -> why (a collapsed fold)
-    note: str | None  # said when every rate was dropped
+    note: str | None  # said when every rate had a collapsed fold
 
     def as_json(self) -> dict:
         return {
@@ -70,11 +70,12 @@ def choose_rate(fits: dict[FoldFit, FitResult], metric: str) -> RateChoice:
             dropped[where.rate] = f"fold {where.fold + 1} (seed {where.seed}) collapsed: {result.collapse}"
     kept = [rate for rate in rates if rate not in dropped]
     note = None
-    if not kept:  # small rates are the stable ones (Mosbach et al. 2021): the lowest, said so
-        kept = rates[:1]
+    if not kept:  # the rates with the fewest collapsed folds compete, and the report says so
+        collapses = {rate: sum(bool(fits[w].collapse) for w in fits if w.rate == rate) for rate in rates}
+        kept = [rate for rate in rates if collapses[rate] == min(collapses.values())]
         note = (
-            f"a fit collapsed at every rate of the grid; the lowest, {rates[0]:g}, is used. Pass more training "
-            "rows, or a --learning_rate_grid of smaller rates"
+            "a fit collapsed at every rate of the grid, so the rate with the fewest collapsed folds and then the best "
+            "mean minus spread is used; pass more training rows or epochs, or another --learning_rate_grid"
         )
     chosen = max(kept, key=lambda rate: (ranking[rate], -rate))
     return RateChoice(chosen, metric, fold_scores, ranking, dropped, note)
