@@ -834,8 +834,8 @@ def fold_fits(scores_by_rate, collapsed=()):
     }  # fmt: skip
 
 
-def test_the_rate_choice_drops_a_rate_with_a_collapsed_fold_and_prefers_a_steady_rate_to_an_erratic_one():
-    from hfbert.finetune.selection import choose_rate
+def test_the_rate_choice_drops_a_rate_with_a_collapsed_or_underfitted_fold_and_prefers_a_steady_rate():
+    from hfbert.finetune.selection import FoldFit, choose_rate
 
     steady_vs_erratic = fold_fits({1e-3: [0.9, 0.9, 0.9], 3e-3: [1.0, 1.0, 0.75]})  # mean 0.917, spread 0.144
     assert choose_rate(steady_vs_erratic, "accuracy").chosen == 1e-3
@@ -854,7 +854,14 @@ def test_the_rate_choice_drops_a_rate_with_a_collapsed_fold_and_prefers_a_steady
     )
     choice = choose_rate(everything, "accuracy")  # 1e-4 and 1e-3 collapsed once, 3e-4 (ranked best: 0.5) twice
     assert choice.ranking[3e-4] > choice.ranking[1e-4] > choice.ranking[1e-3] and choice.chosen == 1e-4
-    assert choice.note.startswith("a fit collapsed at every rate of the grid, so the rate with the fewest")
+    assert choice.note.startswith("a fit collapsed or underfitted at every rate of the grid, so the rate with the fewest")
+    # 1e-4 scores best on every fold, but its training loss stayed at 80% of its start on one: dropped
+    underfitted = fold_fits({1e-4: [0.9, 0.9, 0.9], 1e-3: [0.8, 0.8, 0.8]})
+    underfitted[FoldFit(1e-4, 1, 2)] = fit_result(0.9, epoch_losses=(1.0, 0.8))
+    choice = choose_rate(underfitted, "accuracy")
+    assert choice.chosen == 1e-3 and choice.dropped[1e-4].startswith(
+        "fold 2 (seed 2) underfitted: training loss still 80% of its first epoch's (1.000 -> 0.800)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -870,6 +877,18 @@ def test_a_fit_collapsed_at_the_majority_class_rate_or_when_its_loss_never_fell(
     assert (result.collapse is None) == (collapsed is None)
     if collapsed:
         assert collapsed in result.collapse and result.as_json()["collapsed"] == result.collapse
+
+
+@pytest.mark.parametrize(
+    "losses, underfit",
+    [((1.0, 0.71), "training loss still 71% of its first epoch's (1.000 -> 0.710)"), ((1.0, 0.7), None),
+     ((1.0, 1.2), "120%"), ((1.0,), None)],
+)  # fmt: skip
+def test_a_fit_underfitted_when_its_training_loss_stayed_above_seventy_percent_of_its_start(losses, underfit):
+    result = fit_result(0.9, 0.5, losses)
+    assert (result.underfit is None) == (underfit is None)
+    if underfit:
+        assert underfit in result.underfit and result.as_json()["underfit"] == result.underfit
 
 
 def test_the_gain_is_paired_per_seed_with_an_interval_and_says_when_it_is_within_the_noise():

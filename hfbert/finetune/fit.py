@@ -4,6 +4,8 @@ per epoch, and whether it collapsed.
 A fit collapsed (Mosbach et al. 2021's failed run) when its accuracy on the evaluation rows is no better than
 always answering the most frequent class there, or when its training loss never fell below where it started
 (the last epoch's mean at or above the first's): the optimisation failed, whatever the pretraining was worth.
+A fit underfitted when its last epoch's training loss is still above UNDERFIT_LOSS_SHARE of its first epoch's:
+its rate was too small for its updates (the rate choice drops such rates; benchmarks/results/finetune_defaults.md).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, Train
 from transformers.trainer_callback import PrinterCallback
 
 from hfbert.finetune.settings import TrainingSettings
+
+# A fit whose training loss ended above this share of its first epoch's did not learn its training rows. At 60
+# labels a rate that small chose 3e-4 over 1e-3 for a random-init twin on three noisy folds and lost 18 points.
+UNDERFIT_LOSS_SHARE = 0.7
 
 
 def classification_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -67,6 +73,17 @@ class FitResult:
             )
         return None
 
+    @property
+    def underfit(self) -> str | None:
+        """Why the fit counts as not having learned its training rows, or None (one epoch: not judged)."""
+        if len(self.epoch_losses) < 2 or self.epoch_losses[-1] <= UNDERFIT_LOSS_SHARE * self.epoch_losses[0]:
+            return None
+        first, last = self.epoch_losses[0], self.epoch_losses[-1]
+        return (
+            f"training loss still {last / first:.0%} of its first epoch's ({first:.3f} -> {last:.3f}): the rate is too "
+            "small for the updates"
+        )
+
     def as_json(self) -> dict:
         return {
             **self.metrics,
@@ -74,6 +91,7 @@ class FitResult:
             "predicted_counts": list(self.predicted_counts),
             "majority_rate": self.majority_rate,
             "collapsed": self.collapse,
+            "underfit": self.underfit,
         }
 
 

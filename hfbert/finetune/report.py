@@ -125,7 +125,7 @@ def rate_text(model: dict[str, Any]) -> str:
         return f"{model['learning_rate']:g}, as passed; {epochs}"
     scores = ", ".join(
         f"{rate}: {statistics.fmean(values):.3f}"
-        + (" (dropped: a fold collapsed)" if rate in selection["dropped"] else "")
+        + (" (dropped: a fold failed)" if rate in selection["dropped"] else "")
         for rate, values in selection["fold_scores"].items()
     )
     note = f" ({selection['note']})" if selection["note"] else ""
@@ -150,7 +150,8 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
         )
         kept = [value for value, bad in zip(values, collapsed, strict=True) if not bad]
         failed = [value for value, bad in zip(values, collapsed, strict=True) if bad]
-        axis.scatter([offset] * len(kept), kept, label=role)
+        if kept:
+            axis.scatter([offset] * len(kept), kept, color=f"C{offset}", label=role)
         if failed:
             axis.scatter([offset] * len(failed), failed, marker="x", color="red", label=f"{role}: collapsed")
         axis.hlines(statistics.fmean(values), offset - 0.2, offset + 0.2, color="black")

@@ -2,9 +2,9 @@
 
 Each rate of the grid is fitted once per fold (fold i with the i-th seed of --seeds, in turn) and scored on
 the fold's held-out rows. One split and one seed made the choice a coin toss (a rate won by three rows of 40,
-and a seed then collapsed at it), so a rate at which any fold's fit collapsed is dropped, and the others are
-ranked by the mean over the folds minus their spread (standard deviation): a rate that is good on average but
-erratic loses to a steady one.
+and a seed then collapsed at it), so a rate at which any fold's fit collapsed or underfitted (hfbert.finetune.fit)
+is dropped, and the others are ranked by the mean over the folds minus their spread (standard deviation): a rate
+that is good on average but erratic loses to a steady one.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class RateChoice:
         return {
             "chosen": self.chosen,
             "metric": self.metric,
-            "rule": "rates with a collapsed fold dropped; the best mean minus spread over the folds (lower rate on a tie)",
+            "rule": "rates with a collapsed or underfitted fold dropped; the best mean minus spread over the folds (lower rate on a tie)",
             "fold_scores": {f"{rate:g}": scores for rate, scores in self.fold_scores.items()},
             "mean_minus_spread": {f"{rate:g}": score for rate, score in self.ranking.items()},
             "dropped": {f"{rate:g}": why for rate, why in self.dropped.items()},
@@ -66,16 +66,21 @@ def choose_rate(fits: dict[FoldFit, FitResult], metric: str) -> RateChoice:
     }
     dropped = {}
     for where, result in sorted(fits.items(), key=lambda item: (item[0].rate, item[0].fold)):
-        if result.collapse and where.rate not in dropped:
-            dropped[where.rate] = f"fold {where.fold + 1} (seed {where.seed}) collapsed: {result.collapse}"
+        if where.rate not in dropped and (result.collapse or result.underfit):
+            how = f"collapsed: {result.collapse}" if result.collapse else f"underfitted: {result.underfit}"
+            dropped[where.rate] = f"fold {where.fold + 1} (seed {where.seed}) {how}"
     kept = [rate for rate in rates if rate not in dropped]
     note = None
-    if not kept:  # the rates with the fewest collapsed folds compete, and the report says so
-        collapses = {rate: sum(bool(fits[w].collapse) for w in fits if w.rate == rate) for rate in rates}
-        kept = [rate for rate in rates if collapses[rate] == min(collapses.values())]
+    if not kept:  # the rates with the fewest failed folds compete, and the report says so
+        failed = {
+            rate: sum(bool(fits[w].collapse or fits[w].underfit) for w in fits if w.rate == rate)
+            for rate in rates
+        }
+        kept = [rate for rate in rates if failed[rate] == min(failed.values())]
         note = (
-            "a fit collapsed at every rate of the grid, so the rate with the fewest collapsed folds and then the best "
-            "mean minus spread is used; pass more training rows or epochs, or another --learning_rate_grid"
+            "a fit collapsed or underfitted at every rate of the grid, so the rate with the fewest such folds and "
+            "then the best mean minus spread is used; pass more training rows or epochs, or another "
+            "--learning_rate_grid"
         )
     chosen = max(kept, key=lambda rate: (ranking[rate], -rate))
     return RateChoice(chosen, metric, fold_scores, ranking, dropped, note)
