@@ -122,6 +122,27 @@ def test_time_to_quality_reports_fp32_runs_as_fp32_and_when_hfbert_reaches_the_r
     assert (tmp_path / "time_to_quality.png").stat().st_size > 0
 
 
+@pytest.mark.slow
+def test_time_to_quality_runs_both_models_through_run_pretraining_and_reports_them(
+    tmp_path, run_inputs, monkeypatch, capsys
+):
+    """docs/quality.md's command at a tiny size: both runs as subprocesses, then the report from their folders."""
+    recipe = ["--tokenizer_name", str(run_inputs["tokenizer"]), "--config_name", str(run_inputs["config"]),
+              "--per_device_train_batch_size", "8", "--max_eval_samples", "32", "--mixed_precision", "no",
+              "--max_train_steps", "4", "--eval_steps", "2", "--logging_steps", "2"]  # fmt: skip
+    argv = ["time_to_quality", "--output_dir", str(tmp_path / "ttq"), "--", *recipe]
+    monkeypatch.setattr(sys, "argv", argv)
+    time_to_quality.main()
+    for model in time_to_quality.MODELS:
+        results = json.loads((tmp_path / "ttq" / model / "eval_results.json").read_text())
+        assert results["step"] == 4, model
+        assert [row["step"] for row in time_to_quality.eval_curve(tmp_path / "ttq" / model)] == [2, 4], model
+    report = capsys.readouterr().out
+    assert "Time to quality (fp32, torch" in report
+    assert "| hfbert | 4 |" in report and "| transformers | 4 |" in report
+    assert (tmp_path / "ttq" / "time_to_quality.png").stat().st_size > 0
+
+
 def test_padding_fraction():
     lengths = [5, 7, 3, 9]
     # Batches [5, 7] -> 2 x 7 and [3, 9] -> 2 x 9: 32 positions for 24 tokens.
