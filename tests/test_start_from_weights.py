@@ -42,6 +42,7 @@ def test_phase_2_starts_from_phase_1s_exact_weights_and_trains_the_longer_positi
     run_inputs,
     phase_1,
 ):
+    phase_1_bytes = (phase_1 / "model.safetensors").read_bytes()  # before phase 2 runs
     phase_1_weights = load_file(phase_1 / "model.safetensors")
     started = {}
 
@@ -66,7 +67,7 @@ def test_phase_2_starts_from_phase_1s_exact_weights_and_trains_the_longer_positi
     assert summary["model_name_or_path"] == str(phase_1) and summary["max_seq_length"] == 64
     assert f"from `{phase_1}`" in (output_dir / "README.md").read_text()
     assert json.loads((output_dir / "eval_results.json").read_text())["step"] == 4  # a new run's steps
-    assert (phase_1 / "model.safetensors").read_bytes() == (phase_1 / "model.safetensors").read_bytes()
+    assert (phase_1 / "model.safetensors").read_bytes() == phase_1_bytes  # phase 2 left phase 1 alone
 
 
 @pytest.mark.slow
