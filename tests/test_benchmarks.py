@@ -246,10 +246,16 @@ def test_bench_data_stage_measures_hfbert_and_run_mlm_to_the_first_update(capsys
 @pytest.mark.slow
 def test_bench_sampler_memory_measures_both_ways(monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    rows = bench_sampler_memory.main(["--instances", "2000000", "--batch_size", "8"])
+    run = bench_sampler_memory.subprocess.run
+    with mock.patch.object(bench_sampler_memory.subprocess, "run", side_effect=run) as measuring:
+        rows = bench_sampler_memory.main(["--instances", "2000000", "--batch_size", "8"])
     # A list of 2M Python ints is ~90 MiB; the int64 permutation 15 MiB.
     assert rows[0]["EpochDraws"] < rows[0]["list"] / 2
     assert "| 2,000,000 |" in capsys.readouterr().out
+    commands = [call.args[0] for call in measuring.call_args_list]
+    assert [command[command.index("--measure") + 1] for command in commands] == ["list", "EpochDraws"]
+    for command in commands:  # each measuring process draws the batch size asked for
+        assert bench_sampler_memory.parse_args(command[3:]).batch_size == 8, command
 
 
 def test_phase2_scores_a_folder_on_held_out_instances_of_each_length(model_dir):
