@@ -168,6 +168,13 @@ def final_weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
 
+def evaluated_steps(folder: Path) -> list[int]:
+    """The updates after which the run in `folder` evaluated: with --eval_steps given to a resumed run only,
+    the updates it ran itself (a resume that started again from update 0 evaluates earlier ones too)."""
+    history = json.loads((folder / "log_history.json").read_text())
+    return [row["step"] for row in history if "eval_mlm_loss" in row]
+
+
 @pytest.mark.slow
 def test_half_then_resume_then_half_equals_straight_training(tmp_path, run_inputs):
     """Also: batches built by DataLoader workers equal those built in the loop's process, and evaluations in
@@ -284,6 +291,7 @@ def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path, run_input
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-5", resumed / "checkpoint-5")
     train_in_process(streaming_args(run_inputs, resumed, *common, "--resume_from_checkpoint", "latest", "--eval_steps", "2"))
+    assert evaluated_steps(resumed) == [6, 8, 10]  # updates 6 to 10 ran after the resume, not 1 to 10
     expected, actual = final_weights(straight), final_weights(resumed)
     for name, tensor in expected.items():
         assert torch.equal(actual[name], tensor), name
@@ -345,7 +353,9 @@ def test_a_streaming_run_from_a_hub_layout_folder_resumes_exactly(tmp_path, run_
     assert position["window"] >= 1 and position["state"] is not None  # a position inside the parquet rows
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-5", resumed / "checkpoint-5")
-    train_in_process(streaming_args(run_inputs, resumed, *common, "--resume_from_checkpoint", "latest"))
+    resume = ("--resume_from_checkpoint", "latest", "--eval_steps", "1")
+    train_in_process(streaming_args(run_inputs, resumed, *common, *resume))
+    assert evaluated_steps(resumed) == [6, 7]  # updates 6 and 7 ran after the resume
     expected, actual = final_weights(straight), final_weights(resumed)
     for name, tensor in expected.items():
         assert torch.equal(actual[name], tensor), name
@@ -377,8 +387,9 @@ def test_a_streaming_run_on_two_cpu_processes_resumes_exactly_on_two_only(tmp_pa
     one = launch(1, resumed, "--resume_from_checkpoint", "latest")
     assert one.returncode == 2 and "resumes on 2 processes only" in one.stderr, one.stderr[-3000:]
     assert listing(resumed) == before
-    result = launch(2, resumed, "--resume_from_checkpoint", "latest")
+    result = launch(2, resumed, "--resume_from_checkpoint", "latest", "--eval_steps", "1")
     assert result.returncode == 0, result.stderr[-4000:]
+    assert evaluated_steps(resumed) == [4, 5, 6]  # updates 4 to 6 ran after the resume
     expected, actual = final_weights(straight), final_weights(resumed)
     for name, tensor in expected.items():
         assert torch.equal(actual[name], tensor), name
@@ -923,7 +934,8 @@ def resumed_equals_uninterrupted(tmp_path: Path, args: list[str], extra: tuple[s
     (checkpoint,) = output_dir.glob("checkpoint-*")
     stopped_at = int(checkpoint.name.split("-")[1])
     budget = ["--max_train_steps", str(stopped_at + 3)]
-    train_in_process([*args, *budget, *extra, "--resume_from_checkpoint", "latest"])
+    train_in_process([*args, *budget, *extra, "--resume_from_checkpoint", "latest", "--eval_steps", "1"])
+    assert evaluated_steps(output_dir) == [stopped_at + 1, stopped_at + 2, stopped_at + 3]  # after the resume
     straight = [*args, *budget, *extra]
     straight[straight.index("--output_dir") + 1] = str(tmp_path / "uninterrupted")
     train_in_process(straight)
@@ -1006,7 +1018,9 @@ def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(tmp_
     assert "--resume_from_checkpoint latest" in result.stderr
     assert not (output_dir / "model.safetensors").exists()
     if signal_name == "SIGTERM":  # the resumed run goes straight to the final evaluation and save
-        train_in_process([*args, "--resume_from_checkpoint", "latest"])
+        train_in_process([*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"])
+        # No update ran again: 1 and 2 not evaluated (3 twice: the stopped run's row is in the checkpoint).
+        assert set(evaluated_steps(output_dir)) == {3}
         train_in_process(run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "3", "--eval_steps", "1000"))
         expected, actual = final_weights(tmp_path / "straight"), final_weights(output_dir)
         assert all(torch.equal(actual[name], tensor) for name, tensor in expected.items())
