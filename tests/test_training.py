@@ -735,8 +735,12 @@ def test_a_full_disk_at_the_final_save_names_the_intact_checkpoint_and_the_resum
     )
     assert str(error.value).endswith("resume with the same command plus --resume_from_checkpoint latest")
     assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-2"]
-    train_in_process([*args, "--resume_from_checkpoint", "latest"])
-    assert final_weights(output_dir).keys() == load_file(output_dir / "checkpoint-2" / "model.safetensors").keys()
+    train_in_process([*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"])
+    assert evaluated_steps(output_dir) == [2]  # no update ran again, only the final evaluation
+    expected, actual = load_file(output_dir / "checkpoint-2" / "model.safetensors"), final_weights(output_dir)
+    assert expected.keys() == actual.keys()
+    for name, tensor in expected.items():  # the final folder holds the checkpoint's weights
+        assert torch.equal(actual[name], tensor), name
 
 
 @pytest.mark.slow
