@@ -237,15 +237,24 @@ def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (output_dir / "model.safetensors").exists()
+    complete = [  # a checkpoint is complete once its manifest is written
+        int(match[1])
+        for path in output_dir.iterdir()
+        if (match := re.fullmatch(r"checkpoint-(\d+)", path.name))
+        and (path / "checkpoint_manifest.json").is_file()
+    ]
+    last = max(complete)
+    assert 6 <= last < 12, complete
 
-    resume = [*args, "--resume_from_checkpoint", "latest"]
+    resume = [*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"]
     resume[resume.index("400")] = "12"  # finish soon after the checkpoint it resumes from
     result = subprocess.run(
         [sys.executable, str(REPO / "run_pretraining.py"), *resume],
         capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "Resuming from" in result.stderr
+    assert f"Resuming from {output_dir / f'checkpoint-{last}'}\n" in result.stderr
+    assert evaluated_steps(output_dir) == list(range(last + 1, 13))  # the updates after it, and only those
     assert "--max_train_steps changed from 400 to 12" in result.stderr
     assert json.loads((output_dir / "eval_results.json").read_text())["step"] == 12
     assert len(list(output_dir.glob("checkpoint-*"))) <= 2
