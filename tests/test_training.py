@@ -488,12 +488,32 @@ def test_runs_start_from_the_structured_init_unless_told_otherwise(tmp_path, run
     assert summary["attention_init"] == attention_init
 
 
+def linear_output_dtypes_in_training(args: list[str]) -> set[torch.dtype]:
+    """Train with `args`; the dtypes the first attention query projection outputs in the training steps."""
+    from hfbert.pretraining import loop
+
+    dtypes = set()
+    train_step = loop.train_step
+
+    def recording(accelerator, state, *rest, **kwargs):
+        query = accelerator.unwrap_model(state.model).bert.encoder.layer[0].attention.self.query
+        hook = query.register_forward_hook(lambda module, inputs, output: dtypes.add(output.dtype))
+        try:
+            return train_step(accelerator, state, *rest, **kwargs)
+        finally:
+            hook.remove()
+
+    with mock.patch.object(loop, "train_step", recording):
+        train_in_process(args)
+    return dtypes
+
+
 @pytest.mark.slow
 def test_bf16_autocast_training(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "3")
     args[args.index("--mixed_precision") + 1] = "bf16"
-    train_in_process(args)
+    assert linear_output_dtypes_in_training(args) == {torch.bfloat16}  # the updates ran under bf16 autocast
     assert json.loads((output_dir / "training_args.json").read_text())["precision"] == "bf16"
     results = json.loads((output_dir / "eval_results.json").read_text())
     assert all(math.isfinite(value) for value in results.values())
