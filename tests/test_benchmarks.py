@@ -74,9 +74,34 @@ def test_count_baselines_runs_as_docs_quality_writes_it(capsys):
     assert "490 validation instances" in report and "| MLM: copy, else bigram |" in report
 
 
+def recording_the_input_ids(collator_class: type, built: list[list[list[int]]]):
+    """Patches `collator_class` to append the input_ids of every batch it is given to `built`."""
+    call = collator_class.__call__
+
+    def record(self, features, *args, **kwargs):
+        rows = features["input_ids"] if isinstance(features, dict) else [row["input_ids"] for row in features]
+        built.append([list(ids) for ids in rows])
+        return call(self, features, *args, **kwargs)
+
+    return mock.patch.object(collator_class, "__call__", record)
+
+
 def test_bench_batches_times_every_batch_builder_on_the_same_batches(capsys):
-    results = bench_batches.main(["--batch_size", "16", "--seq_len", "64", "--batches", "2", "--vocab_size", "2000"])
+    built = []
+    with (
+        recording_the_input_ids(bench_batches.DataCollatorForLanguageModeling, built),
+        recording_the_input_ids(bench_batches.DataCollatorForPretraining, built),
+    ):
+        results = bench_batches.main(
+            ["--batch_size", "16", "--seq_len", "64", "--batches", "2", "--vocab_size", "2000"]
+        )
     assert len(results) == 4 and all(ms > 0 for ms in results.values())
+    # 3 warm-up + 2 timed rounds; in each, the four builders in turn build the round's batch (0, 1, 0, 1, 0)
+    rounds = [built[index : index + 4] for index in range(0, len(built), 4)]
+    assert len(built) == 5 * 4 and all(len(batch) == 16 for batch in built)
+    for number, builders in enumerate(rounds):
+        assert all(batch == builders[0] for batch in builders), f"round {number}: the builders got other rows"
+    assert rounds[0][0] != rounds[1][0] and rounds[0][0] == rounds[2][0] == rounds[4][0]
     report = capsys.readouterr().out
     assert "| transformers DataCollatorForLanguageModeling, rows |" in report
     assert "hfbert loader, static (length 64, 24 slots)" in report
