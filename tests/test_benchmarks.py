@@ -3,7 +3,9 @@
 import importlib.metadata
 import importlib.util
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from unittest import mock
 
@@ -167,6 +169,50 @@ def test_time_to_quality_runs_both_models_through_run_pretraining_and_reports_th
     assert "Time to quality (fp32, torch" in report
     assert "| hfbert | 4 |" in report and "| transformers | 4 |" in report
     assert (tmp_path / "ttq" / "time_to_quality.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_bench_pretraining_runs_every_size_precision_data_and_mode_asked_for(capsys):
+    """Its main path at a tiny size, on the static path; the matmul peak (10 products of 3072 x 3072, 10 s
+    on 2 cores) is a stand-in of 100 GFLOP/s."""
+    from benchmarks import bench_pretraining
+
+    argv = ["--sizes", "tiny", "--precision", "fp32", "--data", "nsp", "synthetic", "--modes", "train",
+            "infer", "--steps", "1", "--warmup", "1", "--batch_size", "4", "--seq_len", "32", "--vocab_size",
+            "1000", "--device", "cpu", "--max_predictions_per_seq", "5"]  # fmt: skip
+    with mock.patch.object(bench_pretraining, "measure_matmul_peak", return_value=100e9) as peak:
+        bench_pretraining.run(bench_pretraining.parse_args(argv))
+    peak.assert_called_once_with(torch.device("cpu"), torch.float32)
+    out = capsys.readouterr().out
+    assert "at most 5 predictions per row (static masked positions)" in out and "fp32 100 GFLOP/s" in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| tiny |")]
+    asked = [["fp32", data, mode] for data in ("nsp", "synthetic") for mode in ("train", "infer")]
+    assert [row[1:4] for row in rows] == asked
+    for row in rows:
+        assert all(float(cell.replace(",", "")) > 0 for cell in row[4:6]), row  # tokens/s of both models
+
+
+@pytest.mark.slow
+def test_bench_tokenizer_measures_the_sample_the_single_lines_and_a_generated_corpus(
+    tmp_path, monkeypatch, capsys
+):
+    from benchmarks import bench_tokenizer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its work folder, removed at the end
+    monkeypatch.setenv("HF_DATASETS_CACHE", os.environ["HF_DATASETS_CACHE"])  # it points it into that folder
+    argv = ["--size_mb", "0.2", "--line_mb", "0.1", "--vocab_size", "300", "--encode_mb", "0.05"]
+    monkeypatch.setattr(sys, "argv", ["bench_tokenizer", *argv])
+    bench_tokenizer.main()
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row[0] for row in rows[1:]] == [
+        "| shipped sample", "| single line, 0.1 MB, words", "| single line, 0.1 MB, no whitespace",
+        "| generated 0.2 MB",
+    ]  # fmt: skip
+    megabytes = [float(row[1]) for row in rows[1:]]
+    assert megabytes[1] == megabytes[2] == 0.1 and megabytes[3] == 0.2  # rounded to 0.1 MB
+    assert all(int(row[5]) <= 300 for row in rows[1:])  # the vocabulary asked for
+    assert list(tmp_path.iterdir()) == []  # corpora and the datasets cache removed
 
 
 def test_padding_fraction():
