@@ -330,6 +330,29 @@ def test_bench_sampler_memory_measures_both_ways(monkeypatch, capsys):
         assert bench_sampler_memory.parse_args(command[3:]).batch_size == 8, command
 
 
+@pytest.mark.slow
+def test_phase2_trains_phase_1_then_phase_2_and_the_control_from_it_and_scores_all_three(
+    tmp_path, sample_tokenizer, capsys
+):
+    """Its main path at a tiny size: 2 updates a run, 4 instances scored at each length; the tokenizer is
+    already in --work_dir (a finished step is reused), which spares a train_tokenizer.py run."""
+    from benchmarks import phase2
+
+    work = tmp_path / "phase2"
+    sample_tokenizer.save_pretrained(work / "tokenizer")
+    phase2.main(["--work_dir", str(work), "--phase1_steps", "2", "--phase2_steps", "2", "--dupe_factor", "1",
+                 "--max_eval_instances", "4"])  # fmt: skip
+    for index, length, source in ((0, 128, None), (1, 512, str(work / "run0")), (2, 128, str(work / "run0"))):
+        summary = json.loads((work / f"run{index}" / "training_args.json").read_text())
+        assert (summary["max_seq_length"], summary["model_name_or_path"]) == (length, source), index
+        assert json.loads((work / f"run{index}" / "eval_results.json").read_text())["step"] == 2, index
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "MLM acc" not in line]
+    names = ["| phase 1 (128)", "| + phase 2 (512)", "| + as many updates at 128 (control)"]
+    assert [row[0] for row in rows] == names
+    assert all(0.0 <= float(cell.strip(" |")) <= 1.0 for row in rows for cell in row[1:])
+
+
 def test_phase2_scores_a_folder_on_held_out_instances_of_each_length(model_dir):
     from benchmarks import phase2
 
