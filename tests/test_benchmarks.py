@@ -1,6 +1,5 @@
 """The measurement scripts under benchmarks/ that the README's numbers come from."""
 
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -442,9 +441,11 @@ def test_bench_run_memory_splits_each_runs_peak_at_the_end_of_the_data_stage(mon
 
 
 def in_the_test_extra(requirement: str) -> bool:
+    from importlib.metadata import requires
+
     return any(
         line.split(";")[0].strip() == requirement and 'extra == "test"' in line
-        for line in importlib.metadata.requires("hfbert") or []
+        for line in requires("hfbert") or []
     )
 
 
