@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     for instances in args.instances:
         row = {"instances": instances}
         for way in WAYS:
-            command = [sys.executable, "-m", "benchmarks.bench_sampler_memory", "--measure", way, "--instances", str(instances)]
+            command = [sys.executable, "-m", "benchmarks.bench_sampler_memory", "--measure", way,
+                       "--instances", str(instances), "--batch_size", str(args.batch_size)]  # fmt: skip
             output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO).stdout
             row[way] = json.loads(output.strip().splitlines()[-1])
         rows.append(row)

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import matplotlib
@@ -92,7 +93,7 @@ def train_one(model: str, run_dir: Path, recipe: list[str]) -> None:
 
     settings = parse_args([*recipe, "--output_dir", str(run_dir), "--overwrite_output_dir"])
     accelerator, precision = start(settings)
-    with run_folder_lock(settings.run.output_dir, main_process=accelerator.is_main_process):
+    with run_folder_lock(settings.run.output_dir) if accelerator.is_main_process else nullcontext():
         checkpoint = check_before_work(settings, accelerator)
         data = prepare_run_data(settings, accelerator, checkpoint)
         build = HfBertForPreTraining if model == "hfbert" else stock_bert

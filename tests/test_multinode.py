@@ -3,6 +3,8 @@ one process train what one node of two trains and every process exits; nodes tha
 share the output folder, are refused on every rank; a worker killed mid-run is restarted by torchrun and the
 run ends where an uninterrupted one ends; docs/cluster.md's Slurm script and elastic command run."""
 
+import contextlib
+import itertools
 import os
 import re
 import signal
@@ -47,18 +49,41 @@ def torchrun(*flags: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *flags, str(REPO / "run_pretraining.py")]
 
 
+LAUNCH_MARKER = "HFBERT_TEST_LAUNCH"  # in the environment of every process a launch starts
+launches = itertools.count()
+
+
 def start(command: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> subprocess.Popen:
-    """In its own session, so that the test can tell whether anything it started is still alive."""
+    """In its own session, with a marker in its environment that every process it starts inherits: torchrun
+    starts its workers in sessions of their own, so the session alone does not tell whether they still run."""
+    launch = f"{os.getpid()}-{next(launches)}"
     with log.open("w") as output:
-        return subprocess.Popen(command, env=env, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, env={**env, LAUNCH_MARKER: launch}, cwd=cwd, stdout=output, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    process.marker = f"{LAUNCH_MARKER}={launch}".encode()
+    return process
 
 
-def session_alive(process: subprocess.Popen) -> bool:
-    try:
-        os.killpg(process.pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def launched_pids(process: subprocess.Popen) -> list[int]:
+    """The live processes of `process`'s launch: the launcher, its workers and theirs, wherever their session
+    (an exited process not yet reaped has an empty environment and is not counted)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environment = (entry / "environ").read_bytes()
+        except OSError:  # exited meanwhile
+            continue
+        if process.marker in environment.split(b"\0"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def launch_alive(process: subprocess.Popen) -> bool:
+    return bool(launched_pids(process))
 
 
 def wait_all(processes: list[subprocess.Popen], logs: list[Path], bound: float = BOUND_SECONDS) -> list[tuple[int, str]]:
@@ -68,17 +93,18 @@ def wait_all(processes: list[subprocess.Popen], logs: list[Path], bound: float =
     try:
         for process in processes:
             process.wait(timeout=max(1.0, deadline - time.monotonic()))
-        while any(session_alive(process) for process in processes) and time.monotonic() < deadline:
+        while any(launch_alive(process) for process in processes) and time.monotonic() < deadline:
             time.sleep(0.1)  # workers of an exited launcher
-        alive = [process.args for process in processes if session_alive(process)]
+        alive = {str(process.args): launched_pids(process) for process in processes if launch_alive(process)}
         assert not alive, f"still alive after the launcher exited: {alive}"
     except subprocess.TimeoutExpired:
         tails = "\n".join(log.read_text()[-3000:] for log in logs)
         pytest.fail(f"a launch was still running {bound} s after its start:\n{tails}")
     finally:
         for process in processes:
-            if session_alive(process):
-                os.killpg(process.pid, signal.SIGKILL)
+            for pid in launched_pids(process):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
     return [(process.returncode, log.read_text()) for process, log in zip(processes, logs, strict=True)]
 
 

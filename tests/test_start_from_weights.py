@@ -14,7 +14,7 @@ from test_training import run_args, train_in_process
 from hfbert import HfBertForPreTraining
 from hfbert.checkpointing import RUN_LOCK_NAME
 from hfbert.convert import bert_config_for
-from hfbert.pretraining import source_model
+from hfbert.pretraining import run, source_model
 from hfbert.pretraining.cli import parse_args
 
 PHASE_1 = ("--max_seq_length", "32", "--max_train_steps", "6", "--dupe_factor", "1")
@@ -42,6 +42,7 @@ def test_phase_2_starts_from_phase_1s_exact_weights_and_trains_the_longer_positi
     run_inputs,
     phase_1,
 ):
+    phase_1_bytes = (phase_1 / "model.safetensors").read_bytes()  # before phase 2 runs
     phase_1_weights = load_file(phase_1 / "model.safetensors")
     started = {}
 
@@ -66,7 +67,28 @@ def test_phase_2_starts_from_phase_1s_exact_weights_and_trains_the_longer_positi
     assert summary["model_name_or_path"] == str(phase_1) and summary["max_seq_length"] == 64
     assert f"from `{phase_1}`" in (output_dir / "README.md").read_text()
     assert json.loads((output_dir / "eval_results.json").read_text())["step"] == 4  # a new run's steps
-    assert (phase_1 / "model.safetensors").read_bytes() == (phase_1 / "model.safetensors").read_bytes()
+    assert (phase_1 / "model.safetensors").read_bytes() == phase_1_bytes  # phase 2 left phase 1 alone
+
+
+def weights_at_the_first_update(args: list[str]) -> dict[str, torch.Tensor]:
+    """Train with `args`; the model's weights as the loop starts, after loading, setup and any resume."""
+    started = {}
+
+    def fit_and_record(accelerator, state, *rest):
+        model = accelerator.unwrap_model(state.model)
+        started.update({name: tensor.detach().clone() for name, tensor in model.state_dict().items()})
+        return fit(accelerator, state, *rest)
+
+    fit = run.fit
+    with mock.patch.object(run, "fit", side_effect=fit_and_record):
+        train_in_process(args)
+    return started
+
+
+def assert_same_weights(weights: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> None:
+    assert set(source) <= set(weights) and len(source) > 10
+    for name, tensor in source.items():
+        assert torch.equal(weights[name], tensor), name
 
 
 @pytest.mark.slow
@@ -75,20 +97,22 @@ def test_continued_pretraining_from_a_stock_bert_folder_and_from_a_checkpoint(tm
     stock = tmp_path / "stock-bert"
     transformers.BertForPreTraining(config).save_pretrained(stock)
     transformers.AutoTokenizer.from_pretrained(run_inputs["tokenizer"]).save_pretrained(stock)
-    train_in_process(source_args(run_inputs, tmp_path / "from-stock", stock, "--max_train_steps", "2"))
+    started = weights_at_the_first_update(
+        source_args(run_inputs, tmp_path / "from-stock", stock, "--max_train_steps", "2")
+    )
+    assert_same_weights(started, load_file(stock / "model.safetensors"))
     assert (tmp_path / "from-stock" / "model.safetensors").is_file()
 
     checkpointed = tmp_path / "checkpointed"
     train_in_process(run_args(run_inputs, checkpointed, *PHASE_1, "--checkpointing_steps", "3"))
     checkpoint = checkpointed / "checkpoint-3"
     assert (checkpoint / "config.json").is_file()  # a checkpoint is a folder a run can start from
-    started = {}
-    with mock.patch(
-        "hfbert.pretraining.run.load_source_model",
-        side_effect=lambda source, cfg: started.setdefault("model", source_model.load_source_model(source, cfg)),
-    ):
-        train_in_process(source_args(run_inputs, tmp_path / "from-checkpoint", checkpoint, "--max_train_steps", "1"))
-    assert started["model"].config.hidden_size == 32
+    started = weights_at_the_first_update(
+        source_args(run_inputs, tmp_path / "from-checkpoint", checkpoint, "--max_train_steps", "1")
+    )
+    assert_same_weights(started, load_file(checkpoint / "model.safetensors"))
+    final = load_file(checkpointed / "model.safetensors")  # step 6, not the checkpoint's step 3
+    assert not torch.equal(started["bert.pooler.dense.weight"], final["bert.pooler.dense.weight"])
 
 
 def test_flags_that_contradict_the_source_are_refused_before_any_work(tmp_path, run_inputs):
