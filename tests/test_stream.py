@@ -3,6 +3,7 @@ loader worker; a position restored from a checkpoint continues with exactly the 
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import datasets
@@ -23,6 +24,7 @@ from hfbert.pretraining.stream import (
     TrainingStream,
     WindowDocuments,
     build_stream_loaders,
+    check_documents_left_to_train,
     check_stream_checkpoint,
     draw_id,
     validation_documents,
@@ -174,7 +176,10 @@ def test_held_out_validation_documents_are_the_streams_first_ones(small_corpus):
     assert validation["paragraphs"] == every[:2]
     assert validation_documents(documents, corpus, data)._fingerprint == validation._fingerprint  # cached
     with pytest.raises(Refusal, match=f"the training stream has {ARTICLES} documents and --stream_validation_documents 50"):
-        validation_documents(documents, corpus, DataSettings(stream_validation_documents=50))
+        check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=50), True, 1)
+    check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=ARTICLES - 2), True, 1)
+    with pytest.raises(Refusal, match="leaving 1 to train on"):  # two processes: one document each is too few
+        check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=ARTICLES - 1), False, 2)
 
 
 def test_a_streaming_checkpoint_resumes_on_its_own_process_and_worker_counts_only(tmp_path):
@@ -200,3 +205,54 @@ def test_windows_are_shuffled_and_paired_by_their_own_seed(small_corpus, sample_
     assert spans == same_window and spans != as_window_1
     assert [span.document for span in spans] != sorted(span.document for span in spans)
     assert len(documents) == 2
+
+
+def stream_run(small_corpus: Path, run_inputs: dict[str, Path], output_dir: Path, *extra: str) -> list[str]:
+    """run_pretraining.py's flags for one update of a --streaming run over the small corpus, validation held out
+    of the stream (no --max_eval_samples unless `extra` gives it)."""
+    return [
+        "--train_file", str(small_corpus), "--streaming", "--tokenizer_name", str(run_inputs["tokenizer"]),
+        "--config_name", str(run_inputs["config"]), "--max_train_steps", "1", "--per_device_train_batch_size", "4",
+        "--mixed_precision", "no", "--output_dir", str(output_dir), *extra,
+    ]  # fmt: skip
+
+
+def run_in_process(args: list[str]) -> None:
+    from accelerate.state import AcceleratorState, GradientState
+
+    from hfbert.pretraining.cli import main
+
+    try:
+        main(args)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+@pytest.mark.parametrize(
+    ("extra", "left"),
+    [
+        (["--stream_validation_documents", str(ARTICLES + 10)], 0),  # fewer documents than the validation needs
+        (["--stream_validation_documents", str(ARTICLES)], 0),  # exactly as many: none left to train on
+        (["--stream_validation_documents", str(ARTICLES - 1)], 1),  # one left: NSP pairs need two
+        (["--stream_validation_documents", str(ARTICLES), "--max_eval_samples", "8"], 0),  # evaluated on fewer
+    ],
+)
+def test_a_stream_too_small_for_its_validation_documents_is_refused_naming_the_flag_and_counts(
+    small_corpus, run_inputs, tmp_path, extra, left
+):
+    """Issue 43 item 4: a small stream was refused for 'process 0's share of the training stream gives no
+    instances', naming neither the validation documents nor their flag. The refusal names both counts and a
+    --stream_validation_documents that fits, and that value trains."""
+    held = int(extra[1])
+    with pytest.raises(Refusal) as error:
+        run_in_process(stream_run(small_corpus, run_inputs, tmp_path / "refused", *extra))
+    message = str(error.value)
+    assert "\n" not in message
+    assert (
+        f"the training stream has {ARTICLES} documents and --stream_validation_documents {held} holds out the first "
+        f"{min(held, ARTICLES)} for validation, leaving {left} to train on" in message
+    ), message
+    fitting = re.search(r"pass --stream_validation_documents (\d+)", message).group(1)
+    run_in_process(stream_run(small_corpus, run_inputs, tmp_path / "trained", "--stream_validation_documents", fitting))
+    assert (tmp_path / "trained" / "model.safetensors").is_file()

@@ -6,7 +6,9 @@ import os
 import sys
 
 from hfbert.corpus_source import CorpusArguments
+from hfbert.errors import Refusal
 from hfbert.pretraining.loop import Preempted
+from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
 from hfbert.pretraining.run import pretrain_run
 from hfbert.pretraining.settings import (
     DataSettings,
@@ -19,16 +21,31 @@ from hfbert.tokenization import RefusingHfArgumentParser
 
 
 def build_parser() -> RefusingHfArgumentParser:
-    """run_pretraining.py's flags: the corpus flags it shares with train_tokenizer.py, then its own groups."""
-    return RefusingHfArgumentParser(
+    """run_pretraining.py's flags: the corpus flags it shares with train_tokenizer.py, then its own groups,
+    and --list_recipes."""
+    parser = RefusingHfArgumentParser(
         (CorpusArguments, DataSettings, ModelSettings, OptimizationSettings, RunSettings)  # type: ignore[arg-type]
     )
+    parser.add_argument(
+        "--list_recipes",
+        action=ListRecipesAction,
+        help="Print the shipped recipes (for --recipe), one a line: its name, then what it is; and exit.",
+    )
+    return parser
 
 
 def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
-    """Parse and validate run_pretraining.py's flags (every check runs here, before any work)."""
-    corpus, data, model, optimization, run = build_parser().parse_flags(argv)
-    return PretrainingSettings(corpus=corpus, data=data, model=model, optimization=optimization, run=run)
+    """Parse and validate run_pretraining.py's flags (every check runs here, before any work), a recipe's
+    (--recipe, or a .yaml/.json file as the first argument) first: the command line's override them."""
+    parser = build_parser()
+    argv, recipe, from_recipe = apply_recipe(sys.argv[1:] if argv is None else list(argv), parser)
+    try:
+        corpus, data, model, optimization, run = parser.parse_flags(argv)
+        return PretrainingSettings(corpus=corpus, data=data, model=model, optimization=optimization, run=run)
+    except Refusal as refusal:
+        if recipe is None:
+            raise
+        raise naming_the_recipe(refusal, recipe, from_recipe) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -271,6 +271,15 @@ class RunSettings:
     """Output folder, evaluation / logging / checkpoint schedules, resume and push."""
 
     output_dir: str = field(metadata={"help": "Where checkpoints and the final model folder are written."})
+    recipe: str | None = field(
+        default=None,
+        metadata={
+            "help": "A recipe: a shipped one's name (--list_recipes) or a .yaml/.json file of flags, the file's "
+            "flags read as if given before the command line's (which override them); `run_pretraining.py "
+            "recipe.yaml` is the same as --recipe recipe.yaml. training_args.json records it with every "
+            "resolved flag. The shipped recipes: hfbert/recipes/."
+        },
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Replace another run, or write into a folder holding other files, in --output_dir."},

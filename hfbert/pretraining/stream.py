@@ -123,6 +123,8 @@ def prepare_stream_data(
     config = build_model_config(model, data.max_seq_length, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings
     recipe = instance_recipe(data, tokenizer, seed)
+    if "validation" not in documents:  # before the validation set is written: it may leave too few to train on
+        check_documents_left_to_train(documents["train"], data, recipe.pairs, accelerator.num_processes)
     with cache_writers_first(accelerator), naming_cache_failures():
         validation = validation_documents(documents, corpus, data)
         evaluation = validation_instances(validation, tokenizer, recipe, data)
@@ -179,14 +181,37 @@ def validation_documents(
         writer_batch_size=DOCUMENTS_PER_BATCH,
         fingerprint=fingerprint,
     )
-    if held_out and data.max_eval_samples is None and len(validation) < data.stream_validation_documents:
-        raise Refusal(
-            f"the training stream has {len(validation)} documents and --stream_validation_documents "
-            f"{data.stream_validation_documents} holds out its first {data.stream_validation_documents} for "
-            "validation, leaving none to train on; pass a smaller --stream_validation_documents, or a separate "
-            "validation corpus with --validation_file"
-        )
     return validation
+
+
+def check_documents_left_to_train(
+    train: datasets.IterableDataset, data: DataSettings, pairs: bool, num_processes: int
+) -> None:
+    """With the validation documents held out of the training stream (its first --stream_validation_documents):
+    refuse a stream that leaves too few documents to train on, each process needing one (two for NSP pairs, B
+    comes from another document), naming the flag, the counts and a value that fits. Without this the run
+    started and stopped at its first batch for "process 0's share of the training stream gives no instances",
+    naming neither. Reads at most the held-out documents and the few needed after them."""
+    held = data.stream_validation_documents
+    per_process = MIN_NSP_DOCUMENTS if pairs else 1
+    needed = per_process * num_processes
+    total = sum(1 for _ in itertools.islice(train, held + needed))
+    if total >= held + needed:
+        return
+    # The share a run without --streaming holds out (--validation_split_percentage), at least what validation needs.
+    fits = max(per_process, total * data.validation_split_percentage // 100)
+    fix = (
+        f"pass --stream_validation_documents {fits} (about the {data.validation_split_percentage}% a run without "
+        f"--streaming holds out, at least {per_process})"
+        if fits + needed <= total
+        else "pass a larger corpus"
+    )
+    raise Refusal(
+        f"the training stream has {total} documents and --stream_validation_documents {held} holds out the first "
+        f"{min(held, total)} for validation, leaving {max(total - held, 0)} to train on ({needed} needed: "
+        f"{per_process} for each of {num_processes} process(es){', NSP draws B from another document' if pairs else ''}); "
+        f"{fix}, or a separate validation corpus with --validation_file"
+    )
 
 
 def validation_instances(

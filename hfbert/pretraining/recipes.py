@@ -1,0 +1,162 @@
+"""Recipes: run_pretraining.py's flags as a file, `--recipe NAME|PATH` (or the file as the one positional
+argument, as transformers' examples take `python run_mlm.py args.json`).
+
+A recipe is a YAML (or JSON) mapping of flag names to values, with a header comment saying what it
+reproduces, its source, and what it gave where it was measured (or "not run here"); its first comment line
+is what `--list_recipes` prints. The shipped ones are `hfbert/recipes/*.yaml`, named by their stem.
+
+Its keys are checked by `HfArgumentParser.parse_dict(..., allow_extra_keys=False)`; its values then go
+through argparse as flags placed before the command line's, so they get exactly the command line's type and
+choice checks (parse_dict hands values to the dataclasses unchecked) and a flag given on the command line wins
+(argparse keeps the last value). A refusal about a flag the recipe set names the recipe file and the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hfbert.errors import Refusal, RefusingArgumentParser
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+RECIPE_SUFFIXES = (".yaml", ".yml", ".json")
+RECIPE_FLAG = "recipe"
+# A corpus source on the command line replaces the recipe's whole source (not only the flag it names), so that
+# `--recipe bert-base-phase1 --train_file my.txt` is that recipe on my.txt rather than a refusal for giving
+# both --dataset_name and --train_file.
+CORPUS_SOURCE_FLAGS = ("dataset_name", "train_file")
+CORPUS_SOURCE_KEYS = ("dataset_name", "dataset_config_name", "train_file", "validation_file")
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """The recipes shipped in the package, by name (the file's stem)."""
+    return {path.stem: path for path in sorted(RECIPES_DIR.glob("*.yaml"))}
+
+
+def recipe_summary(path: Path) -> str:
+    """The recipe's first comment line: what it is."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#") and line.lstrip("#").strip():
+            return line.lstrip("#").strip()
+    return "(no header comment)"
+
+
+def list_recipes() -> str:
+    """One shipped recipe a line: its name, then what it is."""
+    recipes = shipped_recipes()
+    width = max(len(name) for name in recipes)
+    return "\n".join(f"{name:<{width}}  {recipe_summary(path)}" for name, path in recipes.items())
+
+
+class ListRecipesAction(argparse.Action):
+    """--list_recipes: print the shipped recipes and exit, as --help does (before any other flag is checked)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, default: Any = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        print(list_recipes())
+        parser.exit()
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A shipped recipe's file by name, or a recipe file's path; anything else is refused listing the names."""
+    shipped = shipped_recipes()
+    if name_or_path in shipped:
+        return shipped[name_or_path]
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    if path.suffix in RECIPE_SUFFIXES:
+        raise Refusal(f"--recipe {name_or_path}: no such file")
+    raise Refusal(
+        f"--recipe {name_or_path} is neither a shipped recipe ({', '.join(shipped)}; --list_recipes says what "
+        f"each is) nor a recipe file ({', '.join(RECIPE_SUFFIXES)})"
+    )
+
+
+def read_recipe(path: Path, parser: Any) -> dict[str, Any]:
+    """The recipe's flags (name -> value), its keys checked against `parser`'s dataclasses."""
+    text = path.read_text(encoding="utf-8")
+    try:  # as HfArgumentParser.parse_json_file / parse_yaml_file read them
+        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        reason = " ".join(str(error).split())
+        raise Refusal(f"recipe {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {reason}") from None
+    if not isinstance(values, dict):
+        raise Refusal(f"recipe {path}: holds no mapping of flag names to values (e.g. `learning_rate: 1.0e-3`)")
+    if RECIPE_FLAG in values:
+        raise Refusal(f"recipe {path}: key {RECIPE_FLAG}: a recipe cannot name another recipe")
+    try:
+        parser.parse_dict({"output_dir": "unused", **values}, allow_extra_keys=False)
+    except ValueError as error:
+        unknown = sorted(set(values) - flag_names(parser))
+        if not unknown:
+            raise Refusal(f"recipe {path}: {error}") from None
+        raise Refusal(
+            f"recipe {path}: key {', '.join(map(str, unknown))} is not a run_pretraining.py flag (see --help)"
+        ) from None
+    except TypeError as error:  # a dataclass given what it cannot take
+        raise Refusal(f"recipe {path}: {error}") from None
+    defaults = {field.name: field.default for dtype in parser.dataclass_types for field in dataclasses.fields(dtype)}
+    for key, value in values.items():
+        if isinstance(value, (list, dict)):
+            raise Refusal(f"recipe {path}: key {key}: {value!r} is not a single value")
+        if value is None and defaults[key] is not None:
+            raise Refusal(f"recipe {path}: key {key}: null, and --{key} cannot be unset (its default is {defaults[key]!r})")
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def flag_names(parser: Any) -> set[str]:
+    return {field.name for dtype in parser.dataclass_types for field in dataclasses.fields(dtype)}
+
+
+def _flag_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The flags named on the command line (`--name value`, `--name=value`, dashed or not)."""
+    return {word[2:].split("=")[0].replace("-", "_") for word in argv if word.startswith("--")}
+
+
+def recipe_from_argv(argv: list[str]) -> tuple[str | None, list[str]]:
+    """The recipe the command line names (`--recipe X`, or a .yaml/.json file as the first argument, turned
+    into `--recipe X`), and the command line with that positional file so turned."""
+    if argv and not argv[0].startswith("-") and argv[0].endswith(RECIPE_SUFFIXES):
+        argv = ["--recipe", argv[0], *argv[1:]]
+    # parse_known_args also takes --recipe=X and the abbreviations the full parser would take.
+    scan = RefusingArgumentParser(add_help=False)
+    scan.add_argument(f"--{RECIPE_FLAG}")
+    known, _ = scan.parse_known_args(argv)
+    return known.recipe, argv
+
+
+def apply_recipe(argv: list[str], parser: Any) -> tuple[list[str], Path | None, set[str]]:
+    """The command line with the recipe's flags in front (so the command line's win), the recipe's file, and
+    the flags it set that the command line does not override."""
+    name, argv = recipe_from_argv(argv)
+    if name is None:
+        return argv, None, set()
+    path = find_recipe(name)
+    values = read_recipe(path, parser)
+    given = given_flags(argv)
+    if given & set(CORPUS_SOURCE_FLAGS):
+        values = {key: value for key, value in values.items() if key not in CORPUS_SOURCE_KEYS}
+    flags = [word for key, value in values.items() for word in (f"--{key}", _flag_text(value))]
+    return [*flags, *argv], path, set(values) - given
+
+
+def naming_the_recipe(refusal: Refusal, path: Path, from_recipe: set[str]) -> Refusal:
+    """A refusal that names a flag the recipe set (and the command line did not) says so, with the file."""
+    message = str(refusal)
+    keys = [key for key in dict.fromkeys(re.findall(r"--(\w+)", message)) if key in from_recipe]
+    if not keys:
+        return refusal
+    return Refusal(f"recipe {path}, key {', '.join(keys)}: {message}")

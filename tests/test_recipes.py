@@ -1,0 +1,181 @@
+"""Recipes (issue 43 item 1): every shipped recipe parses and passes the checks before work on the shipped
+sample, the command line overrides a recipe, a bad recipe is refused in one line naming the file and the key,
+--list_recipes lists them, and a run records its recipe."""
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+from conftest import tiny_config
+
+from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+from hfbert.errors import Refusal
+from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.pretraining.cli import main, parse_args
+from hfbert.pretraining.recipes import RECIPES_DIR, recipe_summary, shipped_recipes
+from hfbert.pretraining.run import check_before_work
+from hfbert.pretraining.source_model import check_source_model
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = [
+    "--train_file", str(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"]),
+    "--validation_file", str(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["validation"]),
+]  # fmt: skip
+HEADER_LINES = ("Reproduces", "Measured", "Command")
+
+
+def readme_command(marker: str) -> list[str]:
+    """The run_pretraining.py flags of the README's command that follows `marker`."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text[text.index(marker) :]
+    line = next(line for line in block.splitlines() if "run_pretraining.py" in line)
+    words = shlex.split(line)
+    return words[words.index("run_pretraining.py") + 1 :]
+
+
+@pytest.fixture(scope="module")
+def source_folder(tmp_path_factory, run_inputs, sample_tokenizer) -> Path:
+    """A tiny model folder with its tokenizer, for the recipes that start from weights (not trained: the checks
+    before work read its files, not what it learned)."""
+    folder = tmp_path_factory.mktemp("source") / "model"
+    HfBertForPreTraining(tiny_config(vocab_size=len(sample_tokenizer), max_position_embeddings=512)).save_pretrained(folder)
+    sample_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_the_recipes_are_shipped_and_each_has_a_header():
+    assert set(shipped_recipes()) >= {
+        "quick-start", "quality-10min", "bert-base-phase1", "bert-base-phase2", "bert-large-phase1",
+        "bert-large-phase2", "roberta-mlm", "continued-pretraining",
+    }  # fmt: skip
+    for name, path in shipped_recipes().items():
+        header = [line for line in path.read_text().splitlines() if line.startswith("#")]
+        assert recipe_summary(path) != "(no header comment)", name
+        for word in HEADER_LINES:
+            assert any(line.startswith(f"# {word}") for line in header), f"{name}: no '# {word}' line"
+        assert any("not run here" in line or "Measured: a " in line for line in header), name
+
+
+@pytest.mark.parametrize("name", sorted(shipped_recipes()))
+def test_every_shipped_recipe_parses_and_passes_the_checks_before_work(name, tmp_path, run_inputs, source_folder):
+    """A recipe that names a Hub corpus is checked on the shipped sample, given on the command line (which
+    replaces the recipe's corpus); one that names a tokenizer or a source folder gets the test's own."""
+    values = yaml.safe_load((RECIPES_DIR / f"{name}.yaml").read_text())
+    argv = ["--recipe", name, "--output_dir", str(tmp_path / "run")]
+    if "dataset_name" in values or "train_file" in values:
+        argv += SAMPLE
+    if "tokenizer_name" in values:
+        argv += ["--tokenizer_name", str(run_inputs["tokenizer"])]
+    if "model_name_or_path" in values:
+        argv += ["--model_name_or_path", str(source_folder)]
+    settings = parse_args(argv)
+    assert settings.run.recipe == name
+    overridden = {"dataset_name", "dataset_config_name", "tokenizer_name", "model_name_or_path"}
+    flat = settings.to_dict()
+    for key, value in values.items():
+        if key not in overridden:
+            assert flat[key] == (str(value) if key == "checkpointing_steps" else value), key
+    try:
+        assert check_before_work(settings, Accelerator(cpu=True)) is None  # resume 'auto' on a new folder: none
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    check_source_model(settings.model, settings.data)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "marker"),
+    [("quick-start", "<!-- doc-test: tiny"), ("quality-10min", "<!-- doc-test: parse")],
+)
+def test_the_readme_recipes_are_the_readmes_commands(recipe, marker):
+    """The quick-start and quality recipes give exactly the settings of the README's two commands."""
+    by_flags = parse_args(readme_command(marker)).to_dict()
+    by_recipe = parse_args(["--recipe", recipe, "--output_dir", by_flags["output_dir"]]).to_dict()
+    assert by_recipe.pop("recipe") == recipe and by_flags.pop("recipe") is None
+    assert by_recipe == by_flags
+
+
+def test_the_command_line_overrides_the_recipe():
+    settings = parse_args(["--recipe", "quick-start", "--output_dir", "o", "--learning_rate", "2e-3", "--max_train_steps=10"])
+    assert settings.optimization.learning_rate == 2e-3 and settings.optimization.max_train_steps == 10
+    assert settings.optimization.num_warmup_steps == 200  # the recipe's
+    # a corpus on the command line replaces the recipe's whole corpus (its --dataset_config_name too)
+    settings = parse_args(["--recipe", "bert-base-phase1", "--output_dir", "o", *SAMPLE])
+    assert settings.corpus.dataset_name is None and settings.corpus.dataset_config_name is None
+    assert settings.corpus.train_file == SAMPLE[1] and settings.model.model_size == "base"
+
+
+def test_a_recipe_file_as_the_one_argument_is_the_same_as_recipe(tmp_path):
+    """As transformers' examples take `python run_mlm.py args.json`; JSON too."""
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"model_size": "tiny", "learning_rate": 1e-3, "output_dir": str(tmp_path / "run")}))
+    positional, flagged = parse_args([str(path)]), parse_args(["--recipe", str(path)])
+    assert positional.to_dict() == flagged.to_dict()
+    assert positional.run.recipe == str(path) and positional.model.model_size == "tiny"
+    assert positional.optimization.learning_rate == 1e-3 and positional.run.output_dir == str(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("learning_rate: 1.0e-3\nlerning_rate: 3\n", "{path}: key lerning_rate is not a run_pretraining.py flag"),
+        ("learning_rate: -1\n", "{path}, key learning_rate: --learning_rate -1.0 must be > 0"),
+        ("max_train_steps: 1.5\n", "{path}, key max_train_steps: argument --max_train_steps/--max-train-steps: invalid int value: '1.5'"),
+        ("model_size: huge\n", "{path}, key model_size: argument --model_size/--model-size: invalid choice: 'huge'"),
+        ("learning_rate: null\n", "{path}: key learning_rate: null, and --learning_rate cannot be unset"),
+        ("recipe: quick-start\n", "{path}: key recipe: a recipe cannot name another recipe"),
+        ("- model_size\n", "{path}: holds no mapping of flag names to values"),
+    ],
+)
+def test_a_bad_recipe_is_refused_in_one_line_naming_the_file_and_the_key(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(Refusal) as error:
+        parse_args(["--recipe", str(path), "--output_dir", "o"])
+    assert message.format(path=path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_out_of_range_value_on_the_command_line_is_not_blamed_on_the_recipe():
+    with pytest.raises(Refusal) as error:
+        parse_args(["--recipe", "quick-start", "--output_dir", "o", "--learning_rate", "-1"])
+    assert str(error.value) == "--learning_rate -1.0 must be > 0"
+
+
+def test_an_unknown_recipe_is_refused_listing_the_shipped_ones():
+    with pytest.raises(Refusal) as error:
+        parse_args(["--recipe", "bert-huge", "--output_dir", "o"])
+    assert str(error.value).startswith("--recipe bert-huge is neither a shipped recipe (")
+    assert all(name in str(error.value) for name in shipped_recipes())
+    with pytest.raises(Refusal, match=re.escape("--recipe missing.yaml: no such file")):
+        parse_args(["--recipe", "missing.yaml", "--output_dir", "o"])
+
+
+def test_list_recipes_prints_one_a_line_its_name_first(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--list_recipes"])
+    assert exit_info.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(shipped_recipes())
+    for line, path in zip(lines, shipped_recipes().values(), strict=True):
+        assert line.endswith(recipe_summary(path)) and len(recipe_summary(path)) > 20
+
+
+@pytest.mark.slow
+def test_the_quick_recipe_runs_cut_short_and_records_its_recipe(tmp_path):
+    """The quick start's recipe at the README doc-test's budget; training_args.json and the model card name it."""
+    output_dir = tmp_path / "run"
+    cut_short = ["--max_train_steps", "2", "--eval_steps", "2", "--checkpointing_steps", "2"]
+    try:
+        main(["--recipe", "quick-start", "--output_dir", str(output_dir), "--mixed_precision", "no", *cut_short])
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    recorded = json.loads((output_dir / "training_args.json").read_text())
+    assert recorded["recipe"] == "quick-start"
+    assert recorded["max_train_steps"] == 2 and recorded["structured_attention_fade"] == 1.0  # override, recipe
+    assert re.search(r"\| recipe \| quick-start \|", (output_dir / "README.md").read_text())
