@@ -22,7 +22,7 @@ from benchmarks.downstream import prepare_splits
 from benchmarks.downstream_sets import SETS, read_set, read_tweets_csv
 from hfbert.files import write_json_atomic
 from hfbert.finetune import settings as finetune_settings
-from hfbert.finetune.data import load_task, tokenize
+from hfbert.finetune.data import encode, load_task
 from hfbert.finetune.fit import finetune_once
 from hfbert.finetune.models import MODEL_ROLE, Candidate, build_model, check_model_folder, load_candidate
 from hfbert.finetune.settings import RANDOM_INIT, TrainingSettings
@@ -133,7 +133,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     settings = finetune_settings.parse_args(finetune_argv)
     task = load_task(settings.data)
     candidate = load_candidate(MODEL_ROLE, args.folder, "folder", settings.training, False, False)
-    tokenized = tokenize(task, candidate.tokenizer, settings.training.max_seq_length)
+    tokenized = tuple(
+        encode(task, split, candidate.tokenizer, settings.training.max_seq_length) for split in (task.train, task.evaluation)
+    )
     results = {
         name: finetune_variant(candidate, groups, task, tokenized, settings.training)
         for name, groups in variants().items()

@@ -413,16 +413,15 @@ def stratified_folds(
     return pairs
 
 
-def tokenize(
-    task: TaskData, tokenizer: PreTrainedTokenizerBase, max_seq_length: int
-) -> tuple[datasets.Dataset, ...]:
-    """(train, evaluation) as token ids and labels, truncated to `max_seq_length`."""
+def encode(
+    task: TaskData, split: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_seq_length: int
+) -> datasets.Dataset:
+    """`split` (rows of `task`) as token ids and labels, truncated to `max_seq_length`."""
 
-    def encode(rows: dict[str, list]) -> dict[str, list]:
+    def encode_rows(rows: dict[str, list]) -> dict[str, list]:
         pair = rows[task.text_pair_column] if task.text_pair_column else None
         return tokenizer(rows[task.text_column], pair, truncation=True, max_length=max_seq_length)
 
-    return tuple(
-        split.map(encode, batched=True, remove_columns=[c for c in split.column_names if c != "labels"])
-        for split in (task.train, task.evaluation)
+    return split.map(
+        encode_rows, batched=True, remove_columns=[c for c in split.column_names if c != "labels"]
     )

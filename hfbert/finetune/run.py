@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 import transformers
 from tqdm.auto import tqdm
 
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import check_folder_writable, write_json_atomic
-from hfbert.finetune.data import TaskData, load_task, stratified_folds, task_columns, tokenize
+from hfbert.finetune.data import TaskData, encode, load_task, stratified_folds, task_columns
 from hfbert.finetune.fit import FitResult, finetune_once
 from hfbert.finetune.models import (
     COMPARISON_ROLE,
@@ -72,11 +73,8 @@ def check_before_work(settings: FinetuneSettings) -> tuple[list[Candidate], Task
     if output.update_model_card:
         refusal_from(lambda: check_folder_writable(models.model_dir, "--update_model_card's model_dir"))
         check_model_card(Path(models.model_dir) / "README.md")
-    if training.fp16:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise Refusal("--fp16 needs a CUDA GPU and none is available; leave --fp16 out on a CPU")
+    if training.fp16 and not torch.cuda.is_available():
+        raise Refusal("--fp16 needs a CUDA GPU and none is available; leave --fp16 out on a CPU")
     task = load_task(settings.data)
     if training.chooses_rate:  # rows too few for the folds are refused here, before any training
         stratified_folds(task.train, training.learning_rate_folds, settings.data.data_seed, task.label_names)
@@ -116,23 +114,16 @@ def selection_fits(
 ) -> dict[FoldFit, FitResult]:
     """`--learning_rate auto`'s fits: each rate of the candidate's grid on each fold of the training rows,
     scored on the fold's held-out rows. The evaluation split is never looked at."""
-    folds = stratified_folds(task.train, training.learning_rate_folds, data_seed, task.label_names)
-    encoded = [
-        tokenize(
-            dataclasses.replace(task, train=held_in, evaluation=held_out),
-            candidate.tokenizer,
-            training.max_seq_length,
-        )
-        for held_in, held_out in folds
-    ]
+    train = encode(task, task.train, candidate.tokenizer, training.max_seq_length)  # once; folds select rows
+    folds = stratified_folds(train, training.learning_rate_folds, data_seed, task.label_names)
     fits = {}
     for where in selection_plan(candidate.learning_rates, len(folds), training.seeds):
-        train, held_out = encoded[where.fold]
+        held_in, held_out = folds[where.fold]
         model = build_model(candidate, task.label_names, where.seed, training.reinit_query_key)
         fits[where] = finetune_once(
             model,
             candidate.tokenizer,
-            train,
+            held_in,
             held_out,
             training,
             where.seed,
@@ -155,7 +146,8 @@ def seed_fits(
     progress: FitProgress | None,
 ) -> dict[int, FitResult]:
     """The candidate fine-tuned at `rate` on every training row once per seed, scored on the evaluation split."""
-    train, evaluation = tokenize(task, candidate.tokenizer, training.max_seq_length)
+    train = encode(task, task.train, candidate.tokenizer, training.max_seq_length)
+    evaluation = encode(task, task.evaluation, candidate.tokenizer, training.max_seq_length)
     per_seed = {}
     for seed in training.seeds:
         model = build_model(candidate, task.label_names, seed, training.reinit_query_key)
