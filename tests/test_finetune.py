@@ -756,7 +756,7 @@ def test_a_held_out_split_too_small_for_the_classes_is_refused_before_training(t
             "--output_dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
     refused_before_training(
         [*argv, "--max_train_samples", "4"],
-        r"holds out each of 3 folds of the 4 training rows .* class 'ships' \(2\), 'sport' \(2\) has fewer rows than "
+        r"holds out each of 3 folds of the 4 training rows .* classes 'ships' \(2\), 'sport' \(2\) have fewer rows than "
         r"folds; pass more training rows \(a larger --max_train_samples\), fewer --learning_rate_folds",
     )
     with mock.patch("hfbert.finetune.run.finetune_once", return_value=fit_result(0.75)) as finetune_once:

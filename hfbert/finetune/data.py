@@ -398,7 +398,8 @@ def stratified_folds(
     if thin:
         raise Refusal(
             f"--learning_rate auto holds out each of {folds} folds of the {len(train)} training rows in turn to "
-            f"choose the rate, and class {', '.join(thin[:5])} has fewer rows than folds; pass more training rows "
+            f"choose the rate, and {'classes' if len(thin) > 1 else 'class'} {', '.join(thin[:5])} "
+            f"{'have' if len(thin) > 1 else 'has'} fewer rows than folds; pass more training rows "
             f"(a larger --max_train_samples), fewer --learning_rate_folds, or a --learning_rate such as 1e-3"
         )
     generator = np.random.default_rng(seed)
