@@ -52,9 +52,11 @@ from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import build_loaders, plan_batches
+from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args as parse_run_flags
-from hfbert.pretraining.evaluation import ModelFlops, flops_per_token
-from hfbert.pretraining.loop import CheckpointWriter, fit, train_step
+from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, flops_per_token
+from hfbert.pretraining.loop import CheckpointWriter, LoopSchedule, ProgressBar, StepSettings, fit, train_step
+from hfbert.pretraining.model import start_fresh_model
 from hfbert.pretraining.run import prepare_run_data
 from hfbert.pretraining.run import start as start_run
 from hfbert.pretraining.setup import setup_training
@@ -113,30 +115,31 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str):
     accelerator, precision = start_run(settings)
     data = prepare_run_data(settings, accelerator, checkpoint=None)
     model = HfBertForPreTraining(data.config)
+    start_callbacks = start_fresh_model(model, settings.model, optimization.seed)
     set_seed(optimization.seed, device_specific=True)
     plan = plan_batches(settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device)
-    loaders = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
-    fade = settings.model.structured_attention_fade or 0.0
-    state, train_loader, eval_loader, budget, shaping = setup_training(
-        model, *loaders, optimization, settings.model.attention_init, fade, accelerator
-    )
+    batches, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+    state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    checkpoints = CheckpointWriter(output_dir, None, settings.resume_invariant(), data.tokenizer)
+    checkpoints = CheckpointWriter(output_dir, None, settings.checkpoint_settings(), data.tokenizer)
     flops = ModelFlops(data.config, model, peak_flops_per_process=None)
-    fit(accelerator, state, train_loader, eval_loader, budget, optimization, settings.run, precision, checkpoints, flops,
-        shaping)  # fmt: skip
+    step = StepSettings.of(optimization, precision, output_dir, flops)
+    schedule = LoopSchedule.of(budget, settings.run)
+    callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.train` has
+    fit(accelerator, state, eval_loader, schedule, step, checkpoints, callbacks)
     run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed)
     rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
     last = max(rows)
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
     mean_length = statistics.mean(len(ids) for ids in data.train.write()["input_ids"])
     loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds
-    batch = next(iter(train_loader))
+    batch = next(iter(state.batches.loader))
+    window, no_callbacks = TrainingWindow.start(accelerator.device, 0.0), Callbacks()  # as the loop's step has
     times = []
     for _ in range(args.warmup_steps // 2 + 20):
         synchronize(accelerator.device)
         start = time.perf_counter()
-        train_step(accelerator, state, batch, 1e-4, optimization, precision)
+        train_step(accelerator, state, batch, 1e-4, step, window, no_callbacks)
         synchronize(accelerator.device)
         times.append(time.perf_counter() - start)
     bare = int(batch["attention_mask"].sum()) / statistics.median(times[args.warmup_steps // 2 :])

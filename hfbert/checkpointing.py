@@ -269,6 +269,11 @@ _LEFTOVER_PREFIXES = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, FINAL_
 _RUN_MARKERS = (*_LEFTOVER_PREFIXES, ".tokenizer")
 
 
+def checkpoint_folder(output_dir: str | os.PathLike, step: int) -> Path:
+    """Where the checkpoint written after `step` updates lives."""
+    return Path(output_dir) / f"{CHECKPOINT_PREFIX}{step}"
+
+
 def save_checkpoint(
     accelerator: Accelerator,
     output_dir: str | os.PathLike,
@@ -294,7 +299,7 @@ def save_checkpoint(
         raise CheckpointError(f"--checkpoints_total_limit {total_limit} must be >= 1 (or unset to keep all)")
     output_dir = Path(output_dir)
     temp_folder = output_dir / f"{TEMP_CHECKPOINT_PREFIX}{step}"
-    final_folder = output_dir / f"{CHECKPOINT_PREFIX}{step}"
+    final_folder = checkpoint_folder(output_dir, step)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         _remove_leftover_temp_folders(output_dir)

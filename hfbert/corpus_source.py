@@ -12,10 +12,11 @@ import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from hfbert.errors import Refusal
 from hfbert.files import sha256_file
+from hfbert.flags import MUST_MATCH
 
 DocumentBoundary = Literal["heading", "blank_line", "row"]
 # The WikiText-2 raw sample shipped inside this package: the corpus when no source is named.
@@ -31,39 +32,35 @@ class CorpusError(Refusal):
 class CorpusArguments:
     """Where the text comes from (command-line flags through `transformers.HfArgumentParser`)."""
 
-    dataset_name: str | None = field(
+    dataset_name: Annotated[str | None, MUST_MATCH] = field(
         default=None,
-        metadata={
-            "help": "Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
+        metadata={"help": "Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
             "repo. Without it and without --train_file, the WikiText-2 sample shipped with hfbert is used."
         },
     )
-    dataset_config_name: str | None = field(
+    dataset_config_name: Annotated[str | None, MUST_MATCH] = field(
         default=None, metadata={"help": "Configuration of --dataset_name (e.g. wikitext-103-raw-v1)."}
     )
-    train_file: str | None = field(
+    train_file: Annotated[str | None, MUST_MATCH] = field(
         default=None,
-        metadata={
-            "help": "Local training text: plain text of any extension (.txt, .raw, ...), or parquet/json/csv."
+        metadata={"help": "Local training text: plain text of any extension (.txt, .raw, ...), or parquet/json/csv."
         },
     )
-    validation_file: str | None = field(
+    validation_file: Annotated[str | None, MUST_MATCH] = field(
         default=None, metadata={"help": "Local validation text, same formats as --train_file."}
     )
-    text_column: str = field(
+    text_column: Annotated[str, MUST_MATCH] = field(
         default="text",
         metadata={"help": "Column holding the text in parquet/json/csv files and Hub datasets."},
     )
-    streaming: bool = field(
+    streaming: Annotated[bool, MUST_MATCH] = field(
         default=False,
-        metadata={
-            "help": "Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk)."
+        metadata={"help": "Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk)."
         },
     )
-    document_boundary: DocumentBoundary | None = field(
+    document_boundary: Annotated[DocumentBoundary | None, MUST_MATCH] = field(
         default=None,
-        metadata={
-            "help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
+        metadata={"help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
             "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
             "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
             "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files, "

@@ -23,6 +23,7 @@ Two guards around the `tokenizers` trainer:
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import time
@@ -514,9 +515,30 @@ class TokenizerTrainingArguments:
             raise Refusal(f"--model_max_length {self.model_max_length} must be > 0, e.g. 512")
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """HfArgumentParser's formatter, without "(default: None)": an unset flag's help says what unset means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 class RefusingHfArgumentParser(RefusesUsageErrors, HfArgumentParser):
     """HfArgumentParser whose command-line errors, unknown flags included, are one-line refusals (the parser of
-    train_tokenizer.py and run_pretraining.py)."""
+    train_tokenizer.py and run_pretraining.py); --help shows each flag's default, where it has one."""
+
+    def __init__(self, dataclass_types: Any, **kwargs: Any):
+        super().__init__(dataclass_types, **{"formatter_class": DefaultsHelpFormatter, **kwargs})
+
+    def given_flags(self, argv: list[str]) -> frozenset[str]:
+        """The destinations of the flags `argv` names (as given, `--flag=value` or an abbreviation argparse
+        accepts): settings tell a flag given at its default value from one left unset."""
+        named = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+        return frozenset(
+            action.dest
+            for action in self._actions
+            for option in action.option_strings
+            if any(option == token or (option.startswith(token) and self.allow_abbrev) for token in named)
+        )
 
     def parse_flags(self, argv: list[str] | None) -> list[Any]:
         """The dataclasses of `argv` (sys.argv's when None)."""

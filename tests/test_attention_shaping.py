@@ -6,9 +6,11 @@ import math
 import torch
 from conftest import tiny_config
 
+from hfbert.checkpointing import TrainingProgress
 from hfbert.initialization import init_structured_attention
 from hfbert.modeling_hfbert import HfBertForPreTraining
-from hfbert.pretraining.attention_shaping import AttentionShaping, ClsAttentionSpread, StructuredFade
+from hfbert.pretraining.attention_shaping import ClsAttentionSpread, StructuredFade
+from hfbert.pretraining.callbacks import Callbacks
 
 SHAPE = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -70,10 +72,10 @@ def test_a_fade_resumed_from_a_checkpoint_equals_an_uninterrupted_one_bit_for_bi
         for name, parameter in resumed.named_parameters():
             if name in checkpoint:
                 parameter.copy_(checkpoint[name])
-    fade = AttentionShaping(fade=StructuredFade(resumed, components, 0.7))
-    fade.resume_at(progresses[16])
-    for progress in progresses[17:]:
-        fade.after_update(progress)
+    fade = Callbacks([StructuredFade(resumed, components, 0.7)])  # as the loop calls it
+    fade.on_fit_start(TrainingProgress(completed_steps=17), progresses[16])
+    for step, progress in enumerate(progresses[17:], start=18):
+        fade.on_update(step, progress)
     for name, weight in query_key(straight).items():
         assert torch.equal(query_key(resumed)[name], weight), name
 
@@ -135,13 +137,13 @@ def test_uniform_attention_costs_nothing_and_evaluation_forwards_capture_nothing
     assert all(not captured for captured in spread.captured)
 
 
-def test_the_shaping_without_levers_leaves_loss_and_weights_alone():
+def test_the_loop_without_callbacks_leaves_loss_and_weights_alone():
     model = fresh_model()
     before = query_key(model)
-    shaping = AttentionShaping()
+    shaping = Callbacks()
     loss = torch.tensor(math.pi)
-    assert shaping.add_penalty(loss, {"attention_mask": torch.ones(1, 4)}) is loss
-    shaping.resume_at(0.3)
-    shaping.after_update(0.6)
+    assert shaping.loss(loss, {"attention_mask": torch.ones(1, 4)}) is loss
+    shaping.on_fit_start(TrainingProgress(), 0.3)
+    shaping.on_update(1, 0.6)
     for name, weight in query_key(model).items():
         assert torch.equal(weight, before[name])

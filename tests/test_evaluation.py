@@ -11,6 +11,7 @@ from hfbert.errors import RunFailure
 from hfbert.pretraining.evaluation import (
     STATISTICS,
     ModelFlops,
+    TrainingWindow,
     check_loss_is_finite,
     flops_per_token,
     metrics_from_statistics,
@@ -73,3 +74,32 @@ def test_the_nan_stop_names_the_last_checkpoint_whose_weights_are_finite(tmp_pat
     assert str(error.value).endswith(
         f"The last checkpoint whose weights are all finite is {tmp_path / 'checkpoint-4'} (largest |weight| 1e+06)."
     )
+
+
+def test_the_log_row_has_the_largest_finite_gradient_norm_clipping_computed():
+    """The norm run health reads; an fp16 update skipped for overflow (an infinite norm) is no spike."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from hfbert.checkpointing import TrainingProgress
+
+    config = tiny_config()
+    model = HfBertForPreTraining(config)
+    input_ids = torch.randint(5, config.vocab_size, (2, 8))
+    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids.clone(),
+             "next_sentence_label": torch.tensor([0, 1])}  # fmt: skip
+    outputs = model(**batch, mlm_masked_rows_only=True)
+    accelerator = Accelerator(cpu=True)
+    try:
+        flops = ModelFlops(config, model, peak_flops_per_process=None)
+        rows = []
+        for norms in ([], [None, torch.tensor(2.0), torch.tensor(math.inf), torch.tensor(3.0), None]):
+            window = TrainingWindow.start(torch.device("cpu"), 0.0)
+            for norm in norms or [None]:
+                window.add(outputs, outputs.loss, batch, norm)
+            rows.append(window.row(accelerator, TrainingProgress(completed_steps=1, train_seconds=1.0), 0, 1e-3, flops))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    assert "grad_norm" not in rows[0]  # no clipping (--max_grad_norm 0): no norm computed, none logged
+    assert rows[1]["grad_norm"] == 3.0

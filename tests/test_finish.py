@@ -9,7 +9,7 @@ from conftest import tiny_config
 from hfbert import HfBertForPreTraining
 from hfbert.corpus_source import CorpusArguments
 from hfbert.inspect import write_samples as write_samples_from_folder
-from hfbert.pretraining.finish import FinalFolder, write_final_folder
+from hfbert.pretraining.finish import FinalContents, FinalFolder, write_final_folder
 
 SENTENCES = [
     "The game was released in Japan in 2011 and sold well .",
@@ -20,18 +20,14 @@ OTHER = "The band toured Europe in the summer ."
 
 
 def write(output_dir, model, tokenizer, sentences=(SENTENCES, OTHER)) -> FinalFolder:
-    return write_final_folder(
-        output_dir,
-        model=model,
-        state_dict=model.state_dict(),
+    contents = FinalContents(
         tokenizer=tokenizer,
         summary={"precision": "no", "corpus": "shipped WikiText-2 sample"},
         eval_results={"step": 2, "eval_mlm_loss": 6.5, "eval_mlm_accuracy": 0.01},
         log_history=[{"step": 1, "loss": 7.0, "learning_rate": 1e-4}, {"step": 2, "eval_mlm_loss": 6.5}],
-        corpus=CorpusArguments(),
-        model_name="hfbert-tiny",
         sample_sentences=sentences,
     )
+    return write_final_folder(output_dir, model, model.state_dict(), contents, CorpusArguments(), "hfbert-tiny")
 
 
 def test_the_final_folder_is_one_set_with_samples_from_the_weights_in_memory(tmp_path, sample_tokenizer):

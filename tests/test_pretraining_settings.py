@@ -58,7 +58,7 @@ def test_the_structured_fade_is_resolved_for_a_fresh_structured_model_only():
 
 def test_resume_refuses_another_fade_or_spread_and_a_longer_budget_under_a_fade():
     fading = ["--output_dir", "o", "--lr_scheduler_type", "constant", "--structured_attention_fade", "0.5"]
-    saved = parse_args([*fading, "--max_train_steps", "10"]).resume_invariant()
+    saved = parse_args([*fading, "--max_train_steps", "10"]).checkpoint_settings()
     with pytest.raises(ValueError, match=r"--max_train_steps 10 in the checkpoint, 20 now \(--structured_attention_fade"):
         check_resume_settings(saved, parse_args([*fading, "--max_train_steps", "20"]), "ckpt")
     other = parse_args([*fading[:-1], "1", "--max_train_steps", "10"])
@@ -70,7 +70,7 @@ def test_resume_refuses_another_fade_or_spread_and_a_longer_budget_under_a_fade(
 
 
 def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
-    saved = parse_args(["--output_dir", "o", "--max_train_steps", "10"]).resume_invariant()
+    saved = parse_args(["--output_dir", "o", "--max_train_steps", "10"]).checkpoint_settings()
     changed = parse_args(["--output_dir", "o", "--max_train_steps", "10", "--model_size", "small"])
     with pytest.raises(ValueError, match=r"--model_size 'mini' in the checkpoint, 'small' now"):
         check_resume_settings(saved, changed, "ckpt")
@@ -78,7 +78,7 @@ def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
     with pytest.raises(ValueError, match=r"--max_train_steps 10 in the checkpoint, 20 now.*constant schedule"):
         check_resume_settings(saved, longer, "ckpt")
     constant = ["--output_dir", "o", "--lr_scheduler_type", "constant"]
-    saved = parse_args([*constant, "--max_train_steps", "10"]).resume_invariant()
+    saved = parse_args([*constant, "--max_train_steps", "10"]).checkpoint_settings()
     notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt")
     assert notes == ["--max_train_steps changed from 10 to 20: training continues to the new budget"]
     assert check_resume_settings(None, longer, "old")[0].startswith("old records no run settings")
@@ -88,7 +88,7 @@ def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("First sentence here. Second one.\n")
     flags = ["--output_dir", "o", "--train_file", str(corpus), "--max_train_steps", "10"]
-    saved = parse_args(flags).resume_invariant()
+    saved = parse_args(flags).checkpoint_settings()
     assert check_resume_settings(saved, parse_args(flags), "ckpt") == []
     corpus.write_text("First sentence here. Second one, edited.\n")
     with pytest.raises(ValueError, match=rf"the corpus \({corpus}\) has changed since the checkpoint was written"):
@@ -113,8 +113,14 @@ def test_a_run_beside_its_source_is_accepted(tmp_path):
         parse_args(["--model_name_or_path", str(tmp_path / "phase1"), "--output_dir", str(tmp_path / "phase1-link")])
 
 
-@pytest.mark.parametrize("flag", [["--vocab_size", "8192"], ["--attention_init", "bert"]])
+# Given at their default values too: a flag named is a flag the user expects to act.
+@pytest.mark.parametrize(
+    "flag",
+    [["--vocab_size", "8192"], ["--attention_init", "bert"], ["--vocab_size", "30522"], ["--attention_init", "structured"],
+     ["--structured_attention_fade=0.0"]],
+)  # fmt: skip
 def test_flags_that_only_shape_a_fresh_model_are_refused_with_a_source(flag):
+    flag = flag[0].split("=") if len(flag) == 1 else flag
     with pytest.raises(Refusal, match=rf"{flag[0]} {flag[1]} only shapes a fresh model.*drop {flag[0]}"):
         parse_args(["--model_name_or_path", "someone/bert", "--output_dir", "x", *flag])
     settings = parse_args(["--model_name_or_path", "someone/bert", "--output_dir", "x"])
@@ -129,5 +135,38 @@ def test_a_fresh_model_gets_the_default_vocab_size_and_attention_init():
 def test_a_run_from_weights_resumes_a_checkpoint_that_recorded_the_ignored_vocab_size():
     # hfbert before the refusal recorded the default --vocab_size of a run from weights, which it ignored
     source = ["--output_dir", "o", "--model_name_or_path", "someone/bert"]
-    saved = parse_args(source).resume_invariant() | {"vocab_size": 30522}
+    saved = parse_args(source).checkpoint_settings() | {"vocab_size": 30522}
     assert check_resume_settings(saved, parse_args(source), "ckpt") == []
+
+
+@pytest.mark.parametrize("flag", ["--stream_window_documents", "--stream_validation_documents"])
+def test_stream_flags_given_without_streaming_are_refused_even_at_their_default(flag):
+    with pytest.raises(Refusal, match=rf"^{flag} 1000 applies to --streaming runs only; add --streaming or drop {flag}$"):
+        parse_args(["--output_dir", "x", flag, "1000"])
+    assert getattr(parse_args(["--output_dir", "x"]).data, flag[2:]) is None  # recorded as not applying
+    assert getattr(parse_args(["--output_dir", "x", "--streaming", "--max_train_steps", "5",
+                               "--tokenizer_name", "t"]).data, flag[2:]) == 1000  # fmt: skip
+
+
+def test_help_shows_the_value_a_run_gets_once_and_never_none(capsys):
+    """The defaults a fresh run gets are the fields' defaults, as --help prints them (no "(default: None)")."""
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: None" not in text
+    for flag, shown in [("--model_size", "mini"), ("--vocab_size", "30522"), ("--attention_init", "structured"),
+                        ("--structured_attention_fade", "0.0"), ("--stream_window_documents", "1000")]:  # fmt: skip
+        entry = text.split(f" {flag} ", 1)[1]  # from the flag on: its help's first default is its own
+        assert entry.split("(default", 1)[1].startswith(f": {shown})"), flag
+    fresh = parse_args(["--output_dir", "x"])
+    assert (fresh.model.model_size, fresh.data.vocab_size, fresh.model.structured_attention_fade) == ("mini", 30522, 0.0)
+    source = parse_args(["--output_dir", "x", "--model_name_or_path", "someone/bert"])
+    assert source.model.model_size is None  # the source's size, read from it
+
+
+def test_what_a_checkpoint_records_is_declared_on_the_fields():
+    """The flags a resume must repeat are those annotated MUST_MATCH; budget flags are recorded, not compared."""
+    recorded = parse_args(["--output_dir", "x"]).checkpoint_settings()
+    assert {"learning_rate", "seed", "max_seq_length", "train_file", "model_size", "structured_attention_fade",
+            "max_train_steps", "corpus_sha256"} <= set(recorded)  # fmt: skip
+    assert not {"output_dir", "logging_steps", "eval_steps", "attention_init", "dataloader_num_workers"} & set(recorded)

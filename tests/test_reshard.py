@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hfbert.checkpointing import CheckpointError, TrainingProgress
 from hfbert.errors import Refusal
-from hfbert.pretraining.loop import epoch_batches
+from hfbert.pretraining.batches import CachedBatches
 from hfbert.pretraining.reshard import keep_global_batch, micro_batches_to_skip
 from hfbert.pretraining.settings import OptimizationSettings
 
@@ -92,9 +92,10 @@ def test_a_resumed_epoch_continues_accelerate_s_accumulation_count_from_its_posi
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
-    loader = accelerator.prepare_data_loader(DataLoader(TensorDataset(torch.arange(36)), batch_size=4))
+    loader = CachedBatches(DataLoader(TensorDataset(torch.arange(36)), batch_size=4))
+    loader.prepare(accelerator)
     accelerator.step = 7  # e.g. what a 1-process writer with accumulation 7 left
-    batches = epoch_batches(accelerator, loader, 0, TrainingProgress(micro_batches_in_epoch=position))
+    batches = loader.epoch(0, TrainingProgress(micro_batches_in_epoch=position), accelerator)
     assert (len(list(batches)), accelerator.step) == (9 - skipped, counter)
     AcceleratorState._reset_state(True)
     GradientState._reset_state()

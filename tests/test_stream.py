@@ -113,7 +113,7 @@ def test_a_restored_position_continues_with_exactly_the_next_batch(small_corpus,
     head = take(first, stop_after)
     assert first.stream_pass == (0 if stop_after == 7 else 1)  # 6 articles: about 45 batches a pass
     resumed = stream_loader(documents, sample_tokenizer, workers)
-    resumed.resume(saved_state(first), rank=0)
+    resumed.restore(saved_state(first), rank=0)
     assert_same_batches(straight, head + take(resumed, 100 - stop_after))
 
 

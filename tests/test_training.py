@@ -447,6 +447,7 @@ def test_push_to_hub_uploads_exactly_the_final_folder(tmp_path, run_inputs):
 def test_another_model_trains_through_the_public_stages(tmp_path, run_inputs):
     """The seam benchmarks/time_to_quality.py uses: compose the stages as `pretrain` does, with another model."""
     from hfbert.pretraining.cli import parse_args
+    from hfbert.pretraining.model import start_fresh_model
     from hfbert.pretraining.run import check_before_work, prepare_run_data, start, train
 
     output_dir = tmp_path / "run"
@@ -456,7 +457,8 @@ def test_another_model_trains_through_the_public_stages(tmp_path, run_inputs):
         checkpoint = check_before_work(settings, accelerator)
         data = prepare_run_data(settings, accelerator, checkpoint)
         model = HfBertForPreTraining(data.config)
-        assert train(settings, accelerator, precision, data, model, checkpoint).path == output_dir
+        start_callbacks = start_fresh_model(model, settings.model, settings.optimization.seed)
+        assert train(settings, accelerator, precision, data, model, checkpoint, start_callbacks).path == output_dir
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()

@@ -4,7 +4,8 @@ The structured start (hfbert.initialization) makes a small model learn in minute
 writes into the attention queries and keys (previous token, next token, same word) stay in the saved folder,
 and a classifier fine-tuned on a few hundred labels then reads little more than the first words: the main
 job's folder fine-tuned 8.5 points worse than random weights on the tweets' tuning split. Two levers, each a
-flag of `run_pretraining.py`, both asked for by the training loop (the model classes are untouched):
+flag of `run_pretraining.py`, each a loop callback (`hfbert.pretraining.callbacks`; the model classes are
+untouched):
 
 - `StructuredFade` (`--structured_attention_fade F`): the start's patterns fade linearly to nothing over the
   first fraction F of the budget. The random BERT rows under them and what training learned stay, so the
@@ -17,29 +18,35 @@ flag of `run_pretraining.py`, both asked for by the training loop (the model cla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from hfbert.checkpointing import TrainingProgress
+from hfbert.pretraining.callbacks import Callback
 
-class StructuredFade:
+
+class StructuredFade(Callback):
     """Subtracts the structured start's query/key components from the weights as the budget's progress goes
     from 0 to `fraction`: after an update at progress p the weights hold max(0, 1 - p / fraction) of them.
 
     The scale is a pure function of the checkpointed progress, so a resumed run, whose weights already carry
-    the scale of its checkpoint, continues the same subtraction (`resume_at`)."""
+    the scale of its checkpoint, continues the same subtraction (`resume_at`). Made with the model, before
+    it is moved to its device: the components follow the parameters there at the start of training."""
 
     def __init__(self, model: nn.Module, components: dict[str, torch.Tensor], fraction: float):
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        parameters = dict(model.named_parameters())
-        self.pairs = [
-            (parameters[name], component.to(parameters[name].device, parameters[name].dtype))
-            for name, component in components.items()
-        ]
+        parameters = dict(model.named_parameters())  # moving a module to a device keeps its Parameter objects
+        self.pairs = [(parameters[name], component) for name, component in components.items()]
         self.fraction = fraction
         self.applied_scale = 1.0
+
+    def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
+        self.pairs = [(parameter, component.to(parameter)) for parameter, component in self.pairs]
+        self.resume_at(share)
+
+    def on_update(self, step: int, share: float) -> None:
+        self.after_update(share)
 
     def scale(self, progress: float) -> float:
         """The share of the components the weights hold at `progress` (in [0, 1]) of the budget."""
@@ -59,7 +66,7 @@ class StructuredFade:
             self.applied_scale = scale
 
 
-class ClsAttentionSpread:
+class ClsAttentionSpread(Callback):
     """Forward hooks on every layer's query and key projections; `penalty` turns what the last training
     forward captured into weight * mean over layers of mean over rows and heads of (1 - H(p) / log n), p the
     attention of the row's query at position 0 ([CLS], first in the last layer's queries too) over its n
@@ -110,31 +117,13 @@ class ClsAttentionSpread:
             total = total + (1 - entropy / log_lengths).mean()
         return self.weight * total / len(self.captured)
 
+    def loss(self, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`loss` plus the penalty of the forward that made it."""
+        return loss + self.penalty(batch["attention_mask"])
+
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
 
 
-@dataclass(frozen=True)
-class AttentionShaping:
-    """What the training loop applies: the fade after each update, the penalty in each training loss."""
-
-    fade: StructuredFade | None = None
-    cls_spread: ClsAttentionSpread | None = None
-
-    def resume_at(self, progress: float) -> None:
-        if self.fade is not None:
-            self.fade.resume_at(progress)
-
-    def after_update(self, progress: float) -> None:
-        if self.fade is not None:
-            self.fade.after_update(progress)
-
-    def add_penalty(self, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """`loss` plus the [CLS] spread penalty of the forward that made it (unchanged without one)."""
-        if self.cls_spread is None:
-            return loss
-        return loss + self.cls_spread.penalty(batch["attention_mask"])
-
-
-__all__ = ["AttentionShaping", "ClsAttentionSpread", "StructuredFade"]
+__all__ = ["ClsAttentionSpread", "StructuredFade"]

@@ -14,18 +14,22 @@ import itertools
 import math
 import os
 import signal
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from hfbert.checkpointing import TrainingProgress
 from hfbert.errors import Refusal
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.instances import SHUFFLE_WINDOW, DrawnInstances
+from hfbert.pretraining.reshard import micro_batches_to_skip
 
 if TYPE_CHECKING:
     from hfbert.pretraining.settings import DataSettings, OptimizationSettings
@@ -436,12 +440,67 @@ def _loader_options(plan: BatchPlan) -> dict[str, Any]:
     }
 
 
+class TrainingBatches(Protocol):
+    """A process's training batches, cached (`CachedBatches`) or streamed
+    (`hfbert.pretraining.stream.StreamLoader`): all that setup, the loop and a checkpoint ask of them."""
+
+    batches_per_epoch: int | None  # over all processes; None: a stream, one endless epoch of unknown length
+
+    def prepare(self, accelerator: Accelerator) -> None:
+        """Split the batches over this launch's processes."""
+
+    def epoch(self, epoch: int, progress: TrainingProgress, accelerator: Accelerator) -> Iterable[dict]:
+        """The batches of `epoch` from where `progress` stands, on this process's device."""
+
+    def logged_epoch(self, epoch: int) -> int:
+        """What the log calls `epoch` (a stream: its pass over the corpus)."""
+
+    def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
+        """The JSON files a checkpoint adds for the position (call on every process); {} where `progress`
+        holds it."""
+
+    def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
+        """Continue from `checkpoint`'s position (after its state, `progress` included, is loaded)."""
+
+
+class CachedBatches:
+    """Batches of the written or drawn instances: an epoch is a shuffle of them all, and the position within it
+    is `TrainingProgress.micro_batches_in_epoch` (global, so another process count continues it)."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self.batches_per_epoch: int | None = len(loader)
+
+    def prepare(self, accelerator: Accelerator) -> None:
+        self.loader = accelerator.prepare_data_loader(self.loader)
+
+    def epoch(self, epoch: int, progress: TrainingProgress, accelerator: Accelerator) -> Iterable[dict]:
+        """The epoch's own shuffle, past the batches already trained on when resumed mid-epoch."""
+        self.loader.set_epoch(epoch)
+        if not progress.micro_batches_in_epoch:
+            return self.loader
+        skip = micro_batches_to_skip(progress, accelerator.num_processes, len(self.loader))
+        # accelerate's micro-batch counter (which micro-batch ends an accumulation) comes back from this rank's
+        # RNG file counted in the writer's split, or not at all: count it in this one (0 past the epoch's end).
+        accelerator.step = skip % len(self.loader)
+        return accelerator.skip_first_batches(self.loader, skip)
+
+    def logged_epoch(self, epoch: int) -> int:
+        return epoch
+
+    def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
+        return {}
+
+    def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
+        pass  # the position is `progress`'s, loaded with the state
+
+
 def build_loaders(
     plan: BatchPlan, tokenizer: Any, train: DrawnInstances, evaluation: Any
-) -> tuple[DataLoader, DataLoader]:
-    """Training and evaluation loaders whose collate_fn builds finished batches (padded, masked, static form
-    when planned) in worker processes, into pinned memory on CUDA; the training instances are made there too.
-    `evaluation`: written instances (a ``datasets.Dataset``)."""
+) -> tuple[CachedBatches, DataLoader]:
+    """Training batches and the evaluation loader, whose collate_fn builds finished batches (padded, masked,
+    static form when planned) in worker processes, into pinned memory on CUDA; the training instances are made
+    there too. `evaluation`: written instances (a ``datasets.Dataset``)."""
     seed = plan.seed
     train_batch = plan.train_batch_size
     train_loader = DataLoader(
@@ -460,7 +519,7 @@ def build_loaders(
         generator=torch.Generator().manual_seed(seed),
         **_loader_options(plan),
     )
-    return train_loader, build_eval_loader(plan, tokenizer, evaluation)
+    return CachedBatches(train_loader), build_eval_loader(plan, tokenizer, evaluation)
 
 
 def build_eval_loader(plan: BatchPlan, tokenizer: Any, evaluation: Any) -> DataLoader:

@@ -9,7 +9,7 @@ from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
-from hfbert.pretraining.run import pretrain_run
+from hfbert.pretraining.run import pretrain
 from hfbert.pretraining.settings import (
     DataSettings,
     ModelSettings,
@@ -41,7 +41,8 @@ def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
     argv, recipe, from_recipe = apply_recipe(sys.argv[1:] if argv is None else list(argv), parser)
     try:
         corpus, data, model, optimization, run = parser.parse_flags(argv)
-        return PretrainingSettings(corpus=corpus, data=data, model=model, optimization=optimization, run=run)
+        given = parser.given_flags(argv)
+        return PretrainingSettings(corpus, data, model, optimization, run, given=given)
     except Refusal as refusal:
         if recipe is None:
             raise
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of run_pretraining.py. A run stopped by SIGTERM/SIGUSR1 exits with 128 + the signal's
     number, as a process ended by it would."""
     try:
-        final = pretrain_run(parse_args(argv))
+        final = pretrain(parse_args(argv))
     except Preempted as stopped:
         print(f"\n{stopped}", file=sys.stderr, flush=True)
         raise SystemExit(128 + stopped.signal_number) from None

@@ -172,20 +172,30 @@ class TrainingWindow:
     totals: torch.Tensor
     tokens: torch.Tensor
     loss: torch.Tensor
+    grad_norm: torch.Tensor  # the largest finite gradient norm before clipping
     start_seconds: float
     batches: int = 0
+    clipped_updates: int = 0  # updates whose norm clipping computed (none without --max_grad_norm)
 
     @classmethod
     def start(cls, device: torch.device, seconds: float) -> TrainingWindow:
         zeros = torch.zeros(len(STATISTICS), dtype=torch.float64, device=device)
         scalar = torch.zeros((), dtype=torch.float64, device=device)
-        return cls(totals=zeros, tokens=scalar, loss=scalar.clone(), start_seconds=seconds)
+        return cls(totals=zeros, tokens=scalar, loss=scalar.clone(), grad_norm=scalar.clone(), start_seconds=seconds)
 
-    def add(self, outputs: Any, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+    def add(
+        self, outputs: Any, loss: torch.Tensor, batch: dict[str, torch.Tensor], grad_norm: torch.Tensor | None = None
+    ) -> None:
+        """A micro-batch's statistics; `grad_norm`, at the end of an accumulation, the norm clipping computed."""
         self.totals += batch_statistics(outputs, batch)
         self.tokens += batch["attention_mask"].sum()
         self.loss += loss.detach()
         self.batches += 1
+        if grad_norm is not None:
+            # fp16's skipped updates have an infinite norm: the loss scaler's business, not a spike
+            finite = torch.where(grad_norm.isfinite(), grad_norm.detach().double(), 0.0)
+            self.grad_norm = torch.maximum(self.grad_norm, finite)
+            self.clipped_updates += 1
 
     def row(
         self,
@@ -200,6 +210,7 @@ class TrainingWindow:
         seconds = max(progress.train_seconds - self.start_seconds, 1e-9)
         totals = accelerator.reduce(self.totals, "sum")
         tokens = accelerator.reduce(self.tokens, "sum").item()
+        grad_norm = {"grad_norm": accelerator.reduce(self.grad_norm, "max").item()} if self.clipped_updates else {}
         return {
             "step": progress.completed_steps,
             "epoch": epoch,
@@ -209,4 +220,5 @@ class TrainingWindow:
             "learning_rate": learning_rate,
             "tokens_per_second": tokens / seconds,
             **flops.utilization(tokens, totals, seconds, accelerator.num_processes),
+            **grad_norm,
         }

@@ -42,23 +42,30 @@ class FinalFolder:
     fill_mask: str | None = None
 
 
+@dataclass(frozen=True)
+class FinalContents:
+    """What the final folder holds besides the weights and their code."""
+
+    tokenizer: Any
+    summary: dict[str, Any]  # training_args.json: every setting and the facts of the run
+    eval_results: dict[str, float]
+    log_history: list[dict[str, Any]]
+    sample_sentences: tuple[list[str], str | None] = ([], None)  # validation sentences, one of another document
+
+
 def write_final_folder(
     output_dir: Path,
-    *,
     model: torch.nn.Module,
     state_dict: dict[str, torch.Tensor],
-    tokenizer: Any,
-    summary: dict[str, Any],
-    eval_results: dict[str, float],
-    log_history: list[dict[str, Any]],
+    contents: FinalContents,
     corpus: CorpusArguments,
     model_name: str,
-    sample_sentences: tuple[list[str], str | None] = ([], None),
 ) -> FinalFolder:
     """Write model (with its code), tokenizer, eval_results.json, training_args.json, log_history.json, the
-    curves, samples.md (fill-mask, NSP and similarity on `sample_sentences`: validation sentences and one of
-    another document) and the model card into `output_dir` as one set. Main process only."""
-    sentences, other_sentence = sample_sentences
+    curves, samples.md (fill-mask, NSP and similarity on the sample sentences) and the model card into
+    `output_dir` as one set. Main process only."""
+    sentences, other_sentence = contents.sample_sentences
+    tokenizer, summary, eval_results = contents.tokenizer, contents.summary, contents.eval_results
     # Before save_pretrained, which empties the state dict it is given.
     analysis = ModelAnalysis.of_weights(model.config, state_dict, tokenizer) if len(sentences) >= 2 else None
     with staged_files(output_dir) as staging:
@@ -66,8 +73,8 @@ def write_final_folder(
         tokenizer.save_pretrained(staging)
         write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)
         write_json_atomic(staging / TRAINING_ARGS_NAME, summary)
-        write_json_atomic(staging / LOG_HISTORY_NAME, log_history)
-        plot_training_curves(log_history, staging / CURVES_NAME, title=f"{model_name} pretraining")
+        write_json_atomic(staging / LOG_HISTORY_NAME, contents.log_history)
+        plot_training_curves(contents.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining")
         samples = None
         if analysis is not None:  # computed on the weights in memory, on CPU copies of the model
             samples = write_samples(
@@ -88,41 +95,24 @@ def write_final_folder(
 def finish(
     accelerator: Accelerator,
     model: torch.nn.Module,
-    tokenizer: Any,
+    contents: FinalContents,
     run: RunSettings,
     corpus: CorpusArguments,
-    summary: dict[str, Any],
-    eval_results: dict[str, float],
-    log_history: list[dict[str, Any]],
-    sample_sentences: tuple[list[str], str | None],
 ) -> FinalFolder:
-    """Gather the weights, write the final folder (main process) and push it if asked."""
+    """Gather the weights, write the final folder (main process; a failure such as a full disk is explained:
+    what is intact and how to finish) and push it if asked."""
     accelerator.wait_for_everyone()
     output_dir = Path(run.output_dir)
     final = FinalFolder(output_dir)
     state_dict = accelerator.get_state_dict(model)  # on every process: gathers FSDP shards
     if accelerator.is_main_process:
-        final = write_final_folder_or_explain(
-            output_dir,
-            model=accelerator.unwrap_model(model),  # compiled in place: never a wrapper
-            state_dict=state_dict,
-            tokenizer=tokenizer,
-            summary=summary,
-            eval_results=eval_results,
-            log_history=log_history,
-            corpus=corpus,
-            model_name=(run.hub_model_id or output_dir.name).split("/")[-1],
-            sample_sentences=sample_sentences,
-        )
+        model_name = (run.hub_model_id or output_dir.name).split("/")[-1]
+        unwrapped = accelerator.unwrap_model(model)  # compiled in place: never a wrapper
+        try:
+            final = write_final_folder(output_dir, unwrapped, state_dict, contents, corpus, model_name)
+        except WRITE_ERRORS as error:  # the folder's previous files are intact: the final files are staged
+            raise RunFailure(write_failure_message(error, output_dir, output_dir)) from error
         if run.push_to_hub:
             logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
     end_process_group(accelerator)
     return final
-
-
-def write_final_folder_or_explain(output_dir: Path, **contents: Any) -> FinalFolder:
-    """`write_final_folder`, with a failure (e.g. a full disk) explained: what is intact and how to finish."""
-    try:
-        return write_final_folder(output_dir, **contents)
-    except WRITE_ERRORS as error:  # the folder's previous files are intact: the final files are staged
-        raise RunFailure(write_failure_message(error, output_dir, output_dir)) from error

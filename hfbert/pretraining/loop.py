@@ -8,7 +8,6 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,70 +17,104 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from hfbert.checkpointing import TrainingProgress, save_checkpoint
-from hfbert.pretraining.attention_shaping import AttentionShaping
+from hfbert.checkpointing import TrainingProgress, checkpoint_folder, save_checkpoint
+from hfbert.pretraining.callbacks import Callback
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, check_loss_is_finite, evaluate
-from hfbert.pretraining.reshard import micro_batches_to_skip
 from hfbert.pretraining.settings import OptimizationSettings, RunSettings
 from hfbert.pretraining.setup import Budget, TrainingState
-from hfbert.pretraining.stream import STREAM_STATE_NAME, StreamLoader
-
-NO_SHAPING = AttentionShaping()
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class CheckpointWriter:
-    """Where checkpoints go and what they record besides the `TrainingState`: the run's settings (compared
-    on resume), its tokenizer (reused on resume), the model's config (so that a checkpoint folder is one a
-    new run can start from with --model_name_or_path) and, for a stream, where each process stands in it."""
+    """Where checkpoints go and what they record besides the `TrainingState` (whose batches add their position
+    where `progress` does not hold it): the run's settings (compared on resume), its tokenizer (reused on
+    resume) and the model's config (so that a checkpoint folder is one a new run can start from with
+    --model_name_or_path)."""
 
     output_dir: str
     total_limit: int | None
     run_settings: dict[str, Any]
     tokenizer: Any
     model_config: Any = None
-    stream: StreamLoader | None = None  # --streaming: every process's position in the stream is saved too
 
-    def save(self, accelerator: Accelerator, step: int) -> Path:
-        extra = None
-        if self.stream is not None:  # gathered from every process (this is called on every process)
-            extra = {STREAM_STATE_NAME: self.stream.checkpoint_state(accelerator)}
+    def save(self, accelerator: Accelerator, state: TrainingState) -> Path:
+        """Call on every process (a stream's positions are gathered from each)."""
         return save_checkpoint(
             accelerator,
             self.output_dir,
-            step,
+            state.progress.completed_steps,
             self.total_limit,
             run_settings=self.run_settings,
             tokenizer=self.tokenizer,
             model_config=self.model_config,
-            extra_json=extra,
+            extra_json=state.batches.checkpoint_files(accelerator) or None,
         )
 
+    def folder(self, step: int) -> Path:
+        return checkpoint_folder(self.output_dir, step)
 
-def log_row(
-    accelerator: Accelerator, progress: TrainingProgress, row: dict[str, Any], with_tracking: bool
-) -> None:
-    """Append a row to the run's history (saved with checkpoints and the final folder) and the tracker."""
-    progress.log_history.append(row)
-    if with_tracking:
-        accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+
+@dataclass(frozen=True)
+class LoopSchedule:
+    """When the loop stops (the budget) and when it logs, evaluates and checkpoints."""
+
+    budget: Budget
+    logging_steps: int
+    eval_steps: int | None  # None: at the end of each epoch
+    checkpoint_steps: int | None
+    checkpoint_each_epoch: bool
+
+    @classmethod
+    def of(cls, budget: Budget, run: RunSettings) -> LoopSchedule:
+        return cls(budget, run.logging_steps, run.eval_steps, run.checkpoint_steps, run.checkpoint_each_epoch)
+
+    def log_due(self, step: int) -> bool:
+        return is_due(step, self.logging_steps) or step == self.budget.max_train_steps
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What a training step needs besides the state and the batch."""
+
+    nsp_loss_weight: float
+    max_grad_norm: float  # 0: no clipping
+    precision: str
+    output_dir: str  # named, with its last checkpoint, should the loss stop being finite
+    flops: ModelFlops  # for the logged model FLOP/s and MFU
+
+    @classmethod
+    def of(cls, optimization: OptimizationSettings, precision: str, output_dir: str, flops: ModelFlops):
+        return cls(optimization.nsp_loss_weight, optimization.max_grad_norm, precision, output_dir, flops)
+
+
+class Tracker(Callback):
+    """--with_tracking: every row goes to accelerate's trackers too (TensorBoard, W&B, ...)."""
+
+    def __init__(self, accelerator: Accelerator):
+        self.accelerator = accelerator
+
+    def on_log(self, row: dict[str, Any], share: float) -> None:
+        self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+
+    on_evaluate = on_log
 
 
 def run_evaluation(
-    accelerator: Accelerator, state: TrainingState, eval_loader: DataLoader, with_tracking: bool
+    accelerator: Accelerator,
+    state: TrainingState,
+    eval_loader: DataLoader,
+    callbacks: Callback,
+    share: float,
 ) -> dict[str, float]:
-    """Evaluate, log the row and return the metrics."""
+    """Evaluate, log the row, tell the callbacks and return the metrics."""
     progress = state.progress
     metrics = evaluate(state.model, eval_loader, accelerator)
-    log_row(
-        accelerator,
-        progress,
-        {"step": progress.completed_steps, "train_seconds": progress.train_seconds, **metrics},
-        with_tracking,
-    )
+    row = {"step": progress.completed_steps, "train_seconds": progress.train_seconds, **metrics}
+    progress.log_history.append(row)  # saved with checkpoints and the final folder
     logger.info(f"step {progress.completed_steps}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    callbacks.on_evaluate(row, share)
     return metrics
 
 
@@ -99,28 +132,28 @@ def train_step(
     state: TrainingState,
     batch: dict[str, torch.Tensor],
     learning_rate: float,
-    optimization: OptimizationSettings,
-    precision: str,
-    output_dir: str | None = None,
-    shaping: AttentionShaping = NO_SHAPING,
+    step: StepSettings,
+    window: TrainingWindow,
+    callbacks: Callback,
 ) -> tuple[Any, torch.Tensor]:
-    """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch;
-    `output_dir` names the last finite checkpoint should the loss stop being finite; `shaping` adds its
-    penalty to the loss."""
+    """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch, its
+    statistics added to `window` on the device; `callbacks` may add to the loss."""
     with accelerator.accumulate(state.model):
         outputs = state.model(**batch, mlm_masked_rows_only=True)
-        loss = shaping.add_penalty(outputs.mlm_loss, batch)
+        loss = callbacks.loss(outputs.mlm_loss, batch)
         if outputs.nsp_loss is not None:  # None under --objective mlm
-            loss = loss + optimization.nsp_loss_weight * outputs.nsp_loss
+            loss = loss + step.nsp_loss_weight * outputs.nsp_loss
         # On CUDA the check waits for the device, so it runs once per logging interval instead (in fit).
         if accelerator.device.type != "cuda":
-            step = state.progress.completed_steps + 1
-            check_loss_is_finite(loss, precision, step, learning_rate, output_dir)
+            update = state.progress.completed_steps + 1
+            check_loss_is_finite(loss, step.precision, update, learning_rate, step.output_dir)
         accelerator.backward(loss)
-        if accelerator.sync_gradients and optimization.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(state.model.parameters(), optimization.max_grad_norm)
+        grad_norm = None
+        if accelerator.sync_gradients and step.max_grad_norm > 0:  # the norm before clipping, for the log
+            grad_norm = accelerator.clip_grad_norm_(state.model.parameters(), step.max_grad_norm)
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
+    window.add(outputs, loss, batch, grad_norm)
     return outputs, loss
 
 
@@ -179,154 +212,132 @@ class PreemptionSignals:
 
 
 def stop_for_preemption(
-    accelerator: Accelerator,
-    progress: TrainingProgress,
-    checkpoints: CheckpointWriter,
-    signal_number: int,
-    checkpoint_saved: bool,
+    accelerator: Accelerator, state: TrainingState, checkpoints: CheckpointWriter, signal_number: int, saved: bool
 ) -> None:
-    """Write a checkpoint at this update (unless one was just written) and raise `Preempted`."""
-    checkpoint = checkpoints.save(accelerator, progress.completed_steps) if not checkpoint_saved else None
+    """Write a checkpoint at this update (unless one was `saved` at it: every process decides alike) and
+    raise `Preempted`."""
+    where = checkpoints.folder(state.progress.completed_steps)
+    if not saved:
+        where = checkpoints.save(accelerator, state)
     name = signal.Signals(signal_number).name
-    where = checkpoint or Path(checkpoints.output_dir) / f"checkpoint-{progress.completed_steps}"
     raise Preempted(
-        f"Stopped by {name} after update {progress.completed_steps}; the training state is saved in "
+        f"Stopped by {name} after update {state.progress.completed_steps}; the training state is saved in "
         f"{where}. Resume with the same command plus --resume_from_checkpoint latest.",
         signal_number,
     )
 
 
+class ProgressBar(Callback):
+    """The tqdm bar (main process of each node): one tick an update, the last training row beside it."""
+
+    def __init__(self, accelerator: Accelerator, budget: Budget):
+        self.bar = tqdm(
+            total=None if budget.schedule.max_seconds else budget.max_train_steps,  # a time budget: unknown
+            disable=not accelerator.is_local_main_process,
+            desc="pretraining",
+            unit="step",
+            dynamic_ncols=True,
+        )
+
+    def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
+        self.bar.reset(total=self.bar.total)
+        self.bar.update(progress.completed_steps)
+
+    def on_update(self, step: int, share: float) -> None:
+        self.bar.update(1)
+
+    def on_log(self, row: dict[str, Any], share: float) -> None:
+        self.bar.set_postfix(
+            mlm=f"{row['train_mlm_loss']:.3f}",
+            mlm_acc=f"{row['train_mlm_accuracy']:.3f}",
+            nsp=f"{row.get('train_nsp_loss', math.nan):.3f}",  # nan under --objective mlm
+            nsp_acc=f"{row.get('train_nsp_accuracy', math.nan):.3f}",
+            lr=f"{row['learning_rate']:.2e}",
+            tok_s=f"{row['tokens_per_second']:.0f}",
+        )
+
+    def on_fit_end(self, progress: TrainingProgress) -> None:
+        self.bar.close()
+
+
 def log_training_row(
     accelerator: Accelerator,
-    progress: TrainingProgress,
-    row: dict[str, Any],
-    bar: tqdm,
-    precision: str,
-    run: RunSettings,
-) -> None:
+    state: TrainingState,
+    window: TrainingWindow,
+    row_facts: tuple[int, float],
+    step: StepSettings,
+) -> dict[str, Any]:
     """A training window's row (`TrainingWindow.row`: the one host synchronisation of a logging interval),
-    checked, into the log (and the tracker, --with_tracking) and the bar."""
-    learning_rate = row["learning_rate"]
-    check_loss_is_finite(torch.tensor(row["loss"]), precision, row["step"], learning_rate, run.output_dir)
-    log_row(accelerator, progress, row, run.with_tracking)
-    bar.set_postfix(
-        mlm=f"{row['train_mlm_loss']:.3f}",
-        mlm_acc=f"{row['train_mlm_accuracy']:.3f}",
-        nsp=f"{row.get('train_nsp_loss', math.nan):.3f}",  # nan under --objective mlm
-        nsp_acc=f"{row.get('train_nsp_accuracy', math.nan):.3f}",
-        lr=f"{learning_rate:.2e}",
-        tok_s=f"{row['tokens_per_second']:.0f}",
-    )
-
-
-def progress_bar(accelerator: Accelerator, progress: TrainingProgress, budget: Budget) -> tqdm:
-    return tqdm(
-        total=None
-        if budget.schedule.max_seconds
-        else budget.max_train_steps,  # a time budget ends at an unknown step
-        initial=progress.completed_steps,
-        disable=not accelerator.is_local_main_process,
-        desc="pretraining",
-        unit="step",
-        dynamic_ncols=True,
-    )
+    checked for a finite loss and appended to the run's history. `row_facts`: the epoch as logged, the rate."""
+    epoch, learning_rate = row_facts
+    row = window.row(accelerator, state.progress, epoch, learning_rate, step.flops)
+    check_loss_is_finite(torch.tensor(row["loss"]), step.precision, row["step"], learning_rate, step.output_dir)
+    state.progress.log_history.append(row)
+    return row
 
 
 def fit(
     accelerator: Accelerator,
     state: TrainingState,
-    train_loader: DataLoader,
     eval_loader: DataLoader,
-    budget: Budget,
-    optimization: OptimizationSettings,
-    run: RunSettings,
-    precision: str,
+    schedule: LoopSchedule,
+    step: StepSettings,
     checkpoints: CheckpointWriter,
-    flops: ModelFlops,
-    shaping: AttentionShaping = NO_SHAPING,
+    callbacks: Callback,
 ) -> dict[str, float]:
-    """Train until the step or time budget runs out; log, evaluate and checkpoint on their schedules; shape
-    the attention as `shaping` says. On SIGTERM/SIGUSR1, write a checkpoint and raise `Preempted`. Returns
-    the final evaluation metrics."""
-    progress = state.progress
-    every_checkpoint = run.checkpointing_steps
-    checkpoint_steps = int(every_checkpoint) if every_checkpoint not in (None, "epoch") else None
-    bar = progress_bar(accelerator, progress, budget)
+    """Train `state` on its batches until the budget runs out; log, evaluate and checkpoint as `schedule`
+    says, calling `callbacks` at each event. On SIGTERM/SIGUSR1, write a checkpoint and raise `Preempted`.
+    Returns the final evaluation metrics."""
+    progress, budget = state.progress, schedule.budget
+    seconds = synced_train_seconds(accelerator, progress, budget)
+    share = budget.progress(progress.completed_steps, seconds)
+    callbacks.on_fit_start(progress, share)
     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
     clock = time.perf_counter()  # start of the current stretch of training time
-    seconds = synced_train_seconds(accelerator, progress, budget)
-    shaping.resume_at(budget.progress(progress.completed_steps, seconds))
     metrics: dict[str, float] | None = None
     state.model.train()
     with PreemptionSignals() as preemption:
         for epoch in range(progress.epoch, budget.num_epochs):
             if out_of_budget(progress, budget, seconds):
                 break
-            for batch in epoch_batches(accelerator, train_loader, epoch, progress):
+            for batch in state.batches.epoch(epoch, progress, accelerator):
                 learning_rate = budget.schedule(progress.completed_steps, seconds)
                 set_learning_rate(state.optimizer, learning_rate)
-                step_args = (learning_rate, optimization, precision, run.output_dir, shaping)
-                outputs, loss = train_step(accelerator, state, batch, *step_args)
+                train_step(accelerator, state, batch, learning_rate, step, window, callbacks)
                 progress.micro_batches_in_epoch += accelerator.num_processes  # global: any split continues it
-                window.add(outputs, loss, batch)
                 if not accelerator.sync_gradients:
                     continue
                 progress.completed_steps += 1
-                step, now = progress.completed_steps, time.perf_counter()
-                progress.train_seconds += now - clock
+                update = progress.completed_steps
+                progress.train_seconds += time.perf_counter() - clock
                 seconds = synced_train_seconds(accelerator, progress, budget)
-                shaping.after_update(budget.progress(step, seconds))
-                bar.update(1)
-                log_due = is_due(step, run.logging_steps) or step == budget.max_train_steps
+                share = budget.progress(update, seconds)
+                callbacks.on_update(update, share)
+                log_due = schedule.log_due(update)
                 if log_due:
-                    logged_epoch = train_loader.stream_pass if isinstance(train_loader, StreamLoader) else epoch
-                    row = window.row(accelerator, progress, logged_epoch, learning_rate, flops)
-                    log_training_row(accelerator, progress, row, bar, precision, run)
+                    facts = (state.batches.logged_epoch(epoch), learning_rate)
+                    callbacks.on_log(log_training_row(accelerator, state, window, facts, step), share)
                     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
-                if is_due(step, run.eval_steps):
-                    metrics = run_evaluation(accelerator, state, eval_loader, run.with_tracking)
-                if is_due(step, checkpoint_steps):
-                    checkpoints.save(accelerator, step)
+                if is_due(update, schedule.eval_steps):
+                    metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)
+                if is_due(update, schedule.checkpoint_steps):
+                    checkpoints.save(accelerator, state)
                 if preemption.agreed(accelerator, due=log_due):
-                    bar.close()
-                    saved = is_due(step, checkpoint_steps)
-                    stop_for_preemption(accelerator, progress, checkpoints, preemption.signal_number, saved)
+                    callbacks.on_fit_end(progress)
+                    saved = is_due(update, schedule.checkpoint_steps)
+                    stop_for_preemption(accelerator, state, checkpoints, preemption.signal_number, saved)
                 clock = time.perf_counter()  # evaluation and saving are not training time
                 if out_of_budget(progress, budget, seconds):
                     break
             else:  # the epoch ran to its end
-                metrics = end_epoch(accelerator, state, eval_loader, run, checkpoints) or metrics
+                metrics = end_epoch(accelerator, state, eval_loader, schedule, checkpoints, callbacks, share) or metrics
                 clock = time.perf_counter()
-        bar.close()
-        metrics = final_metrics(accelerator, state, eval_loader, run.with_tracking, metrics)
-        stop_if_signalled(accelerator, progress, checkpoints, preemption)
+        metrics = final_metrics(accelerator, state, eval_loader, callbacks, metrics, share)
+        callbacks.on_fit_end(progress)
+        if preemption.agreed(accelerator, due=True):  # a signal during the final evaluation still checkpoints
+            saved = checkpoints.folder(progress.completed_steps).is_dir()
+            stop_for_preemption(accelerator, state, checkpoints, preemption.signal_number, saved)
     return metrics
-
-
-def stop_if_signalled(
-    accelerator: Accelerator, progress: TrainingProgress, checkpoints: CheckpointWriter, preemption: PreemptionSignals
-) -> None:
-    """After the last update (e.g. during the final evaluation): a signal still leaves a checkpoint."""
-    if preemption.agreed(accelerator, due=True):
-        saved = (Path(checkpoints.output_dir) / f"checkpoint-{progress.completed_steps}").is_dir()
-        stop_for_preemption(accelerator, progress, checkpoints, preemption.signal_number, saved)
-
-
-def epoch_batches(
-    accelerator: Accelerator, train_loader: DataLoader | StreamLoader, epoch: int, progress: TrainingProgress
-) -> Iterable[dict[str, torch.Tensor]]:
-    """The epoch's batches: its own shuffle, and past the batches already trained on when resumed mid-epoch.
-    A stream (--streaming) is one endless epoch, placed by its own checkpointed position (`StreamLoader`)."""
-    if isinstance(train_loader, StreamLoader):
-        return train_loader.batches(accelerator.device)
-    train_loader.set_epoch(epoch)
-    if progress.micro_batches_in_epoch:
-        skip = micro_batches_to_skip(progress, accelerator.num_processes, len(train_loader))
-        # accelerate's micro-batch counter (which micro-batch ends an accumulation) comes back from this rank's
-        # RNG file counted in the writer's split, or not at all: count it in this one (0 past the epoch's end).
-        accelerator.step = skip % len(train_loader)
-        return accelerator.skip_first_batches(train_loader, skip)
-    return train_loader
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
@@ -338,19 +349,21 @@ def end_epoch(
     accelerator: Accelerator,
     state: TrainingState,
     eval_loader: DataLoader,
-    run: RunSettings,
+    schedule: LoopSchedule,
     checkpoints: CheckpointWriter,
+    callbacks: Callback,
+    share: float,
 ) -> dict[str, float] | None:
     """At the end of an epoch: the next one starts at its first batch; evaluate (without --eval_steps) and
     checkpoint (--checkpointing_steps epoch). Returns the evaluation's metrics, if one ran."""
     progress = state.progress
     progress.epoch += 1
     progress.micro_batches_in_epoch = 0
-    metrics = (
-        run_evaluation(accelerator, state, eval_loader, run.with_tracking) if run.eval_steps is None else None
-    )
-    if run.checkpointing_steps == "epoch":
-        checkpoints.save(accelerator, progress.completed_steps)
+    metrics = None
+    if schedule.eval_steps is None:
+        metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)
+    if schedule.checkpoint_each_epoch:
+        checkpoints.save(accelerator, state)
     return metrics
 
 
@@ -358,12 +371,13 @@ def final_metrics(
     accelerator: Accelerator,
     state: TrainingState,
     eval_loader: DataLoader,
-    with_tracking: bool,
+    callbacks: Callback,
     metrics: dict[str, float] | None,
+    share: float,
 ) -> dict[str, float]:
     """The last evaluation's metrics, evaluating once more unless one ran at the last update."""
     log_history = state.progress.log_history
     last_eval = next((row["step"] for row in reversed(log_history) if "eval_mlm_loss" in row), None)
     if metrics is None or last_eval != state.progress.completed_steps:
-        metrics = run_evaluation(accelerator, state, eval_loader, with_tracking)
+        metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)
     return metrics

@@ -3,20 +3,25 @@
     check_before_work   the run folder, the checkpoint to resume and its settings, Hub access   (checkpointing)
     precision           the precision and the Accelerator                                     (precision)
     data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data; stream)
-    batches             the batch plan and the loaders                                         (batches)
-    setup               model, optimizer, schedule, budget, prepared by accelerate             (setup)
-    fit                 the loop: step, log, evaluate, checkpoint, preemption                  (loop, evaluation)
+    model               the model and its start (--attention_init, or a source's weights)     (model)
+    batches             the batch plan and the loaders                                         (batches; stream)
+    setup               optimizer, schedule, budget, prepared by accelerate                    (setup)
+    fit                 the loop: step, log, evaluate, checkpoint, preemption; callbacks       (loop, callbacks)
     finish              final folder (model, tokenizer, card, curves, samples) and push         (finish)
 
-Every stage is public; to pretrain another model through the same pipeline, compose them as `pretrain` does
-with that model in place of `HfBertForPreTraining` (see `setup_training` for what its forward must return, and
-benchmarks/time_to_quality.py). Every process of a multi-process launch calls `pretrain`.
+The cached and the streamed data (--streaming) differ only in the data stage and the training batches; which
+one a run uses is chosen once (`DataPipeline`). Every stage is public; to pretrain another model through the
+same pipeline, compose them as `pretrain` does with that model in place of `HfBertForPreTraining` (see
+`setup_training` for what its forward must return, and benchmarks/time_to_quality.py). Every process of a
+multi-process launch calls `pretrain`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
 
 from hfbert.checkpointing import (
     TOKENIZER_FOLDER,
@@ -38,8 +44,15 @@ from hfbert.checkpointing import (
 )
 from hfbert.files import check_local_files, publish_files
 from hfbert.model_card import check_hub_access
-from hfbert.modeling_hfbert import HfBertForPreTraining
-from hfbert.pretraining.batches import BatchPlan, build_loaders, plan_batches, resolve_num_workers
+from hfbert.pretraining.attention_shaping import ClsAttentionSpread
+from hfbert.pretraining.batches import (
+    BatchPlan,
+    TrainingBatches,
+    build_loaders,
+    plan_batches,
+    resolve_num_workers,
+)
+from hfbert.pretraining.callbacks import Callback, Callbacks
 from hfbert.pretraining.cluster import (
     check_output_dir_shared,
     check_processes_agree,
@@ -50,28 +63,68 @@ from hfbert.pretraining.cluster import (
 )
 from hfbert.pretraining.data import PretrainingData, count_training_instances, prepare_data
 from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
-from hfbert.pretraining.finish import FinalFolder, finish
-from hfbert.pretraining.loop import CheckpointWriter, Preempted, PreemptionSignals, fit
+from hfbert.pretraining.finish import FinalContents, FinalFolder, finish
+from hfbert.pretraining.loop import (
+    CheckpointWriter,
+    LoopSchedule,
+    Preempted,
+    PreemptionSignals,
+    ProgressBar,
+    StepSettings,
+    Tracker,
+    fit,
+)
+from hfbert.pretraining.model import build_model
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
-from hfbert.pretraining.settings import (
-    OptimizationSettings,
-    PretrainingSettings,
-    check_config_file,
-    check_resume_settings,
-)
+from hfbert.pretraining.settings import PretrainingSettings, check_config_file, check_resume_settings
 from hfbert.pretraining.setup import Budget, TrainingState, count_parameters, setup_training
-from hfbert.pretraining.source_model import SourceModel, check_source_model, load_source_model
-from hfbert.pretraining.stream import (
-    StreamLoader,
-    TrainingStream,
-    build_stream_loaders,
-    check_stream_checkpoint,
-    prepare_stream_data,
-    read_stream_state,
-)
+from hfbert.pretraining.source_model import SourceModel, check_source_model
+from hfbert.pretraining.stream import build_stream_loaders, check_stream_checkpoint, prepare_stream_data
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DataPipeline:
+    """The cached or the streamed data (--streaming), chosen once: its data stage, its training batches and
+    how its checkpoints resume on this launch (a cached run's on any process count, a stream's on its own)."""
+
+    prepare: Callable[..., PretrainingData]
+    build_loaders: Callable[..., tuple[TrainingBatches, DataLoader]]
+    verify_resume: Callable[[PretrainingSettings, Accelerator, Path], None]
+
+
+def verify_cached_resume(settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path) -> None:
+    """On another number of processes, the accumulation that keeps the checkpoint's global batch is set in
+    `settings` (see `hfbert.pretraining.reshard`); then the flags are compared."""
+    saved = keep_global_batch(
+        read_run_settings(checkpoint),
+        int(read_manifest(checkpoint)["num_processes"]),
+        settings.optimization,
+        accelerator.num_processes,
+        str(checkpoint),
+        on_cpu=accelerator.device.type == "cpu",
+    )
+    for note in check_resume_settings(saved, settings, str(checkpoint)):
+        logger.warning(note)
+
+
+def verify_stream_resume(settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path) -> None:
+    """A stream's positions are per process and per loader worker: only its own counts continue them."""
+    for note in check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
+        logger.warning(note)
+    workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
+    on_cpu = accelerator.device.type == "cpu"
+    check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu)
+
+
+CACHED = DataPipeline(prepare_data, build_loaders, verify_cached_resume)
+STREAMED = DataPipeline(prepare_stream_data, build_stream_loaders, verify_stream_resume)
+
+
+def data_pipeline(settings: PretrainingSettings) -> DataPipeline:
+    return STREAMED if settings.corpus.streaming else CACHED
 
 
 def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -> Path | None:
@@ -103,35 +156,11 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
 
 def verify_resume(settings: PretrainingSettings, accelerator: Accelerator) -> tuple[str | None, int]:
     """The checkpoint to resume (None: 'auto' found none, a fresh start), verified against its manifest and the
-    run's settings, and the gradient accumulation that keeps its global batch on this number of processes."""
+    run's settings, and the gradient accumulation that continues its global batch on this number of processes."""
     checkpoint = resolve_resume_checkpoint(settings.run.output_dir, settings.run.resume_from_checkpoint)
-    if checkpoint is None:
-        return None, settings.optimization.gradient_accumulation_steps
-    on_cpu = accelerator.device.type == "cpu"
-    if settings.corpus.streaming:  # its positions are per process: only its own process count continues them
-        saved = read_run_settings(checkpoint)
-        for note in check_resume_settings(saved, settings, str(checkpoint)):
-            logger.warning(note)
-        workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
-        check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu)
-        return str(checkpoint), settings.optimization.gradient_accumulation_steps
-    saved = resharded_settings(settings, accelerator, checkpoint)
-    for note in check_resume_settings(saved, settings, str(checkpoint)):
-        logger.warning(note)
-    return str(checkpoint), settings.optimization.gradient_accumulation_steps
-
-
-def resharded_settings(settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path) -> dict | None:
-    """The checkpoint's run settings as this launch must repeat them: on another number of processes, with
-    the accumulation that keeps its global batch (set in `settings` too; see `hfbert.pretraining.reshard`)."""
-    return keep_global_batch(
-        read_run_settings(checkpoint),
-        int(read_manifest(checkpoint)["num_processes"]),
-        settings.optimization,
-        accelerator.num_processes,
-        str(checkpoint),
-        on_cpu=accelerator.device.type == "cpu",
-    )
+    if checkpoint is not None:
+        data_pipeline(settings).verify_resume(settings, accelerator, checkpoint)
+    return (None if checkpoint is None else str(checkpoint)), settings.optimization.gradient_accumulation_steps
 
 
 def start(settings: PretrainingSettings) -> tuple[Accelerator, str]:
@@ -152,8 +181,7 @@ def prepare_run_data(
     """The data stage, then the run folder made ready (checkpoints of a replaced run removed, an interrupted
     final folder published). Seeds the run first, so the model built next starts from the same weights."""
     set_seed(settings.optimization.seed)
-    prepare = prepare_stream_data if settings.corpus.streaming else prepare_data
-    data = prepare(
+    data = data_pipeline(settings).prepare(
         settings.corpus,
         settings.data,
         settings.model,
@@ -199,25 +227,32 @@ def run_summary(
     }
 
 
-def log_plan(
-    data: PretrainingData,
-    optimization: OptimizationSettings,
-    budget: Budget,
-    num_processes: int,
-    num_parameters: int,
-) -> None:
-    train_count = count_training_instances(data.train)
+def log_plan(data: PretrainingData, settings: PretrainingSettings, budget: Budget, summary: dict[str, Any]) -> None:
+    optimization = settings.optimization
+    train_count = summary["train_instances"]
     training = (
         f"{train_count} training instances"
         if train_count is not None
-        else f"a stream of training instances (windows of {data.train.window_documents} documents)"
+        else f"a stream of training instances (windows of {settings.data.stream_window_documents} documents)"
     )
     logger.info(
-        f"{training}, {len(data.evaluation)} evaluation instances; "
+        f"{training}, {summary['eval_instances']} evaluation instances; "
         f"{budget.describe()}, each of {optimization.per_device_train_batch_size} x "
-        f"{num_processes} x {optimization.gradient_accumulation_steps} instances; "
-        f"{num_parameters / 1e6:.1f}M parameters."
+        f"{summary['num_processes']} x {optimization.gradient_accumulation_steps} instances; "
+        f"{summary['num_parameters'] / 1e6:.1f}M parameters."
     )
+
+
+def loop_callbacks(
+    settings: PretrainingSettings, accelerator: Accelerator, model: torch.nn.Module, budget: Budget
+) -> list[Callback]:
+    """What the loop does besides the step, for every run: the bar, the [CLS] penalty, the trackers."""
+    callbacks: list[Callback] = [ProgressBar(accelerator, budget)]
+    if settings.optimization.cls_attention_spread:
+        callbacks.append(ClsAttentionSpread(model, settings.optimization.cls_attention_spread))
+    if settings.run.with_tracking:
+        callbacks.append(Tracker(accelerator))
+    return callbacks
 
 
 def train(
@@ -227,106 +262,54 @@ def train(
     data: PretrainingData,
     model: torch.nn.Module,
     checkpoint: Path | None,
-    weights_loaded: bool = False,
+    start_callbacks: Sequence[Callback] = (),
 ) -> FinalFolder:
-    """Batches -> setup -> resume -> fit -> finish for `model` (fresh from `data.config`, or holding a source
-    model's weights: `weights_loaded`, and then no --attention_init over them); returns the final folder."""
+    """Batches -> setup -> resume -> fit -> finish for `model`, already started (`hfbert.pretraining.model`;
+    `start_callbacks`: what its start leaves for training to do); returns the final folder."""
     optimization = settings.optimization
     set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
-    plan = plan_batches(
-        settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device
-    )
-    loaders = build_stream_loaders if isinstance(data.train, TrainingStream) else build_loaders
-    train_loader, eval_loader = loaders(plan, data.tokenizer, data.train, data.evaluation)
-    attention_init = "bert" if weights_loaded else settings.model.attention_init
-    fade = 0.0 if weights_loaded else settings.model.structured_attention_fade or 0.0
-    state, train_loader, eval_loader, budget, shaping = setup_training(
-        model, train_loader, eval_loader, optimization, attention_init, fade, accelerator
-    )
-    stream_loader = train_loader if isinstance(train_loader, StreamLoader) else None
+    plan = plan_batches(settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device)
+    batches, eval_loader = data_pipeline(settings).build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+    state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
     summary = run_summary(settings, model, data, precision, plan, budget, accelerator.num_processes)
-    log_plan(data, optimization, budget, accelerator.num_processes, summary["num_parameters"])
+    log_plan(data, settings, budget, summary)
     if checkpoint is not None:
-        resume_from(accelerator, state, checkpoint, stream_loader, optimization.seed)
+        resume_from(accelerator, state, checkpoint, optimization.seed)
     if settings.run.with_tracking:
         accelerator.init_trackers("hfbert-pretraining", config=summary)
+    run = settings.run
     checkpoints = CheckpointWriter(
-        settings.run.output_dir,
-        settings.run.checkpoints_total_limit,
-        settings.resume_invariant(),
-        data.tokenizer,
-        data.config,
-        stream=stream_loader,
+        run.output_dir, run.checkpoints_total_limit, settings.checkpoint_settings(), data.tokenizer, data.config
     )
     flops = ModelFlops(data.config, model, datasheet_peak_flops(accelerator.device, precision))
+    callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget)])
+    step = StepSettings.of(optimization, precision, run.output_dir, flops)
     try:
-        metrics = fit(
-            accelerator,
-            state,
-            train_loader,
-            eval_loader,
-            budget,
-            optimization,
-            settings.run,
-            precision,
-            checkpoints,
-            flops,
-            shaping,
-        )
+        metrics = fit(accelerator, state, eval_loader, LoopSchedule.of(budget, run), step, checkpoints, callbacks)
     except Preempted:  # every rank stops at the same update: its process group ends now, not at exit
         release_ddp_wrapper(accelerator, state)
         end_process_group(accelerator)
         raise
     release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
+    eval_results = {"step": state.progress.completed_steps, "train_seconds": state.progress.train_seconds, **metrics}
+    final = FinalContents(
+        data.tokenizer, summary, eval_results, state.progress.log_history, (data.sample_sentences, data.other_sentence)
+    )
     with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
-        return finish_run(accelerator, state, data, settings, summary, metrics)
+        return finish(accelerator, state.model, final, settings.run, settings.corpus)
 
 
-def resume_from(
-    accelerator: Accelerator,
-    state: TrainingState,
-    checkpoint: Path,
-    stream_loader: StreamLoader | None,
-    seed: int,
-) -> None:
+def resume_from(accelerator: Accelerator, state: TrainingState, checkpoint: Path, seed: int) -> None:
     """Load `checkpoint` into the prepared state and go on from its place in the data, on this run's split."""
     logger.info(f"Resuming from {checkpoint}")
     saved_processes = load_checkpoint(accelerator, checkpoint)
     continue_on_this_split(accelerator, state.progress, checkpoint, saved_processes, seed)
-    if stream_loader is not None:
-        stream_loader.resume(read_stream_state(checkpoint), accelerator.process_index)
+    state.batches.resume(checkpoint, accelerator)
 
 
-def finish_run(
-    accelerator: Accelerator,
-    state: TrainingState,
-    data: PretrainingData,
-    settings: PretrainingSettings,
-    summary: dict[str, Any],
-    metrics: dict[str, float],
-) -> FinalFolder:
-    """The finish stage for a trained state: the final folder, its samples and card, the push."""
-    progress = state.progress
-    return finish(
-        accelerator,
-        state.model,
-        data.tokenizer,
-        settings.run,
-        settings.corpus,
-        summary,
-        eval_results={"step": progress.completed_steps, "train_seconds": progress.train_seconds, **metrics},
-        log_history=progress.log_history,
-        sample_sentences=(data.sample_sentences, data.other_sentence),
-    )
-
-
-def pretrain(settings: PretrainingSettings) -> Path:
-    """Pretrain HfBertForPreTraining and return the final model folder."""
-    return pretrain_run(settings).path
-
-
-def pretrain_run(settings: PretrainingSettings) -> FinalFolder:
-    """`pretrain`, returning the final folder with the fill-mask section of its samples."""
+def pretrain(settings: PretrainingSettings) -> FinalFolder:
+    """Pretrain HfBertForPreTraining; returns the final folder (its path, and the fill-mask section of its
+    samples to print)."""
     accelerator, precision = start(settings)
     with ExitStack() as held:  # the run folder's lock, taken by the main process; its refusal ends every rank
         checked_on_main_process(accelerator, partial(held.enter_context, run_folder_lock(settings.run.output_dir)))
@@ -335,7 +318,6 @@ def pretrain_run(settings: PretrainingSettings) -> FinalFolder:
         source = check_source_model(settings.model, settings.data)
         data = prepare_run_data(settings, accelerator, checkpoint, source)
         check_processes_agree(settings, data, accelerator)  # before the first update, on every rank
-        if source is None:
-            return train(settings, accelerator, precision, data, HfBertForPreTraining(data.config), checkpoint)
-        model = load_source_model(source, data.config)
-        return train(settings, accelerator, precision, data, model, checkpoint, weights_loaded=True)
+        model, start_callbacks = build_model(settings.model, data.config, source, settings.optimization.seed)
+        return train(settings, accelerator, precision, data, model, checkpoint, start_callbacks)
+

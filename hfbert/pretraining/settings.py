@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from huggingface_hub.errors import StrictDataclassClassValidationError
 
@@ -20,14 +20,8 @@ from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import check_local_path_exists
+from hfbert.flags import BUDGET, MUST_MATCH, declared
 
-# What a --streaming run gets without --stream_window_documents / --stream_validation_documents.
-STREAM_WINDOW_DOCUMENTS = 1000
-STREAM_VALIDATION_DOCUMENTS = 1000
-# What a run from scratch gets without --vocab_size / --attention_init (a run from weights has neither).
-DEFAULT_VOCAB_SIZE = 30522
-DEFAULT_ATTENTION_INIT = "structured"
-DEFAULT_STRUCTURED_ATTENTION_FADE = 0.0
 # The flags that only shape a fresh model, and why each has no meaning for a run from weights.
 FRESH_MODEL_FLAGS = {
     "vocab_size": "the vocabulary is the source's tokenizer's (or --tokenizer_name's, which must match it)",
@@ -47,20 +41,20 @@ class DataSettings:
             "--vocab_size is trained on the training corpus first and saved with the model."
         },
     )
-    vocab_size: int | None = field(
-        default=None,
+    vocab_size: Annotated[int | None, MUST_MATCH] = field(
+        default=30522,
         metadata={
-            "help": f"Vocabulary of the tokenizer trained when --tokenizer_name is not given (default "
-            f"{DEFAULT_VOCAB_SIZE}; not with --model_name_or_path, whose tokenizer is used)."
+            "help": "Vocabulary of the tokenizer trained when --tokenizer_name is not given. Not with "
+            "--model_name_or_path: the source's tokenizer is the run's."
         },
     )
-    max_seq_length: int = field(
+    max_seq_length: Annotated[int, MUST_MATCH] = field(
         default=128, metadata={"help": "Longest instance, [CLS] A [SEP] B [SEP] included."}
     )
-    short_seq_prob: float = field(
+    short_seq_prob: Annotated[float, MUST_MATCH] = field(
         default=0.1, metadata={"help": "Share of instances with a shorter random target."}
     )
-    dupe_factor: int = field(
+    dupe_factor: Annotated[int, MUST_MATCH] = field(
         default=1,
         metadata={
             "help": "Passes over the corpus with fresh NSP pairings (google-research/bert). 1 (default) suits a "
@@ -68,10 +62,10 @@ class DataSettings:
             "instead of memorising repeated ones."
         },
     )
-    mlm_probability: float = field(
+    mlm_probability: Annotated[float, MUST_MATCH] = field(
         default=0.15, metadata={"help": "Share of tokens chosen for the MLM loss during training."}
     )
-    max_predictions_per_seq: int | None = field(
+    max_predictions_per_seq: Annotated[int | None, MUST_MATCH] = field(
         default=None,
         metadata={
             "help": "Static shapes (google-research/bert): at most this many masked tokens per row, padded to "
@@ -81,7 +75,7 @@ class DataSettings:
             "counts (dynamic shapes, faster there)."
         },
     )
-    objective: Literal["mlm+nsp", "mlm"] = field(
+    objective: Annotated[Literal["mlm+nsp", "mlm"], MUST_MATCH] = field(
         default="mlm+nsp",
         metadata={
             "help": "mlm+nsp (BERT): [CLS] A [SEP] B [SEP] pairs, masked LM plus next sentence prediction. mlm "
@@ -89,7 +83,7 @@ class DataSettings:
             "(within the document), masked LM alone; the NSP head is still saved, untrained."
         },
     )
-    whole_word_masking: bool = field(
+    whole_word_masking: Annotated[bool, MUST_MATCH] = field(
         default=False,
         metadata={
             "help": "Choose whole words for the MLM loss (a token and its '##' continuations, each word with "
@@ -109,7 +103,7 @@ class DataSettings:
         default=0.15,
         metadata={"help": "Share of tokens masked at evaluation (kept at BERT's 15%% so runs compare)."},
     )
-    validation_split_percentage: int = field(
+    validation_split_percentage: Annotated[int, MUST_MATCH] = field(
         default=5,
         metadata={"help": "Documents held out for evaluation when the corpus has no validation split."},
     )
@@ -119,22 +113,21 @@ class DataSettings:
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "Processes for datasets.map."}
     )
-    stream_window_documents: int | None = field(
-        default=None,
+    stream_window_documents: Annotated[int | None, MUST_MATCH] = field(
+        default=1000,
         metadata={
-            "help": f"With --streaming: consecutive documents of the stream made into instances together (default "
-            f"{STREAM_WINDOW_DOCUMENTS}): a window is tokenized and paired in a loader worker, an NSP pair's random "
+            "help": "With --streaming: consecutive documents of the stream made into instances together: a window is tokenized and paired in a loader worker, an NSP pair's random "
             "B comes from another document of its window (google draws it from the whole corpus), and its "
             "instances are shuffled together: the window is the span instances are shuffled over, so give it "
             "as many documents as memory allows (benchmarks/results/streaming.md)."
         },
     )
-    stream_validation_documents: int | None = field(
-        default=None,
+    stream_validation_documents: Annotated[int | None, MUST_MATCH] = field(
+        default=1000,
         metadata={
-            "help": f"With --streaming and a source without a validation split: the first N documents of the "
-            f"training stream (default {STREAM_VALIDATION_DOCUMENTS}) are the fixed validation set, written once "
-            "to the datasets cache; training skips them."
+            "help": "With --streaming and a source without a validation split: the first N documents of the "
+            "training stream are the fixed validation set, written once to the datasets cache; training skips "
+            "them."
         },
     )
 
@@ -143,7 +136,7 @@ class DataSettings:
 class ModelSettings:
     """Which BERT to build."""
 
-    model_name_or_path: str | None = field(
+    model_name_or_path: Annotated[str | None, MUST_MATCH] = field(
         default=None,
         metadata={
             "help": "Start from these weights instead of a fresh initialisation (a new run: new optimizer, "
@@ -152,40 +145,41 @@ class ModelSettings:
             "unless --tokenizer_name is given. For BERT's phase 2 at length 512 and continued pretraining."
         },
     )
-    config_name: str | None = field(
+    config_name: Annotated[str | None, MUST_MATCH] = field(
         default=None,
         metadata={"help": "A config.json (or its folder) for the model; overrides --model_size."},
     )
-    model_size: Literal["tiny", "mini", "small", "medium", "base", "large"] | None = field(
-        default=None,
+    model_size: Annotated[Literal["tiny", "mini", "small", "medium", "base", "large"] | None, MUST_MATCH] = field(
+        default="mini",
         metadata={
-            "help": f"BERT size preset: {', '.join(PRESETS)} (default mini; with --model_name_or_path, the "
-            "source's size)."
+            "help": f"BERT size preset: {', '.join(PRESETS)}. With --model_name_or_path the source's size is the "
+            "run's (given, it must agree)."
         },
     )
-    dropout: float | None = field(
+    dropout: Annotated[float | None, MUST_MATCH] = field(
         default=None,
         metadata={
             "help": "Hidden and attention dropout of the model (default: the config's, 0.1 for the presets)."
         },
     )
+    # not MUST_MATCH: a resume loads its weights over the start (the fade goes on subtracting from them)
     attention_init: Literal["structured", "bert"] | None = field(
-        default=None,
+        default="structured",
         metadata={
-            "help": "structured (default: on a short budget it is what lifts held-out MLM accuracy off the "
-            "unigram plateau and lets NSP generalise, see docs/quality.md, 'Where the gain comes from'): BERT's initialisation, except that "
+            "help": "structured (on a short budget it is what lifts held-out MLM accuracy off the unigram "
+            "plateau and lets NSP generalise, see docs/quality.md, 'Where the gain comes from'): BERT's initialisation, except that "
             "position embeddings start as a cos/sin code and three attention heads start looking at the "
             "previous token, the next token and the same word in the other segment (hfbert.initialization); "
             "everything trains from there. bert: transformers' initialisation throughout. Not with "
             "--model_name_or_path (its weights are the start)."
         },
     )
-    structured_attention_fade: float | None = field(
-        default=None,
+    structured_attention_fade: Annotated[float | None, MUST_MATCH] = field(
+        default=0.0,
         metadata={
             "help": "With the structured start: the fraction of the budget (updates or seconds, whichever is "
             "further along) over which its three heads' query/key patterns fade linearly to nothing, "
-            "leaving BERT's random rows and what training learned. 0 (default): they stay. The folder of a "
+            "leaving BERT's random rows and what training learned. 0: they stay. The folder of a "
             "short run then fine-tunes better on few labels (benchmarks/results/downstream.md, 'Pretraining "
             "levers'); held-out MLM accuracy ends lower."
         },
@@ -196,60 +190,60 @@ class ModelSettings:
 class OptimizationSettings:
     """Batches, optimizer, learning-rate schedule, budget and precision."""
 
-    per_device_train_batch_size: int = field(default=32, metadata={"help": "Batch size per process."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimizer update."})
-    learning_rate: float = field(default=1e-4, metadata={"help": "Peak AdamW learning rate."})
-    weight_decay: float = field(
+    per_device_train_batch_size: Annotated[int, MUST_MATCH] = field(default=32, metadata={"help": "Batch size per process."})
+    gradient_accumulation_steps: Annotated[int, MUST_MATCH] = field(default=1, metadata={"help": "Batches per optimizer update."})
+    learning_rate: Annotated[float, MUST_MATCH] = field(default=1e-4, metadata={"help": "Peak AdamW learning rate."})
+    weight_decay: Annotated[float, MUST_MATCH] = field(
         default=0.01, metadata={"help": "AdamW weight decay (none on biases, LayerNorm)."}
     )
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
-    adam_epsilon: float = field(default=1e-6, metadata={"help": "AdamW epsilon (BERT used 1e-6)."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
-    lr_scheduler_type: Literal["linear", "cosine", "constant"] = field(
+    adam_beta1: Annotated[float, MUST_MATCH] = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: Annotated[float, MUST_MATCH] = field(default=0.999, metadata={"help": "AdamW beta2."})
+    adam_epsilon: Annotated[float, MUST_MATCH] = field(default=1e-6, metadata={"help": "AdamW epsilon (BERT used 1e-6)."})
+    max_grad_norm: Annotated[float, MUST_MATCH] = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
+    lr_scheduler_type: Annotated[Literal["linear", "cosine", "constant"], MUST_MATCH] = field(
         default="linear",
         metadata={
             "help": "After --num_warmup_steps of linear warmup: linear or cosine decay to zero at the end of "
             "the budget (--max_train_steps or --max_train_seconds, whichever comes first), or constant."
         },
     )
-    num_warmup_steps: int = field(default=0, metadata={"help": "Linear warmup updates."})
-    nsp_loss_weight: float = field(
+    num_warmup_steps: Annotated[int, MUST_MATCH] = field(default=0, metadata={"help": "Linear warmup updates."})
+    nsp_loss_weight: Annotated[float, MUST_MATCH] = field(
         default=1.0, metadata={"help": "Weight of the NSP loss in the training loss (mlm + w * nsp)."}
     )
-    cls_attention_spread: float = field(
+    cls_attention_spread: Annotated[float, MUST_MATCH] = field(
         default=0.0,
         metadata={
             "help": "Weight w of a penalty on [CLS]'s attention for looking at few tokens: w times one minus "
             "its entropy over the log of the input's length, averaged over layers and heads (training loss "
             "mlm + w * penalty + nsp). [CLS] is what a fine-tuned classifier reads, and no MLM loss reads its "
-            "row. 0 (default): none. Not with --torch_compile."
+            "row. 0: none. Not with --torch_compile."
         },
     )
-    num_train_epochs: int = field(
+    num_train_epochs: Annotated[int, BUDGET] = field(
         default=3, metadata={"help": "Epochs, unless --max_train_steps or --max_train_seconds is given."}
     )
-    max_train_steps: int | None = field(
+    max_train_steps: Annotated[int | None, BUDGET] = field(
         default=None, metadata={"help": "Optimizer updates; overrides epochs."}
     )
-    max_train_seconds: float | None = field(
+    max_train_seconds: Annotated[float | None, BUDGET] = field(
         default=None,
         metadata={
             "help": "Stop after this much training time (evaluation and saving excluded), e.g. 600; the "
             "learning-rate schedule then reaches zero exactly at the budget."
         },
     )
-    seed: int = field(
+    seed: Annotated[int, MUST_MATCH] = field(
         default=42, metadata={"help": "Seed of initialisation, pairing, masking and shuffling."}
     )
-    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = field(
+    mixed_precision: Annotated[Literal["auto", "no", "fp16", "bf16"], MUST_MATCH] = field(
         default="auto",
         metadata={
             "help": "auto: what `accelerate launch --mixed_precision` asked for, else fp16 on CUDA, bf16 on a "
             "CPU with native bf16, fp32 otherwise. fp16 on a CPU warns and falls back."
         },
     )
-    torch_compile: bool = field(
+    torch_compile: Annotated[bool, MUST_MATCH] = field(
         default=False,
         metadata={
             "help": "Compile the model with torch.compile on static shapes (rows padded to --max_seq_length, "
@@ -332,54 +326,17 @@ class RunSettings:
         },
     )
 
+    @property
+    def checkpoint_steps(self) -> int | None:
+        """--checkpointing_steps as a number of updates (None: never, or each epoch)."""
+        return None if self.checkpointing_steps in (None, "epoch") else int(self.checkpointing_steps)
 
-# Settings a resumed run must share with its checkpoint (the rest may change between launches).
-RESUME_INVARIANT = {
-    "data": (
-        "vocab_size",
-        "max_seq_length",
-        "short_seq_prob",
-        "dupe_factor",
-        "mlm_probability",
-        "max_predictions_per_seq",
-        "validation_split_percentage",
-        "whole_word_masking",
-        "objective",
-        "stream_window_documents",
-        "stream_validation_documents",
-    ),
-    # not attention_init: a resume loads its weights; the fade goes on subtracting from them
-    "model": ("model_name_or_path", "config_name", "model_size", "dropout", "structured_attention_fade"),
-    "optimization": (
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "learning_rate",
-        "weight_decay",
-        "adam_beta1",
-        "adam_beta2",
-        "adam_epsilon",
-        "max_grad_norm",
-        "lr_scheduler_type",
-        "num_warmup_steps",
-        "nsp_loss_weight",
-        "cls_attention_spread",
-        "seed",
-        "mixed_precision",
-        "torch_compile",  # compiled runs pad every batch to --max_seq_length and drop an epoch's short last batch
-    ),
-    "corpus": (
-        "dataset_name",
-        "dataset_config_name",
-        "train_file",
-        "validation_file",
-        "text_column",
-        "document_boundary",
-        "streaming",  # a stream's instances and its checkpointed position are made differently
-    ),
-}
+    @property
+    def checkpoint_each_epoch(self) -> bool:
+        return self.checkpointing_steps == "epoch"
 
 
-# The budget may change on resume when the learning rate does not depend on it (a constant schedule).
+# The budget flags (declared BUDGET): a resume may change them when the learning rate does not depend on them.
 BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
 # Recorded with the settings: sha256 of the corpus's files (hfbert.corpus_source.corpus_fingerprint), not a flag.
 CORPUS_FINGERPRINT = "corpus_sha256"
@@ -395,22 +352,42 @@ class PretrainingSettings:
     optimization: OptimizationSettings
     run: RunSettings
 
+    given: frozenset[str] = frozenset()  # flags named on the command line or in a recipe (`cli.parse_args`)
+
     def __post_init__(self) -> None:
-        _check_fresh_model_flags(self.model, self.data)
-        if self.model.model_name_or_path is None:  # a run from scratch: the defaults of a fresh model
-            self.model.model_size = self.model.model_size or "mini"
-            self.model.attention_init = self.model.attention_init or DEFAULT_ATTENTION_INIT
-            if self.model.structured_attention_fade is None and self.model.attention_init == "structured":
-                self.model.structured_attention_fade = DEFAULT_STRUCTURED_ATTENTION_FADE
-            if self.data.vocab_size is None:
-                self.data.vocab_size = DEFAULT_VOCAB_SIZE
-        check_stream_flags(self.corpus.streaming, self.data)
-        if self.corpus.streaming:
-            self.data.stream_window_documents = self.data.stream_window_documents or STREAM_WINDOW_DOCUMENTS
-            self.data.stream_validation_documents = (
-                self.data.stream_validation_documents or STREAM_VALIDATION_DOCUMENTS
-            )
+        self.record_what_applies()
         self.validate()
+
+    def record_what_applies(self) -> None:
+        """Flags that shape only a fresh model, or only a stream: where they do not apply, one given is refused
+        (rather than ignored, then recorded as the run's setting) and the run records None; a run from weights
+        takes its size from the source unless --model_size is given (then checked against it)."""
+        if self.model.model_name_or_path is not None:
+            for group, name in ((self.data, "vocab_size"), (self.model, "attention_init"),
+                                (self.model, "structured_attention_fade")):  # fmt: skip
+                if self.was_given(group, name):
+                    raise Refusal(
+                        f"--{name} {getattr(group, name)} only shapes a fresh model, and --model_name_or_path "
+                        f"{self.model.model_name_or_path} starts from weights: {FRESH_MODEL_FLAGS[name]}; drop --{name}"
+                    )
+                setattr(group, name, None)
+            if not self.was_given(self.model, "model_size"):
+                self.model.model_size = None
+        elif self.model.attention_init == "bert" and not self.model.structured_attention_fade:
+            self.model.structured_attention_fade = None  # no structured start to fade (a positive one is refused)
+        if not self.corpus.streaming:
+            for name in STREAM_FLAGS:
+                if self.was_given(self.data, name):
+                    raise Refusal(
+                        f"--{name} {getattr(self.data, name)} applies to --streaming runs only; add --streaming or "
+                        f"drop --{name}"
+                    )
+                setattr(self.data, name, None)
+
+    def was_given(self, group: Any, name: str) -> bool:
+        """Whether a flag was given: named (`given`), or, in settings built in code, other than its default."""
+        default = next(f.default for f in fields(group) if f.name == name)
+        return name in self.given or getattr(group, name) != default
 
     def validate(self) -> None:
         """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
@@ -425,23 +402,15 @@ class PretrainingSettings:
         if self.corpus.streaming:
             check_streaming(self)
 
-    def resume_invariant(self) -> dict[str, Any]:
-        """The settings a checkpoint records: those a resumed run must repeat (`RESUME_INVARIANT`), the
-        budget (`BUDGET_FLAGS`) and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
-        groups = {
-            "data": self.data,
-            "model": self.model,
-            "optimization": self.optimization,
-            "corpus": self.corpus,
-        }
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """What a checkpoint records of the settings: the flags declared MUST_MATCH (a resumed run repeats
+        them), those declared BUDGET, and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
+        groups = (self.corpus, self.data, self.model, self.optimization)
         return {
-            name: value
-            for group, names in RESUME_INVARIANT.items()
-            for name, value in asdict(groups[group]).items()
-            if name in names
-        } | {name: getattr(self.optimization, name) for name in BUDGET_FLAGS} | {
-            CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus)
-        }
+            name: getattr(group, name)
+            for group in groups
+            for name in (*declared(group, MUST_MATCH), *declared(group, BUDGET))
+        } | {CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus)}
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, flat (flag name -> value), without the Hub token."""
@@ -555,24 +524,6 @@ def _check_run(run: RunSettings) -> None:
     _check_positive({"ddp_timeout": run.ddp_timeout}, optional=False)
 
 
-def _check_fresh_model_flags(model: ModelSettings, data: DataSettings) -> None:
-    """Flags that only shape a fresh model are refused with --model_name_or_path, rather than ignored and then
-    recorded in training_args.json and the model card as the run's settings."""
-    if model.model_name_or_path is None:
-        return
-    fresh_model_flags = (
-        ("vocab_size", data.vocab_size),
-        ("attention_init", model.attention_init),
-        ("structured_attention_fade", model.structured_attention_fade),
-    )
-    for name, value in fresh_model_flags:
-        if value is not None:
-            raise Refusal(
-                f"--{name} {value} only shapes a fresh model, and --model_name_or_path {model.model_name_or_path} "
-                f"starts from weights: {FRESH_MODEL_FLAGS[name]}; drop --{name}"
-            )
-
-
 def _path_relation(output_dir: Path, source: Path) -> str | None:
     """How the run folder overlaps the source folder ('is', 'contains', 'is inside'), or None."""
     output_resolved, source_resolved = output_dir.resolve(), source.resolve()
@@ -645,15 +596,6 @@ def check_objective(data: DataSettings) -> None:
 STREAM_FLAGS = ("stream_window_documents", "stream_validation_documents")
 
 
-def check_stream_flags(streaming: bool, data: DataSettings) -> None:
-    """The --stream_* flags shape a streamed run only: given without --streaming they are refused, not ignored."""
-    if streaming:
-        return
-    for name in STREAM_FLAGS:
-        if getattr(data, name) is not None:
-            raise Refusal(f"--{name} {getattr(data, name)} applies to --streaming runs only; add --streaming or drop --{name}")
-
-
 def check_streaming(settings: PretrainingSettings) -> None:
     """What a --streaming run cannot do, refused before any work: a stream has no length (so no epochs to
     count a budget or a checkpoint schedule in), a tokenizer cannot be trained on a stream inside the run, and
@@ -697,13 +639,15 @@ def check_resume_settings(
     the run, naming each flag with both values. Returns notes on deliberate changes (for the log)."""
     if saved is None:
         return [f"{checkpoint} records no run settings (written by an older hfbert); flags are not checked"]
-    current = settings.resume_invariant()
+    current = settings.checkpoint_settings()
     # A run from weights has no fresh-model flags (older hfbert recorded their ignored defaults): none to compare.
     unused = FRESH_MODEL_FLAGS if settings.model.model_name_or_path is not None else ()
     changed = [
         f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now"
         for name in sorted(current)
-        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, *unused) and name in saved and saved[name] != current[name]
+        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, *unused)
+        and name in saved
+        and saved[name] != current[name]
     ]
     if saved.get(CORPUS_FINGERPRINT) not in (None, current[CORPUS_FINGERPRINT]):
         corpus = settings.corpus

@@ -1,4 +1,4 @@
-"""Setup stage: the model to train, its optimizer and learning-rate schedule, the step budget, all prepared by
+"""Setup stage: the optimizer and learning-rate schedule of the model to train, the step budget, all prepared by
 accelerate. What a checkpoint holds is one explicit `TrainingState`."""
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from hfbert.checkpointing import TrainingProgress
-from hfbert.initialization import init_structured_attention
-from hfbert.pretraining.attention_shaping import AttentionShaping, ClsAttentionSpread, StructuredFade
+from hfbert.pretraining.batches import TrainingBatches
 from hfbert.pretraining.settings import OptimizationSettings
-from hfbert.pretraining.stream import StreamLoader
 
 UNBOUNDED_STEPS = 10**12  # the step budget of a run bounded by --max_train_seconds alone
 
@@ -62,12 +60,14 @@ class LearningRateSchedule:
 
 @dataclass
 class TrainingState:
-    """Exactly what a checkpoint holds (accelerate adds the RNG states and the loaders' positions follow from
-    `progress`): the prepared model and optimizer, and the progress through the budget."""
+    """Exactly what a checkpoint holds (accelerate adds the RNG states): the prepared model and optimizer, the
+    progress through the budget and the training batches, whose position follows from `progress` or is
+    saved by them (`TrainingBatches.checkpoint_files`)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     progress: TrainingProgress
+    batches: TrainingBatches
 
 
 @dataclass(frozen=True)
@@ -146,51 +146,31 @@ def plan_budget(
 
 def setup_training(
     model: torch.nn.Module,
-    train_loader: DataLoader | StreamLoader,
+    batches: TrainingBatches,
     eval_loader: DataLoader,
     optimization: OptimizationSettings,
-    attention_init: str,
-    structured_attention_fade: float,
     accelerator: Accelerator,
-) -> tuple[TrainingState, DataLoader | StreamLoader, DataLoader, Budget, AttentionShaping]:
-    """Optimizer, schedule and budget for `model`, everything prepared by accelerate (not yet resumed), and
-    what shapes its attention during training (`hfbert.pretraining.attention_shaping`).
+) -> tuple[TrainingState, DataLoader, Budget]:
+    """Optimizer, schedule and budget for `model` (already started: `hfbert.pretraining.model`), everything
+    prepared by accelerate (not yet resumed).
 
     `model` is any module whose forward takes a batch plus `mlm_masked_rows_only=True` and returns `mlm_loss`,
     `nsp_loss`, `prediction_logits` at the masked rows (row-major order of labels != -100) and
     `seq_relationship_logits`, as `HfBertForPreTraining` does; on the static path (the default on CUDA) the
     batch also holds `masked_positions` (B, P) and labels are (B, P). This is the seam through which another
     model trains in the same pipeline (benchmarks/time_to_quality.py trains transformers' BERT this way)."""
-    structured_components = {}
-    if attention_init == "structured":  # a resumed run then loads its checkpoint over it
-        fading = structured_attention_fade > 0
-        components = init_structured_attention(model, seed=optimization.seed, keep_random_rows=fading)
-        structured_components = components if fading else {}
-    if (
-        optimization.torch_compile
-    ):  # static shapes throughout (see batches.plan_batches): one graph, never dynamic
+    if optimization.torch_compile:  # static shapes throughout (see batches.plan_batches): one graph
         # In place: the model stays itself, so checkpoints and the final folder keep its parameter names
         # (torch.compile's wrapper would prefix them with "_orig_mod.").
         model.compile(dynamic=False)
     optimizer = build_optimizer(model, optimization, accelerator.device)
-    stream = isinstance(train_loader, StreamLoader)
-    budget = plan_budget(optimization, None if stream else len(train_loader), accelerator.num_processes)
+    budget = plan_budget(optimization, batches.batches_per_epoch, accelerator.num_processes)
     model, optimizer = accelerator.prepare(model, optimizer)
-    if not stream:  # a stream is split by process already (split_dataset_by_node) and moves its own batches
-        train_loader = accelerator.prepare_data_loader(train_loader)
+    batches.prepare(accelerator)
     eval_loader = accelerator.prepare_data_loader(eval_loader)
     progress = TrainingProgress()
     accelerator.register_for_checkpointing(progress)
-    unwrapped = accelerator.unwrap_model(model)
-    shaping = AttentionShaping(
-        StructuredFade(unwrapped, structured_components, structured_attention_fade)
-        if structured_components
-        else None,
-        ClsAttentionSpread(unwrapped, optimization.cls_attention_spread)
-        if optimization.cls_attention_spread
-        else None,
-    )
-    return TrainingState(model, optimizer, progress), train_loader, eval_loader, budget, shaping
+    return TrainingState(model, optimizer, progress, batches), eval_loader, budget
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -391,9 +391,9 @@ class StreamCollator:
 
 @dataclass
 class StreamLoader:
-    """A process's training batches under --streaming, and where they stand: the loop iterates `batches`, a
-    checkpoint stores `state()` (every process's, gathered) and a resumed run calls `resume` before iterating.
-    It has no length: a stream's is unknown."""
+    """A process's training batches under --streaming (a `hfbert.pretraining.batches.TrainingBatches`): one
+    endless epoch of unknown length, placed by its own position, which every checkpoint stores
+    (`stream_state.json`, every process's, gathered) and a resumed run restores before iterating."""
 
     dataset: StreamedInstances
     loader: DataLoader
@@ -401,10 +401,20 @@ class StreamLoader:
     batches_taken: int = 0  # by this process, since the run started
     positions: dict[int, StreamPosition] = field(default_factory=dict)  # by logical worker
     stream_pass: int = 0  # the pass of the last batch taken (for the log)
+    batches_per_epoch: None = None  # a stream's length is unknown
 
     @property
     def workers(self) -> int:
         return max(1, self.num_workers)
+
+    def prepare(self, accelerator: Accelerator) -> None:
+        pass  # split by process already (split_dataset_by_node); `batches` moves each batch to the device
+
+    def epoch(self, epoch: int, progress: Any, accelerator: Accelerator) -> Iterator[dict[str, torch.Tensor]]:
+        return self.batches(accelerator.device)
+
+    def logged_epoch(self, epoch: int) -> int:
+        return self.stream_pass
 
     def batches(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
         for batch, position in self.loader:
@@ -423,12 +433,16 @@ class StreamLoader:
             "positions": [asdict(position) for _, position in sorted(self.positions.items())],
         }
 
-    def checkpoint_state(self, accelerator: Accelerator) -> dict[str, Any]:
-        """Every process's position, gathered (call on every process): what `stream_state.json` holds."""
+    def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
+        """`stream_state.json`: every process's position, gathered (call on every process)."""
         ranks = gather_object([self.state()]) if accelerator.num_processes > 1 else [self.state()]
-        return {"num_processes": accelerator.num_processes, "num_workers": self.num_workers, "ranks": ranks}
+        saved = {"num_processes": accelerator.num_processes, "num_workers": self.num_workers, "ranks": ranks}
+        return {STREAM_STATE_NAME: saved}
 
-    def resume(self, saved: dict[str, Any], rank: int) -> None:
+    def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
+        self.restore(read_stream_state(checkpoint), accelerator.process_index)
+
+    def restore(self, saved: dict[str, Any], rank: int) -> None:
         """Continue from a checkpoint's `stream_state.json` (checked by `check_stream_checkpoint`)."""
         state = saved["ranks"][rank]
         self.batches_taken = int(state["batches_taken"])
