@@ -240,6 +240,9 @@ def tiny_budget(command: str) -> str:
     for flag, value in BUDGET_FLAGS.items():
         replacement = f"--max_train_steps {BUDGET_FLAGS['--max_train_steps']}" if value is None else f"{flag} {value}"
         command = re.sub(rf"{flag} \S+", replacement, command)
+    if "--recipe" in command:  # the recipe's budget, overridden by flags after it
+        cut = " ".join(f"{flag} {value}" for flag, value in BUDGET_FLAGS.items() if value and flag not in command)
+        command = f"{command} {cut}"
     return command
 
 
@@ -253,6 +256,10 @@ def test_tiny_budget_drops_the_install_and_cuts_the_budget():
     )
     assert tiny_budget("python x.py --max_train_seconds 600 --eval_steps 1000") == (
         "python x.py --max_train_steps 2 --eval_steps 2"
+    )
+    assert tiny_budget("accelerate launch x.py --recipe quick-start --output_dir r") == (
+        "accelerate launch x.py --recipe quick-start --output_dir r --max_train_steps 2 --eval_steps 2 "
+        "--checkpointing_steps 2"
     )
 
 

@@ -9,7 +9,7 @@ from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
-from hfbert.pretraining.run import pretrain
+from hfbert.pretraining.run import dry_run, pretrain
 from hfbert.pretraining.settings import (
     DataSettings,
     ModelSettings,
@@ -52,8 +52,12 @@ def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of run_pretraining.py. A run stopped by SIGTERM/SIGUSR1 exits with 128 + the signal's
     number, as a process ended by it would."""
+    settings = parse_args(argv)
+    if settings.run.dry_run:
+        print(dry_run(settings))
+        return
     try:
-        final = pretrain(parse_args(argv))
+        final = pretrain(settings)
     except Preempted as stopped:
         print(f"\n{stopped}", file=sys.stderr, flush=True)
         raise SystemExit(128 + stopped.signal_number) from None

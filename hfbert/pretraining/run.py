@@ -75,6 +75,7 @@ from hfbert.pretraining.loop import (
     fit,
 )
 from hfbert.pretraining.model import build_model
+from hfbert.pretraining.plan import plan_run
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import PretrainingSettings, check_config_file, check_resume_settings
@@ -321,3 +322,11 @@ def pretrain(settings: PretrainingSettings) -> FinalFolder:
         model, start_callbacks = build_model(settings.model, data.config, source, settings.optimization.seed)
         return train(settings, accelerator, precision, data, model, checkpoint, start_callbacks)
 
+
+def dry_run(settings: PretrainingSettings) -> str:
+    """--dry_run: the checks `pretrain` makes before work (not the run folder's lock, which would create the
+    folder), then the plan, as text; nothing is written."""
+    accelerator, _ = start(settings)
+    checkpoint = check_before_work(settings, accelerator)
+    source = check_source_model(settings.model, settings.data)
+    return "\n".join(plan_run(settings, accelerator, checkpoint, source).lines(settings))

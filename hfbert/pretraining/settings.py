@@ -278,6 +278,15 @@ class RunSettings:
         default=False,
         metadata={"help": "Replace another run, or write into a folder holding other files, in --output_dir."},
     )
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Run every check a run makes before work, print the plan (model, batch, updates, tokens, "
+            "passes over the corpus, FLOPs, peak memory, checkpoint and data-stage sizes, the checkpoint a resume "
+            "would start from, the expected time where the step was measured on this kind of device) and exit "
+            "without writing anything."
+        },
+    )
     per_device_eval_batch_size: int = field(
         default=64, metadata={"help": "Evaluation batch size per process."}
     )

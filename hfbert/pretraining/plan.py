@@ -1,0 +1,181 @@
+"""--dry_run: every check that runs before work, then the run's plan printed, and nothing written.
+
+What the plan counts before the data stage has run is estimated from the corpus's size in bytes, with ratios
+measured on the shipped WikiText sample (each named below); a Hub corpus's size is unknown until it is
+downloaded, and the plan says so rather than guess.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from hfbert.configuration_hfbert import HfBertConfig
+from hfbert.corpus_source import local_files
+from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.pretraining.evaluation import flops_per_token
+from hfbert.pretraining.settings import PretrainingSettings, read_config_file
+from hfbert.pretraining.source_model import SourceModel, source_run_config
+
+# WordPiece tokens per byte of English WikiText (8,192 tokens, the shipped sample: 148,266 tokens in 687,982
+# bytes); a larger vocabulary gives somewhat fewer.
+TOKENS_PER_BYTE = 0.216
+# An NSP instance holds this share of --max_seq_length on average (google's pairing, 10% shorter targets,
+# documents' ends): the shipped sample's 1,424 instances a pass of 148,266 tokens at length 128.
+INSTANCE_FILL = 0.81
+# Optimizer updates per second where measured (one process, the precision `auto` picks there, the quick-start
+# recipe's shape: tiny, batch 16, length 128), from the README main job's runs (hfbert/recipes/quick-start.yaml).
+MEASURED_UPDATES_PER_SECOND = {
+    ("cpu, AVX-512", "tiny", 16, 128): (16.9, "2-core Xeon, AVX-512, 6,000 updates in 354 s"),
+    ("cpu, AVX2 only", "tiny", 16, 128): (12.2, "2-core AMD EPYC, AVX2, 6,000 updates in 490 s"),
+}
+ADAM_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
+
+
+@dataclass(frozen=True)
+class CorpusSize:
+    """The training corpus's bytes and estimated tokens (None: a Hub corpus, unknown before download)."""
+
+    bytes: int | None
+
+    @property
+    def tokens(self) -> int | None:
+        return None if self.bytes is None else round(self.bytes * TOKENS_PER_BYTE)
+
+
+def corpus_size(settings: PretrainingSettings) -> CorpusSize:
+    corpus = settings.corpus
+    if corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
+        return CorpusSize(None)
+    if corpus.dataset_name is not None:  # a local folder laid out like a Hub dataset: every file counts
+        return CorpusSize(sum(p.stat().st_size for p in Path(corpus.dataset_name).rglob("*") if p.is_file()))
+    return CorpusSize(local_files(corpus)["train"].stat().st_size)
+
+
+def model_config(settings: PretrainingSettings, source: SourceModel | None) -> HfBertConfig:
+    """The config the run would build (its vocabulary from --vocab_size when a tokenizer is to be trained)."""
+    if source is not None:
+        return source_run_config(source, settings.model.dropout)
+    if settings.model.config_name is not None:
+        return read_config_file(settings.model.config_name)
+    return HfBertConfig.from_preset(settings.model.model_size, vocab_size=settings.data.vocab_size or 30522)
+
+
+def device_kind(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    return "cpu, AVX-512" if "avx512_bf16" in flags or "avx512f" in flags else "cpu, AVX2 only"
+
+
+def size_text(count: float) -> str:
+    return f"{count / 1e9:.2f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run would do, counted before it does it."""
+
+    config: HfBertConfig
+    parameters: int
+    processes: int
+    global_batch: int
+    instance_tokens: float  # the mean instance's tokens (estimated)
+    corpus: CorpusSize
+    updates: int | None  # None: as many as fit in a time budget on a device not measured
+    seconds_per_update: tuple[float, str] | None  # measured on this kind of device, and where
+    flops: float | None
+    peak_bytes: float
+    checkpoint: Path | None
+
+    @property
+    def tokens_seen(self) -> float | None:
+        return None if self.updates is None else self.updates * self.global_batch * self.instance_tokens
+
+    def lines(self, settings: PretrainingSettings) -> list[str]:
+        optimization, config = settings.optimization, self.config
+        corpus = "a Hub dataset: its size is unknown until it is downloaded"
+        if self.corpus.bytes is not None:
+            corpus = f"{size_text(self.corpus.bytes)}, ~{self.corpus.tokens:,} tokens"
+        lines = [
+            f"model: {config.num_hidden_layers} layers x {config.hidden_size}, vocabulary {config.vocab_size}: "
+            f"{self.parameters / 1e6:.1f}M parameters",
+            f"batch: {optimization.per_device_train_batch_size} x {self.processes} processes x "
+            f"{optimization.gradient_accumulation_steps} accumulation = {self.global_batch} instances",
+            f"corpus: {corpus}",
+            *self.budget_lines(settings),
+            f"peak memory: ~{size_text(self.peak_bytes)} a process (fp32 weights, gradients, AdamW and "
+            "activations by Korthikanti et al. 2022's count)",
+            f"each checkpoint: ~{size_text(12 * self.parameters)}; the final folder: ~{size_text(4 * self.parameters)}",
+            self.data_stage_line(settings),
+            f"resume: from {self.checkpoint}" if self.checkpoint is not None else "resume: none, a fresh start",
+        ]
+        return ["Plan (--dry_run: every check passed, nothing was written; ~ marks an estimate):"] + [
+            f"  {line}" for line in lines
+        ]
+
+    def budget_lines(self, settings: PretrainingSettings) -> list[str]:
+        if self.updates is None:
+            seconds = settings.optimization.max_train_seconds
+            return [f"updates: as many as fit in {seconds:g} s (the step is not measured on this device)"]
+        lines = [f"updates: {self.updates:,}; ~{self.tokens_seen:,.0f} tokens seen"]
+        if self.corpus.tokens:
+            lines.append(f"passes over the corpus: ~{self.tokens_seen / self.corpus.tokens:.1f}")
+        if self.flops is not None:
+            lines.append(f"compute: ~{self.flops:.2e} FLOPs (the loop's own formula, forward and backward)")
+        if self.seconds_per_update is None:
+            lines.append("expected training time: not measured for this model, batch and device")
+        else:
+            rate, where = self.seconds_per_update
+            lines.append(f"expected training time: ~{self.updates / rate / 60:.0f} min ({rate} updates/s, {where})")
+        return lines
+
+    def data_stage_line(self, settings: PretrainingSettings) -> str:
+        if settings.corpus.streaming:
+            return "data stage: the validation set only, in the datasets cache (--streaming)"
+        if self.corpus.tokens is None:
+            return "data stage: unknown (a Hub corpus)"
+        # uint16 token ids, the sentence offsets beside them and the Arrow files' overhead: ~2.2 bytes a token
+        return f"data stage: ~{size_text(2.2 * self.corpus.tokens)} in the datasets cache"
+
+
+def plan_run(
+    settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path | None, source: SourceModel | None
+) -> RunPlan:
+    data, optimization = settings.data, settings.optimization
+    config = model_config(settings, source)
+    with torch.device("meta"):  # counts parameters without allocating them
+        model = HfBertForPreTraining(config)
+    processes = accelerator.num_processes
+    global_batch = optimization.per_device_train_batch_size * processes * optimization.gradient_accumulation_steps
+    instance_tokens = INSTANCE_FILL * data.max_seq_length
+    corpus = corpus_size(settings)
+    key = (device_kind(accelerator.device), settings.model.model_size, optimization.per_device_train_batch_size,
+           data.max_seq_length)  # fmt: skip
+    speed = MEASURED_UPDATES_PER_SECOND.get(key) if processes == 1 else None
+    updates = optimization.max_train_steps
+    if updates is None and optimization.max_train_seconds is not None:
+        updates = None if speed is None else int(optimization.max_train_seconds * speed[0])
+    elif updates is None and corpus.tokens is not None:
+        instances = data.dupe_factor * corpus.tokens / instance_tokens
+        updates = optimization.num_train_epochs * math.ceil(instances / global_batch)
+    flops = None
+    if updates is not None:
+        per_token = flops_per_token(config, model, instance_tokens, data.mlm_probability)
+        flops = per_token * updates * global_batch * instance_tokens
+    batch, length = optimization.per_device_train_batch_size, data.max_seq_length
+    peak = ADAM_BYTES_PER_PARAMETER * sum(p.numel() for p in model.parameters()) + activation_bytes(config, batch, length)
+    parameters = sum(p.numel() for p in model.parameters())
+    return RunPlan(config, parameters, processes, global_batch, instance_tokens, corpus, updates, speed, flops, peak,
+                   checkpoint)  # fmt: skip
+
+
+def activation_bytes(config: HfBertConfig, batch: int, length: int) -> float:
+    """Activations kept for backward: per layer 34 s b h + 5 a s^2 b bytes at 16 bits (Korthikanti et al.
+    2022, no recomputation), doubled for fp32."""
+    per_layer = 34 * length * batch * config.hidden_size + 5 * config.num_attention_heads * length**2 * batch
+    return 2 * per_layer * config.num_hidden_layers
