@@ -1,5 +1,6 @@
 """What the loop does besides the step, plugged in as callbacks (the shape of Composer's events): the loop
-calls every registered callback at each event, in order, and knows nothing of what they do.
+calls every registered callback at each event, in order, and knows nothing of what they do. The structured
+fade, the [CLS] penalty, the progress bar and the trackers are callbacks (`attention_shaping`, `loop`).
 
 Events, and what a callback may do there:
 
@@ -8,7 +9,7 @@ Events, and what a callback may do there:
     on_update(step, share)          after every optimizer update; no host synchronisation here
     on_log(row, share)              at a logging point, with the training row (already read to the host)
     on_evaluate(row, share)         after each held-out evaluation, with its row
-    on_fit_end(progress)            after the last update and the final evaluation
+    on_fit_end(progress)            when fit stops: after the final evaluation, or on preemption before its checkpoint
 
 A callback's own state must follow from the checkpointed progress (its log history and update count), so
 that a resumed run continues it without a file of its own.
