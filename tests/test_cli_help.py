@@ -40,6 +40,7 @@ COMPANIONS = {
     "--validation_file": ["--train_file", "{file}", "--validation_file", "{file}"],
     "--checkpoints_total_limit": ["--checkpointing_steps", "400", "--checkpoints_total_limit", "2"],
     "--push_to_hub": ["--push_to_hub", "--hub_model_id", "your-name/hfbert-mini"],
+    "--structured_attention_fade": ["--attention_init", "structured", "--structured_attention_fade", "1"],
 }
 STREAMING = ["--streaming", "--max_train_steps", "100", "--tokenizer_name", "{file}"]
 COMPANIONS |= {

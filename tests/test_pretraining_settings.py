@@ -52,12 +52,13 @@ def test_bad_flags_are_refused_when_parsed(flags, message):
 
 
 def test_the_structured_fade_is_resolved_for_a_fresh_structured_model_only():
-    assert parse_args(["--output_dir", "o"]).model.structured_attention_fade == 0.0
-    assert parse_args(["--output_dir", "o", "--attention_init", "bert"]).model.structured_attention_fade is None
+    assert parse_args(["--output_dir", "o", "--attention_init", "structured"]).model.structured_attention_fade == 0.0
+    assert parse_args(["--output_dir", "o"]).model.structured_attention_fade is None  # the bert start: none to fade
 
 
 def test_resume_refuses_another_fade_or_spread_and_a_longer_budget_under_a_fade():
-    fading = ["--output_dir", "o", "--lr_scheduler_type", "constant", "--structured_attention_fade", "0.5"]
+    fading = ["--output_dir", "o", "--lr_scheduler_type", "constant", "--attention_init", "structured",
+              "--structured_attention_fade", "0.5"]  # fmt: skip
     saved = parse_args([*fading, "--max_train_steps", "10"]).checkpoint_settings()
     with pytest.raises(ValueError, match=r"--max_train_steps 10 in the checkpoint, 20 now \(--structured_attention_fade"):
         check_resume_settings(saved, parse_args([*fading, "--max_train_steps", "20"]), "ckpt")
@@ -127,9 +128,10 @@ def test_flags_that_only_shape_a_fresh_model_are_refused_with_a_source(flag):
     assert settings.data.vocab_size is None and settings.model.attention_init is None  # recorded as not set
 
 
-def test_a_fresh_model_gets_the_default_vocab_size_and_attention_init():
+def test_a_fresh_model_gets_the_default_vocab_size_and_bert_s_initialisation():
+    """The default start is the one whose folders the model card sends to no surgery (issue 43)."""
     settings = parse_args(["--output_dir", "x"])
-    assert (settings.data.vocab_size, settings.model.attention_init) == (30522, "structured")
+    assert (settings.data.vocab_size, settings.model.attention_init) == (30522, "bert")
 
 
 def test_a_run_from_weights_resumes_a_checkpoint_that_recorded_the_ignored_vocab_size():
@@ -154,12 +156,12 @@ def test_help_shows_the_value_a_run_gets_once_and_never_none(capsys):
         parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "default: None" not in text
-    for flag, shown in [("--model_size", "mini"), ("--vocab_size", "30522"), ("--attention_init", "structured"),
+    for flag, shown in [("--model_size", "mini"), ("--vocab_size", "30522"), ("--attention_init", "bert"),
                         ("--structured_attention_fade", "0.0"), ("--stream_window_documents", "1000")]:  # fmt: skip
         entry = text.split(f" {flag} ", 1)[1]  # from the flag on: its help's first default is its own
         assert entry.split("(default", 1)[1].startswith(f": {shown})"), flag
     fresh = parse_args(["--output_dir", "x"])
-    assert (fresh.model.model_size, fresh.data.vocab_size, fresh.model.structured_attention_fade) == ("mini", 30522, 0.0)
+    assert (fresh.model.model_size, fresh.data.vocab_size, fresh.model.attention_init) == ("mini", 30522, "bert")
     source = parse_args(["--output_dir", "x", "--model_name_or_path", "someone/bert"])
     assert source.model.model_size is None  # the source's size, read from it
 

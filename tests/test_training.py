@@ -205,7 +205,8 @@ def test_half_then_resume_then_half_equals_straight_training(tmp_path, run_input
 @pytest.mark.slow
 def test_a_fading_start_with_the_cls_penalty_resumes_exactly_and_ends_without_the_structure(tmp_path, run_inputs):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    common = ("--max_train_steps", "10", "--structured_attention_fade", "0.6", "--cls_attention_spread", "1")
+    common = ("--max_train_steps", "10", "--attention_init", "structured", "--structured_attention_fade", "0.6",
+              "--cls_attention_spread", "1")  # fmt: skip
     train_in_process(run_args(run_inputs, straight, *common, "--checkpointing_steps", "4"))
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-4", resumed / "checkpoint-4")
@@ -485,7 +486,7 @@ def test_nsp_loss_weight_weighs_the_nsp_term_of_the_loss(tmp_path, run_inputs):
 
 
 @pytest.mark.parametrize("attention_init", ["structured", "bert"])
-def test_runs_start_from_the_structured_init_unless_told_otherwise(tmp_path, run_inputs, attention_init):
+def test_runs_start_from_the_start_they_name(tmp_path, run_inputs, attention_init):
     output_dir = tmp_path / "run"
     flags = ["--max_train_steps", "1", "--learning_rate", "1e-7", "--attention_init", attention_init]
     train_in_process(run_args(run_inputs, output_dir, *flags))

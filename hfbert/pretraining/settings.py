@@ -164,14 +164,15 @@ class ModelSettings:
     )
     # not MUST_MATCH: a resume loads its weights over the start (the fade goes on subtracting from them)
     attention_init: Literal["structured", "bert"] | None = field(
-        default="structured",
+        default="bert",
         metadata={
-            "help": "structured (on a short budget it is what lifts held-out MLM accuracy off the unigram "
-            "plateau and lets NSP generalise, see docs/quality.md, 'Where the gain comes from'): BERT's initialisation, except that "
-            "position embeddings start as a cos/sin code and three attention heads start looking at the "
-            "previous token, the next token and the same word in the other segment (hfbert.initialization); "
-            "everything trains from there. bert: transformers' initialisation throughout. Not with "
-            "--model_name_or_path (its weights are the start)."
+            "help": "bert: transformers' initialisation throughout; the default, as the one start whose folders "
+            "hfbert's model card does not send to --reinit_query_key before fine-tuning. structured: BERT's "
+            "initialisation, except that position embeddings start as a cos/sin code and three attention heads "
+            "start looking at the previous token, the next token and the same word in the other segment "
+            "(hfbert.initialization); on a short budget it is what lifts held-out MLM accuracy off the unigram "
+            "plateau and lets NSP generalise (docs/quality.md, 'Where the gain comes from'; the quick-start and "
+            "quality-10min recipes use it). Not with --model_name_or_path (its weights are the start)."
         },
     )
     structured_attention_fade: Annotated[float | None, MUST_MATCH] = field(
