@@ -172,6 +172,24 @@ def test_time_to_quality_runs_both_models_through_run_pretraining_and_reports_th
 
 
 @pytest.mark.slow
+def test_attention_start_trains_the_three_starts_and_plots_their_held_out_curves(tmp_path, run_inputs, monkeypatch, capsys):
+    from benchmarks import attention_start
+
+    tiny = ["--tokenizer_name", str(run_inputs["tokenizer"]), "--config_name", str(run_inputs["config"]),
+            "--dupe_factor", "1", "--max_eval_samples", "32", "--eval_steps", "2", "--mixed_precision", "no"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["attention_start", "--output_dir", str(tmp_path), "--steps", "2", "--", *tiny])
+    attention_start.main()
+    table = capsys.readouterr().out
+    expected = {"structured-fade-spread": ("structured", 1.0), "structured-plain": ("structured", 0.0),
+                "bert-init": ("bert", None)}  # fmt: skip
+    for start, (attention_init, fade) in expected.items():
+        assert f"| {start} | 2 |" in table, start
+        recorded = json.loads((tmp_path / start / "training_args.json").read_text())
+        assert (recorded["attention_init"], recorded["structured_attention_fade"]) == (attention_init, fade), start
+    assert (tmp_path / "attention_start.png").stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_bench_pretraining_runs_every_size_precision_data_and_mode_asked_for(capsys):
     """Its main path at a tiny size, on the static path; the matmul peak (10 products of 3072 x 3072, 10 s
     on 2 cores) is a stand-in of 100 GFLOP/s."""
