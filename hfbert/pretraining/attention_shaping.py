@@ -26,8 +26,8 @@ from hfbert.pretraining.callbacks import Callback
 
 
 class StructuredFade(Callback):
-    """Subtracts the structured start's query/key components from the weights as the budget's progress goes
-    from 0 to `fraction`: after an update at progress p the weights hold max(0, 1 - p / fraction) of them.
+    """Subtracts the structured start's query/key components from the weights as the share of the budget spent
+    goes from 0 to `fraction`: after an update at share p the weights hold max(0, 1 - p / fraction) of them.
 
     The scale is a pure function of the checkpointed progress, so a resumed run, whose weights already carry
     the scale of its checkpoint, continues the same subtraction (`resume_at`). Made with the model, before
@@ -48,19 +48,19 @@ class StructuredFade(Callback):
     def on_update(self, step: int, share: float) -> None:
         self.after_update(share)
 
-    def scale(self, progress: float) -> float:
-        """The share of the components the weights hold at `progress` (in [0, 1]) of the budget."""
-        return max(0.0, 1.0 - progress / self.fraction)
+    def scale(self, share: float) -> float:
+        """The share of the components the weights hold once `share` (in [0, 1]) of the budget is spent."""
+        return max(0.0, 1.0 - share / self.fraction)
 
-    def resume_at(self, progress: float) -> None:
-        """The weights were loaded from a checkpoint written at `progress`."""
-        self.applied_scale = self.scale(progress)
+    def resume_at(self, share: float) -> None:
+        """The weights were loaded from a checkpoint written at `share` of the budget."""
+        self.applied_scale = self.scale(share)
 
     @torch.no_grad()
-    def after_update(self, progress: float) -> None:
-        """Bring the weights to the scale of `progress` (called after each optimizer update; no host sync)."""
-        scale = self.scale(progress)
-        if scale < self.applied_scale:  # progress never goes back; a scale is never added again
+    def after_update(self, share: float) -> None:
+        """Bring the weights to the scale of `share` (called after each optimizer update; no host sync)."""
+        scale = self.scale(share)
+        if scale < self.applied_scale:  # the share spent never goes back; a scale is never added again
             for parameter, component in self.pairs:
                 parameter.sub_((self.applied_scale - scale) * component)
             self.applied_scale = scale

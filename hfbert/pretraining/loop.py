@@ -290,7 +290,7 @@ def fit(
     Returns the final evaluation metrics."""
     progress, budget = state.progress, schedule.budget
     seconds = synced_train_seconds(accelerator, progress, budget)
-    share = budget.progress(progress.completed_steps, seconds)
+    share = budget.share_spent(progress.completed_steps, seconds)
     callbacks.on_fit_start(progress, share)
     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
     clock = time.perf_counter()  # start of the current stretch of training time
@@ -311,7 +311,7 @@ def fit(
                 update = progress.completed_steps
                 progress.train_seconds += time.perf_counter() - clock
                 seconds = synced_train_seconds(accelerator, progress, budget)
-                share = budget.progress(update, seconds)
+                share = budget.share_spent(update, seconds)
                 callbacks.on_update(update, share)
                 log_due = schedule.log_due(update)
                 if log_due:

@@ -33,7 +33,7 @@ class LearningRateSchedule:
     """Linear warmup to `peak`, then linear or cosine decay to zero, or constant.
 
     transformers' schedulers only know steps; a time budget needs the elapsed time too, so the decay follows
-    progress = max(step / max_steps, seconds / max_seconds) and reaches zero exactly when the budget that
+    decayed = max(step / max_steps, seconds / max_seconds) and reaches zero exactly when the budget that
     ends the run (steps or seconds) runs out (Izsak et al. 2021). It is a pure function of the checkpointed
     progress, so nothing about it needs saving.
     """
@@ -49,13 +49,13 @@ class LearningRateSchedule:
             return self.peak * (step + 1) / (self.warmup_steps + 1)
         if self.shape == "constant":
             return self.peak
-        progress = (step - self.warmup_steps) / max(1, self.max_steps - self.warmup_steps)
+        decayed = (step - self.warmup_steps) / max(1, self.max_steps - self.warmup_steps)
         if self.max_seconds is not None:
-            progress = max(progress, seconds / self.max_seconds)
-        progress = min(progress, 1.0)
+            decayed = max(decayed, seconds / self.max_seconds)
+        decayed = min(decayed, 1.0)
         if self.shape == "cosine":
-            return self.peak * 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.peak * (1.0 - progress)
+            return self.peak * 0.5 * (1.0 + math.cos(math.pi * decayed))
+        return self.peak * (1.0 - decayed)
 
 
 @dataclass
@@ -79,7 +79,7 @@ class Budget:
     max_train_steps: int
     num_epochs: int
 
-    def progress(self, step: int, seconds: float) -> float:
+    def share_spent(self, step: int, seconds: float) -> float:
         """The share of the budget spent after `step` updates and `seconds` of training, at most 1."""
         spent = step / self.max_train_steps
         if self.schedule.max_seconds is not None:
