@@ -63,9 +63,11 @@ def build_model_card(
     dataset_config_name: str | None,
     license: str = "apache-2.0",
     samples_name: str | None = None,
+    health_section: str | None = None,
 ) -> ModelCard:
     """The model card of a pretrained hfbert model: Hub metadata, training configuration, evaluation numbers,
-    how to load it and the training curves."""
+    how to load it, the training curves and, given `health_section` (markdown from
+    `hfbert.pretraining.health.report.health_card_section`), the run's health."""
     metrics = _metric_values(eval_results)
     base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
     card_data = ModelCardData(
@@ -94,7 +96,7 @@ def build_model_card(
     )
     body = card_body(
         model_name, data_source(dataset_name, dataset_config_name, training_config), metrics, samples_name,
-        training_config,
+        training_config, health_section,
     )
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
 
@@ -196,6 +198,7 @@ def card_body(
     metrics: dict[str, float],
     samples_name: str | None,
     training_config: dict[str, Any],
+    health_section: str | None = None,
 ) -> str:
     """The card's markdown below the metadata: what the model is, how to load it, its numbers and config."""
     base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
@@ -227,6 +230,7 @@ Measured on the validation split at the end of training (`eval_results.json`):
 
 ![Training loss, learning rate and evaluation metrics over optimizer steps]({CURVES_NAME})
 
+{health_section or ""}
 ## Training configuration
 
 {_table(training_config, ("parameter", "value"))}

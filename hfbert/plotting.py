@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +33,23 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 
 
 def plot_training_curves(
-    history: list[dict[str, Any]], path: str | os.PathLike, title: str = "hfbert pretraining"
+    history: list[dict[str, Any]],
+    path: str | os.PathLike,
+    title: str = "hfbert pretraining",
+    reference_lines: Sequence[tuple[str, float, str]] = (),
 ) -> Path:
     """Draw every known metric in `history` against its "step" and save a PNG at `path` (atomically).
 
     `history` mixes training rows ({"step", "loss", "learning_rate", "train_mlm_loss", "train_mlm_accuracy",
     "train_nsp_loss", "train_nsp_accuracy", ...}) and evaluation rows ({"step", "eval_mlm_loss",
     "eval_mlm_accuracy", "eval_nsp_loss", "eval_nsp_accuracy", ...}); a panel whose metrics never appear says
-    so instead of staying blank.
+    so instead of staying blank. `reference_lines` are (panel title, value, label): a dashed horizontal line
+    each, such as the baselines a curve should beat (`hfbert.pretraining.health.report.reference_lines`).
     """
+    titles = [panel[0] for panel in PANELS]
+    unknown = [line[0] for line in reference_lines if line[0] not in titles]
+    if unknown:
+        raise ValueError(f"reference lines for unknown panels {unknown}; the panels are {titles}")
     figure, axes = plt.subplots(
         PANEL_ROWS, PANEL_COLUMNS, figsize=(4.4 * PANEL_COLUMNS, 3.4 * PANEL_ROWS), constrained_layout=True
     )
@@ -52,8 +61,10 @@ def plot_training_curves(
             if steps:
                 axis.plot(steps, values, marker="o" if len(steps) < 20 else None, markersize=3, label=label)
                 plotted = True
+        for _, value, label in (line for line in reference_lines if line[0] == panel_title):
+            axis.axhline(value, color="gray", linestyle="--", linewidth=1, label=f"{label} ({value:.3g})")
         if plotted:
-            if len(metrics) > 1:
+            if len(metrics) > 1 or any(line[0] == panel_title for line in reference_lines):
                 axis.legend()
             axis.grid(alpha=0.3)
         else:

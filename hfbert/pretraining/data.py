@@ -29,6 +29,12 @@ from hfbert.corpus import DOCUMENTS_PER_BATCH, load_documents, naming_cache_fail
 from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal
 from hfbert.initialization import check_structured_attention_config
+from hfbert.pretraining.health.corpus import (
+    STATISTICS_FEATURES,
+    CorpusHealth,
+    cached_corpus_health,
+    document_statistics,
+)
 from hfbert.pretraining.instances import (
     MIN_NSP_DOCUMENTS,
     DrawnInstances,
@@ -187,8 +193,18 @@ def tokenize_documents(
     Returns:
         A dataset with one column ``"sentences"``: ``list[list[int]]`` per document, one list of token ids per
         sentence (uint16 up to 65,536 vocabulary entries, see `tokenized_features`). Sentences that tokenize to nothing and documents left without sentences are dropped.
-        Cached by the datasets fingerprint when ``documents`` is backed by cache files.
+        Cached by the datasets fingerprint when ``documents`` is backed by cache files (with the corpus
+        statistics columns of `tokenized_with_statistics`, which it selects away).
     """
+    return tokenized_with_statistics(documents, tokenizer, num_proc).select_columns(["sentences"])
+
+
+def tokenized_with_statistics(
+    documents: Dataset, tokenizer: PreTrainedTokenizerBase, num_proc: int | None = None
+) -> Dataset:
+    """`tokenize_documents` with the run-health columns beside ``"sentences"`` (a hash and a token count per
+    paragraph, and per document its hash, tokens, sentences, [UNK] tokens and row: `STATISTICS_FEATURES`),
+    made in the same pass so that the corpus statistics never read the text again."""
     if "paragraphs" not in documents.column_names:
         raise ValueError(
             f"tokenize_documents expects a 'paragraphs' column, got columns {documents.column_names}; "
@@ -198,13 +214,14 @@ def tokenize_documents(
         ["tokenize_documents", documents._fingerprint, tokenizer_fingerprint(tokenizer), _SOURCE_FINGERPRINT]
     )
     return documents.map(
-        _tokenize_batch,
+        _tokenize_batch_with_statistics,
         batched=True,
+        with_indices=True,
         batch_size=DOCUMENTS_PER_BATCH,
         writer_batch_size=DOCUMENTS_PER_BATCH,
         num_proc=num_proc,
         remove_columns=documents.column_names,
-        features=tokenized_features(len(tokenizer)),
+        features=Features({**tokenized_features(len(tokenizer)), **STATISTICS_FEATURES}),
         fn_kwargs={"tokenizer": tokenizer},
         new_fingerprint=fingerprint,
         desc="Tokenizing sentences",
@@ -212,11 +229,18 @@ def tokenize_documents(
 
 
 def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase) -> dict[str, list]:
-    sentences_per_document = [
-        [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
-        for paragraphs in batch["paragraphs"]
+    """The ``"sentences"`` of a batch of documents (what a --streaming window tokenizes)."""
+    return {"sentences": _tokenize_batch_with_statistics(batch, None, tokenizer)["sentences"]}
+
+
+def _tokenize_batch_with_statistics(
+    batch: dict[str, list], indices: list[int] | None, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, list]:
+    """The batch's ``"sentences"`` and, given the documents' `indices`, their `STATISTICS_FEATURES` columns."""
+    sentences_per_paragraph = [
+        [split_sentences(paragraph) for paragraph in paragraphs] for paragraphs in batch["paragraphs"]
     ]
-    flat_sentences = [sentence for sentences in sentences_per_document for sentence in sentences]
+    flat_sentences = [s for document in sentences_per_paragraph for sentences in document for s in sentences]
     # The tokenizers backend directly: transformers' wrapper converts every encoding into a dict of lists,
     # a fifth of the tokenizing time, for the same ids. Truncation and padding are call-time state that a
     # wrapper call may have left set; sentences longer than an instance are cut later, when pairing.
@@ -226,14 +250,25 @@ def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase) 
     if backend.padding is not None:
         backend.no_padding()
     flat_ids = [encoding.ids for encoding in backend.encode_batch_fast(flat_sentences, add_special_tokens=False)]
-    tokenized_documents = []
+    columns: dict[str, list] = {"sentences": []}
     start = 0
-    for sentences in sentences_per_document:
-        document = [ids for ids in flat_ids[start : start + len(sentences)] if ids]
-        start += len(sentences)
-        if document:
-            tokenized_documents.append(document)
-    return {"sentences": tokenized_documents}
+    for number, document in enumerate(sentences_per_paragraph):
+        paragraph_ids = []
+        for sentences in document:
+            paragraph_ids.append(flat_ids[start : start + len(sentences)])
+            start += len(sentences)
+        sentence_ids = [ids for sentences in paragraph_ids for ids in sentences if ids]
+        if not sentence_ids:
+            continue
+        columns["sentences"].append(sentence_ids)
+        if indices is not None:
+            paragraphs = batch["paragraphs"][number]
+            row = document_statistics(paragraphs, paragraph_ids, tokenizer.unk_token_id, indices[number])
+            for name, value in row.items():
+                columns.setdefault(name, []).append(value)
+    if indices is not None and not columns["sentences"]:
+        columns.update({name: [] for name in STATISTICS_FEATURES})
+    return columns
 
 
 logger = logging.getLogger(__name__)
@@ -257,6 +292,7 @@ class PretrainingData:
     evaluation: datasets.Dataset
     sample_sentences: list[str]  # validation sentences for the final folder's samples.md
     other_sentence: str | None  # a sentence of another validation document (the random NSP pair)
+    health: CorpusHealth | None = None  # the corpus statistics and baselines (hfbert.pretraining.health)
 
 
 def load_run_tokenizer(
@@ -335,15 +371,29 @@ def build_instances(
 ) -> tuple[DrawnInstances, datasets.Dataset]:
     """The training instances (`dupe_factor` passes, counted now and made while training) and the evaluation
     instances (one pass, written: every evaluation scores the same rows), cached by datasets."""
+    train, evaluation, _ = build_instances_and_health(documents, tokenizer, data, seed)
+    return train, evaluation
+
+
+def build_instances_and_health(
+    documents: datasets.DatasetDict, tokenizer: Any, data: DataSettings, seed: int
+) -> tuple[DrawnInstances, datasets.Dataset, CorpusHealth]:
+    """`build_instances`, and the training corpus's statistics and baselines from the same cached columns."""
     recipe = instance_recipe(data, tokenizer, seed)
     workers = data.preprocessing_num_workers
-    tokenized = {split: tokenize_documents(documents[split], tokenizer, num_proc=workers) for split in documents}
+    tokenized = {
+        split: tokenized_with_statistics(documents[split], tokenizer, num_proc=workers) for split in documents
+    }
+    sentences = {split: tokenized[split].select_columns(["sentences"]) for split in tokenized}
     # --objective mlm cuts every document the same way in every pass: --dupe_factor is 1 (settings refuse more).
-    train = draw_training_instances(tokenized["train"], recipe, data.dupe_factor, num_proc=workers)
-    evaluation = write_instances(tokenized["validation"], recipe, num_proc=workers)
+    train = draw_training_instances(sentences["train"], recipe, data.dupe_factor, num_proc=workers)
+    evaluation = write_instances(sentences["validation"], recipe, num_proc=workers)
     if data.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
-    return train, evaluation
+    health = cached_corpus_health(
+        tokenized["train"], documents["train"], evaluation, tokenizer, data.max_seq_length, "the training split"
+    )
+    return train, evaluation, health
 
 
 def count_training_instances(train: Any) -> int | None:
@@ -380,7 +430,7 @@ def prepare_data(
     config = build_model_config(model, data.max_seq_length, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
     with cache_writers_first(accelerator), naming_cache_failures():
-        train, evaluation = build_instances(documents, tokenizer, data, seed)
+        train, evaluation, health = build_instances_and_health(documents, tokenizer, data, seed)
     sentences, other = sample_sentences(documents["validation"])
     return PretrainingData(
         tokenizer=tokenizer,
@@ -389,6 +439,7 @@ def prepare_data(
         evaluation=evaluation,
         sample_sentences=sentences,
         other_sentence=other,
+        health=health,
     )
 
 

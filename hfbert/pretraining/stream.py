@@ -68,7 +68,9 @@ from hfbert.pretraining.data import (
     load_run_tokenizer,
     sample_sentences,
     tokenize_documents,
+    tokenized_with_statistics,
 )
+from hfbert.pretraining.health.corpus import CorpusHealth, cached_corpus_health
 from hfbert.pretraining.instances import MIN_NSP_DOCUMENTS, InstanceRecipe, Span, write_instances
 from hfbert.pretraining.settings import DataSettings, ModelSettings
 from hfbert.pretraining.source_model import SourceModel
@@ -128,6 +130,7 @@ def prepare_stream_data(
     with cache_writers_first(accelerator), naming_cache_failures():
         validation = validation_documents(documents, corpus, data)
         evaluation = validation_instances(validation, tokenizer, recipe, data)
+        health = stream_corpus_health(documents, corpus, data, evaluation, tokenizer)
     train = documents["train"]
     if "validation" not in documents:
         train = train.skip(data.stream_validation_documents)
@@ -140,7 +143,36 @@ def prepare_stream_data(
         evaluation=evaluation,
         sample_sentences=sentences,
         other_sentence=other,
+        health=health,
     )
+
+
+def stream_corpus_health(
+    documents: datasets.IterableDatasetDict,
+    corpus: CorpusArguments,
+    data: DataSettings,
+    evaluation: datasets.Dataset,
+    tokenizer: Any,
+) -> CorpusHealth:
+    """The corpus statistics and baselines of a stream, over its first window of training documents (written
+    to the datasets cache once, as the validation documents are): a stream is not read ahead of training."""
+    held_out = data.stream_validation_documents if "validation" not in documents else 0
+    count = data.stream_window_documents
+    source = [getattr(corpus, name) for name in ("dataset_name", "dataset_config_name", "train_file", "text_column")]
+    fingerprint = Hasher.hash(
+        ["hfbert.stream.first_window", source, corpus_fingerprint(corpus), resolve_document_boundary(corpus),
+         held_out, count, _SOURCE_FINGERPRINT]
+    )
+    head = datasets.Dataset.from_generator(
+        _first_documents,
+        features=DOCUMENT_FEATURES,
+        gen_kwargs={"documents": documents["train"].skip(held_out), "count": count},
+        writer_batch_size=DOCUMENTS_PER_BATCH,
+        fingerprint=fingerprint,
+    )
+    tokenized = tokenized_with_statistics(head, tokenizer, num_proc=data.preprocessing_num_workers)
+    scope = f"the first {len(head):,} training documents of the stream (--streaming reads no further ahead)"
+    return cached_corpus_health(tokenized, head, evaluation, tokenizer, data.max_seq_length, scope)
 
 
 def _first_documents(documents: datasets.IterableDataset, count: int | None) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,322 @@
+"""Corpus statistics and the baselines a run should beat, from what the data stage already made.
+
+The tokenizing map of the data stage (`hfbert.pretraining.data.tokenized_with_statistics`) writes, beside each
+document's token ids, a few integers per document (`STATISTICS_FEATURES`: a hash and a token count per
+paragraph, a hash of the whole document, its sentences, its [UNK] tokens) into the same datasets cache. The
+statistics are sums and counts over those integers, and the baselines are counts over the cached token ids:
+no text is read or tokenized again. Both are then stored as one JSON file beside the tokenized documents'
+cache files, under a key made of the caches' fingerprints, so that a second run or a resume reads them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+from datasets import Value
+from datasets.fingerprint import Hasher
+
+from hfbert.files import write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+EVENT_KINDS = (
+    "duplicate_text",
+    "unknown_tokens",
+    "short_documents",
+    "unigram_plateau",
+    "nsp_at_chance",
+    "loss_spike",
+    "stalled",
+)
+
+# Thresholds on the corpus (measured figures: benchmarks/results/run_health.md).
+# google-research/bert #746: thousands of repeated lines kept a run at the plateau; the shipped WikiText-2
+# sample has 0.1 % of its tokens in repeated paragraphs, so 5 % is far from clean text and close to a scrape.
+DUPLICATE_TEXT_SHARE = 0.05
+# A WordPiece vocabulary trained on the corpus leaves ~0 % [UNK] (sample: 0.0 %); 1 % means a tokenizer
+# trained on other text (another script, casing) and 1 % of the masked targets that teach nothing.
+UNKNOWN_TOKEN_SHARE = 0.01
+# Such a document only ever gets a random B (its pairs are all label 1); the sample has 0 %. A quarter of the
+# documents skews NSP's labels and its chance level enough to be worth a line.
+SHORT_DOCUMENT_SHARE = 0.25
+MOST_REPEATED_LINES = 5  # shown in run_health.json and in the duplicate_text warning
+REPEATED_LINE_CHARACTERS = 80  # each shown line is cut to this many characters
+
+# The columns the tokenizing map adds beside "sentences" (one row per document that has text).
+STATISTICS_FEATURES = {
+    "paragraph_hashes": datasets.List(Value("int64")),
+    "paragraph_tokens": datasets.List(Value("int32")),
+    "document_hash": Value("int64"),
+    "document_tokens": Value("int64"),
+    "sentence_count": Value("int32"),
+    "unknown_tokens": Value("int32"),
+    "document_index": Value("int64"),  # the row of the documents dataset (documents without text are dropped)
+}
+_SOURCE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
+_CACHE_PREFIX = "hfbert-corpus-health-"
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """One warning: its `kind` (one of `EVENT_KINDS`), the update it fired at (0: before training), the line."""
+
+    kind: str
+    update: int
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(f"health event kind {self.kind!r} is not one of {EVENT_KINDS}")
+
+
+def text_hash(text: str) -> int:
+    """A 63-bit hash of `text` with its whitespace collapsed (the same in every process, unlike `hash`; 63
+    bits: pyarrow reads Python ints as int64)."""
+    digest = hashlib.blake2b(" ".join(text.split()).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def document_statistics(
+    paragraphs: Sequence[str], paragraph_ids: Sequence[Sequence[Sequence[int]]], unknown_id: int | None, index: int
+) -> dict[str, Any]:
+    """The `STATISTICS_FEATURES` row of one document: its paragraphs' text and their sentences' token ids."""
+    paragraph_tokens = [sum(len(ids) for ids in sentences) for sentences in paragraph_ids]
+    unknown = sum(ids.count(unknown_id) for sentences in paragraph_ids for ids in sentences)
+    return {
+        "paragraph_hashes": [text_hash(paragraph) for paragraph in paragraphs],
+        "paragraph_tokens": paragraph_tokens,
+        "document_hash": text_hash("\n".join(paragraphs)),
+        "document_tokens": sum(paragraph_tokens),
+        "sentence_count": sum(1 for sentences in paragraph_ids for ids in sentences if ids),
+        "unknown_tokens": unknown if unknown_id is not None else 0,
+        "document_index": index,
+    }
+
+
+@dataclass(frozen=True)
+class CorpusStatistics:
+    """What the training text is made of; `scope` says which text was counted."""
+
+    scope: str
+    documents: int
+    paragraphs: int
+    tokens: int
+    duplicate_paragraph_tokens: int  # tokens of every copy of a paragraph after its first
+    duplicate_document_tokens: int  # tokens of every copy of a document after its first
+    unknown_tokens: int
+    short_documents: int | None  # documents too short to give a real next-sentence pair; None without NSP
+    most_repeated: list[tuple[int, str]]  # (copies, the paragraph's start), most copies first
+
+    def share(self, count: int) -> float:
+        return count / self.tokens if self.tokens else 0.0
+
+    @property
+    def duplicate_share(self) -> float:
+        return self.share(max(self.duplicate_paragraph_tokens, self.duplicate_document_tokens))
+
+    @property
+    def short_document_share(self) -> float | None:
+        if self.short_documents is None:
+            return None
+        return self.short_documents / self.documents if self.documents else 0.0
+
+    def events(self) -> list[HealthEvent]:
+        """The corpus warnings, each at update 0 (before training)."""
+        events = []
+        if self.duplicate_share > DUPLICATE_TEXT_SHARE:
+            lines = "; ".join(f"{count}x '{text}'" for count, text in self.most_repeated[:3])
+            events.append(HealthEvent("duplicate_text", 0, (
+                f"{self.duplicate_share:.1%} of the tokens of {self.scope} are in repeated text "
+                f"({self.share(self.duplicate_paragraph_tokens):.1%} in repeated paragraphs, "
+                f"{self.share(self.duplicate_document_tokens):.1%} in repeated documents; threshold "
+                f"{DUPLICATE_TEXT_SHARE:.0%}): the model will learn the copies and stall near the unigram "
+                f"loss. Most repeated: {lines}. Deduplicate the corpus before training")))
+        if self.share(self.unknown_tokens) > UNKNOWN_TOKEN_SHARE:
+            events.append(HealthEvent("unknown_tokens", 0, (
+                f"{self.share(self.unknown_tokens):.1%} of the tokens of {self.scope} are [UNK] (threshold "
+                f"{UNKNOWN_TOKEN_SHARE:.0%}): the tokenizer was trained on other text; train one on this corpus "
+                "(drop --tokenizer_name) or pass a tokenizer of the corpus's language and casing")))
+        short = self.short_document_share
+        if short is not None and short > SHORT_DOCUMENT_SHARE:
+            events.append(HealthEvent("short_documents", 0, (
+                f"{short:.0%} of the documents of {self.scope} are too short to give a real next-sentence pair "
+                f"(threshold {SHORT_DOCUMENT_SHARE:.0%}): their pairs are all random and NSP learns document "
+                "length; check --document_boundary (row makes every row a document), or use --objective mlm")))
+        return events
+
+
+@dataclass(frozen=True)
+class Baselines:
+    """The scores a model that ignores its input gets: predicting masked tokens by their frequency in the
+    training text (the unigram cross-entropy, in nats, on the evaluation instances' tokens), and NSP by the
+    majority label of the evaluation instances (None under --objective mlm)."""
+
+    unigram_mlm_loss: float
+    nsp_chance_accuracy: float | None
+    nsp_chance_loss: float | None
+    nsp_eval_instances: int
+
+    def describe(self) -> str:
+        text = f"unigram baseline: held-out MLM loss {self.unigram_mlm_loss:.3f}"
+        if self.nsp_chance_accuracy is not None:
+            text += f"; NSP chance: accuracy {self.nsp_chance_accuracy:.3f}, loss {self.nsp_chance_loss:.3f}"
+        return text
+
+
+@dataclass(frozen=True)
+class CorpusHealth:
+    """The corpus statistics and the baselines, as the data stage returns them (`PretrainingData.health`)."""
+
+    statistics: CorpusStatistics
+    baselines: Baselines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"statistics": asdict(self.statistics), "baselines": asdict(self.baselines)}
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> CorpusHealth:
+        statistics = dict(saved["statistics"])
+        statistics["most_repeated"] = [(int(count), str(text)) for count, text in statistics["most_repeated"]]
+        return cls(CorpusStatistics(**statistics), Baselines(**saved["baselines"]))
+
+
+def _flat(table: Any, column: str) -> np.ndarray:
+    return pc.list_flatten(table.column(column)).to_numpy()
+
+
+def _repeated_lines(
+    table: Any, hashes: np.ndarray, documents: datasets.Dataset
+) -> list[tuple[int, str]]:
+    """The most repeated paragraphs, read from the documents by position (no scan of the text)."""
+    _, first, counts = np.unique(hashes, return_index=True, return_counts=True)
+    order = np.argsort(-counts, kind="stable")[:MOST_REPEATED_LINES]
+    lengths = pc.list_value_length(table.column("paragraph_hashes")).to_numpy()
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    lines = []
+    for group in order.tolist():
+        if counts[group] < 2:
+            break
+        row = int(np.searchsorted(starts, first[group], side="right") - 1)
+        document = int(table.column("document_index")[row].as_py())
+        text = documents[document]["paragraphs"][int(first[group] - starts[row])]
+        lines.append((int(counts[group]), " ".join(text.split())[:REPEATED_LINE_CHARACTERS]))
+    return lines
+
+
+def corpus_statistics(
+    tokenized: datasets.Dataset, documents: datasets.Dataset, max_seq_length: int, pairs: bool, scope: str
+) -> CorpusStatistics:
+    """Sums over the statistics columns of `tokenized` (`tokenized_with_statistics`' output for `documents`).
+    A document is too short for NSP when it is one sentence that fits in half an instance: `nsp_pairs` then
+    always draws a random B for it."""
+    table = tokenized.select_columns(list(STATISTICS_FEATURES)).data.table
+    hashes, paragraph_tokens = _flat(table, "paragraph_hashes"), _flat(table, "paragraph_tokens")
+    _, first_paragraphs = np.unique(hashes, return_index=True)
+    document_hashes = table.column("document_hash").to_numpy()
+    document_tokens = table.column("document_tokens").to_numpy()
+    _, first_documents = np.unique(document_hashes, return_index=True)
+    tokens = int(document_tokens.sum())
+    piece_length = -(-(max_seq_length - 3) // 2)  # nsp_pairs' piece: half of what an instance holds
+    single = table.column("sentence_count").to_numpy() < 2
+    short = int(np.count_nonzero(single & (document_tokens <= piece_length))) if pairs else None
+    return CorpusStatistics(
+        scope=scope,
+        documents=len(tokenized),
+        paragraphs=len(hashes),
+        tokens=tokens,
+        duplicate_paragraph_tokens=tokens - int(paragraph_tokens[first_paragraphs].sum()),
+        duplicate_document_tokens=tokens - int(document_tokens[first_documents].sum()),
+        unknown_tokens=int(table.column("unknown_tokens").to_numpy().sum()),
+        short_documents=short,
+        most_repeated=_repeated_lines(table, hashes, documents),
+    )
+
+
+def token_counts(dataset: datasets.Dataset, column: str, vocabulary_size: int, depth: int) -> np.ndarray:
+    """How often each id occurs in a list column of `depth` list levels, counted chunk by chunk."""
+    counts = np.zeros(vocabulary_size, dtype=np.int64)
+    for chunk in dataset.data.table.column(column).chunks:
+        for _ in range(depth):
+            chunk = pc.list_flatten(chunk)
+        counts += np.bincount(chunk.to_numpy().astype(np.int64), minlength=vocabulary_size)
+    return counts
+
+
+def unigram_cross_entropy(train_counts: np.ndarray, eval_counts: np.ndarray, special_ids: Sequence[int]) -> float:
+    """Cross-entropy (nats) of the evaluation tokens under the training tokens' frequencies, over the ids a
+    mask can choose (special tokens never are). Add-half smoothing: a token unseen in training costs a
+    finite amount, as it would for a model that gives every id some probability."""
+    eligible = np.ones(len(train_counts), dtype=bool)
+    eligible[list(special_ids)] = False
+    train, targets = train_counts[eligible] + 0.5, eval_counts[eligible]
+    if targets.sum() == 0:
+        raise ValueError("the evaluation instances hold no token a mask can choose; pass a larger validation set")
+    return float(-(targets * np.log(train / train.sum())).sum() / targets.sum())
+
+
+def nsp_chance(evaluation: datasets.Dataset) -> tuple[float | None, float | None]:
+    """(majority-label accuracy, the binary entropy of the labels in nats) of the evaluation instances."""
+    if "next_sentence_label" not in evaluation.column_names or len(evaluation) == 0:
+        return None, None
+    random_share = float(np.mean(evaluation.data.table.column("next_sentence_label").to_numpy()))
+    if random_share in (0.0, 1.0):
+        return 1.0, 0.0
+    entropy = -(random_share * math.log(random_share) + (1 - random_share) * math.log(1 - random_share))
+    return max(random_share, 1 - random_share), entropy
+
+
+def compute_baselines(
+    train_tokenized: datasets.Dataset, evaluation: datasets.Dataset, tokenizer: Any
+) -> Baselines:
+    size = len(tokenizer)
+    train_counts = token_counts(train_tokenized.select_columns(["sentences"]), "sentences", size, depth=2)
+    eval_counts = token_counts(evaluation.select_columns(["input_ids"]), "input_ids", size, depth=1)
+    accuracy, loss = nsp_chance(evaluation)
+    return Baselines(
+        unigram_mlm_loss=unigram_cross_entropy(train_counts, eval_counts, tokenizer.all_special_ids),
+        nsp_chance_accuracy=accuracy,
+        nsp_chance_loss=loss,
+        nsp_eval_instances=len(evaluation),
+    )
+
+
+def _cache_path(train_tokenized: datasets.Dataset, evaluation: datasets.Dataset, key: list[Any]) -> Path | None:
+    """Beside the tokenized documents' cache files, keyed by both caches' fingerprints; None in memory."""
+    if not train_tokenized.cache_files:
+        return None
+    folder = Path(train_tokenized.cache_files[0]["filename"]).parent
+    fingerprint = Hasher.hash([train_tokenized._fingerprint, evaluation._fingerprint, key, _SOURCE_FINGERPRINT])
+    return folder / f"{_CACHE_PREFIX}{fingerprint}.json"
+
+
+def cached_corpus_health(
+    train_tokenized: datasets.Dataset,
+    train_documents: datasets.Dataset,
+    evaluation: datasets.Dataset,
+    tokenizer: Any,
+    max_seq_length: int,
+    scope: str,
+) -> CorpusHealth:
+    """`CorpusHealth` of a run, read from the datasets cache, or computed and written there (call it with
+    one writer at a time, as the data stage's `cache_writers_first` does)."""
+    pairs = "next_sentence_label" in evaluation.column_names
+    path = _cache_path(train_tokenized, evaluation, [max_seq_length, pairs, scope])
+    if path is not None and path.is_file():
+        return CorpusHealth.from_dict(json.loads(path.read_text()))
+    health = CorpusHealth(
+        corpus_statistics(train_tokenized, train_documents, max_seq_length, pairs, scope),
+        compute_baselines(train_tokenized, evaluation, tokenizer),
+    )
+    if path is not None:
+        write_json_atomic(path, health.to_dict())
+    return health

@@ -1,0 +1,71 @@
+"""The health section of a run's final folder: run_health.json, the baselines as reference lines of
+training_curves.png, and the model card's section."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from hfbert.files import write_json_atomic
+from hfbert.pretraining.health.corpus import EVENT_KINDS, Baselines, CorpusHealth, HealthEvent
+
+RUN_HEALTH_NAME = "run_health.json"
+
+
+def health_report(corpus: CorpusHealth | None, events: list[HealthEvent]) -> dict[str, Any]:
+    """What run_health.json holds: "no warnings" or the count, every event (kind, update, message), the corpus
+    statistics and the baselines (absent where the data stage gave none)."""
+    report: dict[str, Any] = {
+        "status": "no warnings" if not events else f"{len(events)} warning(s)",
+        "event_kinds": list(EVENT_KINDS),
+        "events": [asdict(event) for event in events],
+    }
+    if corpus is not None:
+        report.update(corpus.to_dict())
+    return report
+
+
+def write_run_health(folder: str | Path, report: dict[str, Any]) -> Path:
+    """Write `report` (see `health_report`) to `folder/run_health.json` atomically."""
+    return write_json_atomic(Path(folder) / RUN_HEALTH_NAME, report)
+
+
+def reference_lines(baselines: Baselines | None) -> list[tuple[str, float, str]]:
+    """(panel title of `hfbert.plotting.PANELS`, value, label) for each baseline a curve should beat."""
+    if baselines is None:
+        return []
+    lines = [("MLM loss", baselines.unigram_mlm_loss, "unigram baseline")]
+    if baselines.nsp_chance_accuracy is not None:
+        lines += [
+            ("NSP loss", baselines.nsp_chance_loss, "chance"),
+            ("NSP accuracy", baselines.nsp_chance_accuracy, "chance"),
+        ]
+    return lines
+
+
+def health_card_section(report: dict[str, Any]) -> str:
+    """The model card's "Run health" section (markdown) for a `health_report`."""
+    lines = ["## Run health", ""]
+    if report["events"]:
+        lines.append(f"{report['status']} (what each means and what to change: hfbert's docs/run_health.md):")
+        lines.append("")
+        lines += [f"- `{event['kind']}` at update {event['update']}: {event['message']}" for event in report["events"]]
+    else:
+        lines.append("No warnings: no corpus figure beyond its threshold and no signature of a stuck run.")
+    statistics, baselines = report.get("statistics"), report.get("baselines")
+    if statistics is not None:
+        tokens = statistics["tokens"] or 1
+        repeated = max(statistics["duplicate_paragraph_tokens"], statistics["duplicate_document_tokens"]) / tokens
+        lines += ["", (
+            f"Corpus ({statistics['scope']}): {statistics['documents']:,} documents, {statistics['paragraphs']:,} "
+            f"paragraphs, {statistics['tokens']:,} tokens; {repeated:.1%} of the tokens in repeated text, "
+            f"{statistics['unknown_tokens'] / tokens:.2%} [UNK].")]
+    if baselines is not None:
+        lines += ["", (
+            f"Baselines (dashed in the training curves): unigram held-out MLM loss "
+            f"{baselines['unigram_mlm_loss']:.3f}"
+            + ("" if baselines["nsp_chance_accuracy"] is None else
+               f", NSP chance accuracy {baselines['nsp_chance_accuracy']:.3f}")
+            + ".")]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,264 @@
+"""Run health (hfbert.pretraining.health): corpus statistics on tiny corpora, the baselines, each signature on
+made-up log rows, the replay on resume, and the final folder's health section."""
+
+import json
+import logging
+import math
+
+import numpy as np
+import pytest
+from datasets import Dataset
+
+from hfbert.model_card import build_model_card
+from hfbert.plotting import plot_training_curves
+from hfbert.pretraining.data import tokenized_with_statistics
+from hfbert.pretraining.health import corpus as health_corpus
+from hfbert.pretraining.health.corpus import (
+    Baselines,
+    CorpusHealth,
+    CorpusStatistics,
+    HealthEvent,
+    cached_corpus_health,
+    corpus_statistics,
+    nsp_chance,
+    unigram_cross_entropy,
+)
+from hfbert.pretraining.health.report import (
+    health_card_section,
+    health_report,
+    reference_lines,
+    write_run_health,
+)
+from hfbert.pretraining.health.signatures import (
+    LOSS_SPIKE_FACTOR,
+    PLATEAU_MARGIN,
+    BudgetLimits,
+    RunHealth,
+    detect_events,
+)
+
+UNIQUE = [f"Paragraph number {i} tells of the {i} th ship . It sailed in {1900 + i} ." for i in range(40)]
+BASELINES = Baselines(unigram_mlm_loss=7.0, nsp_chance_accuracy=0.5, nsp_chance_loss=math.log(2), nsp_eval_instances=400)
+BUDGET = BudgetLimits(max_train_steps=1000)
+
+
+def statistics_of(documents, tokenizer, pairs=True, max_seq_length=128) -> CorpusStatistics:
+    dataset = Dataset.from_dict({"paragraphs": documents})
+    tokenized = tokenized_with_statistics(dataset, tokenizer)
+    return corpus_statistics(tokenized, dataset, max_seq_length, pairs, "the test corpus")
+
+
+def kinds(events) -> list[str]:
+    return [event.kind for event in events]
+
+
+def test_clean_corpus_gives_no_corpus_warning(sample_tokenizer):
+    figures = statistics_of([UNIQUE[i : i + 4] for i in range(0, 40, 4)], sample_tokenizer)
+    assert (figures.documents, figures.paragraphs) == (10, 40)
+    assert figures.duplicate_paragraph_tokens == figures.duplicate_document_tokens == 0
+    assert figures.most_repeated == [] and figures.events() == []
+
+
+def test_repeated_paragraphs_are_counted_and_named(sample_tokenizer):
+    repeated = "The same line again and again ."
+    documents = [[UNIQUE[i], repeated, repeated] for i in range(10)]
+    figures = statistics_of(documents, sample_tokenizer)
+    copies = 19  # 20 copies of the line, all but the first are duplicates
+    line_tokens = len(sample_tokenizer(repeated, add_special_tokens=False)["input_ids"])
+    assert figures.duplicate_paragraph_tokens == copies * line_tokens
+    assert figures.most_repeated[0] == (20, repeated)
+    events = figures.events()
+    assert kinds(events) == ["duplicate_text"] and events[0].update == 0
+    assert repeated in events[0].message
+
+
+def test_repeated_documents_are_counted(sample_tokenizer):
+    figures = statistics_of([UNIQUE[:2], UNIQUE[:2], UNIQUE[2:4]], sample_tokenizer)
+    assert figures.duplicate_document_tokens == figures.duplicate_paragraph_tokens > 0
+
+
+def test_unknown_tokens_are_warned(sample_tokenizer):
+    figures = statistics_of([[p + " 漢字 ☃ ★"] for p in UNIQUE], sample_tokenizer)
+    assert figures.unknown_tokens >= 40
+    assert "unknown_tokens" in kinds(figures.events())
+
+
+def test_documents_too_short_for_a_pair(sample_tokenizer):
+    one_sentence = [[f"Short one {i} ."] for i in range(10)] + [UNIQUE[:3]]
+    figures = statistics_of(one_sentence, sample_tokenizer)
+    assert figures.short_documents == 10
+    assert kinds(figures.events()) == ["short_documents"]
+    assert statistics_of(one_sentence, sample_tokenizer, pairs=False).short_documents is None
+
+
+def test_unigram_cross_entropy_is_that_of_the_frequencies():
+    train = np.array([0, 0, 30, 10, 0])  # ids 0 and 1 special
+    held_out = np.array([5, 5, 3, 1, 0])
+    p = (train[2:] + 0.5) / (train[2:] + 0.5).sum()
+    expected = -(3 * math.log(p[0]) + 1 * math.log(p[1])) / 4
+    assert unigram_cross_entropy(train, held_out, special_ids=[0, 1]) == pytest.approx(expected)
+
+
+def test_nsp_chance_is_the_majority_label():
+    accuracy, loss = nsp_chance(Dataset.from_dict({"input_ids": [[2]] * 4, "next_sentence_label": [0, 0, 0, 1]}))
+    assert accuracy == 0.75 and loss == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    assert nsp_chance(Dataset.from_dict({"input_ids": [[2]]})) == (None, None)
+
+
+def test_corpus_health_is_read_from_the_cache_the_second_time(tmp_path, sample_tokenizer, monkeypatch):
+    Dataset.from_dict({"paragraphs": [UNIQUE[i : i + 4] for i in range(0, 40, 4)]}).save_to_disk(tmp_path / "d")
+    documents = Dataset.load_from_disk(tmp_path / "d")
+    tokenized = tokenized_with_statistics(documents, sample_tokenizer)
+    evaluation = Dataset.from_dict({"input_ids": [[2, 10, 11, 3]] * 4, "next_sentence_label": [0, 1, 0, 1]})
+    first = cached_corpus_health(tokenized, documents, evaluation, sample_tokenizer, 128, "x")
+
+    def fail(*args, **kwargs):
+        raise AssertionError("computed again instead of read from the cache")
+
+    monkeypatch.setattr(health_corpus, "corpus_statistics", fail)
+    assert cached_corpus_health(tokenized, documents, evaluation, sample_tokenizer, 128, "x") == first
+
+
+# ---- signatures on made-up rows ------------------------------------------------------------------------
+
+
+def training_rows(losses, first_step=10, every=10, rate=1e-3, grad_norms=None):
+    rows = []
+    for i, loss in enumerate(losses):
+        row = {"step": first_step + i * every, "train_seconds": 0.0, "loss": loss, "learning_rate": rate}
+        if grad_norms is not None:
+            row["grad_norm"] = grad_norms[i]
+        rows.append(row)
+    return rows
+
+
+def evaluation_row(step, mlm_loss, nsp_accuracy=0.9):
+    return {"step": step, "train_seconds": 0.0, "eval_mlm_loss": mlm_loss, "eval_nsp_accuracy": nsp_accuracy}
+
+
+def test_plateau_fires_past_its_share_only():
+    on_plateau = BASELINES.unigram_mlm_loss - PLATEAU_MARGIN / 2
+    _, early = detect_events([evaluation_row(200, on_plateau)], BASELINES, BUDGET)  # 20 % of the budget
+    _, late = detect_events([evaluation_row(300, on_plateau)], BASELINES, BUDGET)
+    _, learning = detect_events([evaluation_row(300, BASELINES.unigram_mlm_loss - 1.0)], BASELINES, BUDGET)
+    assert early == [] and learning == []
+    assert kinds(late) == ["unigram_plateau"] and late[0].update == 300
+
+
+def test_nsp_at_chance_needs_two_evaluations_past_half_while_mlm_learns():
+    learning = BASELINES.unigram_mlm_loss - 1.0
+    chance = [evaluation_row(400, learning, 0.51), evaluation_row(600, learning, 0.52)]
+    assert kinds(detect_events(chance, BASELINES, BUDGET)[1]) == ["nsp_at_chance"]
+    one_dip = [evaluation_row(400, learning, 0.70), evaluation_row(600, learning, 0.52)]
+    assert detect_events(one_dip, BASELINES, BUDGET)[1] == []
+    too_early = [evaluation_row(300, learning, 0.51), evaluation_row(400, learning, 0.52)]
+    assert detect_events(too_early, BASELINES, BUDGET)[1] == []
+    mlm_stuck = [evaluation_row(400, 7.5, 0.51), evaluation_row(600, 7.5, 0.52)]
+    assert "nsp_at_chance" not in kinds(detect_events(mlm_stuck, BASELINES, BUDGET)[1])
+
+
+def test_loss_spike_against_the_running_median():
+    steady = [5.0, 5.1, 4.9, 5.0, 5.05, 4.95]
+    below = training_rows([*steady, 5.0 * LOSS_SPIKE_FACTOR * 0.95])
+    above = training_rows([*steady, 5.0 * LOSS_SPIKE_FACTOR * 1.05])
+    assert detect_events(below, BASELINES, BUDGET)[1] == []
+    events = detect_events(above, BASELINES, BUDGET)[1]
+    assert kinds(events) == ["loss_spike"] and events[0].update == 70
+
+
+def test_gradient_norm_jump_is_a_spike():
+    norms = [1.0, 1.2, 0.9, 1.1, 1.0, 1.0, 30.0]
+    events = detect_events(training_rows([5.0] * 7, grad_norms=norms), BASELINES, BUDGET)[1]
+    assert kinds(events) == ["loss_spike"] and "gradient norm" in events[0].message
+
+
+def test_stalled_while_the_rate_is_high_not_once_it_has_decayed():
+    flat = [evaluation_row(100 * (i + 1), 5.0) for i in range(5)]
+    high = [row for pair in zip(training_rows([5.0] * 5, every=100, rate=1e-3), flat, strict=False) for row in pair]
+    assert kinds(detect_events(high, None, BUDGET)[1]) == ["stalled"]
+    decayed_rows = training_rows([5.0] * 5, every=100)
+    for row, rate in zip(decayed_rows, [1e-3, 8e-4, 4e-4, 2e-4, 1e-4], strict=True):
+        row["learning_rate"] = rate
+    decayed = [row for pair in zip(decayed_rows, flat, strict=False) for row in pair]
+    assert detect_events(decayed, None, BUDGET)[1] == []
+
+
+def test_nan_rows_fire_nothing():
+    rows = [*training_rows([5.0] * 6 + [math.nan]), evaluation_row(300, math.nan)]
+    assert detect_events(rows, BASELINES, BUDGET)[1] == []
+
+
+# ---- the callback ---------------------------------------------------------------------------------------
+
+
+class Progress:  # what RunHealth reads of hfbert.checkpointing.TrainingProgress
+    def __init__(self, rows, completed_steps):
+        self.log_history, self.completed_steps = rows, completed_steps
+
+
+def corpus_with_duplicates() -> CorpusHealth:
+    figures = CorpusStatistics("x", 2, 4, 100, 50, 0, 0, 0, [(3, "again")])
+    return CorpusHealth(figures, BASELINES)
+
+
+def rows_with_a_spike():
+    return training_rows([5.0, 5.1, 4.9, 5.0, 5.05, 4.95, 20.0, 5.0])
+
+
+def test_run_health_logs_each_event_once_and_replays_it_silently_on_resume(caplog):
+    health = RunHealth(corpus_with_duplicates(), BUDGET, main_process=True)
+    with caplog.at_level(logging.INFO, logger="hfbert"):
+        health.on_fit_start(Progress([], 0), 0.0)
+        for row in rows_with_a_spike():
+            health.on_log(row, 0.0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w.split(":")[0] for w in warnings] == ["Run health, duplicate_text", "Run health, loss_spike"]
+    assert kinds(health.events) == ["duplicate_text", "loss_spike"]
+    caplog.clear()
+    resumed = RunHealth(corpus_with_duplicates(), BUDGET, main_process=True)
+    with caplog.at_level(logging.INFO, logger="hfbert"):
+        resumed.on_fit_start(Progress(rows_with_a_spike(), 80), 0.08)
+        resumed.on_log(training_rows([30.0], first_step=90)[0], 0.09)  # a second spike: the kind has fired
+    assert resumed.events == health.events
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_only_the_main_process_logs(caplog):
+    health = RunHealth(corpus_with_duplicates(), BUDGET, main_process=False)
+    with caplog.at_level(logging.INFO, logger="hfbert"):
+        health.on_fit_start(Progress([], 0), 0.0)
+        for row in rows_with_a_spike():
+            health.on_log(row, 0.0)
+        health.on_fit_end(Progress([], 80))
+    assert caplog.records == [] and kinds(health.events) == ["duplicate_text", "loss_spike"]
+
+
+def test_unknown_event_kind_is_refused():
+    with pytest.raises(ValueError, match="not one of"):
+        HealthEvent("plateau", 3, "x")
+
+
+# ---- the final folder's health section ------------------------------------------------------------------
+
+
+def test_run_health_json_and_card_section(tmp_path):
+    events = [HealthEvent("loss_spike", 70, "update 70: training loss 20 is 4.0x its running median")]
+    report = health_report(corpus_with_duplicates(), events)
+    saved = json.loads(write_run_health(tmp_path, report).read_text())
+    assert saved["status"] == "1 warning(s)" and saved["events"][0]["kind"] == "loss_spike"
+    assert saved["baselines"]["unigram_mlm_loss"] == 7.0
+    section = health_card_section(report)
+    assert "`loss_spike` at update 70" in section and "7.000" in section
+    assert "No warnings" in health_card_section(health_report(corpus_with_duplicates(), []))
+    card = build_model_card(model_name="m", training_config={}, eval_results={}, dataset_name=None,
+                            dataset_config_name=None, health_section=section)
+    assert "## Run health" in str(card)
+
+
+def test_curves_draw_the_baselines(tmp_path):
+    history = [*training_rows([5.0, 4.0]), evaluation_row(20, 6.0, 0.6)]
+    lines = reference_lines(BASELINES)
+    assert [line[0] for line in lines] == ["MLM loss", "NSP loss", "NSP accuracy"]
+    assert plot_training_curves(history, tmp_path / "c.png", reference_lines=lines).stat().st_size > 0
+    with pytest.raises(ValueError, match="unknown panels"):
+        plot_training_curves(history, tmp_path / "d.png", reference_lines=[("Perplexity", 1.0, "x")])
