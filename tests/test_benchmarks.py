@@ -22,6 +22,8 @@ from benchmarks import (
     count_baselines,
     downstream_sets,
     heldout_nsp,
+    run_health,
+    run_health_corpora,
     time_to_quality,
 )
 from benchmarks.bench_pretraining import padding_fraction
@@ -619,3 +621,38 @@ def test_finetune_defaults_reads_the_default_path_off_its_grid_exactly_as_hfbert
     assert table.count("| tweets | 30 | default |") == 3 and table.count("| tweets | 30 | with 3e-3 |") == 3  # + gain
     assert "| 30 | 0.003 |" in table  # collapses counted per rate
     assert finetune_defaults.main([*argv, "--report"]) == table  # read back, nothing fitted again
+
+
+def test_run_health_replays_finished_folders_and_draws_them_side_by_side(tmp_path, capsys):
+    baselines = {"unigram_mlm_loss": 7.0, "nsp_chance_accuracy": 0.5, "nsp_chance_loss": 0.69, "nsp_eval_instances": 400}
+    statistics = {"scope": "x", "documents": 2, "paragraphs": 2, "tokens": 10, "duplicate_paragraph_tokens": 0,
+                  "duplicate_document_tokens": 0, "unknown_tokens": 0, "short_documents": 0, "most_repeated": []}
+    (tmp_path / "b.json").write_text(json.dumps({"statistics": statistics, "baselines": baselines}))
+    for name, spike in (("healthy", 5.0), ("spiky", 20.0)):
+        rows = [{"step": 10 * i, "train_seconds": 0.0, "loss": 5.0, "learning_rate": 1e-3} for i in range(1, 8)]
+        rows[-1]["loss"] = spike
+        rows.append({"step": 70, "train_seconds": 0.0, "eval_mlm_loss": 5.5, "eval_nsp_accuracy": 0.9})
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log_history.json").write_text(json.dumps(rows))
+        (tmp_path / name / "training_args.json").write_text(json.dumps({"max_train_steps": 100}))
+    argv = ["run_health", "--baselines", str(tmp_path / "b.json"), "--png", str(tmp_path / "c.png"),
+            f"healthy={tmp_path / 'healthy'}", f"spiky={tmp_path / 'spiky'}"]
+    with mock.patch.object(sys, "argv", argv):
+        run_health.main()
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["events"] for line in lines] == [["none"], ["loss_spike@70"]]
+    assert lines[1]["largest loss / running median"] == 4.0 and (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_run_health_corpora_shuffle_the_sample_and_repeat_a_few_paragraphs(tmp_path):
+    for kind in ("shuffled", "repeated"):
+        with mock.patch.object(sys, "argv", ["run_health_corpora", kind, str(tmp_path / kind)]):
+            run_health_corpora.main()
+    repeated = (tmp_path / "repeated" / "train.txt").read_text().strip().split("\n\n")
+    assert len(repeated) == 200 and len(set(repeated)) == 4
+    documents = (tmp_path / "shuffled" / "train.txt").read_text().strip().split("\n\n")
+    sample = run_health_corpora.load_documents(run_health_corpora.CorpusArguments())["train"]
+    assert len(documents) == len(sample)  # the sample's articles, each as many sentences, dealt anew
+    lines = [line for document in documents for line in document.split("\n")]
+    first_sentences = [run_health_corpora.split_sentences(p)[0] for p in sample[0]["paragraphs"][:4]]
+    assert lines[: len(first_sentences)] != first_sentences

@@ -139,8 +139,8 @@ class CorpusStatistics:
                 f"{self.duplicate_share:.1%} of the tokens of {self.scope} are in repeated text "
                 f"({self.share(self.duplicate_paragraph_tokens):.1%} in repeated paragraphs, "
                 f"{self.share(self.duplicate_document_tokens):.1%} in repeated documents; threshold "
-                f"{DUPLICATE_TEXT_SHARE:.0%}): the model will learn the copies and stall near the unigram "
-                f"loss. Most repeated: {lines}. Deduplicate the corpus before training")))
+                f"{DUPLICATE_TEXT_SHARE:.0%}): the model spends its updates memorising the copies and learns "
+                f"little that carries to new text. Most repeated: {lines}. Deduplicate the corpus before training")))
         if self.share(self.unknown_tokens) > UNKNOWN_TOKEN_SHARE:
             events.append(HealthEvent("unknown_tokens", 0, (
                 f"{self.share(self.unknown_tokens):.1%} of the tokens of {self.scope} are [UNK] (threshold "

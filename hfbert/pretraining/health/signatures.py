@@ -166,9 +166,11 @@ def nsp_event(
         f"update {row['step']}: held-out NSP accuracy {accuracy:.3f} is at chance ({baselines.nsp_chance_accuracy:.3f}, "
         f"within {NSP_CHANCE_STANDARD_ERRORS:g} standard errors: {line:.3f}) at {state.nsp_evaluations_at_chance} "
         f"evaluations in a row, after {share:.0%} of the budget, "
-        "while MLM learns. Usual causes: documents that are not in order or not documents (check "
-        "--document_boundary: shuffled lines or one sentence per document leave nothing to tell real next "
-        "sentences from random ones), a small --nsp_loss_weight; or drop NSP with --objective mlm"))
+        "while MLM learns. Usual causes, in order: too few updates yet (NSP comes off chance later than MLM: "
+        "the README's tiny model after about 2,500 updates of 16 pairs; a longer budget tells), documents that "
+        "are not in order or not documents (check --document_boundary: shuffled lines or one sentence per "
+        "document leave nothing to tell real next sentences from random ones), a small --nsp_loss_weight; or "
+        "drop NSP with --objective mlm"))
 
 
 def stall_event(row: dict[str, Any], state: SignatureState) -> HealthEvent | None:

@@ -1,0 +1,121 @@
+"""Replays the run-health detectors over finished runs' log_history.json and says how far each run was from
+each threshold (the margins behind the constants of hfbert/pretraining/health), and draws their curves side by
+side with the baselines: benchmarks/results/run_health.md.
+
+    python -m benchmarks.run_health --baselines runs/x/run_health.json --png out.png name=runs/x name2=runs/y
+
+A folder without run_health.json (written by runs before the health section) takes the --baselines file's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # after matplotlib.use
+
+from hfbert.pretraining.health.corpus import Baselines, CorpusHealth
+from hfbert.pretraining.health.signatures import (
+    LOSS_SPIKE_MIN_ROWS,
+    LOSS_SPIKE_WINDOW,
+    NSP_SHARE,
+    PLATEAU_SHARE,
+    STALL_MIN_IMPROVEMENT,
+    BudgetLimits,
+    detect_events,
+    is_evaluation_row,
+    nsp_chance_line,
+)
+
+
+def read_run(folder: Path, fallback: Baselines | None) -> tuple[list[dict[str, Any]], Baselines | None, BudgetLimits]:
+    history = json.loads((folder / "log_history.json").read_text())
+    budget = BudgetLimits.of_training_args(json.loads((folder / "training_args.json").read_text()))
+    health = folder / "run_health.json"
+    baselines = CorpusHealth.from_dict(json.loads(health.read_text())).baselines if health.is_file() else fallback
+    return history, baselines, budget
+
+
+def largest_ratio(values: list[float]) -> float:
+    """The largest value / running median of the LOSS_SPIKE_WINDOW values before it."""
+    ratios = [
+        value / statistics.median(values[max(0, i - LOSS_SPIKE_WINDOW) : i])
+        for i, value in enumerate(values)
+        if i >= LOSS_SPIKE_MIN_ROWS
+    ]
+    return max(ratios, default=math.nan)
+
+
+def margins(history: list[dict[str, Any]], baselines: Baselines | None, budget: BudgetLimits) -> dict[str, Any]:
+    training = [row for row in history if not is_evaluation_row(row)]
+    evaluations = [row for row in history if is_evaluation_row(row)]
+    share = [budget.progress(row["step"], row.get("train_seconds", 0.0)) for row in evaluations]
+    result: dict[str, Any] = {
+        "updates": training[-1]["step"] if training else 0,
+        "largest loss / running median": largest_ratio([row["loss"] for row in training]),
+        "largest grad norm / running median": largest_ratio([row["grad_norm"] for row in training if "grad_norm" in row]),
+    }
+    if baselines is not None:
+        past = [row["eval_mlm_loss"] - baselines.unigram_mlm_loss for row, s in zip(evaluations, share, strict=False) if s >= PLATEAU_SHARE]
+        result["eval MLM loss - unigram, from a quarter on (largest)"] = max(past, default=math.nan)
+        line = nsp_chance_line(baselines)
+        if line is not None:
+            nsp = [row["eval_nsp_accuracy"] - line for row, s in zip(evaluations, share, strict=False) if s >= NSP_SHARE]
+            result["eval NSP accuracy - chance line, from half on (smallest)"] = min(nsp, default=math.nan)
+    best, without, longest = math.inf, 0, 0
+    for row in evaluations:
+        improved = row["eval_mlm_loss"] < best - STALL_MIN_IMPROVEMENT
+        best, without = (row["eval_mlm_loss"], 0) if improved else (best, without + 1)
+        longest = max(longest, without)
+    result["longest run of evaluations without improvement"] = longest
+    _, events = detect_events(history, baselines, budget)
+    result["events"] = [f"{event.kind}@{event.update}" for event in events] or ["none"]
+    return result
+
+
+def plot_runs(runs: dict[str, tuple[list[dict[str, Any]], Baselines | None]], path: Path) -> None:
+    keys = (("eval_mlm_loss", "held-out MLM loss"), ("eval_nsp_accuracy", "held-out NSP accuracy"), ("loss", "training loss"))
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+    for name, (history, _baselines) in runs.items():
+        for axis, (key, _) in zip(axes, keys, strict=True):
+            rows = [row for row in history if key in row]
+            axis.plot([row["step"] for row in rows], [row[key] for row in rows], label=name)
+    for axis, (_, title) in zip(axes, keys, strict=True):
+        axis.set_title(title)
+        axis.set_xlabel("update")
+        axis.grid(alpha=0.3)
+    unigram = {b.unigram_mlm_loss for _, b in runs.values() if b is not None}
+    for value in sorted(unigram):
+        axes[0].axhline(value, color="gray", linestyle="--", linewidth=1)
+    axes[1].axhline(0.5, color="gray", linestyle="--", linewidth=1)
+    axes[0].legend(fontsize=8)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baselines", type=Path, help="a run_health.json whose baselines runs without one take")
+    parser.add_argument("--png", type=Path)
+    parser.add_argument("runs", nargs="+", help="name=folder")
+    args = parser.parse_args()
+    fallback = CorpusHealth.from_dict(json.loads(args.baselines.read_text())).baselines if args.baselines else None
+    runs = {}
+    for spec in args.runs:
+        name, folder = spec.split("=", 1)
+        history, baselines, budget = read_run(Path(folder), fallback)
+        runs[name] = (history, baselines)
+        print(json.dumps({"run": name, **margins(history, baselines, budget)}))
+    if args.png:
+        plot_runs(runs, args.png)
+
+
+if __name__ == "__main__":
+    main()
