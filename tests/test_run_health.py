@@ -31,6 +31,7 @@ from hfbert.pretraining.health.report import (
 )
 from hfbert.pretraining.health.signatures import (
     LOSS_SPIKE_FACTOR,
+    NSP_MLM_IMPROVEMENT,
     PLATEAU_MARGIN,
     BudgetLimits,
     RunHealth,
@@ -146,15 +147,14 @@ def test_plateau_fires_past_its_share_only():
 
 
 def test_nsp_at_chance_needs_two_evaluations_past_half_while_mlm_learns():
-    learning = BASELINES.unigram_mlm_loss - 1.0
-    chance = [evaluation_row(400, learning, 0.51), evaluation_row(600, learning, 0.52)]
+    chance = [evaluation_row(400, 6.5, 0.51), evaluation_row(600, 6.0, 0.52)]
     assert kinds(detect_events(chance, BASELINES, BUDGET)[1]) == ["nsp_at_chance"]
-    one_dip = [evaluation_row(400, learning, 0.70), evaluation_row(600, learning, 0.52)]
+    one_dip = [evaluation_row(400, 6.5, 0.70), evaluation_row(600, 6.0, 0.52)]
     assert detect_events(one_dip, BASELINES, BUDGET)[1] == []
-    too_early = [evaluation_row(300, learning, 0.51), evaluation_row(400, learning, 0.52)]
+    too_early = [evaluation_row(300, 6.5, 0.51), evaluation_row(400, 6.0, 0.52)]
     assert detect_events(too_early, BASELINES, BUDGET)[1] == []
-    mlm_stuck = [evaluation_row(400, 7.5, 0.51), evaluation_row(600, 7.5, 0.52)]
-    assert "nsp_at_chance" not in kinds(detect_events(mlm_stuck, BASELINES, BUDGET)[1])
+    mlm_stuck = [evaluation_row(400, 6.0, 0.51), evaluation_row(600, 6.0 - NSP_MLM_IMPROVEMENT / 2, 0.52)]
+    assert detect_events(mlm_stuck, BASELINES, BUDGET)[1] == []
 
 
 def test_loss_spike_against_the_running_median():

@@ -42,6 +42,7 @@ FINAL_FILES = {
     "tokenizer_config.json",
     "training_args.json",
     "training_curves.png",
+    "run_health.json",
 }
 
 

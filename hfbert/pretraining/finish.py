@@ -23,6 +23,7 @@ from hfbert.files import WRITE_ERRORS, staged_files, write_json_atomic
 from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.cluster import end_process_group
+from hfbert.pretraining.health.report import health_card_section, report_reference_lines, write_run_health
 from hfbert.pretraining.samples import write_samples
 from hfbert.pretraining.settings import RunSettings
 
@@ -51,6 +52,7 @@ class FinalContents:
     eval_results: dict[str, float]
     log_history: list[dict[str, Any]]
     sample_sentences: tuple[list[str], str | None] = ([], None)  # validation sentences, one of another document
+    run_health: dict[str, Any] | None = None  # run_health.json (hfbert.pretraining.health.report.health_report)
 
 
 def write_final_folder(
@@ -74,7 +76,13 @@ def write_final_folder(
         write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)
         write_json_atomic(staging / TRAINING_ARGS_NAME, summary)
         write_json_atomic(staging / LOG_HISTORY_NAME, contents.log_history)
-        plot_training_curves(contents.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining")
+        health = contents.run_health
+        if health is not None:
+            write_run_health(staging, health)
+        plot_training_curves(
+            contents.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining",
+            reference_lines=report_reference_lines(health),
+        )
         samples = None
         if analysis is not None:  # computed on the weights in memory, on CPU copies of the model
             samples = write_samples(
@@ -87,6 +95,7 @@ def write_final_folder(
             dataset_name=corpus.dataset_name,
             dataset_config_name=corpus.dataset_config_name,
             samples_name=None if samples is None else samples.path.name,
+            health_section=None if health is None else health_card_section(health),
         )
         write_model_card(staging, card)
     return FinalFolder(output_dir, None if samples is None else samples.fill_mask)

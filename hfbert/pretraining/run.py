@@ -64,6 +64,8 @@ from hfbert.pretraining.cluster import (
 from hfbert.pretraining.data import PretrainingData, count_training_instances, prepare_data
 from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
 from hfbert.pretraining.finish import FinalContents, FinalFolder, finish
+from hfbert.pretraining.health import RunHealth
+from hfbert.pretraining.health.report import health_report
 from hfbert.pretraining.loop import (
     CheckpointWriter,
     LoopSchedule,
@@ -283,7 +285,8 @@ def train(
         run.output_dir, run.checkpoints_total_limit, settings.checkpoint_settings(), data.tokenizer, data.config
     )
     flops = ModelFlops(data.config, model, datasheet_peak_flops(accelerator.device, precision))
-    callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget)])
+    health = RunHealth(data.health, budget, main_process=accelerator.is_main_process)
+    callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
     step = StepSettings.of(optimization, precision, run.output_dir, flops)
     try:
         metrics = fit(accelerator, state, eval_loader, LoopSchedule.of(budget, run), step, checkpoints, callbacks)
@@ -294,7 +297,8 @@ def train(
     release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
     eval_results = {"step": state.progress.completed_steps, "train_seconds": state.progress.train_seconds, **metrics}
     final = FinalContents(
-        data.tokenizer, summary, eval_results, state.progress.log_history, (data.sample_sentences, data.other_sentence)
+        data.tokenizer, summary, eval_results, state.progress.log_history, (data.sample_sentences, data.other_sentence),
+        run_health=health_report(data.health, health.events),
     )
     with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
         return finish(accelerator, state.model, final, settings.run, settings.corpus)

@@ -44,6 +44,13 @@ def reference_lines(baselines: Baselines | None) -> list[tuple[str, float, str]]
     return lines
 
 
+def report_reference_lines(report: dict[str, Any] | None) -> list[tuple[str, float, str]]:
+    """`reference_lines` of a `health_report` (none for a run without baselines)."""
+    if report is None or report.get("baselines") is None:
+        return []
+    return reference_lines(Baselines(**report["baselines"]))
+
+
 def health_card_section(report: dict[str, Any]) -> str:
     """The model card's "Run health" section (markdown) for a `health_report`."""
     lines = ["## Run health", ""]

@@ -38,6 +38,9 @@ NSP_CHANCE_STANDARD_ERRORS = 2.0
 # ... at this many evaluations in a row, the last past NSP_SHARE: one evaluation of a run that is learning
 # NSP slowly can dip under the line (the main job: 1 standard error above it at half its budget).
 NSP_CHANCE_EVALUATIONS = 2
+# "While MLM improves": held-out MLM loss this far (nats) below the first evaluation's, five times the
+# evaluation noise; a run without it is stuck on MLM too, which unigram_plateau or stalled name.
+NSP_MLM_IMPROVEMENT = 0.05
 LOSS_SPIKE_WINDOW = 20  # training rows in the running median (200 updates at the default --logging_steps)
 LOSS_SPIKE_MIN_ROWS = 5  # rows needed before the median means anything
 # A row's loss this many times the running median is a spike; healthy runs measured reach 1.2x at most.
@@ -88,6 +91,7 @@ class SignatureState:
     best_eval_loss: float = math.inf
     evaluations_without_improvement: int = 0
     nsp_evaluations_at_chance: int = 0
+    first_eval_loss: float | None = None
     fired: set[str] = field(default_factory=set)
 
 
@@ -136,8 +140,8 @@ def plateau_event(row: dict[str, Any], baselines: Baselines, share: float) -> He
     return HealthEvent("unigram_plateau", int(row["step"]), (
         f"update {row['step']}: held-out MLM loss {loss:.3f} is not below the unigram baseline {unigram:.3f} by "
         f"{PLATEAU_MARGIN} after {share:.0%} of the budget: the model predicts word frequencies and nothing "
-        "else. Usual causes, in order: the learning rate or warm-up (raise --learning_rate, e.g. 1e-3 for "
-        "tiny/mini and 1e-4 for base; --num_warmup_steps of 1-5 % of the updates), the batch (raise "
+        "else. Usual causes, in order: the learning rate or warm-up, too small or far too large (both end "
+        "here: 1e-3 suits tiny/mini, 1e-4 base, with --num_warmup_steps 1-5 % of the updates), the batch (raise "
         "--per_device_train_batch_size or --gradient_accumulation_steps), duplicated text (the corpus "
         "statistics at the start of the run)"))
 
@@ -159,14 +163,15 @@ def nsp_event(
         return None
     at_chance = accuracy <= line
     state.nsp_evaluations_at_chance = state.nsp_evaluations_at_chance + 1 if at_chance else 0
-    mlm_learns = row["eval_mlm_loss"] < baselines.unigram_mlm_loss - PLATEAU_MARGIN
+    first = state.first_eval_loss
+    mlm_learns = first is not None and row["eval_mlm_loss"] < first - NSP_MLM_IMPROVEMENT
     if share < NSP_SHARE or state.nsp_evaluations_at_chance < NSP_CHANCE_EVALUATIONS or not mlm_learns:
         return None
     return HealthEvent("nsp_at_chance", int(row["step"]), (
         f"update {row['step']}: held-out NSP accuracy {accuracy:.3f} is at chance ({baselines.nsp_chance_accuracy:.3f}, "
         f"within {NSP_CHANCE_STANDARD_ERRORS:g} standard errors: {line:.3f}) at {state.nsp_evaluations_at_chance} "
         f"evaluations in a row, after {share:.0%} of the budget, "
-        "while MLM learns. Usual causes, in order: too few updates yet (NSP comes off chance later than MLM: "
+        f"while MLM improves (held-out loss {first:.3f} -> {row['eval_mlm_loss']:.3f}). Usual causes, in order: too few updates yet (NSP comes off chance later than MLM: "
         "the README's tiny model after about 2,500 updates of 16 pairs; a longer budget tells), documents that "
         "are not in order or not documents (check --document_boundary: shuffled lines or one sentence per "
         "document leave nothing to tell real next sentences from random ones), a small --nsp_loss_weight; or "
@@ -200,6 +205,8 @@ def evaluation_row_events(
     found = [stall_event(row, state)]
     if baselines is not None:
         found += [plateau_event(row, baselines, share), nsp_event(row, state, baselines, share)]
+    if state.first_eval_loss is None:
+        state.first_eval_loss = row["eval_mlm_loss"]
     return [event for event in found if event is not None]
 
 
