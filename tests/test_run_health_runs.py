@@ -3,6 +3,7 @@ the model card (slow: each run trains for seconds)."""
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,20 @@ def test_shuffled_sentences_leave_nsp_at_chance(tmp_path, run_inputs):
     args = ("--learning_rate", "1e-2", "--num_warmup_steps", "5", "--max_train_steps", "40", "--eval_steps", "10")
     train_in_process(run_args(run_inputs, tmp_path / "run", *corpus, *args))
     assert "nsp_at_chance" in kinds_of(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_its_events_without_naming_them_again(tmp_path, run_inputs, caplog):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    args = ("--learning_rate", "3", "--num_warmup_steps", "10", "--max_train_steps", "16", "--eval_steps", "16")
+    train_in_process(run_args(run_inputs, straight, *args, "--checkpointing_steps", "14"))
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-14", resumed / "checkpoint-14")
+    caplog.clear()  # the straight run's lines
+    with caplog.at_level(logging.INFO, logger="hfbert"):
+        train_in_process(run_args(run_inputs, resumed, *args, "--resume_from_checkpoint", "latest"))
+    assert health_of(resumed)["events"] == health_of(straight)["events"]
+    assert "loss_spike" in kinds_of(resumed)
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(m.startswith("Run health: resumed with 1 earlier warning(s): loss_spike") for m in messages)
+    assert not [m for m in messages if m.startswith("Run health, loss_spike")]
