@@ -4,7 +4,8 @@ side with the baselines: benchmarks/results/run_health.md.
 
     python -m benchmarks.run_health --baselines runs/x/run_health.json --png out.png name=runs/x name2=runs/y
 
-A folder without run_health.json (written by runs before the health section) takes the --baselines file's.
+A folder without run_health.json (written by runs before the health section) takes the --baselines file's; a
+checkpoint folder replays the log history saved in it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after matplotlib.use
@@ -36,8 +38,14 @@ from hfbert.pretraining.health.signatures import (
 
 
 def read_run(folder: Path, fallback: Baselines | None) -> tuple[list[dict[str, Any]], Baselines | None, BudgetLimits]:
-    history = json.loads((folder / "log_history.json").read_text())
-    budget = BudgetLimits.of_training_args(json.loads((folder / "training_args.json").read_text()))
+    """A final folder's log_history.json and training_args.json, or a checkpoint's (its saved progress and
+    run_settings.json: a run still going)."""
+    if (folder / "log_history.json").is_file():
+        history = json.loads((folder / "log_history.json").read_text())
+        budget = BudgetLimits.of_training_args(json.loads((folder / "training_args.json").read_text()))
+    else:  # accelerate pickles the registered TrainingProgress's state_dict here
+        history = torch.load(folder / "custom_checkpoint_0.pkl", weights_only=False)["log_history"]
+        budget = BudgetLimits.of_training_args(json.loads((folder / "run_settings.json").read_text()))
     health = folder / "run_health.json"
     baselines = CorpusHealth.from_dict(json.loads(health.read_text())).baselines if health.is_file() else fallback
     return history, baselines, budget
