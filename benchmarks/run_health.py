@@ -64,7 +64,7 @@ def largest_ratio(values: list[float]) -> float:
 def margins(history: list[dict[str, Any]], baselines: Baselines | None, budget: BudgetLimits) -> dict[str, Any]:
     training = [row for row in history if not is_evaluation_row(row)]
     evaluations = [row for row in history if is_evaluation_row(row)]
-    share = [budget.progress(row["step"], row.get("train_seconds", 0.0)) for row in evaluations]
+    share = [budget.share_spent(row["step"], row.get("train_seconds", 0.0)) for row in evaluations]
     result: dict[str, Any] = {
         "updates": training[-1]["step"] if training else 0,
         "largest loss / running median": largest_ratio([row["loss"] for row in training]),

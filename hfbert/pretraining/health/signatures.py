@@ -54,15 +54,15 @@ STALL_MIN_IMPROVEMENT = 0.01  # ... better by at least this (nats; evaluation no
 STALL_RATE_SHARE = 0.5  # ... while the rate is at least this share of its peak (a decayed rate may stall)
 
 
-class BudgetProgress(Protocol):
+class BudgetShare(Protocol):
     """What `hfbert.pretraining.setup.Budget` answers: the share of the budget spent at (step, seconds)."""
 
-    def progress(self, step: int, seconds: float) -> float: ...
+    def share_spent(self, step: int, seconds: float) -> float: ...
 
 
 @dataclass(frozen=True)
 class BudgetLimits:
-    """A finished run's budget as training_args.json records it (`Budget.progress` without the schedule), to
+    """A finished run's budget as training_args.json records it (`Budget.share_spent` without the schedule), to
     replay its log_history."""
 
     max_train_steps: int | None
@@ -73,7 +73,7 @@ class BudgetLimits:
         steps = training_args.get("max_train_steps") or training_args.get("planned_train_steps")
         return cls(steps, training_args.get("max_train_seconds"))
 
-    def progress(self, step: int, seconds: float) -> float:
+    def share_spent(self, step: int, seconds: float) -> float:
         spent = step / self.max_train_steps if self.max_train_steps else 0.0
         if self.max_train_seconds:
             spent = max(spent, seconds / self.max_train_seconds)
@@ -212,11 +212,11 @@ def evaluation_row_events(
 
 
 def observe_row(
-    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, budget: BudgetProgress
+    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, budget: BudgetShare
 ) -> list[HealthEvent]:
     """The events `row` fires for the first time (each kind fires once in a run)."""
     if is_evaluation_row(row):
-        share = budget.progress(int(row["step"]), float(row.get("train_seconds", 0.0)))
+        share = budget.share_spent(int(row["step"]), float(row.get("train_seconds", 0.0)))
         found = evaluation_row_events(row, state, baselines, share)
     else:
         found = training_row_events(row, state)
@@ -226,7 +226,7 @@ def observe_row(
 
 
 def detect_events(
-    rows: Iterable[dict[str, Any]], baselines: Baselines | None, budget: BudgetProgress
+    rows: Iterable[dict[str, Any]], baselines: Baselines | None, budget: BudgetShare
 ) -> tuple[SignatureState, list[HealthEvent]]:
     """Replay `rows` (a log_history) through the detectors: the state after them and every event fired."""
     state, events = SignatureState(), []
@@ -239,7 +239,7 @@ class RunHealth(Callback):
     """Names the corpus warnings before the first update and each signature the first time it fires, one
     line each on the main process; `events` holds them all (a resumed run replays its log history)."""
 
-    def __init__(self, corpus: CorpusHealth | None, budget: BudgetProgress, main_process: bool):
+    def __init__(self, corpus: CorpusHealth | None, budget: BudgetShare, main_process: bool):
         self.corpus = corpus
         self.budget = budget
         self.main_process = main_process
