@@ -102,7 +102,9 @@ def plot_runs(runs: dict[str, tuple[list[dict[str, Any]], Baselines | None]], pa
     unigram = {b.unigram_mlm_loss for _, b in runs.values() if b is not None}
     for value in sorted(unigram):
         axes[0].axhline(value, color="gray", linestyle="--", linewidth=1)
-    axes[1].axhline(0.5, color="gray", linestyle="--", linewidth=1)
+    for baselines in {b for _, b in runs.values() if b is not None and b.nsp_chance_accuracy is not None}:
+        axes[1].axhline(baselines.nsp_chance_accuracy, color="gray", linestyle="--", linewidth=1)
+        axes[1].axhline(nsp_chance_line(baselines), color="gray", linestyle=":", linewidth=1)
     axes[0].legend(fontsize=8)
     figure.savefig(path, dpi=90)
     plt.close(figure)
