@@ -32,7 +32,13 @@ TESTS_BY_MODULE = {
     "hfbert/checkpointing.py": ["tests/test_checkpointing.py", "tests/test_files.py"],
     "hfbert/files.py": ["tests/test_files.py", "tests/test_checkpointing.py"],
     "hfbert/pretraining/reshard.py": ["tests/test_reshard.py"],
-    "hfbert/pretraining/settings.py": ["tests/test_pretraining_settings.py"],
+    "hfbert/pretraining/settings.py": [
+        "tests/test_pretraining_settings.py",
+        # the refusals of a streamed run and those through run_pretraining's main: before any work
+        "tests/test_training.py::test_streaming_refuses_what_a_stream_cannot_do_before_any_work",
+        "tests/test_training.py::test_stream_flags_without_streaming_are_refused",
+        "tests/test_training.py::test_bad_flags_are_refused",
+    ],
     "hfbert/finetune/settings.py": ["tests/test_finetune.py"],
     "hfbert/finetune/models.py": ["tests/test_finetune.py"],
     "hfbert/finetune/data.py": ["tests/test_finetune.py"],
@@ -93,11 +99,21 @@ def results(workdir: Path) -> dict[str, str]:
     return status_by_mutant
 
 
-def diff_of(workdir: Path, mutant: str) -> str:
+# `mutmut show` for many mutants in one process (one `mutmut show` per survivor takes seconds each).
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+names = json.load(sys.stdin)
+json.dump({name: get_diff_for_mutant(name, path=find_mutant(name).path) for name in names}, sys.stdout)
+"""
+
+
+def diffs_of(workdir: Path, mutants: list[str]) -> dict[str, str]:
     out = subprocess.run(
-        [*mutmut_command(), "show", mutant], cwd=workdir, capture_output=True, text=True
+        [sys.executable, "-c", _DIFFS], cwd=workdir, input=json.dumps(mutants), capture_output=True, text=True,
+        check=True,
     ).stdout
-    return out
+    return json.loads(out)
 
 
 def function_lines(module_source: str, mutant: str) -> range:
@@ -140,11 +156,12 @@ def report(module: str, workdir: Path) -> dict:
     for status in status_by_mutant.values():
         counts[status] = counts.get(status, 0) + 1
     module_source = (workdir / module).read_text()  # the source as it was mutated
+    left = [m for m, status in status_by_mutant.items() if status not in ("killed", "timeout")]
+    diffs = diffs_of(workdir, left)
     survivors = []
-    for mutant, status in sorted(status_by_mutant.items(), key=lambda kv: _natural(kv[0])):
-        if status in ("survived", "no tests", "suspicious"):
-            line, change = line_of_change(module_source, mutant, diff_of(workdir, mutant))
-            survivors.append({"mutant": mutant, "status": status, "line": line, "change": change})
+    for mutant in sorted(left, key=_natural):
+        line, change = line_of_change(module_source, mutant, diffs[mutant])
+        survivors.append({"mutant": mutant, "status": status_by_mutant[mutant], "line": line, "change": change})
     killed = counts.get("killed", 0)
     total = len(status_by_mutant)
     return {"module": module, "total": total, "killed": killed, "counts": counts, "survivors": survivors}
