@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from hfbert.checkpointing import CheckpointError, TrainingProgress
 from hfbert.errors import Refusal
 from hfbert.pretraining.loop import epoch_batches
-from hfbert.pretraining.reshard import keep_global_batch, micro_batches_to_skip
+from hfbert.pretraining.reshard import (
+    continue_on_this_split,
+    keep_global_batch,
+    micro_batches_to_skip,
+    seed_new_ranks,
+    set_accumulation,
+)
 from hfbert.pretraining.settings import OptimizationSettings
 
 CHECKPOINT = "runs/x/checkpoint-30"
@@ -103,6 +110,46 @@ def test_a_resumed_epoch_continues_accelerate_s_accumulation_count_from_its_posi
 def test_a_position_inside_an_update_of_this_split_is_refused():
     with pytest.raises(CheckpointError, match="micro-batch 6 of epoch 0, which 4 processes cannot continue"):
         micro_batches_to_skip(TrainingProgress(micro_batches_in_epoch=6), 4, 5)
+
+
+def test_the_chosen_accumulation_is_set_on_the_settings_and_the_accelerator():
+    optimization, accelerator = OptimizationSettings(gradient_accumulation_steps=1), SimpleNamespace(gradient_accumulation_steps=1)
+    set_accumulation(accelerator, optimization, 4)
+    assert optimization.gradient_accumulation_steps == accelerator.gradient_accumulation_steps == 4
+
+
+def dropout_draw(accelerator, checkpoint, seed=42, step=30):
+    torch.manual_seed(0)  # what a fresh start on every rank leaves
+    seed_new_ranks(accelerator, checkpoint, seed, step)
+    return torch.rand(4)
+
+
+def test_a_rank_the_checkpoint_has_no_rng_file_for_draws_by_seed_rank_and_step(tmp_path, caplog):
+    checkpoint = tmp_path / "checkpoint-30"
+    checkpoint.mkdir()
+    (checkpoint / "random_states_0.pkl").write_bytes(b"")
+    rank = [SimpleNamespace(process_index=index) for index in range(3)]
+    torch.manual_seed(0)
+    fresh = torch.rand(4)
+    assert torch.equal(dropout_draw(rank[0], checkpoint), fresh)  # its streams came from its own file
+    with caplog.at_level(logging.WARNING):
+        draw = dropout_draw(rank[1], checkpoint)
+    assert (
+        f"{checkpoint} holds no random_states_1.pkl (written by fewer processes): process 1 seeds its RNG "
+        "streams (dropout) from (seed 42, rank 1, step 30)."
+    ) in caplog.text
+    assert torch.equal(dropout_draw(rank[1], checkpoint), draw)  # reproducible
+    others = [fresh, dropout_draw(rank[2], checkpoint), dropout_draw(rank[1], checkpoint, step=31)]
+    others.append(dropout_draw(rank[1], checkpoint, seed=43))
+    assert not any(torch.equal(draw, other) for other in others)  # not step 0's, nor another rank's or step's
+
+
+def test_continuing_on_this_split_makes_an_old_per_process_position_global_and_seeds_new_ranks(tmp_path, caplog):
+    progress = TrainingProgress(completed_steps=30, per_process_batches_loaded=4)
+    with caplog.at_level(logging.WARNING):
+        continue_on_this_split(SimpleNamespace(process_index=1), progress, tmp_path, saved_processes=2, seed=42)
+    assert (progress.micro_batches_in_epoch, progress.per_process_batches_loaded) == (8, None)
+    assert "process 1 seeds its RNG streams (dropout) from (seed 42, rank 1, step 30)" in caplog.text
 
 
 # ----------------------------------------------------------------------------------------------- end to end
