@@ -131,3 +131,70 @@ def test_a_run_from_weights_resumes_a_checkpoint_that_recorded_the_ignored_vocab
     source = ["--output_dir", "o", "--model_name_or_path", "someone/bert"]
     saved = parse_args(source).resume_invariant() | {"vocab_size": 30522}
     assert check_resume_settings(saved, parse_args(source), "ckpt") == []
+
+
+# Each range's edges, one flag at a time: the value just inside is accepted, the one just outside refused
+# (a `<` written as `<=` moves an edge and nothing else notices).
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--max_seq_length", "8"],
+        ["--mlm_probability", "0.01"],
+        ["--mlm_probability", "0.99"],
+        ["--eval_mlm_probability", "0.99"],
+        ["--short_seq_prob", "0"],
+        ["--short_seq_prob", "1"],
+        ["--validation_split_percentage", "1"],
+        ["--validation_split_percentage", "99"],
+        ["--dataloader_num_workers", "0"],
+        ["--dropout", "0"],
+        ["--attention_init", "structured", "--structured_attention_fade", "0"],
+        ["--attention_init", "structured", "--structured_attention_fade", "1"],
+        ["--attention_init", "bert", "--structured_attention_fade", "0"],
+        ["--adam_beta1", "0", "--adam_beta2", "0"],
+        ["--weight_decay", "0", "--max_grad_norm", "0", "--num_warmup_steps", "0", "--nsp_loss_weight", "0"],
+        ["--cls_attention_spread", "0", "--torch_compile"],
+        ["--checkpointing_steps", "1", "--checkpoints_total_limit", "1"],
+        ["--checkpointing_steps", "epoch"],
+        ["--max_train_steps", "1", "--max_train_seconds", "0.5", "--eval_steps", "1"],
+        ["--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1", "--num_train_epochs", "1"],
+        ["--push_to_hub", "--hub_model_id", "me/bert"],
+        ["--model_size", "tiny", "--max_seq_length", "512"],
+    ],
+)
+def test_the_edges_of_each_range_are_accepted(flags):
+    parse_args(["--output_dir", "unused", *flags])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max_seq_length", "7"], "--max_seq_length 7 must be >= 8 ([CLS] A [SEP] B [SEP])"),
+        (["--max_seq_length", "0"], "--max_seq_length 0 must be > 0"),
+        (["--dupe_factor", "0"], "--dupe_factor 0 must be > 0"),
+        (["--vocab_size", "0"], "--vocab_size 0 must be > 0 (or leave it unset)"),
+        (["--max_eval_samples", "0"], "--max_eval_samples 0 must be > 0 (or leave it unset)"),
+        (["--mlm_probability", "0"], "--mlm_probability 0.0 must be in (0, 1), e.g. 0.15"),
+        (["--eval_mlm_probability", "1"], "--eval_mlm_probability 1.0 must be in (0, 1), e.g. 0.15"),
+        (["--short_seq_prob", "-0.1"], "--short_seq_prob -0.1 must be in [0, 1]"),
+        (["--short_seq_prob", "1.1"], "--short_seq_prob 1.1 must be in [0, 1]"),
+        (["--validation_split_percentage", "100"], "--validation_split_percentage 100 must be in (0, 100)"),
+        (["--dataloader_num_workers", "-1"], "--dataloader_num_workers -1 must be >= 0 (or leave it unset)"),
+        (["--dropout", "-0.1"], "--dropout -0.1 must be in [0, 1)"),
+        (["--structured_attention_fade", "-0.1"], "--structured_attention_fade -0.1 must be a fraction of the budget in [0, 1], e.g. 1"),
+        (["--adam_beta1", "-0.1"], "--adam_beta1 -0.1 must be in [0, 1), e.g. 0.9 or 0.999"),
+        (["--weight_decay", "-0.1"], "--weight_decay -0.1 must be >= 0"),
+        (["--max_grad_norm", "-0.1"], "--max_grad_norm -0.1 must be >= 0"),
+        (["--num_warmup_steps", "-1"], "--num_warmup_steps -1 must be >= 0"),
+        (["--checkpointing_steps", "0"], "--checkpointing_steps '0' must be a positive number of updates or 'epoch'"),
+        (["--max_train_steps", "0"], "--max_train_steps 0 must be > 0 (or leave it unset)"),
+        (["--per_device_eval_batch_size", "0"], "--per_device_eval_batch_size 0 must be > 0"),
+        (["--ddp_timeout", "0"], "--ddp_timeout 0 must be > 0"),
+        (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps 0 must be > 0"),
+        (["--num_train_epochs", "0"], "--num_train_epochs 0 must be > 0"),
+    ],
+)
+def test_the_value_just_outside_each_range_is_refused_naming_it(flags, message):
+    with pytest.raises(Refusal) as error:
+        parse_args(["--output_dir", "unused", *flags])
+    assert str(error.value) == message
