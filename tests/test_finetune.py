@@ -864,6 +864,33 @@ def test_the_rate_choice_drops_a_rate_with_a_collapsed_or_underfitted_fold_and_p
     )
 
 
+def test_the_selection_plan_fits_each_rate_on_each_fold_with_the_seeds_in_turn():
+    from hfbert.finetune.selection import FoldFit, selection_plan
+
+    assert selection_plan([3e-4, 1e-4], 3, [7, 8]) == [
+        FoldFit(1e-4, 0, 7), FoldFit(1e-4, 1, 8), FoldFit(1e-4, 2, 7),
+        FoldFit(3e-4, 0, 7), FoldFit(3e-4, 1, 8), FoldFit(3e-4, 2, 7),
+    ]  # fmt: skip
+
+
+def test_the_rate_choice_reports_each_rate_s_fold_scores_in_fold_order():
+    from hfbert.finetune.selection import choose_rate
+
+    fits = fold_fits({1e-4: [0.6, 0.8], 3e-4: [1.0, 1.0]}, collapsed={(3e-4, 1)})
+    choice = choose_rate(dict(reversed(fits.items())), "accuracy")
+    assert choice.as_json() == {
+        "chosen": 1e-4,
+        "metric": "accuracy",
+        "rule": "rates with a collapsed or underfitted fold dropped; the best mean minus spread over the folds "
+        "(lower rate on a tie)",
+        "fold_scores": {"0.0001": [0.6, 0.8], "0.0003": [1.0, 0.5]},
+        "mean_minus_spread": {"0.0001": pytest.approx(0.7 - 0.1414214), "0.0003": pytest.approx(0.75 - 0.3535534)},
+        "dropped": {"0.0003": choice.dropped[3e-4]},
+        "note": None,
+    }
+    assert choice.dropped[3e-4].startswith("fold 2 (seed 2) collapsed: ")
+
+
 @pytest.mark.parametrize(
     "accuracy, majority_rate, losses, collapsed",
     [(0.2, 0.2, (1.6, 0.1), "no better than the majority-class rate 0.200"),
