@@ -52,26 +52,32 @@ def _toml_list(values: list[str]) -> str:
     return "[" + ", ".join(json.dumps(v) for v in values) + "]"
 
 
-def prepare(module: str, workdir: Path, deselect: str | None) -> None:
-    """A scratch copy of the repository whose pyproject.toml tells mutmut the module and its tests."""
+def prepare(modules: list[str], workdir: Path, deselect: str | None, commit: str | None) -> None:
+    """A scratch copy of the repository (the working tree, or `commit`'s files) whose pyproject.toml tells
+    mutmut the modules and their tests."""
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "results")
-    for name in COPIED:
-        source = REPO / name
-        if source.is_dir():
-            shutil.copytree(source, workdir / name, ignore=ignore)
-        else:
-            shutil.copy2(source, workdir / name)
-    selection = [*TESTS_BY_MODULE[module], "-m", "not slow"]
+    if commit is not None:  # e.g. the tests before a change, against the same library
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, *COPIED], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive.stdout, check=True)
+    else:
+        ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "results")
+        for name in COPIED:
+            source = REPO / name
+            if source.is_dir():
+                shutil.copytree(source, workdir / name, ignore=ignore)
+            else:
+                shutil.copy2(source, workdir / name)
+    tests = list(dict.fromkeys(test for module in modules for test in TESTS_BY_MODULE[module]))
+    selection = [*tests, "-m", "not slow"]
     if deselect:
         selection += ["-k", deselect]
     with open(workdir / "pyproject.toml", "a") as f:
         f.write(
             "\n[tool.mutmut]\n"
             'source_paths = ["hfbert"]\n'
-            f"only_mutate = {_toml_list([module])}\n"
+            f"only_mutate = {_toml_list(modules)}\n"
             f"pytest_add_cli_args_test_selection = {_toml_list(selection)}\n"
             # torch is not fork-safe after the suite ran in the forking process
             'process_isolation = "forkserver"\n'
@@ -150,8 +156,12 @@ def line_of_change(module_source: str, mutant: str, diff: str) -> tuple[int | No
 
 
 def report(module: str, workdir: Path) -> dict:
+    """The score of `module` in a finished run in `workdir`, and its survivors."""
     # mutants outside --only stay "not checked": not part of the score
-    status_by_mutant = {k: v for k, v in results(workdir).items() if v != "not checked"}
+    dotted = module.removesuffix(".py").replace("/", ".") + "."
+    status_by_mutant = {
+        k: v for k, v in results(workdir).items() if v != "not checked" and k.startswith(dotted)
+    }
     counts: dict[str, int] = {}
     for status in status_by_mutant.values():
         counts[status] = counts.get(status, 0) + 1
@@ -171,34 +181,40 @@ def _natural(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--module", required=True, choices=sorted(TESTS_BY_MODULE))
+    parser.add_argument(
+        "--module", required=True, nargs="+", choices=sorted(TESTS_BY_MODULE),
+        help="one or more: modules sharing their tests share one run (the tests are traced once)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="scratch copy (default /tmp/hfbert-mutation/<module>)")
     parser.add_argument("--max_children", type=int, default=1, help="mutants run at once (the machine's free cores)")
     parser.add_argument(
         "--only", nargs="+", default=None,
         help="mutmut's mutant-name globs: a part of the module ('*.x_check_*'), or a sample ('*_mutmut_*[05]': every fifth)",
     )
+    parser.add_argument("--commit", default=None, help="test this commit's files (default: the working tree)")
     parser.add_argument("--deselect", default=None, help="a pytest -k expression to narrow the tests")
     parser.add_argument("--report_only", action="store_true", help="summarize a finished run in --workdir")
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
     args = parser.parse_args(argv)
-    workdir = args.workdir or Path("/tmp/hfbert-mutation") / args.module.replace("/", "_").removesuffix(".py")
+    name = "+".join(module.replace("/", "_").removesuffix(".py") for module in args.module)
+    workdir = args.workdir or Path("/tmp/hfbert-mutation") / name
     if not args.report_only:
-        prepare(args.module, workdir, args.deselect)
+        prepare(args.module, workdir, args.deselect, args.commit)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
         run = [*mutmut_command(), "run", "--max-children", str(args.max_children)]
         if args.only:
             run += args.only
         subprocess.run(run, cwd=workdir, env=env, check=True)
-    summary = report(args.module, workdir)
-    print(f"{summary['module']}: killed {summary['killed']} / {summary['total']}  {summary['counts']}")
-    for s in summary["survivors"]:
-        print(f"  {s['status']}: {args.module}:{s['line']}  {s['change']}  ({s['mutant']})")
+    summaries = [report(module, workdir) for module in args.module]
+    for summary in summaries:
+        print(f"{summary['module']}: killed {summary['killed']} / {summary['total']}  {summary['counts']}")
+        for s in summary["survivors"]:
+            print(f"  {s['status']}: {summary['module']}:{s['line']}  {s['change']}  ({s['mutant']})")
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
-    return summary
+        args.json.write_text(json.dumps(summaries, indent=1))
+    return summaries
 
 
 if __name__ == "__main__":
