@@ -51,7 +51,11 @@ def test_the_accumulation_is_set_to_keep_the_global_batch(
         )  # fmt: skip
     assert optimization.gradient_accumulation_steps == saved["gradient_accumulation_steps"] == expected
     assert saved_processes * saved_accumulation == num_processes * expected
-    assert f"--gradient_accumulation_steps {expected} (not {saved_accumulation})" in caplog.text
+    assert (
+        f"Resuming on {num_processes} processes instead of {saved_processes}: --gradient_accumulation_steps "
+        f"{expected} (not {saved_accumulation}) keeps the checkpoint's global batch of "
+        f"{8 * saved_processes * saved_accumulation} rows."
+    ) in caplog.text
 
 
 def test_the_same_process_count_changes_nothing():
@@ -75,6 +79,15 @@ def test_a_global_batch_that_cannot_be_split_is_refused_naming_the_launches_that
     assert optimization.gradient_accumulation_steps == 1
     with pytest.raises(Refusal, match=r"records no run settings.*torchrun --nproc_per_node 4"):
         keep_global_batch(None, 4, optimization, 2, CHECKPOINT, on_cpu=True)
+    # one process or two (the plural), and on a CPU: the launches are torchrun's
+    with pytest.raises(Refusal) as refused:
+        keep_global_batch(saved_settings(accumulation=3), 1, optimization, 2, CHECKPOINT, on_cpu=True)
+    assert "(8 per process x 1 process x 3 accumulation)" in str(refused.value)
+    assert str(refused.value).endswith(
+        "`ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 3 run_pretraining.py ...` (--gradient_accumulation_steps 1)"
+    )
+    with pytest.raises(Refusal, match=r"\(8 per process x 2 processes x 1 accumulation\)"):
+        keep_global_batch(saved_settings(accumulation=1), 2, optimization, 3, CHECKPOINT, on_cpu=True)
 
 
 @pytest.mark.parametrize(
@@ -89,7 +102,8 @@ def test_a_global_batch_that_cannot_be_split_is_refused_naming_the_launches_that
 )
 def test_the_global_position_becomes_this_process_count_s(position, num_processes, batches_per_process, expected):
     progress = TrainingProgress(micro_batches_in_epoch=position)
-    assert micro_batches_to_skip(progress, num_processes, batches_per_process) == expected
+    skipped = micro_batches_to_skip(progress, num_processes, batches_per_process)
+    assert skipped == expected and type(skipped) is int  # a count of batches to skip, never 4.0
 
 
 @pytest.mark.parametrize(("position", "skipped", "counter"), [(4, 4, 4), (9, 9, 0)])
@@ -108,12 +122,17 @@ def test_a_resumed_epoch_continues_accelerate_s_accumulation_count_from_its_posi
 
 
 def test_a_position_inside_an_update_of_this_split_is_refused():
-    with pytest.raises(CheckpointError, match="micro-batch 6 of epoch 0, which 4 processes cannot continue"):
+    with pytest.raises(CheckpointError) as refused:
         micro_batches_to_skip(TrainingProgress(micro_batches_in_epoch=6), 4, 5)
+    assert str(refused.value) == (
+        "the checkpoint stands at micro-batch 6 of epoch 0, which 4 processes cannot continue from (it is no "
+        "multiple of 4); resume it on a number of processes that divides the micro-batches of an update"
+    )
 
 
 def test_the_chosen_accumulation_is_set_on_the_settings_and_the_accelerator():
-    optimization, accelerator = OptimizationSettings(gradient_accumulation_steps=1), SimpleNamespace(gradient_accumulation_steps=1)
+    optimization = OptimizationSettings(gradient_accumulation_steps=1)
+    accelerator = SimpleNamespace(gradient_accumulation_steps=1)
     set_accumulation(accelerator, optimization, 4)
     assert optimization.gradient_accumulation_steps == accelerator.gradient_accumulation_steps == 4
 
