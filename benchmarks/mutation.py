@@ -177,6 +177,21 @@ def report(module: str, workdir: Path) -> dict:
     return {"module": module, "total": total, "killed": killed, "counts": counts, "survivors": survivors}
 
 
+def markdown(summary: dict) -> str:
+    """A module's score and its survivors, as benchmarks/results/mutation.md lists them."""
+    counts = summary["counts"]
+    lines = [
+        f"{summary['module']}: killed {summary['killed']} / {summary['total']} "
+        f"({100 * summary['killed'] / max(summary['total'], 1):.0f} %); timeouts {counts.get('timeout', 0)}, "
+        f"survived {counts.get('survived', 0)}, reached by no test {counts.get('no tests', 0)}",
+        "",
+    ]
+    for s in summary["survivors"]:
+        change = s["change"] if len(s["change"]) < 300 else s["change"][:300] + " ..."
+        lines.append(f"- {s['status']}: `{summary['module']}:{s['line']}` {change}")
+    return "\n".join(lines) + "\n"
+
+
 def _natural(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
@@ -197,6 +212,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--deselect", default=None, help="a pytest -k expression to narrow the tests")
     parser.add_argument("--report_only", action="store_true", help="summarize a finished run in --workdir")
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the score and survivors here, as markdown")
     args = parser.parse_args(argv)
     name = "+".join(module.replace("/", "_").removesuffix(".py") for module in args.module)
     workdir = args.workdir or Path("/tmp/hfbert-mutation") / name
@@ -214,6 +230,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"  {s['status']}: {summary['module']}:{s['line']}  {s['change']}  ({s['mutant']})")
     if args.json:
         args.json.write_text(json.dumps(summaries, indent=1))
+    if args.markdown:
+        args.markdown.write_text("\n".join(markdown(summary) for summary in summaries))
     return summaries
 
 
