@@ -75,8 +75,15 @@ def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
     with pytest.raises(ValueError, match=r"--model_size 'mini' in the checkpoint, 'small' now"):
         check_resume_settings(saved, changed, "ckpt")
     longer = parse_args(["--output_dir", "o", "--max_train_steps", "20"])
-    with pytest.raises(ValueError, match=r"--max_train_steps 10 in the checkpoint, 20 now.*constant schedule"):
+    with pytest.raises(ValueError) as refused:
         check_resume_settings(saved, longer, "ckpt")
+    assert str(refused.value) == (
+        "--resume_from_checkpoint ckpt: these flags differ from the run that wrote the checkpoint: "
+        "--max_train_steps 10 in the checkpoint, 20 now (the linear learning-rate schedule is laid out over the "
+        "planned budget, so changing it makes the learning rate jump; only a constant schedule can be extended). "
+        "Resume with the original values (see run_settings.json in the checkpoint), or start a new run with a new "
+        "--output_dir"
+    )
     constant = ["--output_dir", "o", "--lr_scheduler_type", "constant"]
     saved = parse_args([*constant, "--max_train_steps", "10"]).resume_invariant()
     notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt")
@@ -91,8 +98,13 @@ def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
     saved = parse_args(flags).resume_invariant()
     assert check_resume_settings(saved, parse_args(flags), "ckpt") == []
     corpus.write_text("First sentence here. Second one, edited.\n")
-    with pytest.raises(ValueError, match=rf"the corpus \({corpus}\) has changed since the checkpoint was written"):
+    now = parse_args(flags).resume_invariant()["corpus_sha256"]
+    with pytest.raises(ValueError) as refused:
         check_resume_settings(saved, parse_args(flags), "ckpt")
+    assert (
+        f"the corpus ({corpus}) has changed since the checkpoint was written (content sha256 "
+        f"{saved['corpus_sha256'][:12]}... then, {now[:12]}... now): restore the files it was trained on"
+    ) in str(refused.value)
 
 
 @pytest.mark.parametrize("output", ["run", "run/checkpoint-10", "run/checkpoint-10/phase2", "run/checkpoint-10/.."])
@@ -198,3 +210,24 @@ def test_the_value_just_outside_each_range_is_refused_naming_it(flags, message):
     with pytest.raises(Refusal) as error:
         parse_args(["--output_dir", "unused", *flags])
     assert str(error.value) == message
+
+
+
+STREAMED = ["--output_dir", "unused", "--streaming", "--max_train_steps", "5", "--tokenizer_name", "t"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--stream_window_documents", "1"], "--stream_window_documents 1 must be >= 2 (next sentence prediction draws B from another document)"),
+        (["--objective", "mlm", "--stream_window_documents", "1"], None),
+        (["--stream_window_documents", "2", "--stream_validation_documents", "2"], None),
+    ],
+)
+def test_a_stream_window_needs_two_documents_for_nsp_and_one_for_mlm(flags, message):
+    if message is None:
+        parse_args([*STREAMED, *flags])
+        return
+    with pytest.raises(Refusal) as refused:
+        parse_args([*STREAMED, *flags])
+    assert str(refused.value) == message
