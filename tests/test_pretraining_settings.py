@@ -220,6 +220,9 @@ STREAMED = ["--output_dir", "unused", "--streaming", "--max_train_steps", "5", "
     ("flags", "message"),
     [
         (["--stream_window_documents", "1"], "--stream_window_documents 1 must be >= 2 (next sentence prediction draws B from another document)"),
+        # 0 was taken for "unset" and silently became the default 1000
+        (["--objective", "mlm", "--stream_validation_documents", "0"], "--stream_validation_documents 0 must be >= 1"),
+        (["--objective", "mlm", "--stream_window_documents", "0"], "--stream_window_documents 0 must be >= 1"),
         (["--objective", "mlm", "--stream_window_documents", "1"], None),
         (["--stream_window_documents", "2", "--stream_validation_documents", "2"], None),
     ],

@@ -405,11 +405,11 @@ class PretrainingSettings:
             if self.data.vocab_size is None:
                 self.data.vocab_size = DEFAULT_VOCAB_SIZE
         check_stream_flags(self.corpus.streaming, self.data)
-        if self.corpus.streaming:
-            self.data.stream_window_documents = self.data.stream_window_documents or STREAM_WINDOW_DOCUMENTS
-            self.data.stream_validation_documents = (
-                self.data.stream_validation_documents or STREAM_VALIDATION_DOCUMENTS
-            )
+        if self.corpus.streaming:  # unset only: a 0 given is refused by check_streaming, not replaced
+            if self.data.stream_window_documents is None:
+                self.data.stream_window_documents = STREAM_WINDOW_DOCUMENTS
+            if self.data.stream_validation_documents is None:
+                self.data.stream_validation_documents = STREAM_VALIDATION_DOCUMENTS
         self.validate()
 
     def validate(self) -> None:
