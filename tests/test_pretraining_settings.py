@@ -1,5 +1,8 @@
 """hfbert.pretraining.settings: every flag checked in one place, before any work; resume comparisons."""
 
+import json
+import re
+
 import pytest
 
 from hfbert.errors import Refusal
@@ -186,6 +189,7 @@ def test_the_edges_of_each_range_are_accepted(flags):
         (["--dupe_factor", "0"], "--dupe_factor 0 must be > 0"),
         (["--vocab_size", "0"], "--vocab_size 0 must be > 0 (or leave it unset)"),
         (["--max_eval_samples", "0"], "--max_eval_samples 0 must be > 0 (or leave it unset)"),
+        (["--preprocessing_num_workers", "0"], "--preprocessing_num_workers 0 must be > 0 (or leave it unset)"),
         (["--mlm_probability", "0"], "--mlm_probability 0.0 must be in (0, 1), e.g. 0.15"),
         (["--eval_mlm_probability", "1"], "--eval_mlm_probability 1.0 must be in (0, 1), e.g. 0.15"),
         (["--short_seq_prob", "-0.1"], "--short_seq_prob -0.1 must be in [0, 1]"),
@@ -234,3 +238,17 @@ def test_a_stream_window_needs_two_documents_for_nsp_and_one_for_mlm(flags, mess
     with pytest.raises(Refusal) as refused:
         parse_args([*STREAMED, *flags])
     assert str(refused.value) == message
+
+
+
+def test_a_config_file_that_is_missing_or_refused_by_hfbert_config_is_named_with_the_flag(tmp_path):
+    from hfbert.pretraining.settings import read_config_file
+
+    fix = "pass a config.json written by HfBertConfig.save_pretrained (or its folder), or --model_size instead"
+    with pytest.raises(Refusal, match=rf"^--config_name ./missing.json: no such file or folder \(.*\); {re.escape(fix)}$"):
+        read_config_file("./missing.json")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "hfbert", "hidden_size": 30, "num_attention_heads": 4}))
+    with pytest.raises(Refusal) as refused:
+        read_config_file(str(tmp_path / "config.json"))
+    assert str(refused.value).startswith(f"--config_name {tmp_path / 'config.json'}: ")
+    assert "30" in str(refused.value) and str(refused.value).endswith(f"; {fix}")
