@@ -721,3 +721,57 @@ def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_e
     assert "stream_state.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
     with pytest.raises(CheckpointError, match=r"^--checkpoints_total_limit 0 must be >= 1 \(or unset to keep all\)$"):
         save_checkpoint(run[0], output_dir, 8, total_limit=0)
+
+
+def test_each_refused_run_folder_is_told_whole(tmp_path):
+    def refusal(folder):
+        with pytest.raises(CheckpointError) as refused:
+            check_run_folder(folder, resume_from_checkpoint=None, overwrite_output_dir=False)
+        return str(refused.value)
+
+    finished, interrupted, mine = tmp_path / "finished", tmp_path / "interrupted", tmp_path / "mine"
+    for folder, names in ((finished, ["config.json", "model.safetensors"]), (interrupted, [".tokenizer", ".tmp-checkpoint-5"])):
+        folder.mkdir()
+        for name in names:
+            (folder / name).mkdir()
+    mine.mkdir()
+    for index in range(6):
+        (mine / f"notes{index}.txt").write_text("mine")
+    assert refusal(finished) == (
+        f"--output_dir {finished} already holds another run's output (config.json, model.safetensors); pass "
+        "--resume_from_checkpoint latest to continue that run, --overwrite_output_dir to replace it, or a "
+        "new --output_dir"
+    )
+    assert refusal(interrupted) == (
+        f"--output_dir {interrupted} holds an interrupted run with no complete checkpoint (.tmp-checkpoint-5, "
+        ".tokenizer); nothing can be resumed: pass --overwrite_output_dir to start it over, or a new --output_dir"
+    )
+    assert refusal(mine) == (
+        f"--output_dir {mine} is not empty and holds no hfbert run (notes0.txt, notes1.txt, notes2.txt, notes3.txt, "
+        "notes4.txt, ...); pass a new or empty --output_dir, or --overwrite_output_dir to write into it (files "
+        "with the names of the run's outputs, e.g. README.md, would be replaced)"
+    )
+    (mine / "notes5.txt").unlink()
+    assert "(notes0.txt, notes1.txt, notes2.txt, notes3.txt, notes4.txt); pass" in refusal(mine)
+
+
+def test_where_a_folder_cannot_be_flocked_the_lock_file_alone_holds_it(tmp_path):
+    """NFS: flock on a directory fails (EBADF on a read-only descriptor); the run goes on with the file's lock."""
+    import fcntl
+
+    real_flock = fcntl.flock
+
+    def no_folder_flock(fd, operation):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real_flock(fd, operation)
+
+    output_dir = tmp_path / "run"
+    with (
+        mock.patch("hfbert.checkpointing.fcntl.flock", no_folder_flock),
+        run_folder_lock(output_dir),
+        pytest.raises(CheckpointError, match="is in use by another training run"),
+        run_folder_lock(output_dir),
+    ):
+        pass
+    assert not output_dir.exists()
