@@ -1029,3 +1029,48 @@ def test_an_hfbert_folder_runs_the_installed_hfbert_not_the_copy_it_ships(tmp_pa
         main(args_for(model, *topic_files, tmp_path / "out", "--seeds", "1"))
     assert type(finetune_once.call_args.args[0]).__module__ == "hfbert.modeling_hfbert"
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------------------------------------ mutation testing
+
+
+def test_a_json_array_file_is_read_as_its_rows(tmp_path):
+    from hfbert.finetune.data import read_labelled_file
+
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps([{"text": "a ship", "label": "ships"}, {"text": "a goal", "label": "sport"}]))
+    assert read_labelled_file(path, "--train_file") == [
+        {"text": "a ship", "label": "ships"}, {"text": "a goal", "label": "sport"}
+    ]  # fmt: skip
+
+
+def test_rows_with_a_problem_are_counted_and_the_first_five_shown():
+    from hfbert.finetune.data import _rows_have
+
+    assert _rows_have([3]) == "row 3 (data rows counted from 1) has"
+    assert _rows_have([3, 4, 9, 12, 20]) == "5 rows (3, 4, 9, 12, 20; data rows counted from 1) have"
+    assert _rows_have([3, 4, 9, 12, 20, 21]) == "6 rows (3, 4, 9, 12, 20, ...; data rows counted from 1) have"
+
+
+def test_few_labels_takes_the_rest_from_the_larger_class_once_the_smaller_runs_out():
+    from hfbert.finetune.data import few_labels
+
+    train = datasets.Dataset.from_dict({"labels": [0, 0, 1, 1, 1, 1, 1, 1]})
+    chosen = few_labels(train, 6, seed=0)
+    assert sorted(chosen["labels"]) == [0, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"), [(ValueError("no such dataset\nsecond line"), "ValueError: no such dataset"), (ConnectionError(), "ConnectionError: ")]
+)
+def test_a_hub_set_that_cannot_be_loaded_is_named_with_the_first_line_of_why(error, shown):
+    from hfbert.finetune.data import _load_hub
+    from hfbert.finetune.settings import parse_args
+
+    settings = parse_args(["model", "--dataset_name", "someone/set"])
+    with mock.patch("hfbert.finetune.data.datasets.load_dataset", side_effect=error), pytest.raises(Refusal) as refused:
+        _load_hub(settings.data)
+    assert str(refused.value) == (
+        f"--dataset_name someone/set (--dataset_config_name None) could not be loaded ({shown}); check the name "
+        "and your connection to the Hub, or pass --train_file/--validation_file"
+    )
