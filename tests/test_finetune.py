@@ -1074,3 +1074,14 @@ def test_a_hub_set_that_cannot_be_loaded_is_named_with_the_first_line_of_why(err
         f"--dataset_name someone/set (--dataset_config_name None) could not be loaded ({shown}); check the name "
         "and your connection to the Hub, or pass --train_file/--validation_file"
     )
+
+
+def test_a_hub_set_without_the_evaluation_split_is_refused_naming_its_splits():
+    from hfbert.finetune.data import _load_hub
+    from hfbert.finetune.settings import parse_args
+
+    settings = parse_args(["model", "--dataset_name", "someone/set"])
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a"], "label": [0]})})
+    with mock.patch("hfbert.finetune.data.datasets.load_dataset", return_value=splits), pytest.raises(Refusal) as refused:
+        _load_hub(settings.data)
+    assert str(refused.value) == "--dataset_name someone/set has no 'validation' split; it has ['train']"
