@@ -252,3 +252,16 @@ def test_a_config_file_that_is_missing_or_refused_by_hfbert_config_is_named_with
         read_config_file(str(tmp_path / "config.json"))
     assert str(refused.value).startswith(f"--config_name {tmp_path / 'config.json'}: ")
     assert "30" in str(refused.value) and str(refused.value).endswith(f"; {fix}")
+    with pytest.raises(Refusal) as refused:  # transformers' own OSError (offline here): its first line
+        read_config_file("someone/no-such-config")
+    assert str(refused.value).startswith("--config_name someone/no-such-config: ")
+    assert not str(refused.value).startswith("--config_name someone/no-such-config: None;")
+
+
+def test_dupe_factor_with_mlm_is_refused_with_what_to_raise_instead():
+    with pytest.raises(Refusal) as refused:
+        parse_args(["--output_dir", "unused", "--objective", "mlm", "--dupe_factor", "3"])
+    assert str(refused.value) == (
+        "--dupe_factor 3 with --objective mlm would repeat the same segments (they are cut without randomness; the "
+        "masks change every epoch anyway): drop --dupe_factor and raise --num_train_epochs or --max_train_steps instead"
+    )
