@@ -281,8 +281,13 @@ def test_automatic_checkpoint_naming_is_refused(tmp_path):
     accelerator = build_run(
         project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
     )[0]
-    with pytest.raises(CheckpointError, match="without automatic_checkpoint_naming"):
+    with pytest.raises(CheckpointError) as refused:
         save_checkpoint(accelerator, tmp_path, 1)
+    assert str(refused.value) == (
+        "Accelerator was built with ProjectConfiguration(automatic_checkpoint_naming=True); hfbert names, "
+        "writes and prunes checkpoints itself: build the Accelerator without automatic_checkpoint_naming "
+        "and total_limit"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -364,8 +369,12 @@ def test_output_dir_checks(tmp_path):
     with pytest.raises(CheckpointError, match=r"not empty and holds no hfbert run \(notes.txt\)"):
         check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
     check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
-    with pytest.raises(CheckpointError, match="pass only one of them"):
+    with pytest.raises(CheckpointError) as refused:
         check_run_folder(tmp_path, resume_from_checkpoint="latest", overwrite_output_dir=True)
+    assert str(refused.value) == (
+        "--resume_from_checkpoint and --overwrite_output_dir contradict each other (overwriting removes the "
+        "checkpoints to resume from); pass only one of them"
+    )
     with pytest.raises(CheckpointError, match=r"notes.txt is a file, not a folder"):
         check_run_folder(tmp_path / "notes.txt", resume_from_checkpoint=None, overwrite_output_dir=False)
 
@@ -560,3 +569,209 @@ def test_damaged_run_settings_are_named(tmp_path, how):
     damage(tmp_path / "checkpoint-4" / "run_settings.json", how)
     with pytest.raises(CheckpointError, match=r"run_settings\.json is (truncated|not valid JSON).*--overwrite"):
         read_run_settings(tmp_path / "checkpoint-4")
+
+
+# ----------------------------------------------------------------------------------------------- messages
+
+
+def test_the_relaunch_command_is_accelerate_s_on_a_gpu_and_torchrun_s_on_a_cpu():
+    from hfbert.checkpointing import relaunch_command
+
+    assert relaunch_command(4, cpu=False) == "accelerate launch --num_processes 4 run_pretraining.py ..."
+    assert relaunch_command(2, cpu=True) == "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 run_pretraining.py ..."
+
+
+def complete_checkpoint(output_dir, step, **tensors):
+    from safetensors.torch import save_file
+
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    save_file(tensors, folder / "model.safetensors")
+    _write_manifest(folder, step, 1)
+    return folder
+
+
+def test_a_nan_stop_names_the_newest_checkpoint_whose_weights_are_all_finite(tmp_path):
+    from hfbert.checkpointing import last_finite_checkpoint_note
+
+    assert last_finite_checkpoint_note(tmp_path) == ""
+    complete_checkpoint(tmp_path, 2, w=torch.tensor([1.0, -3.0]), b=torch.tensor([0.5]))
+    finite = complete_checkpoint(tmp_path, 4, w=torch.tensor([1.0, -250.0]), b=torch.tensor([0.5]), e=torch.zeros(0))
+    complete_checkpoint(tmp_path, 6, w=torch.tensor([1.0, float("nan")]), b=torch.tensor([0.5]))
+    assert last_finite_checkpoint_note(tmp_path) == (
+        f" The last checkpoint whose weights are all finite is {finite} (largest |weight| 250)."
+    )
+
+
+def test_auto_starts_over_only_where_no_complete_checkpoint_exists(tmp_path):
+    from hfbert.checkpointing import starts_over_with_auto
+
+    assert starts_over_with_auto(tmp_path, "auto") and not starts_over_with_auto(tmp_path, "latest")
+    assert not starts_over_with_auto(tmp_path, None)
+    complete_checkpoint(tmp_path, 2, w=torch.ones(1))
+    assert not starts_over_with_auto(tmp_path, "auto")
+
+
+@pytest.mark.parametrize(
+    ("content", "holder"),
+    [
+        ('{"pid": 7, "host": "node1", "started": "2026-11-26 10:00:00 UTC"}\n', "pid 7 on host node1, started 2026-11-26 10:00:00 UTC"),
+        ('{"pid": 7, "ho', "a process that is still starting"),  # the holder is still writing it
+        (None, f"a run whose {RUN_LOCK_NAME} was deleted"),
+    ],
+)
+def test_a_refused_second_run_names_the_holder_as_far_as_its_lock_file_tells(tmp_path, content, holder):
+    from hfbert.checkpointing import _folder_in_use
+
+    if content is not None:
+        (tmp_path / RUN_LOCK_NAME).write_text(content)
+    assert str(_folder_in_use(tmp_path / RUN_LOCK_NAME)) == (
+        f"--output_dir {tmp_path} is in use by another training run ({holder}); wait for it to finish or stop it, "
+        "or pass another --output_dir. Two runs in one folder would overwrite each other's checkpoints"
+    )
+
+
+@pytest.mark.parametrize("count", [6, 7])
+def test_a_refusal_lists_six_names_of_a_run_folder_and_says_when_there_are_more(tmp_path, count):
+    other, finished = tmp_path / "A" / "checkpoint-20", tmp_path / "B"
+    finished.mkdir()
+    names = ["config.json", "model.safetensors", "a.txt", "b.txt", "c.txt", "d.txt", "e.txt"][:count]
+    for name in names:
+        (finished / name).write_text("B's")
+    shown = ", ".join(sorted(names)[:6]) + (", ..." if count > 6 else "")
+    with pytest.raises(CheckpointError, match=rf"already holds another run \({shown}\), and "):
+        check_run_folder(finished, resume_from_checkpoint=str(other), overwrite_output_dir=False)
+
+
+def test_a_failed_write_on_a_nearly_full_disk_is_named_a_full_disk(tmp_path):
+    from hfbert.checkpointing import write_failure_message
+    from hfbert.files import NEARLY_FULL_BYTES
+
+    save_steps(tmp_path, [1])
+    error = RuntimeError("unexpected pos 138880 vs 138768")  # torch.save's way to say the disk is full
+    with mock.patch("hfbert.files.shutil.disk_usage", return_value=mock.Mock(free=NEARLY_FULL_BYTES // 2)):
+        message = write_failure_message(error, tmp_path / "checkpoint-2", tmp_path)
+    assert message.startswith(f"no space left writing {tmp_path / 'checkpoint-2'}; ")
+    assert f"free space (`df -h {tmp_path}`, or lower --checkpoints_total_limit)" in message
+
+
+def test_training_progress_comes_back_whole_from_its_state_dict():
+    saved = TrainingProgress(
+        completed_steps=30, epoch=2, micro_batches_in_epoch=8, log_history=[{"step": 30, "loss": 2.5}], train_seconds=12.5
+    )
+    restored = TrainingProgress()
+    restored.load_state_dict(saved.state_dict())
+    assert restored == saved
+
+
+def test_latest_with_only_interrupted_saves_names_them_and_how_to_start_over(tmp_path, caplog):
+    for leftover in (".tmp-checkpoint-5", "checkpoint-7"):
+        (tmp_path / leftover).mkdir()
+    with pytest.raises(CheckpointError) as refused:
+        resolve_resume_checkpoint(tmp_path, "latest")
+    assert str(refused.value) == (
+        f"--resume_from_checkpoint latest: {tmp_path} holds no complete checkpoint (only interrupted saves: "
+        ".tmp-checkpoint-5, checkpoint-7); there is nothing to resume: start the run over with the same command "
+        "without --resume_from_checkpoint, plus --overwrite_output_dir (or use --resume_from_checkpoint auto, "
+        "which starts over when there is no checkpoint)"
+    )
+    shutil.rmtree(tmp_path / "checkpoint-7")
+    save_steps(tmp_path, [5])
+    (tmp_path / ".tmp-checkpoint-5").mkdir()  # an interrupted save of the same step: nothing newer is skipped
+    with caplog.at_level("WARNING"):
+        assert resolve_resume_checkpoint(tmp_path, "latest").name == "checkpoint-5"
+    assert "Skipping" not in caplog.text
+
+
+
+def test_the_fix_for_a_bad_checkpoint_names_the_earlier_complete_ones_or_a_fresh_start(tmp_path):
+    from hfbert.checkpointing import _earlier_checkpoints_hint
+
+    assert _earlier_checkpoints_hint(tmp_path / "checkpoint-2") == (
+        "no earlier complete checkpoint exists next to it; start a fresh run with --overwrite_output_dir "
+        "or a new --output_dir"
+    )
+    save_steps(tmp_path, [2, 4, 6])
+    assert _earlier_checkpoints_hint(tmp_path / "checkpoint-6") == (
+        f"resume from an earlier checkpoint instead, e.g. --resume_from_checkpoint {tmp_path / 'checkpoint-4'} "
+        "(complete checkpoints: checkpoint-2, checkpoint-4)"
+    )
+
+
+def test_a_manifest_of_another_format_or_a_missing_folder_is_refused_naming_it(tmp_path):
+    save_steps(tmp_path, [4])
+    manifest_path = tmp_path / "checkpoint-4" / MANIFEST_NAME
+    write_json_atomic(manifest_path, json.loads(manifest_path.read_text()) | {"format_version": 99})
+    with pytest.raises(CheckpointError, match=r"has an unknown manifest format \(format_version 99, expected 1\); "):
+        verify_checkpoint(tmp_path / "checkpoint-4")
+    with pytest.raises(CheckpointError) as refused:
+        verify_checkpoint(tmp_path / "checkpoint-9")
+    assert str(refused.value) == (
+        f"--resume_from_checkpoint {tmp_path / 'checkpoint-9'}: no such folder; pass an existing "
+        "'checkpoint-<step>' folder or 'latest'"
+    )
+
+
+def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_extra_json(tmp_path):
+    output_dir = tmp_path / "runs" / "a"
+    run = save_steps(output_dir, [2, 4], total_limit=1)
+    assert [path.name for path in output_dir.iterdir()] == ["checkpoint-4"]
+    checkpoint = save_checkpoint(run[0], output_dir, 6, total_limit=1, extra_json={"stream_state.json": {"offset": 12}})
+    assert json.loads((checkpoint / "stream_state.json").read_text()) == {"offset": 12}
+    assert "stream_state.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
+    with pytest.raises(CheckpointError, match=r"^--checkpoints_total_limit 0 must be >= 1 \(or unset to keep all\)$"):
+        save_checkpoint(run[0], output_dir, 8, total_limit=0)
+
+
+def test_each_refused_run_folder_is_told_whole(tmp_path):
+    def refusal(folder):
+        with pytest.raises(CheckpointError) as refused:
+            check_run_folder(folder, resume_from_checkpoint=None, overwrite_output_dir=False)
+        return str(refused.value)
+
+    finished, interrupted, mine = tmp_path / "finished", tmp_path / "interrupted", tmp_path / "mine"
+    for folder, names in ((finished, ["config.json", "model.safetensors"]), (interrupted, [".tokenizer", ".tmp-checkpoint-5"])):
+        folder.mkdir()
+        for name in names:
+            (folder / name).mkdir()
+    mine.mkdir()
+    for index in range(6):
+        (mine / f"notes{index}.txt").write_text("mine")
+    assert refusal(finished) == (
+        f"--output_dir {finished} already holds another run's output (config.json, model.safetensors); pass "
+        "--resume_from_checkpoint latest to continue that run, --overwrite_output_dir to replace it, or a "
+        "new --output_dir"
+    )
+    assert refusal(interrupted) == (
+        f"--output_dir {interrupted} holds an interrupted run with no complete checkpoint (.tmp-checkpoint-5, "
+        ".tokenizer); nothing can be resumed: pass --overwrite_output_dir to start it over, or a new --output_dir"
+    )
+    assert refusal(mine) == (
+        f"--output_dir {mine} is not empty and holds no hfbert run (notes0.txt, notes1.txt, notes2.txt, notes3.txt, "
+        "notes4.txt, ...); pass a new or empty --output_dir, or --overwrite_output_dir to write into it (files "
+        "with the names of the run's outputs, e.g. README.md, would be replaced)"
+    )
+    (mine / "notes5.txt").unlink()
+    assert "(notes0.txt, notes1.txt, notes2.txt, notes3.txt, notes4.txt); pass" in refusal(mine)
+
+
+def test_where_a_folder_cannot_be_flocked_the_lock_file_alone_holds_it(tmp_path):
+    """NFS: flock on a directory fails (EBADF on a read-only descriptor); the run goes on with the file's lock."""
+    import fcntl
+
+    real_flock = fcntl.flock
+
+    def no_folder_flock(fd, operation):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real_flock(fd, operation)
+
+    output_dir = tmp_path / "run"
+    with (
+        mock.patch("hfbert.checkpointing.fcntl.flock", no_folder_flock),
+        run_folder_lock(output_dir),
+        pytest.raises(CheckpointError, match="is in use by another training run"),
+        run_folder_lock(output_dir),
+    ):
+        pass
+    assert not output_dir.exists()

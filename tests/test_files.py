@@ -1,18 +1,31 @@
 """hfbert.files: every crash-safe write (file, JSON, new folder, a run's final files)."""
 
-import json
+import errno
+import hashlib
+import os
+from pathlib import Path
 from unittest import mock
 
 import pytest
 from conftest import DAMAGES, damage, tiny_config
 
 from hfbert import HfBertForPreTraining
+from hfbert.errors import Refusal
 from hfbert.files import (
     FINAL_READY,
+    NEARLY_FULL_BYTES,
     atomic_path,
+    check_folder_writable,
+    check_local_files,
+    check_local_path_exists,
+    check_readable,
     check_safetensors,
+    describe_write_failure,
+    is_disk_full,
+    looks_like_local_path,
     publish_files,
     read_json,
+    sha256_file,
     staged_files,
     staged_folder,
     write_json_atomic,
@@ -21,7 +34,8 @@ from hfbert.files import (
 
 def test_write_json_atomic(tmp_path):
     path = write_json_atomic(tmp_path / "eval_results.json", {"b": 1.5, "a": [1, 2]})
-    assert json.loads(path.read_text()) == {"a": [1, 2], "b": 1.5}
+    # indented and key-sorted: a diff between two runs' files shows only the values that changed
+    assert path.read_text() == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1.5\n}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["eval_results.json"]
 
 
@@ -107,11 +121,20 @@ def test_a_damaged_json_file_is_named_with_the_problem_and_the_fix(tmp_path, how
     assert str(error.value).startswith(f"{path} {problem}") and str(error.value).endswith("; rerun it")
 
 
-@pytest.mark.parametrize(("content", "problem"), [(b"", "is empty"), (b"\xff\xfe{}", "not UTF-8")])
-def test_an_empty_or_binary_json_file_is_named(tmp_path, content, problem):
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "is empty (a write was cut short)"),
+        (b"{}\xff", "is not JSON: not UTF-8 text (byte 2)"),
+        # a cut inside a string: the parser stops at the string's start, not at the end of the text
+        (b'{"a": "abc', "is truncated: its JSON stops mid-value after 10 bytes"),
+    ],
+)
+def test_an_empty_binary_or_cut_json_file_is_named(tmp_path, content, problem):
     (tmp_path / "config.json").write_bytes(content)
-    with pytest.raises(ValueError, match=problem):
+    with pytest.raises(ValueError) as error:
         read_json(tmp_path / "config.json", "FIX")
+    assert str(error.value) == f"{tmp_path / 'config.json'} {problem}; FIX"
 
 
 @pytest.mark.parametrize("how", [*DAMAGES, "longer", "not safetensors"])
@@ -134,3 +157,167 @@ def test_a_damaged_safetensors_file_is_named_with_the_problem_and_the_fix(tmp_pa
     with pytest.raises(ValueError) as error:
         check_safetensors(path, "download it again")
     assert str(error.value).startswith(f"{path} {problem}") and str(error.value).endswith("; download it again")
+
+
+# ------------------------------------------------------------------------------------------- failed writes
+
+
+def free_bytes(free):
+    return mock.patch("hfbert.files.shutil.disk_usage", return_value=mock.Mock(free=free))
+
+
+def test_a_full_disk_is_told_by_its_errno_its_message_or_the_free_space_left(tmp_path):
+    assert is_disk_full(OSError(errno.ENOSPC, "x")) and is_disk_full(OSError(errno.EDQUOT, "x"))
+    assert is_disk_full(RuntimeError("I/O error: No space left on device"))
+    assert is_disk_full(RuntimeError("Disk quota exceeded (os error 122)"))
+    denied = OSError(errno.EACCES, "Permission denied")
+    assert not is_disk_full(denied) and not is_disk_full(RuntimeError("unexpected pos 138880 vs 138768"))
+    with free_bytes(NEARLY_FULL_BYTES - 1):
+        assert is_disk_full(denied, tmp_path) and not is_disk_full(denied)
+    with free_bytes(NEARLY_FULL_BYTES):
+        assert not is_disk_full(denied, tmp_path)
+    assert not is_disk_full(denied, tmp_path / "gone")  # disk_usage's own OSError: not a full disk
+
+
+def test_a_failed_write_is_described_by_what_went_wrong_and_the_file_it_names(tmp_path):
+    path = tmp_path / "model.safetensors"
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert describe_write_failure(full, path) == f"no space left writing {path}"
+    assert describe_write_failure(full, path, disk_full=False) == f"cannot write {path}: No space left on device"
+    denied = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "optimizer.bin"))
+    assert describe_write_failure(denied, path) == f"cannot write {tmp_path / 'optimizer.bin'}: Permission denied"
+    assert describe_write_failure(RuntimeError("boom"), path) == f"writing {path} failed (RuntimeError: boom)"
+    assert describe_write_failure(RuntimeError("boom"), path, disk_full=True) == f"no space left writing {path}"
+
+
+def refuse_probe(*args, **kwargs):
+    raise PermissionError(errno.EACCES, "Permission denied")
+
+
+def test_an_unwritable_output_folder_is_refused_naming_the_flag_the_folder_and_the_fix(tmp_path):
+    check_folder_writable(tmp_path / "new" / "run", "--output_dir")  # a folder to be made in a writable one
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing behind
+    # Root writes anywhere (chmod does not stop it): the probe's failure is simulated.
+    with mock.patch("hfbert.files.tempfile.NamedTemporaryFile", side_effect=refuse_probe) as probe:
+        with pytest.raises(Refusal) as error:
+            check_folder_writable(tmp_path, "--output_dir")
+        assert str(error.value) == (
+            f"--output_dir {tmp_path} cannot be written: Permission denied; pass a folder you can write to, "
+            "or fix its permissions (or free space on its disk)"
+        )
+        with pytest.raises(Refusal) as error:
+            check_folder_writable(tmp_path / "new" / "run", "--output_dir")
+        assert str(error.value).startswith(
+            f"--output_dir {tmp_path / 'new' / 'run'} cannot be written (it does not exist yet and its parent "
+            f"{tmp_path} is not writable): Permission denied; "
+        )
+    assert probe.call_args.kwargs["dir"] == tmp_path
+
+
+def test_sha256_file_reads_past_its_first_chunk(tmp_path):
+    data = os.urandom((1 << 20) + 3)
+    (tmp_path / "weights.bin").write_bytes(data)
+    assert sha256_file(tmp_path / "weights.bin") == hashlib.sha256(data).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------- local paths
+
+
+def test_a_value_is_a_local_path_by_its_start_its_separators_or_an_existing_parent(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for name in ("./x", "/x", "~/x", "a/b/c", "runs/x"):
+        assert looks_like_local_path(name), name
+    for name in ("bert-base-uncased", "owner/name", "x"):
+        assert not looks_like_local_path(name), name
+
+
+def test_a_local_path_that_names_nothing_is_refused_and_a_hub_id_passes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Refusal) as error:
+        check_local_path_exists("./missing", "--model_dir", "FIX")
+    assert str(error.value) == f"--model_dir ./missing: no such folder ({tmp_path / 'missing'}); FIX"
+    with pytest.raises(Refusal, match=r"^--train_file ~/gone\.csv: no such file \("):
+        check_local_path_exists("~/gone.csv", "--train_file", "FIX", kind="file")
+    Path("here").mkdir()
+    check_local_path_exists("./here", "--model_dir", "FIX")
+    check_local_path_exists("owner/name", "--model_dir", "FIX")
+
+
+def test_a_damaged_file_in_a_local_flag_value_is_named_after_the_flag(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": ')
+    (tmp_path / ".hidden.json").write_text("{")  # hidden: never read
+    for value in (tmp_path, tmp_path / "config.json"):
+        with pytest.raises(Refusal) as error:
+            check_local_files(value, "--config_name", "FIX")
+        assert str(error.value).startswith(f"--config_name {value}: {tmp_path / 'config.json'} is truncated")
+    (tmp_path / "config.json").write_text("{}")
+    check_local_files(tmp_path, "--config_name", "FIX")
+    check_local_files("owner/name", "--config_name", "FIX")  # a Hub id: its loader's to check
+
+
+def test_torch_files_are_checked_only_when_asked(tmp_path):
+    (tmp_path / "optimizer.bin").write_bytes(b"PK\x03\x04 cut short")
+    check_readable([tmp_path / "optimizer.bin", tmp_path / "missing.json"], "FIX")
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(Refusal, match=r"config\.json is truncated: .*; FIX$"):  # past a missing file
+        check_readable([tmp_path / "missing.json", tmp_path / "optimizer.bin", tmp_path / "config.json"], "FIX")
+    with pytest.raises(Refusal, match=r"optimizer\.bin is truncated or not a torch\.save file .*; FIX$"):
+        check_readable([tmp_path / "optimizer.bin"], "FIX", torch_files=True)
+
+
+def safetensors_bytes(header: bytes, data: bytes = b"") -> bytes:
+    return len(header).to_bytes(8, "little") + header + data
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "is empty: 0 bytes, too short for its header"),
+        (b"\x02\x00\x00", "is truncated or not a safetensors file: 3 bytes, too short for its header"),
+        (bytes(8), "is not a safetensors file (its header is not safetensors JSON)"),
+        (safetensors_bytes(b"{}", b"x"), "is longer than its header says: 11 bytes, its header lists 10"),
+        # sizes that add up, but 2 float32 do not fit in 4 bytes: only safetensors itself sees it
+        (
+            safetensors_bytes(b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}', bytes(4)),
+            "is not a valid safetensors file (",
+        ),
+    ],
+)
+def test_a_safetensors_file_too_short_for_its_header_or_inconsistent_is_named(tmp_path, content, problem):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(content)
+    with pytest.raises(Refusal) as error:
+        check_safetensors(path, "FIX")
+    assert str(error.value).startswith(f"{path} {problem}") and str(error.value).endswith("; FIX")
+
+
+def test_a_safetensors_file_of_just_its_header_passes(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(safetensors_bytes(b"{}"))
+    check_safetensors(tmp_path / "model.safetensors", "FIX")
+
+
+def test_publish_moves_the_weights_last_and_replaces_whole_subfolders(tmp_path):
+    write_set(tmp_path, "old")
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "old.txt").write_text("old")
+    ready = tmp_path / FINAL_READY
+    ready.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):  # the weights sort in the middle
+        (ready / name).write_text("new")
+    for sub in ("tokenizer", "onnx"):  # one replaces an older folder, one is new
+        (ready / sub).mkdir()
+        (ready / sub / "new.txt").write_text("new")
+    targets = []
+    real_replace = os.replace
+
+    def record(source, target):
+        targets.append(Path(target).name)
+        real_replace(source, target)
+
+    with mock.patch("hfbert.files.os.replace", record):
+        assert publish_files(tmp_path)
+    assert targets[-1] == "model.safetensors" and len(targets) == 5
+    assert [p.name for p in (tmp_path / "tokenizer").iterdir()] == ["new.txt"]
+    assert [p.name for p in (tmp_path / "onnx").iterdir()] == ["new.txt"]
+    assert not ready.exists()

@@ -864,6 +864,33 @@ def test_the_rate_choice_drops_a_rate_with_a_collapsed_or_underfitted_fold_and_p
     )
 
 
+def test_the_selection_plan_fits_each_rate_on_each_fold_with_the_seeds_in_turn():
+    from hfbert.finetune.selection import FoldFit, selection_plan
+
+    assert selection_plan([3e-4, 1e-4], 3, [7, 8]) == [
+        FoldFit(1e-4, 0, 7), FoldFit(1e-4, 1, 8), FoldFit(1e-4, 2, 7),
+        FoldFit(3e-4, 0, 7), FoldFit(3e-4, 1, 8), FoldFit(3e-4, 2, 7),
+    ]  # fmt: skip
+
+
+def test_the_rate_choice_reports_each_rate_s_fold_scores_in_fold_order():
+    from hfbert.finetune.selection import choose_rate
+
+    fits = fold_fits({1e-4: [0.6, 0.8], 3e-4: [1.0, 1.0]}, collapsed={(3e-4, 1)})
+    choice = choose_rate(dict(reversed(fits.items())), "accuracy")
+    assert choice.as_json() == {
+        "chosen": 1e-4,
+        "metric": "accuracy",
+        "rule": "rates with a collapsed or underfitted fold dropped; the best mean minus spread over the folds "
+        "(lower rate on a tie)",
+        "fold_scores": {"0.0001": [0.6, 0.8], "0.0003": [1.0, 0.5]},
+        "mean_minus_spread": {"0.0001": pytest.approx(0.7 - 0.1414214), "0.0003": pytest.approx(0.75 - 0.3535534)},
+        "dropped": {"0.0003": choice.dropped[3e-4]},
+        "note": None,
+    }
+    assert choice.dropped[3e-4].startswith("fold 2 (seed 2) collapsed: ")
+
+
 @pytest.mark.parametrize(
     "accuracy, majority_rate, losses, collapsed",
     [(0.2, 0.2, (1.6, 0.1), "no better than the majority-class rate 0.200"),
@@ -1002,3 +1029,59 @@ def test_an_hfbert_folder_runs_the_installed_hfbert_not_the_copy_it_ships(tmp_pa
         main(args_for(model, *topic_files, tmp_path / "out", "--seeds", "1"))
     assert type(finetune_once.call_args.args[0]).__module__ == "hfbert.modeling_hfbert"
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------------------------------------ mutation testing
+
+
+def test_a_json_array_file_is_read_as_its_rows(tmp_path):
+    from hfbert.finetune.data import read_labelled_file
+
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps([{"text": "a ship", "label": "ships"}, {"text": "a goal", "label": "sport"}]))
+    assert read_labelled_file(path, "--train_file") == [
+        {"text": "a ship", "label": "ships"}, {"text": "a goal", "label": "sport"}
+    ]  # fmt: skip
+
+
+def test_rows_with_a_problem_are_counted_and_the_first_five_shown():
+    from hfbert.finetune.data import _rows_have
+
+    assert _rows_have([3]) == "row 3 (data rows counted from 1) has"
+    assert _rows_have([3, 4, 9, 12, 20]) == "5 rows (3, 4, 9, 12, 20; data rows counted from 1) have"
+    assert _rows_have([3, 4, 9, 12, 20, 21]) == "6 rows (3, 4, 9, 12, 20, ...; data rows counted from 1) have"
+
+
+def test_few_labels_takes_the_rest_from_the_larger_class_once_the_smaller_runs_out():
+    from hfbert.finetune.data import few_labels
+
+    train = datasets.Dataset.from_dict({"labels": [0, 0, 1, 1, 1, 1, 1, 1]})
+    chosen = few_labels(train, 6, seed=0)
+    assert sorted(chosen["labels"]) == [0, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"), [(ValueError("no such dataset\nsecond line"), "ValueError: no such dataset"), (ConnectionError(), "ConnectionError: ")]
+)
+def test_a_hub_set_that_cannot_be_loaded_is_named_with_the_first_line_of_why(error, shown):
+    from hfbert.finetune.data import _load_hub
+    from hfbert.finetune.settings import parse_args
+
+    settings = parse_args(["model", "--dataset_name", "someone/set"])
+    with mock.patch("hfbert.finetune.data.datasets.load_dataset", side_effect=error), pytest.raises(Refusal) as refused:
+        _load_hub(settings.data)
+    assert str(refused.value) == (
+        f"--dataset_name someone/set (--dataset_config_name None) could not be loaded ({shown}); check the name "
+        "and your connection to the Hub, or pass --train_file/--validation_file"
+    )
+
+
+def test_a_hub_set_without_the_evaluation_split_is_refused_naming_its_splits():
+    from hfbert.finetune.data import _load_hub
+    from hfbert.finetune.settings import parse_args
+
+    settings = parse_args(["model", "--dataset_name", "someone/set"])
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a"], "label": [0]})})
+    with mock.patch("hfbert.finetune.data.datasets.load_dataset", return_value=splits), pytest.raises(Refusal) as refused:
+        _load_hub(settings.data)
+    assert str(refused.value) == "--dataset_name someone/set has no 'validation' split; it has ['train']"

@@ -1,5 +1,8 @@
 """hfbert.pretraining.settings: every flag checked in one place, before any work; resume comparisons."""
 
+import json
+import re
+
 import pytest
 
 from hfbert.errors import Refusal
@@ -76,8 +79,15 @@ def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
     with pytest.raises(ValueError, match=r"--model_size 'mini' in the checkpoint, 'small' now"):
         check_resume_settings(saved, changed, "ckpt")
     longer = parse_args(["--output_dir", "o", "--max_train_steps", "20"])
-    with pytest.raises(ValueError, match=r"--max_train_steps 10 in the checkpoint, 20 now.*constant schedule"):
+    with pytest.raises(ValueError) as refused:
         check_resume_settings(saved, longer, "ckpt")
+    assert str(refused.value) == (
+        "--resume_from_checkpoint ckpt: these flags differ from the run that wrote the checkpoint: "
+        "--max_train_steps 10 in the checkpoint, 20 now (the linear learning-rate schedule is laid out over the "
+        "planned budget, so changing it makes the learning rate jump; only a constant schedule can be extended). "
+        "Resume with the original values (see run_settings.json in the checkpoint), or start a new run with a new "
+        "--output_dir"
+    )
     constant = ["--output_dir", "o", "--lr_scheduler_type", "constant"]
     saved = parse_args([*constant, "--max_train_steps", "10"]).checkpoint_settings()
     notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt")
@@ -92,8 +102,13 @@ def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
     saved = parse_args(flags).checkpoint_settings()
     assert check_resume_settings(saved, parse_args(flags), "ckpt") == []
     corpus.write_text("First sentence here. Second one, edited.\n")
-    with pytest.raises(ValueError, match=rf"the corpus \({corpus}\) has changed since the checkpoint was written"):
+    now = parse_args(flags).checkpoint_settings()["corpus_sha256"]
+    with pytest.raises(ValueError) as refused:
         check_resume_settings(saved, parse_args(flags), "ckpt")
+    assert (
+        f"the corpus ({corpus}) has changed since the checkpoint was written (content sha256 "
+        f"{saved['corpus_sha256'][:12]}... then, {now[:12]}... now): restore the files it was trained on"
+    ) in str(refused.value)
 
 
 @pytest.mark.parametrize("output", ["run", "run/checkpoint-10", "run/checkpoint-10/phase2", "run/checkpoint-10/.."])
@@ -172,3 +187,122 @@ def test_what_a_checkpoint_records_is_declared_on_the_fields():
     assert {"learning_rate", "seed", "max_seq_length", "train_file", "model_size", "structured_attention_fade",
             "max_train_steps", "corpus_sha256"} <= set(recorded)  # fmt: skip
     assert not {"output_dir", "logging_steps", "eval_steps", "attention_init", "dataloader_num_workers"} & set(recorded)
+
+
+# Each range's edges, one flag at a time: the value just inside is accepted, the one just outside refused
+# (a `<` written as `<=` moves an edge and nothing else notices).
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--max_seq_length", "8"],
+        ["--mlm_probability", "0.01"],
+        ["--mlm_probability", "0.99"],
+        ["--eval_mlm_probability", "0.99"],
+        ["--short_seq_prob", "0"],
+        ["--short_seq_prob", "1"],
+        ["--validation_split_percentage", "1"],
+        ["--validation_split_percentage", "99"],
+        ["--dataloader_num_workers", "0"],
+        ["--dropout", "0"],
+        ["--attention_init", "structured", "--structured_attention_fade", "0"],
+        ["--attention_init", "structured", "--structured_attention_fade", "1"],
+        ["--attention_init", "bert", "--structured_attention_fade", "0"],
+        ["--adam_beta1", "0", "--adam_beta2", "0"],
+        ["--weight_decay", "0", "--max_grad_norm", "0", "--num_warmup_steps", "0", "--nsp_loss_weight", "0"],
+        ["--cls_attention_spread", "0", "--torch_compile"],
+        ["--checkpointing_steps", "1", "--checkpoints_total_limit", "1"],
+        ["--checkpointing_steps", "epoch"],
+        ["--max_train_steps", "1", "--max_train_seconds", "0.5", "--eval_steps", "1"],
+        ["--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1", "--num_train_epochs", "1"],
+        ["--push_to_hub", "--hub_model_id", "me/bert"],
+        ["--model_size", "tiny", "--max_seq_length", "512"],
+    ],
+)
+def test_the_edges_of_each_range_are_accepted(flags):
+    parse_args(["--output_dir", "unused", *flags])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max_seq_length", "7"], "--max_seq_length 7 must be >= 8 ([CLS] A [SEP] B [SEP])"),
+        (["--max_seq_length", "0"], "--max_seq_length 0 must be > 0"),
+        (["--dupe_factor", "0"], "--dupe_factor 0 must be > 0"),
+        (["--vocab_size", "0"], "--vocab_size 0 must be > 0 (or leave it unset)"),
+        (["--max_eval_samples", "0"], "--max_eval_samples 0 must be > 0 (or leave it unset)"),
+        (["--preprocessing_num_workers", "0"], "--preprocessing_num_workers 0 must be > 0 (or leave it unset)"),
+        (["--mlm_probability", "0"], "--mlm_probability 0.0 must be in (0, 1), e.g. 0.15"),
+        (["--eval_mlm_probability", "1"], "--eval_mlm_probability 1.0 must be in (0, 1), e.g. 0.15"),
+        (["--short_seq_prob", "-0.1"], "--short_seq_prob -0.1 must be in [0, 1]"),
+        (["--short_seq_prob", "1.1"], "--short_seq_prob 1.1 must be in [0, 1]"),
+        (["--validation_split_percentage", "100"], "--validation_split_percentage 100 must be in (0, 100)"),
+        (["--dataloader_num_workers", "-1"], "--dataloader_num_workers -1 must be >= 0 (or leave it unset)"),
+        (["--dropout", "-0.1"], "--dropout -0.1 must be in [0, 1)"),
+        (["--structured_attention_fade", "-0.1"], "--structured_attention_fade -0.1 must be a fraction of the budget in [0, 1], e.g. 1"),
+        (["--adam_beta1", "-0.1"], "--adam_beta1 -0.1 must be in [0, 1), e.g. 0.9 or 0.999"),
+        (["--weight_decay", "-0.1"], "--weight_decay -0.1 must be >= 0"),
+        (["--max_grad_norm", "-0.1"], "--max_grad_norm -0.1 must be >= 0"),
+        (["--num_warmup_steps", "-1"], "--num_warmup_steps -1 must be >= 0"),
+        (["--checkpointing_steps", "0"], "--checkpointing_steps '0' must be a positive number of updates or 'epoch'"),
+        (["--max_train_steps", "0"], "--max_train_steps 0 must be > 0 (or leave it unset)"),
+        (["--per_device_eval_batch_size", "0"], "--per_device_eval_batch_size 0 must be > 0"),
+        (["--ddp_timeout", "0"], "--ddp_timeout 0 must be > 0"),
+        (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps 0 must be > 0"),
+        (["--num_train_epochs", "0"], "--num_train_epochs 0 must be > 0"),
+    ],
+)
+def test_the_value_just_outside_each_range_is_refused_naming_it(flags, message):
+    with pytest.raises(Refusal) as error:
+        parse_args(["--output_dir", "unused", *flags])
+    assert str(error.value) == message
+
+
+
+STREAMED = ["--output_dir", "unused", "--streaming", "--max_train_steps", "5", "--tokenizer_name", "t"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--stream_window_documents", "1"], "--stream_window_documents 1 must be >= 2 (next sentence prediction draws B from another document)"),
+        # 0 was taken for "unset" and silently became the default 1000
+        (["--objective", "mlm", "--stream_validation_documents", "0"], "--stream_validation_documents 0 must be >= 1"),
+        (["--objective", "mlm", "--stream_window_documents", "0"], "--stream_window_documents 0 must be >= 1"),
+        (["--objective", "mlm", "--stream_window_documents", "1"], None),
+        (["--stream_window_documents", "2", "--stream_validation_documents", "2"], None),
+    ],
+)
+def test_a_stream_window_needs_two_documents_for_nsp_and_one_for_mlm(flags, message):
+    if message is None:
+        parse_args([*STREAMED, *flags])
+        return
+    with pytest.raises(Refusal) as refused:
+        parse_args([*STREAMED, *flags])
+    assert str(refused.value) == message
+
+
+
+def test_a_config_file_that_is_missing_or_refused_by_hfbert_config_is_named_with_the_flag(tmp_path):
+    from hfbert.pretraining.settings import read_config_file
+
+    fix = "pass a config.json written by HfBertConfig.save_pretrained (or its folder), or --model_size instead"
+    with pytest.raises(Refusal, match=rf"^--config_name ./missing.json: no such file or folder \(.*\); {re.escape(fix)}$"):
+        read_config_file("./missing.json")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "hfbert", "hidden_size": 30, "num_attention_heads": 4}))
+    with pytest.raises(Refusal) as refused:
+        read_config_file(str(tmp_path / "config.json"))
+    assert str(refused.value).startswith(f"--config_name {tmp_path / 'config.json'}: ")
+    assert "30" in str(refused.value) and str(refused.value).endswith(f"; {fix}")
+    with pytest.raises(Refusal) as refused:  # transformers' own OSError (offline here): its first line
+        read_config_file("someone/no-such-config")
+    assert str(refused.value).startswith("--config_name someone/no-such-config: ")
+    assert not str(refused.value).startswith("--config_name someone/no-such-config: None;")
+
+
+def test_dupe_factor_with_mlm_is_refused_with_what_to_raise_instead():
+    with pytest.raises(Refusal) as refused:
+        parse_args(["--output_dir", "unused", "--objective", "mlm", "--dupe_factor", "3"])
+    assert str(refused.value) == (
+        "--dupe_factor 3 with --objective mlm would repeat the same segments (they are cut without randomness; the "
+        "masks change every epoch anyway): drop --dupe_factor and raise --num_train_epochs or --max_train_steps instead"
+    )

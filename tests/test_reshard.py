@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from hfbert.checkpointing import CheckpointError, TrainingProgress
 from hfbert.errors import Refusal
 from hfbert.pretraining.batches import CachedBatches
-from hfbert.pretraining.reshard import keep_global_batch, micro_batches_to_skip
+from hfbert.pretraining.reshard import (
+    continue_on_this_split,
+    keep_global_batch,
+    micro_batches_to_skip,
+    seed_new_ranks,
+    set_accumulation,
+)
 from hfbert.pretraining.settings import OptimizationSettings
 
 CHECKPOINT = "runs/x/checkpoint-30"
@@ -44,7 +51,11 @@ def test_the_accumulation_is_set_to_keep_the_global_batch(
         )  # fmt: skip
     assert optimization.gradient_accumulation_steps == saved["gradient_accumulation_steps"] == expected
     assert saved_processes * saved_accumulation == num_processes * expected
-    assert f"--gradient_accumulation_steps {expected} (not {saved_accumulation})" in caplog.text
+    assert (
+        f"Resuming on {num_processes} processes instead of {saved_processes}: --gradient_accumulation_steps "
+        f"{expected} (not {saved_accumulation}) keeps the checkpoint's global batch of "
+        f"{8 * saved_processes * saved_accumulation} rows."
+    ) in caplog.text
 
 
 def test_the_same_process_count_changes_nothing():
@@ -68,6 +79,15 @@ def test_a_global_batch_that_cannot_be_split_is_refused_naming_the_launches_that
     assert optimization.gradient_accumulation_steps == 1
     with pytest.raises(Refusal, match=r"records no run settings.*torchrun --nproc_per_node 4"):
         keep_global_batch(None, 4, optimization, 2, CHECKPOINT, on_cpu=True)
+    # one process or two (the plural), and on a CPU: the launches are torchrun's
+    with pytest.raises(Refusal) as refused:
+        keep_global_batch(saved_settings(accumulation=3), 1, optimization, 2, CHECKPOINT, on_cpu=True)
+    assert "(8 per process x 1 process x 3 accumulation)" in str(refused.value)
+    assert str(refused.value).endswith(
+        "`ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 3 run_pretraining.py ...` (--gradient_accumulation_steps 1)"
+    )
+    with pytest.raises(Refusal, match=r"\(8 per process x 2 processes x 1 accumulation\)"):
+        keep_global_batch(saved_settings(accumulation=1), 2, optimization, 3, CHECKPOINT, on_cpu=True)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +102,8 @@ def test_a_global_batch_that_cannot_be_split_is_refused_naming_the_launches_that
 )
 def test_the_global_position_becomes_this_process_count_s(position, num_processes, batches_per_process, expected):
     progress = TrainingProgress(micro_batches_in_epoch=position)
-    assert micro_batches_to_skip(progress, num_processes, batches_per_process) == expected
+    skipped = micro_batches_to_skip(progress, num_processes, batches_per_process)
+    assert skipped == expected and type(skipped) is int  # a count of batches to skip, never 4.0
 
 
 @pytest.mark.parametrize(("position", "skipped", "counter"), [(4, 4, 4), (9, 9, 0)])
@@ -102,8 +123,53 @@ def test_a_resumed_epoch_continues_accelerate_s_accumulation_count_from_its_posi
 
 
 def test_a_position_inside_an_update_of_this_split_is_refused():
-    with pytest.raises(CheckpointError, match="micro-batch 6 of epoch 0, which 4 processes cannot continue"):
+    with pytest.raises(CheckpointError) as refused:
         micro_batches_to_skip(TrainingProgress(micro_batches_in_epoch=6), 4, 5)
+    assert str(refused.value) == (
+        "the checkpoint stands at micro-batch 6 of epoch 0, which 4 processes cannot continue from (it is no "
+        "multiple of 4); resume it on a number of processes that divides the micro-batches of an update"
+    )
+
+
+def test_the_chosen_accumulation_is_set_on_the_settings_and_the_accelerator():
+    optimization = OptimizationSettings(gradient_accumulation_steps=1)
+    accelerator = SimpleNamespace(gradient_accumulation_steps=1)
+    set_accumulation(accelerator, optimization, 4)
+    assert optimization.gradient_accumulation_steps == accelerator.gradient_accumulation_steps == 4
+
+
+def dropout_draw(accelerator, checkpoint, seed=42, step=30):
+    torch.manual_seed(0)  # what a fresh start on every rank leaves
+    seed_new_ranks(accelerator, checkpoint, seed, step)
+    return torch.rand(4)
+
+
+def test_a_rank_the_checkpoint_has_no_rng_file_for_draws_by_seed_rank_and_step(tmp_path, caplog):
+    checkpoint = tmp_path / "checkpoint-30"
+    checkpoint.mkdir()
+    (checkpoint / "random_states_0.pkl").write_bytes(b"")
+    rank = [SimpleNamespace(process_index=index) for index in range(3)]
+    torch.manual_seed(0)
+    fresh = torch.rand(4)
+    assert torch.equal(dropout_draw(rank[0], checkpoint), fresh)  # its streams came from its own file
+    with caplog.at_level(logging.WARNING):
+        draw = dropout_draw(rank[1], checkpoint)
+    assert (
+        f"{checkpoint} holds no random_states_1.pkl (written by fewer processes): process 1 seeds its RNG "
+        "streams (dropout) from (seed 42, rank 1, step 30)."
+    ) in caplog.text
+    assert torch.equal(dropout_draw(rank[1], checkpoint), draw)  # reproducible
+    others = [fresh, dropout_draw(rank[2], checkpoint), dropout_draw(rank[1], checkpoint, step=31)]
+    others.append(dropout_draw(rank[1], checkpoint, seed=43))
+    assert not any(torch.equal(draw, other) for other in others)  # not step 0's, nor another rank's or step's
+
+
+def test_continuing_on_this_split_makes_an_old_per_process_position_global_and_seeds_new_ranks(tmp_path, caplog):
+    progress = TrainingProgress(completed_steps=30, per_process_batches_loaded=4)
+    with caplog.at_level(logging.WARNING):
+        continue_on_this_split(SimpleNamespace(process_index=1), progress, tmp_path, saved_processes=2, seed=42)
+    assert (progress.micro_batches_in_epoch, progress.per_process_batches_loaded) == (8, None)
+    assert "process 1 seeds its RNG streams (dropout) from (seed 42, rank 1, step 30)" in caplog.text
 
 
 # ----------------------------------------------------------------------------------------------- end to end
