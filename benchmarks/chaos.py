@@ -54,7 +54,7 @@ CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 ATTEMPT_SECONDS = 240  # one attempt of a 2-process run takes 15-40 s on 2 busy cores
 TRIAL_SECONDS = 600
 MAX_ATTEMPTS = 6
-EXIT_GRACE_SECONDS = 15  # for workers of an exited launcher (node 0's processes wait 2 s on purpose)
+EXIT_GRACE_SECONDS = 5  # a launcher exits after its workers: what is left after it is an orphan
 DDP_TIMEOUT_SECONDS = 60  # a lost peer ends a collective within the attempt's bound
 
 LAUNCHES = ("one", "torchrun", "elastic", "nodes")
@@ -561,6 +561,10 @@ def output_disk(trial_dir: Path, size: int | None):
         subprocess.run(["umount", str(disk)], check=True)
 
 
+def can_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
 def grow_disk(disk: Path, size: int) -> None:
     """Free space as the refusal asks: the tmpfs made `size` bytes."""
     subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
@@ -722,7 +726,8 @@ def run_trial(trial: Trial, work_dir: Path, inputs: dict[str, Path], digest: str
         outcome.seconds = time.monotonic() - started
         if not outcome.survived and size and run.output_dir.exists():  # kept to look at once the disk is gone
             shutil.copytree(run.output_dir, trial_dir / "run-on-disk", symlinks=True)
-        shutil.rmtree(run.output_dir, ignore_errors=True)
+        if size or outcome.survived:
+            shutil.rmtree(run.output_dir, ignore_errors=True)
     if outcome.survived:
         shutil.rmtree(trial_dir, ignore_errors=True)
     return outcome
@@ -748,36 +753,35 @@ def outcome_line(outcome: Outcome) -> str:
     return line + "".join(f"\n            ! {problem[:1500]}" for problem in outcome.problems)
 
 
-def summary_table(outcomes: list[Outcome]) -> str:
-    fired = Counter(kind for outcome in outcomes for kind in outcome.fired)
-    fired.update(note.split()[1] for outcome in outcomes for note in outcome.notes if note.startswith("damaged"))
-    launches = Counter(outcome.trial.launch for outcome in outcomes)
-    failing = [str(outcome.trial.seed) for outcome in outcomes if not outcome.survived]
-    rows = [
-        ("trials", f"{len(outcomes)} ({', '.join(f'{name} {count}' for name, count in sorted(launches.items()))})"),
+def summary_table(rows: list[dict]) -> str:
+    """The soak's table, from `result_row`s (of this run, or of several batches read back from results.jsonl)."""
+    fired = Counter(kind for row in rows for kind in row["fired"])
+    fired.update(note.split()[1] for row in rows for note in row["notes"] if note.startswith("damaged"))
+    launches = Counter(row["launch"] for row in rows)
+    failing = [str(row["seed"]) for row in rows if not row["survived"]]
+    table = [
+        ("trials", f"{len(rows)} ({', '.join(f'{name} {count}' for name, count in sorted(launches.items()))})"),
         ("faults by kind", ", ".join(f"{kind} {count}" for kind, count in sorted(fired.items())) or "none"),
-        ("full disk", str(sum(outcome.trial.disk_fraction is not None for outcome in outcomes))),
-        ("survived", str(sum(outcome.survived for outcome in outcomes))),
-        ("bit-equal", f"{sum(outcome.bit_equal is True for outcome in outcomes)} of {len(outcomes)}"),
-        ("lost", str(sum(outcome.lost for outcome in outcomes))),
-        ("hung or left behind", str(sum(outcome.hung for outcome in outcomes))),
+        ("full disk (tmpfs of a fraction of the run's folder)", str(sum(row["disk"] is not None for row in rows))),
+        ("second fault during the resume", str(sum(len(row["fired"]) > 1 for row in rows))),
+        ("survived", str(sum(row["survived"] for row in rows))),
+        ("bit-equal", f"{sum(row['bit_equal'] is True for row in rows)} of {len(rows)}"),
+        ("lost", str(sum(row["lost"] for row in rows))),
+        ("hung or left behind", str(sum(row["hung"] for row in rows))),
         ("failing seeds (--replay SEED)", " ".join(failing) or "none"),
     ]
-    return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)
+    return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in table)
 
 
-def record(outcome: Outcome, results: Path, batch_seed: int | None) -> None:
-    """One JSON line per trial, for benchmarks/results/chaos.md's totals over several batches."""
+def result_row(outcome: Outcome, batch_seed: int | None) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    row = {
+    return {
         "batch_seed": batch_seed, "seed": outcome.trial.seed, "launch": outcome.trial.launch,
         "commit": commit.stdout.strip(), "fired": outcome.fired, "notes": outcome.notes,
         "disk": outcome.trial.disk_fraction, "survived": outcome.survived, "bit_equal": outcome.bit_equal,
         "lost": outcome.lost, "hung": outcome.hung, "attempts": outcome.attempts,
         "seconds": round(outcome.seconds, 1), "problems": outcome.problems,
     }  # fmt: skip
-    with results.open("a") as sink:
-        sink.write(json.dumps(row) + "\n")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -787,24 +791,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replay", type=int, nargs="+", help="run only these trials, by the seeds the table names")
     parser.add_argument("--launches", nargs="+", choices=LAUNCHES, default=list(LAUNCHES))
     parser.add_argument("--work_dir", type=Path, default=DEFAULT_WORK_DIR, help="inputs, cached straight runs, trials")
+    parser.add_argument("--table_of", type=Path, help="print the table of the trials recorded in this results.jsonl")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the trials; 1 when any broke an invariant."""
     args = parse_args(argv)
+    if args.table_of:
+        print(summary_table([json.loads(line) for line in args.table_of.read_text().splitlines()]))
+        return 0
     args.work_dir.mkdir(parents=True, exist_ok=True)
     inputs, digest = prepare_inputs(args.work_dir), code_digest()
     launches = tuple(args.launches)
     seeds = args.replay or trial_seeds(args.seed, args.trials)
-    outcomes = []
+    rows = []
     for seed in seeds:
         outcome = run_trial(generate_trial(seed, launches), args.work_dir, inputs, digest)
         print(outcome_line(outcome), flush=True)
-        record(outcome, args.work_dir / "results.jsonl", None if args.replay else args.seed)
-        outcomes.append(outcome)
-    print(summary_table(outcomes))
-    return 0 if all(outcome.survived for outcome in outcomes) else 1
+        rows.append(result_row(outcome, None if args.replay else args.seed))
+        with (args.work_dir / "results.jsonl").open("a") as results:  # batches add up there
+            results.write(json.dumps(rows[-1]) + "\n")
+    print(summary_table(rows))
+    return 0 if all(row["survived"] for row in rows) else 1
 
 
 if __name__ == "__main__":
