@@ -43,7 +43,7 @@ WRITTEN_OUT = {
         2, "one", SHAPE, (by_update("term_group", 1), by_update("kill_rank", 6, attempt=1)), None, 0.37, False
     ),
     # SIGUSR1 to torchrun's process group: torchrun does not handle it and dies, and its workers, in sessions of
-    # their own, trained on to the end of the run, holding the folder's lock (left behind).
+    # their own, trained on to the end of the run, holding the folder's lock (left behind); they now stop with it.
     "usr1-to-torchrun": Trial(3, "torchrun", SHAPE, (by_update("usr1_group", 2),), None, None, False),
 }
 
@@ -53,13 +53,8 @@ def work_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("chaos")
 
 
-ORPHANED = pytest.mark.xfail(strict=True, reason="torchrun's workers outlive a torchrun ended by SIGUSR1 or SIGKILL")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=ORPHANED) if name == "usr1-to-torchrun" else name for name in sorted(WRITTEN_OUT)]
-)
+@pytest.mark.parametrize("name", sorted(WRITTEN_OUT))
 def test_a_written_out_trial_survives_bit_equal(work_dir, name):
     trial = WRITTEN_OUT[name]
     if trial.disk_fraction is not None and not chaos.can_mount():
