@@ -45,7 +45,13 @@ WRITTEN_OUT = {
     # SIGUSR1 to torchrun's process group: torchrun does not handle it and dies, and its workers, in sessions of
     # their own, trained on to the end of the run, holding the folder's lock (left behind); they now stop with it.
     "usr1-to-torchrun": Trial(3, "torchrun", SHAPE, (by_update("usr1_group", 2),), None, None, False),
+    # The same to both nodes' torchruns (soak seed 4, nodes only): the workers now stop with a checkpoint, but
+    # their final store barrier fails (node 0's torchrun, which hosted the store, is gone) and the process then
+    # hangs at exit in gloo's destructor (left behind).
+    "usr1-to-two-nodes": Trial(4, "nodes", SHAPE, (by_update("usr1_group", 2),), None, None, False),
 }
+
+ORPHANED = pytest.mark.xfail(strict=True, reason="a worker whose store is gone hangs at exit in gloo's destructor")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +60,9 @@ def work_dir(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(WRITTEN_OUT))
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=ORPHANED) if name == "usr1-to-two-nodes" else name for name in sorted(WRITTEN_OUT)]
+)
 def test_a_written_out_trial_survives_bit_equal(work_dir, name):
     trial = WRITTEN_OUT[name]
     if trial.disk_fraction is not None and not chaos.can_mount():
