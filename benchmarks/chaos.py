@@ -51,8 +51,8 @@ REFUSAL = re.compile(r"run_pretraining\.py: error: (.*)$", re.M)
 TORCHRUN_REPORT = re.compile(r"^torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError:", re.M)
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
-ATTEMPT_SECONDS = 240  # one attempt of a 2-process run takes 15-40 s on 2 busy cores
-TRIAL_SECONDS = 600
+ATTEMPT_SECONDS = 600  # a 2-process attempt: 15-40 s on 2 quiet cores, 100-300 s on 2 cores at load 12; elastic starts up to 3 times
+TRIAL_SECONDS = 1800
 MAX_ATTEMPTS = 6
 EXIT_GRACE_SECONDS = 5  # a launcher exits after its workers: what is left after it is an orphan
 DDP_TIMEOUT_SECONDS = 60  # a lost peer ends a collective within the attempt's bound
