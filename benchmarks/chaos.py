@@ -801,6 +801,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.table_of:
         print(summary_table([json.loads(line) for line in args.table_of.read_text().splitlines()]))
         return 0
+    # Stopped with SIGTERM (a background batch ignores SIGINT), a trial still kills its processes and unmounts.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     args.work_dir.mkdir(parents=True, exist_ok=True)
     inputs, digest = prepare_inputs(args.work_dir), code_digest()
     launches = tuple(args.launches)
