@@ -516,9 +516,10 @@ def worker_tracebacks(output: str) -> int:
 
 
 def refusal_of(attempt: Attempt) -> tuple[str | None, str | None]:
-    """(the attempt's one refusal line, None), or (None, why it is not one line naming a fix)."""
+    """(the attempt's one refusal line, None), or (None, why it is not one line naming a fix). A fault may
+    leave tracebacks of its own (a peer's lost connection) beside a refusal of a later restart."""
     tail = attempt.output[-2500:]
-    if worker_tracebacks(attempt.output):
+    if worker_tracebacks(attempt.output) and not attempt.fired:
         return None, f"exit {attempt.returncodes} with a traceback instead of a one-line refusal:\n{tail}"
     lines = set(REFUSAL.findall(attempt.output))  # every rank may print the same line
     if len(lines) != 1:
@@ -683,13 +684,13 @@ def resume_until_done(run: TrialRun, outcome: Outcome) -> None:
             outcome.hung = True
             outcome.problems.append(f"hung: not finished {TRIAL_SECONDS} s after the trial's start")
             break
-        if attempt.fired:  # stopped by the fault: the same command again
+        if attempt.fired and not REFUSAL.search(attempt.output):  # stopped by the fault: the same command again
             if damage_pending and (done := damage_newest_checkpoint(run.output_dir, damage_pending, damage_draw)):
                 outcome.notes.append(f"damaged: {done}")
                 ledger.damaged.add(done.split()[1].split("/")[0])
                 damage_pending = None
             args = run.base_args
-        elif (args := next_args(run, outcome, attempt, ledger)) is None:
+        elif (args := next_args(run, outcome, attempt, ledger)) is None:  # a refusal, faulted or not: its fix
             break
     else:
         outcome.problems.append(f"not finished after {MAX_ATTEMPTS} attempts")
