@@ -371,3 +371,48 @@ def test_differences_name_each_flag_version_and_input_that_differs_from_rank_0()
         "tokenizer 't1' (rank 0: 't0')",
         "torch '2.12.0' (rank 0: '2.13.0')",
     ]
+
+
+ORPHAN = """
+import os, subprocess, sys, time
+if sys.argv[1] == "launcher":  # stands in for torchrun: starts the worker in a session of its own, then waits
+    worker = subprocess.Popen([sys.executable, "-c", sys.argv[2], "worker", sys.argv[3]], start_new_session=True)
+    print(worker.pid, flush=True)
+    time.sleep(600)
+else:
+    from hfbert.pretraining.cluster import stop_with_the_launcher
+    stop_with_the_launcher()
+    open(sys.argv[2], "w").close()
+    time.sleep(600)
+"""
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan is reaped by init or the nearest subreaper, which may take its time)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_worker_of_torchrun_gets_sigterm_when_torchrun_is_killed(tmp_path):
+    """torchrun ended by SIGKILL or SIGUSR1 (which it does not forward) left its workers training alone."""
+    ready = tmp_path / "ready"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN, "launcher", ORPHAN, str(ready)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "TORCHELASTIC_RUN_ID": "test"},
+    )  # fmt: skip
+    worker = int(launcher.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline, "the worker did not start"
+            time.sleep(0.05)
+        launcher.kill()
+        launcher.wait()
+        while running(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(worker), "the worker outlived its launcher"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)

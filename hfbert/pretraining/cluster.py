@@ -7,10 +7,13 @@ Every function is a no-op, or a check of one process against itself, in a single
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import secrets
+import signal
 import socket
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -39,6 +42,8 @@ RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 # Node 0's workers exit this much later than the other nodes' (see linger_on_the_store_node); torchrun notices
 # an exited worker within its --monitor_interval (0.1 s by default).
 EXIT_LINGER_SECONDS = 2.0
+# linux/prctl.h: have the kernel send the calling process a signal when its parent exits.
+PR_SET_PDEATHSIG = 1
 
 
 Result = TypeVar("Result")
@@ -53,6 +58,22 @@ def attempt_of_launch() -> str:
     return os.environ.get(RESTART_COUNT_ENV, "0")
 
 
+def stop_with_the_launcher() -> None:
+    """Under torchrun, have the kernel send this worker SIGTERM when torchrun exits, whatever ended it.
+
+    torchrun forwards SIGTERM and SIGINT to its workers, but a signal it does not handle ends it at once (SIGUSR1,
+    which the README names as a preemption signal) and so does SIGKILL; its workers, in sessions of their own,
+    then trained on alone to the end of the run, holding the folder's lock. With this they stop as on a
+    preemption instead: a checkpoint and the resume command. (A torchrun that died before this call is not
+    noticed: the kernel has no way to say whose child the worker was.)
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG, SIGTERM) failed")
+
+
 def form_process_group(timeout_seconds: int) -> None:
     """Join the launch's process group before the Accelerator is built (accelerate then uses it as it is).
 
@@ -61,7 +82,9 @@ def form_process_group(timeout_seconds: int) -> None:
     read the killed group's gloo addresses ("Gloo connectFullMesh failed ... Connection refused") or its
     barrier counts (a hang). The keys of this group are prefixed with the restart number. A group that does not
     form within `timeout_seconds` (also the timeout of every later collective) stops naming address and port.
+    A worker of torchrun stops (SIGTERM) when torchrun exits (`stop_with_the_launcher`).
     """
+    stop_with_the_launcher()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size < 2 or dist.is_initialized():
         return
@@ -241,4 +264,5 @@ __all__ = [
     "form_process_group",
     "release_ddp_wrapper",
     "run_fingerprint",
+    "stop_with_the_launcher",
 ]

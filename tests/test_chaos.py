@@ -1,0 +1,78 @@
+"""benchmarks.chaos, the fault-injection soak (issue 44): its trials are drawn from their seed alone, and a few
+trials written out (the faults the soak found worth keeping) run here end to end; the soak runs the rest."""
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import chaos
+from benchmarks.chaos import Attempt, Fault, Shape, Trial
+
+SHAPE = Shape(steps=12, checkpointing_steps=4, total_limit=None, eval_steps=1000, loader_workers=0)
+
+
+def test_a_trial_is_drawn_from_its_seed_alone():
+    seeds = chaos.trial_seeds(7, 5)
+    assert seeds == chaos.trial_seeds(7, 5) and len(set(seeds)) == 5
+    assert [chaos.generate_trial(seed, chaos.LAUNCHES) for seed in seeds] == [
+        chaos.generate_trial(seed, chaos.LAUNCHES) for seed in seeds
+    ]
+    assert {chaos.generate_trial(seed, ("one",)).launch for seed in seeds} == {"one"}
+
+
+def test_a_refusal_after_the_progress_bar_on_its_line_is_read_as_one_line():
+    """The soak's first failure was its own: a refusal follows the bar's last redraw (no newline) on one line."""
+    output = "pretraining:  20%| 6/30 [00:00<00:03, tok_s=8345]run_pretraining.py: error: no space left writing x; free space\n"
+    attempt = Attempt([1], output, [], hung=False, left_behind=[], seconds=1.0)
+    assert chaos.refusal_of(attempt) == ("no space left writing x; free space", None)
+    traceback = Attempt([1], "Traceback (most recent call last):\nKeyError: 'x'\n", [], False, [], 1.0)
+    assert "traceback" in chaos.refusal_of(traceback)[1]
+
+
+def by_update(kind: str, update: int, attempt: int = 0) -> Fault:
+    return Fault(kind=kind, attempt=attempt, at_update=update, at_seconds=None, target=0)
+
+
+WRITTEN_OUT = {
+    # SIGTERM to the group, then a byte of the newest checkpoint flipped: auto is refused naming the earlier
+    # checkpoint, which the next attempt resumes.
+    "term-then-flip": Trial(1, "one", SHAPE, (by_update("term_group", 6),), "flip", None, False),
+    # A disk filled by a checkpoint after SIGTERM at update 1, then SIGKILL during the resume: the refusal (on
+    # the progress bar's line) asks for free space, and the resume after it finishes.
+    "full-disk-after-term": Trial(
+        2, "one", SHAPE, (by_update("term_group", 1), by_update("kill_rank", 6, attempt=1)), None, 0.37, False
+    ),
+    # SIGUSR1 to torchrun's process group: torchrun does not handle it and dies, and its workers, in sessions of
+    # their own, trained on to the end of the run, holding the folder's lock (left behind); they now stop with it.
+    "usr1-to-torchrun": Trial(3, "torchrun", SHAPE, (by_update("usr1_group", 2),), None, None, False),
+    # The same to both nodes' torchruns (soak seed 4, nodes only): the workers now stop with a checkpoint, but
+    # their final store barrier fails (node 0's torchrun, which hosted the store, is gone) and the process then
+    # hangs at exit in gloo's destructor (left behind).
+    "usr1-to-two-nodes": Trial(4, "nodes", SHAPE, (by_update("usr1_group", 2),), None, None, False),
+}
+
+# Not fixed: waiting out the failed barrier and destroying the group (tried) prints the resume command, and the
+# process still hangs at exit, garbage-collecting (a torch.distributed destructor; Python's faulthandler names no
+# frame). torchrun with --signals_to_handle naming SIGUSR1 forwards it instead (docs/cluster.md).
+ORPHANED = pytest.mark.xfail(
+    strict=True, reason="a worker whose store's host (node 0's torchrun) died hangs at exit in a destructor"
+)
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("chaos")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=ORPHANED) if name == "usr1-to-two-nodes" else name for name in sorted(WRITTEN_OUT)]
+)
+def test_a_written_out_trial_survives_bit_equal(work_dir, name):
+    trial = WRITTEN_OUT[name]
+    if trial.disk_fraction is not None and not chaos.can_mount():
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    outcome = chaos.run_trial(trial, work_dir, chaos.prepare_inputs(work_dir), chaos.code_digest())
+    assert outcome.survived, chaos.outcome_line(outcome)
+    assert outcome.bit_equal and outcome.fired, chaos.outcome_line(outcome)
+    assert not (work_dir / "trials" / str(trial.seed)).exists()
