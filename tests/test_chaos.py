@@ -1,6 +1,7 @@
 """benchmarks.chaos, the fault-injection soak (issue 44): its trials are drawn from their seed alone, and a few
 trials written out (the faults the soak found worth keeping) run here end to end; the soak runs the rest."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -54,9 +55,13 @@ WRITTEN_OUT = {
 # Not fixed: waiting out the failed barrier and destroying the group (tried) prints the resume command, and the
 # process still hangs at exit, garbage-collecting (a torch.distributed destructor; Python's faulthandler names no
 # frame). torchrun with --signals_to_handle naming SIGUSR1 forwards it instead (docs/cluster.md).
-ORPHANED = pytest.mark.xfail(
-    strict=True, reason="a worker whose store's host (node 0's torchrun) died hangs at exit in a destructor"
-)
+ORPHANED = [
+    pytest.mark.xfail(
+        strict=True, reason="a worker whose store's host (node 0's torchrun) died hangs at exit in a destructor"
+    ),
+    # Two nodes on two cores take minutes; the suite keeps the one-node trials (issue 44: under a minute).
+    pytest.mark.skipif(not os.environ.get("HFBERT_CHAOS_NODES"), reason="set HFBERT_CHAOS_NODES=1 to run it"),
+]
 
 
 @pytest.fixture(scope="module")
