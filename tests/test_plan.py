@@ -13,7 +13,13 @@ from hfbert.pretraining.plan import INSTANCE_FILL, TOKENS_PER_BYTE
 
 @pytest.fixture(autouse=True)
 def fresh_accelerator_state():
+    """A dry run builds its Accelerator in this process, in the precision it picks, whatever ran before."""
+    reset_accelerator_state()
     yield
+    reset_accelerator_state()
+
+
+def reset_accelerator_state() -> None:
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
 

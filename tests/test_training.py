@@ -215,8 +215,8 @@ def test_a_fading_start_with_the_cls_penalty_resumes_exactly_and_ends_without_th
     expected, actual = final_weights(straight), final_weights(resumed)
     for name, tensor in expected.items():
         assert torch.equal(actual[name], tensor), name
-    plain = tmp_path / "plain"  # the same run without the two levers ends elsewhere
-    train_in_process(run_args(run_inputs, plain, "--max_train_steps", "10"))
+    plain = tmp_path / "plain"  # the same start without the two levers ends elsewhere
+    train_in_process(run_args(run_inputs, plain, "--max_train_steps", "10", "--attention_init", "structured"))
     query = "bert.encoder.layer.1.attention.self.query.weight"  # its largest entries: the next-token head's
     assert expected[query].abs().max() < final_weights(plain)[query].abs().max() / 4
 
@@ -596,6 +596,8 @@ def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, ru
     args[args.index("--config_name") + 1] = str(config)
     if case == "sequence too long":
         args += ["--max_seq_length", "256"]
+    if case == "one layer":  # what the structured start needs
+        args += ["--attention_init", "structured"]
     with pytest.raises(ValueError, match=message):
         train_in_process(args)
     assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
