@@ -60,7 +60,7 @@ ORPHANED = [
         strict=True, reason="a worker whose store's host (node 0's torchrun) died hangs at exit in a destructor"
     ),
     # Two nodes on two cores take minutes; the suite keeps the one-node trials (issue 44: under a minute).
-    pytest.mark.skipif(not os.environ.get("HFBERT_CHAOS_NODES"), reason="set HFBERT_CHAOS_NODES=1 to run it"),
+    pytest.mark.skipif(not os.environ.get("HFBERT_CHAOS_ALL"), reason="set HFBERT_CHAOS_ALL=1 to run it"),
 ]
 
 
@@ -69,10 +69,14 @@ def work_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("chaos")
 
 
+# The full disk is the suite's elsewhere (tests/test_training.py, tests/test_checkpointing.py): its trial runs in
+# the soak only, so that the trials here stay under a minute together (issue 44).
+IN_THE_SOAK_ONLY = pytest.mark.skipif(not os.environ.get("HFBERT_CHAOS_ALL"), reason="set HFBERT_CHAOS_ALL=1 to run it")
+MARKS = {"usr1-to-two-nodes": ORPHANED, "full-disk-after-term": IN_THE_SOAK_ONLY}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=ORPHANED) if name == "usr1-to-two-nodes" else name for name in sorted(WRITTEN_OUT)]
-)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=MARKS.get(name, ())) for name in sorted(WRITTEN_OUT)])
 def test_a_written_out_trial_survives_bit_equal(work_dir, name):
     trial = WRITTEN_OUT[name]
     if trial.disk_fraction is not None and not chaos.can_mount():
