@@ -212,10 +212,16 @@ class PreemptionSignals:
 
 
 def stop_for_preemption(
-    accelerator: Accelerator, state: TrainingState, checkpoints: CheckpointWriter, signal_number: int, saved: bool
+    accelerator: Accelerator,
+    state: TrainingState,
+    checkpoints: CheckpointWriter,
+    callbacks: Callback,
+    signal_number: int,
+    saved: bool,
 ) -> None:
-    """Write a checkpoint at this update (unless one was `saved` at it: every process decides alike) and
-    raise `Preempted`."""
+    """End the fit (`on_fit_end`), write a checkpoint at this update (unless one was `saved` at it: every
+    process decides alike) and raise `Preempted`."""
+    callbacks.on_fit_end(state.progress)
     where = checkpoints.folder(state.progress.completed_steps)
     if not saved:
         where = checkpoints.save(accelerator, state)
@@ -323,9 +329,8 @@ def fit(
                 if is_due(update, schedule.checkpoint_steps):
                     checkpoints.save(accelerator, state)
                 if preemption.agreed(accelerator, due=log_due):
-                    callbacks.on_fit_end(progress)
                     saved = is_due(update, schedule.checkpoint_steps)
-                    stop_for_preemption(accelerator, state, checkpoints, preemption.signal_number, saved)
+                    stop_for_preemption(accelerator, state, checkpoints, callbacks, preemption.signal_number, saved)
                 clock = time.perf_counter()  # evaluation and saving are not training time
                 if out_of_budget(progress, budget, seconds):
                     break
@@ -333,10 +338,10 @@ def fit(
                 metrics = end_epoch(accelerator, state, eval_loader, schedule, checkpoints, callbacks, share) or metrics
                 clock = time.perf_counter()
         metrics = final_metrics(accelerator, state, eval_loader, callbacks, metrics, share)
-        callbacks.on_fit_end(progress)
         if preemption.agreed(accelerator, due=True):  # a signal during the final evaluation still checkpoints
             saved = checkpoints.folder(progress.completed_steps).is_dir()
-            stop_for_preemption(accelerator, state, checkpoints, preemption.signal_number, saved)
+            stop_for_preemption(accelerator, state, checkpoints, callbacks, preemption.signal_number, saved)
+    callbacks.on_fit_end(progress)
     return metrics
 
 

@@ -168,8 +168,8 @@ def plan_run(
         per_token = flops_per_token(config, model, instance_tokens, data.mlm_probability)
         flops = per_token * updates * global_batch * instance_tokens
     batch, length = optimization.per_device_train_batch_size, data.max_seq_length
-    peak = ADAM_BYTES_PER_PARAMETER * sum(p.numel() for p in model.parameters()) + activation_bytes(config, batch, length)
     parameters = sum(p.numel() for p in model.parameters())
+    peak = ADAM_BYTES_PER_PARAMETER * parameters + activation_bytes(config, batch, length)
     return RunPlan(config, parameters, processes, global_batch, instance_tokens, corpus, updates, speed, flops, peak,
                    checkpoint)  # fmt: skip
 
