@@ -39,6 +39,9 @@ TESTS_BY_MODULE = {
         "tests/test_training.py::test_stream_flags_without_streaming_are_refused",
         "tests/test_training.py::test_bad_flags_are_refused",
     ],
+    # the resume and preemption parts (the --only globs in benchmarks/results/mutation.md); the subprocess
+    # tests of preemption are slow and mutmut maps only in-process calls: one in-process preemption test is fast
+    "hfbert/pretraining/loop.py": ["tests/test_training.py", "tests/test_cli.py"],
     "hfbert/finetune/settings.py": ["tests/test_finetune.py"],
     "hfbert/finetune/models.py": ["tests/test_finetune.py"],
     "hfbert/finetune/data.py": ["tests/test_finetune.py"],

@@ -1084,6 +1084,43 @@ def test_a_signal_during_the_final_save_lets_it_finish(tmp_path, run_inputs):
     assert result.returncode == 0, result.stderr[-3000:]
     assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES
 
+
+def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_the_resume_is_exact(
+    tmp_path, run_inputs, monkeypatch, capsys
+):
+    """The preemption path in-process (the subprocess tests above cover real launches), so that mutation
+    testing of loop.py maps it: SIGUSR1 during update 4 stops after update 4, with checkpoint-4 and no final
+    folder; the resume runs updates 5 and 6 only and equals a straight run."""
+    from hfbert.pretraining import loop
+
+    train_step = loop.train_step
+
+    def signal_during_update_4(accelerator, state, *rest, **kwargs):
+        if state.progress.completed_steps == 3:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return train_step(accelerator, state, *rest, **kwargs)
+
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--eval_steps", "1000")
+    with monkeypatch.context() as patched:
+        patched.setattr(loop, "train_step", signal_during_update_4)
+        with pytest.raises(SystemExit) as stopped:
+            train_in_process(args)
+    assert stopped.value.code == 128 + signal.SIGUSR1
+    assert (
+        f"Stopped by SIGUSR1 after update 4; the training state is saved in {output_dir / 'checkpoint-4'}. "
+        "Resume with the same command plus --resume_from_checkpoint latest." in capsys.readouterr().err
+    )
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-4"]
+    assert not (output_dir / "model.safetensors").exists()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handlers the run found are back
+    train_in_process([*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"])
+    assert evaluated_steps(output_dir) == [5, 6]
+    train_in_process(run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "6", "--eval_steps", "1000"))
+    expected, actual = final_weights(tmp_path / "straight"), final_weights(output_dir)
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(actual[name], tensor) for name, tensor in expected.items())
+
 @pytest.mark.slow
 def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_path, run_inputs):
     from torch._dynamo.utils import counters
