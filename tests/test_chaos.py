@@ -52,16 +52,10 @@ WRITTEN_OUT = {
     "usr1-to-two-nodes": Trial(4, "nodes", SHAPE, (by_update("usr1_group", 2),), None, None, False),
 }
 
-# Not fixed: waiting out the failed barrier and destroying the group (tried) prints the resume command, and the
-# process still hangs at exit, garbage-collecting (a torch.distributed destructor; Python's faulthandler names no
-# frame). torchrun with --signals_to_handle naming SIGUSR1 forwards it instead (docs/cluster.md).
-ORPHANED = [
-    pytest.mark.xfail(
-        strict=True, reason="a worker whose store's host (node 0's torchrun) died hangs at exit in a destructor"
-    ),
-    # Two nodes on two cores take minutes; the suite keeps the one-node trials (issue 44: under a minute).
-    pytest.mark.skipif(not os.environ.get("HFBERT_CHAOS_ALL"), reason="set HFBERT_CHAOS_ALL=1 to run it"),
-]
+# A worker whose store's host (node 0's torchrun) died hung at exit in a torch.distributed destructor; it now
+# exits without the teardown (cluster.end_process_group, exit_now; tests/test_multinode.py has the fast test).
+# Two nodes on two cores take minutes; the suite keeps the one-node trials (issue 44: under a minute).
+TWO_NODES = pytest.mark.skipif(not os.environ.get("HFBERT_CHAOS_ALL"), reason="set HFBERT_CHAOS_ALL=1 to run it")
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +66,7 @@ def work_dir(tmp_path_factory) -> Path:
 # The full disk is the suite's elsewhere (tests/test_training.py, tests/test_checkpointing.py): its trial runs in
 # the soak only, so that the trials here stay under a minute together (issue 44).
 IN_THE_SOAK_ONLY = pytest.mark.skipif(not os.environ.get("HFBERT_CHAOS_ALL"), reason="set HFBERT_CHAOS_ALL=1 to run it")
-MARKS = {"usr1-to-two-nodes": ORPHANED, "full-disk-after-term": IN_THE_SOAK_ONLY}
+MARKS = {"usr1-to-two-nodes": TWO_NODES, "full-disk-after-term": IN_THE_SOAK_ONLY}
 
 
 @pytest.mark.slow

@@ -416,3 +416,62 @@ def test_a_worker_of_torchrun_gets_sigterm_when_torchrun_is_killed(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)
+
+
+STORE_LOST = """
+import os, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+if sys.argv[1] == "host":  # stands in for node 0's torchrun: hosts the store, then waits to be killed
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    print(store.port, flush=True)
+    time.sleep(600)
+rank, port, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=10))
+dist.all_reduce(torch.ones(1))
+open(f"{ready}-{rank}", "w").close()
+while not os.path.exists(f"{ready}-go"):  # the host is gone
+    time.sleep(0.05)
+
+class Accelerator:  # what end_process_group uses of accelerate's
+    num_processes = 2
+    wait_for_everyone = staticmethod(dist.barrier)
+    def end_training(self):
+        raise AssertionError("the group was torn down without its store")
+
+from hfbert.pretraining.cluster import end_process_group, exit_now
+if end_process_group(Accelerator()):
+    sys.exit(1)
+exit_now(143)
+"""
+
+
+def test_workers_whose_store_died_with_node_0s_launcher_say_so_and_exit(tmp_path):
+    """Issue 44, the soak's finding 2: the final store barrier failed with a traceback, and the process hung at
+    exit tearing its process group down. Now one line, and the exit status the stopped run gives."""
+    host = subprocess.Popen([sys.executable, "-c", STORE_LOST, "host"], stdout=subprocess.PIPE, text=True)
+    port = host.stdout.readline().strip()
+    ready = tmp_path / "ready"
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", STORE_LOST, str(rank), port, str(ready)], cwd=REPO, stderr=subprocess.PIPE, text=True
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(Path(f"{ready}-{rank}").exists() for rank in (0, 1)):
+            assert time.monotonic() < deadline and all(w.poll() is None for w in workers), "the group did not form"
+            time.sleep(0.05)
+        host.kill()
+        host.wait()
+        Path(f"{ready}-go").touch()
+        for worker in workers:
+            _, stderr = worker.communicate(timeout=60)
+            assert worker.returncode == 143, stderr[-2000:]
+            assert "The launch's store is gone" in stderr and "Traceback" not in stderr, stderr[-2000:]
+    finally:
+        for process in (host, *workers):
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()

@@ -7,6 +7,7 @@ import sys
 
 from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal
+from hfbert.pretraining.cluster import exit_now
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
 from hfbert.pretraining.run import dry_run, pretrain
@@ -60,9 +61,13 @@ def main(argv: list[str] | None = None) -> None:
         final = pretrain(settings)
     except Preempted as stopped:
         print(f"\n{stopped}", file=sys.stderr, flush=True)
+        if not stopped.process_group_ended:
+            exit_now(128 + stopped.signal_number)
         raise SystemExit(128 + stopped.signal_number) from None
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"\nModel, tokenizer, model card, curves and samples: {final.path.resolve()}\n")
         if final.fill_mask is not None:
             print(final.fill_mask)
         sys.stdout.flush()
+    if not final.process_group_ended:
+        exit_now(0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import secrets
 import signal
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,8 @@ from hfbert.errors import Refusal, RunFailure
 from hfbert.files import read_json, write_json_atomic
 from hfbert.pretraining.data import PretrainingData, count_training_instances, tokenizer_fingerprint
 from hfbert.pretraining.settings import PretrainingSettings
+
+logger = logging.getLogger(__name__)
 
 # Written by rank 0 into --output_dir and read back by every rank: is the folder one folder for all of them?
 SHARED_FOLDER_PROBE_NAME = ".hfbert-shared-folder-probe.json"
@@ -106,18 +109,40 @@ def form_process_group(timeout_seconds: int) -> None:
         ) from error
 
 
-def end_process_group(accelerator: Accelerator) -> None:
+def end_process_group(accelerator: Accelerator) -> bool:
     """Every rank passes a final barrier, then destroys the process group (and finishes the trackers).
+    Returns False where the group could not end: the process must then leave with `exit_now`.
 
     The barrier goes through the group's store: while a rank waits there its gloo worker threads can take the
     GIL to free the work of the last collective. gloo's destructor joins those threads; run while the main
-    thread holds the GIL and a worker still needs it, it deadlocked (issue 35: a rank hung after success)."""
+    thread holds the GIL and a worker still needs it, it deadlocked (issue 35: a rank hung after success).
+    Where the store is gone (node 0's torchrun, its host, died: every worker then stops as on a preemption),
+    the barrier fails, and any teardown of the group after that, even Python's own at exit, hangs in a torch
+    destructor (issue 44, the soak's finding 2)."""
     if accelerator.num_processes > 1 and dist.is_initialized():
         accelerator.wait_for_everyone()
         store = dist.distributed_c10d._get_default_store()  # no public accessor; the group's own store
-        store_barrier(store, accelerator.num_processes, f"hfbert/end/attempt-{attempt_of_launch()}")
+        try:
+            store_barrier(store, accelerator.num_processes, f"hfbert/end/attempt-{attempt_of_launch()}")
+        except dist.DistNetworkError as error:
+            logger.warning(
+                f"The launch's store is gone ({' '.join(str(error).split())[:200]}): node 0's launcher exited. "
+                "This process exits without tearing down its process group."
+            )
+            return False
     accelerator.end_training()
     linger_on_the_store_node()
+    return True
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit with `code` once the logs and output are flushed, skipping the interpreter's teardown, which hangs
+    on a process group that could not end (`end_process_group`). Everything the run wrote is already in place
+    (checkpoints and final folder are renamed into place whole)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def linger_on_the_store_node() -> None:

@@ -8,7 +8,7 @@ leaves a mix of an earlier run's files and this run's.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ class FinalFolder:
 
     path: Path
     fill_mask: str | None = None
+    process_group_ended: bool = True  # False: the entry point leaves with cluster.exit_now
 
 
 @dataclass(frozen=True)
@@ -123,5 +124,4 @@ def finish(
             raise RunFailure(write_failure_message(error, output_dir, output_dir)) from error
         if run.push_to_hub:
             logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
-    end_process_group(accelerator)
-    return final
+    return replace(final, process_group_ended=end_process_group(accelerator))

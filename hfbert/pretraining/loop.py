@@ -173,6 +173,7 @@ class Preempted(RuntimeError):
     def __init__(self, message: str, signal_number: int):
         super().__init__(message)
         self.signal_number = signal_number
+        self.process_group_ended = True  # False: the entry point leaves with cluster.exit_now
 
 
 class PreemptionSignals:

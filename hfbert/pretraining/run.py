@@ -290,9 +290,9 @@ def train(
     step = StepSettings.of(optimization, precision, run.output_dir, flops)
     try:
         metrics = fit(accelerator, state, eval_loader, LoopSchedule.of(budget, run), step, checkpoints, callbacks)
-    except Preempted:  # every rank stops at the same update: its process group ends now, not at exit
+    except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit
         release_ddp_wrapper(accelerator, state)
-        end_process_group(accelerator)
+        stopped.process_group_ended = end_process_group(accelerator)
         raise
     release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
     eval_results = {"step": state.progress.completed_steps, "train_seconds": state.progress.train_seconds, **metrics}
