@@ -37,10 +37,10 @@ STARTS = {
 REPO = Path(__file__).resolve().parent.parent
 
 
-def train(start: str, steps: int, output_dir: Path, extra: list[str]) -> subprocess.Popen:
-    """One run, in the background (all three share the machine: one thread each); `extra` flags last."""
+def train(start: str, steps: int, eval_steps: int, output_dir: Path, extra: list[str]) -> subprocess.Popen:
+    """One run, in the background (the runs share the machine: one thread each); `extra` flags last."""
     command = [sys.executable, str(REPO / "run_pretraining.py"), "--recipe", "quick-start", "--max_train_steps",
-               str(steps), "--eval_steps", "1000", "--checkpointing_steps", "2000", "--logging_steps", "100",
+               str(steps), "--eval_steps", str(eval_steps), "--checkpointing_steps", "2000", "--logging_steps", "100",
                "--output_dir", str(output_dir / start), "--resume_from_checkpoint", "auto", *STARTS[start], *extra]  # fmt: skip
     log = (output_dir / f"{start}.log").open("w")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -60,8 +60,8 @@ def evaluation_rows(output_dir: Path, start: str) -> list[dict]:
     return rows
 
 
-def report(output_dir: Path) -> None:
-    curves = {start: evaluation_rows(output_dir, start) for start in STARTS}
+def report(output_dir: Path, starts: list[str]) -> None:
+    curves = {start: evaluation_rows(output_dir, start) for start in starts}
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     for start, rows in curves.items():
         steps = [row["step"] for row in rows]
@@ -92,15 +92,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=12000)
+    parser.add_argument("--eval_steps", type=int, default=1000)
+    parser.add_argument("--starts", nargs="+", choices=list(STARTS), default=list(STARTS))
     parser.add_argument("--report", action="store_true", help="only report the runs in --output_dir")
     args, extra = parser.parse_known_args()  # after `--`: run_pretraining.py flags for every run (tests: tiny)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        runs = [train(start, args.steps, args.output_dir, [flag for flag in extra if flag != "--"]) for start in STARTS]
-        failed = [start for start, run in zip(STARTS, runs, strict=True) if run.wait() != 0]
+        extra = [flag for flag in extra if flag != "--"]
+        runs = [train(start, args.steps, args.eval_steps, args.output_dir, extra) for start in args.starts]
+        failed = [start for start, run in zip(args.starts, runs, strict=True) if run.wait() != 0]
         if failed:
             raise SystemExit(f"runs failed: {', '.join(failed)}; see their logs in {args.output_dir}")
-    report(args.output_dir)
+    report(args.output_dir, args.starts)
 
 
 if __name__ == "__main__":

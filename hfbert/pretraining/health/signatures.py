@@ -141,10 +141,10 @@ def plateau_event(row: dict[str, Any], baselines: Baselines, share: float) -> He
     return HealthEvent("unigram_plateau", int(row["step"]), (
         f"update {row['step']}: held-out MLM loss {loss:.3f} is not below the unigram baseline {unigram:.3f} by "
         f"{PLATEAU_MARGIN} after {share:.0%} of the budget: the model predicts word frequencies and nothing "
-        "else. Usual causes, in order: the learning rate or warm-up, too small or far too large (both end "
-        "here: 1e-3 suits tiny/mini, 1e-4 base, with --num_warmup_steps 1-5 % of the updates), the batch (raise "
-        "--per_device_train_batch_size or --gradient_accumulation_steps), duplicated text (the corpus "
-        "statistics at the start of the run)"))
+        "else. Usual causes, in order (docs/run_health.md counts them): duplicated text (the corpus statistics "
+        "at the start of the run), the batch (raise --per_device_train_batch_size or "
+        "--gradient_accumulation_steps), the learning rate or warm-up, too small or far too large (both end "
+        "here: 1e-3 suits tiny/mini, 1e-4 base, with --num_warmup_steps 1-5 % of the updates)"))
 
 
 def nsp_chance_line(baselines: Baselines) -> float | None:
@@ -191,9 +191,10 @@ def stall_event(row: dict[str, Any], state: SignatureState) -> HealthEvent | Non
     return HealthEvent("stalled", int(row["step"]), (
         f"update {row['step']}: held-out MLM loss has not improved by {STALL_MIN_IMPROVEMENT} over "
         f"{state.evaluations_without_improvement} evaluations (best {state.best_eval_loss:.3f}, now {loss:.3f}) "
-        f"while the learning rate is still {rate:.2e} ({rate / peak:.0%} of its peak): the model has learned "
-        "what this text teaches at this rate. Usual causes: a small corpus seen many times (more text helps, "
-        "more --dupe_factor does not), a rate too high to settle (lower --learning_rate); or stop earlier"))
+        f"while the learning rate is still {rate:.2e} ({rate / peak:.0%} of its peak). Usual causes, in order: "
+        "too early to judge (a plateau that more updates end: the next evaluations tell), a small corpus seen "
+        "many times (more text helps, more --dupe_factor does not), a rate too high to settle (lower "
+        "--learning_rate); or stop earlier"))
 
 
 def evaluation_row_events(

@@ -1,0 +1,130 @@
+"""The resume and preemption parts of the training loop (hfbert/pretraining/loop.py), fast and in-process: what
+a checkpoint records, the budget, the end of an epoch and how several processes agree, with stand-ins for
+what a run of several processes would need (issue 45: mutation testing maps only in-process calls)."""
+
+import json
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from test_training import run_args, train_in_process
+
+from hfbert.checkpointing import RUN_SETTINGS_NAME, TOKENIZER_FOLDER, TrainingProgress
+from hfbert.pretraining import loop
+from hfbert.pretraining.loop import LoopSchedule, PreemptionSignals, end_epoch, out_of_budget, synced_train_seconds
+from hfbert.pretraining.setup import Budget, LearningRateSchedule
+
+
+@dataclass
+class Processes:
+    """What the loop uses of an Accelerator of `num_processes` processes: the others' values in a reduction
+    come from `others`, and every reduction is recorded."""
+
+    num_processes: int
+    others: list[float] = field(default_factory=list)
+    reductions: list[tuple[torch.Tensor, str]] = field(default_factory=list)
+    device: torch.device = torch.device("cpu")
+
+    def reduce(self, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+        self.reductions.append((tensor.clone(), reduction))
+        assert reduction == "max"
+        return torch.stack([tensor, *(torch.tensor(v, dtype=tensor.dtype) for v in self.others)]).max()
+
+
+def budget(max_steps: int = 10, max_seconds: float | None = None) -> Budget:
+    return Budget(LearningRateSchedule(1e-3, 0, max_steps, max_seconds, "linear"), max_steps, num_epochs=3)
+
+
+def test_a_checkpoint_records_the_runs_settings_tokenizer_and_config_and_the_limit_keeps_the_newest(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "1")
+    train_in_process([*args, "--checkpoints_total_limit", "2", "--eval_steps", "1000"])
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    newest = output_dir / "checkpoint-4"
+    settings = json.loads((newest / RUN_SETTINGS_NAME).read_text())
+    assert settings["max_train_steps"] == 4 and settings["learning_rate"] == 1e-3
+    assert (newest / TOKENIZER_FOLDER / "tokenizer.json").is_file()
+    config = json.loads((newest / "config.json").read_text())
+    assert config["hidden_size"] == json.loads(run_inputs["config"].read_text())["hidden_size"]
+
+
+def test_the_budget_ends_at_its_updates_or_its_seconds_whichever_comes_first():
+    steps_only, with_time = budget(10), budget(10, max_seconds=5.0)
+    assert not out_of_budget(TrainingProgress(completed_steps=9), steps_only, seconds=1e9)
+    assert out_of_budget(TrainingProgress(completed_steps=10), steps_only, seconds=0.0)
+    assert not out_of_budget(TrainingProgress(completed_steps=9), with_time, seconds=4.99)
+    assert out_of_budget(TrainingProgress(completed_steps=9), with_time, seconds=5.0)
+    assert out_of_budget(TrainingProgress(completed_steps=10), with_time, seconds=0.0)
+
+
+def test_training_seconds_are_the_slowest_processes_only_under_a_time_budget_on_several_processes():
+    progress = TrainingProgress(train_seconds=2.5)
+    one = Processes(1)
+    assert synced_train_seconds(one, progress, budget(max_seconds=60.0)) == 2.5 and not one.reductions
+    several = Processes(2, others=[3.75])
+    assert synced_train_seconds(several, progress, budget()) == 2.5 and not several.reductions  # no time budget
+    seconds = synced_train_seconds(several, progress, budget(max_seconds=60.0))
+    assert seconds == 3.75 and isinstance(seconds, float)
+    (reduced, how), = several.reductions
+    assert reduced.dtype == torch.float64 and reduced.item() == 2.5 and how == "max"
+
+
+def test_one_process_stops_at_once_and_several_only_at_logging_steps_on_any_ones_signal():
+    with PreemptionSignals() as preemption:
+        assert not preemption.agreed(Processes(1), due=True)
+        preemption.record(signal.SIGUSR1, None)
+        preemption.record(signal.SIGTERM, None)  # a second signal changes nothing
+        assert preemption.signal_number == signal.SIGUSR1
+        assert preemption.agreed(Processes(1), due=False)
+    several = Processes(2, others=[float(signal.SIGTERM)])
+    quiet = PreemptionSignals()
+    assert not quiet.agreed(several, due=False) and not several.reductions  # no reduction between logging steps
+    assert quiet.agreed(several, due=True)  # another process had a signal
+    assert quiet.signal_number == signal.SIGTERM
+    assert not PreemptionSignals().agreed(Processes(2, others=[0.0]), due=True)
+
+
+def test_signal_handlers_are_recorded_while_active_and_given_back_after():
+    before = signal.getsignal(signal.SIGTERM)
+    with PreemptionSignals() as preemption:
+        for number in PreemptionSignals.SIGNALS:
+            assert signal.getsignal(number) == preemption.record
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C: recorded, no KeyboardInterrupt
+        assert preemption.signal_number == signal.SIGINT
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@dataclass
+class Recorder:
+    """The stand-ins end_epoch calls: evaluations and checkpoints, recorded."""
+
+    calls: list[str] = field(default_factory=list)
+
+    def save(self, accelerator: Any, state: Any) -> None:
+        self.calls.append("checkpoint")
+
+
+@pytest.mark.parametrize("eval_steps", [None, 5])
+@pytest.mark.parametrize("each_epoch", [True, False])
+def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_checkpointing_as_scheduled(
+    monkeypatch, eval_steps, each_epoch
+):
+    recorder = Recorder()
+
+    def evaluation(accelerator, state, eval_loader, callbacks, share):
+        recorder.calls.append(f"evaluation at share {share}")
+        return {"eval_mlm_loss": 1.0}
+
+    monkeypatch.setattr(loop, "run_evaluation", evaluation)
+    progress = TrainingProgress(completed_steps=7, epoch=1, micro_batches_in_epoch=12)
+    state = type("State", (), {"progress": progress})()
+    schedule = LoopSchedule(budget(), logging_steps=2, eval_steps=eval_steps, checkpoint_steps=None,
+                            checkpoint_each_epoch=each_epoch)  # fmt: skip
+    metrics = end_epoch(None, state, None, schedule, recorder, None, share=0.5)
+    assert (progress.epoch, progress.micro_batches_in_epoch, progress.completed_steps) == (2, 0, 7)
+    expected = (["evaluation at share 0.5"] if eval_steps is None else []) + (["checkpoint"] if each_epoch else [])
+    assert recorder.calls == expected
+    assert metrics == ({"eval_mlm_loss": 1.0} if eval_steps is None else None)
