@@ -41,7 +41,7 @@ TESTS_BY_MODULE = {
     ],
     # the resume and preemption parts (the --only globs in benchmarks/results/mutation.md); the subprocess
     # tests of preemption are slow and mutmut maps only in-process calls: one in-process preemption test is fast
-    "hfbert/pretraining/loop.py": ["tests/test_training.py", "tests/test_cli.py"],
+    "hfbert/pretraining/loop.py": ["tests/test_loop.py", "tests/test_training.py", "tests/test_cli.py"],
     "hfbert/finetune/settings.py": ["tests/test_finetune.py"],
     "hfbert/finetune/models.py": ["tests/test_finetune.py"],
     "hfbert/finetune/data.py": ["tests/test_finetune.py"],
