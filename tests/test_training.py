@@ -1085,12 +1085,14 @@ def test_a_signal_during_the_final_save_lets_it_finish(tmp_path, run_inputs):
     assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES
 
 
+@pytest.mark.parametrize("checkpointing_steps", [None, "2"])
 def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_the_resume_is_exact(
-    tmp_path, run_inputs, monkeypatch, capsys
+    tmp_path, run_inputs, monkeypatch, capsys, checkpointing_steps
 ):
     """The preemption path in-process (the subprocess tests above cover real launches), so that mutation
-    testing of loop.py maps it: SIGUSR1 during update 4 stops after update 4, with checkpoint-4 and no final
-    folder; the resume runs updates 5 and 6 only and equals a straight run."""
+    testing of loop.py maps it: SIGUSR1 during update 4 stops after update 4, with checkpoint-4 (written for
+    the stop, or the scheduled one at 4) and no final folder; the resume runs updates 5 and 6 only and equals
+    a straight run."""
     from hfbert.pretraining import loop
 
     train_step = loop.train_step
@@ -1102,6 +1104,8 @@ def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_t
 
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--eval_steps", "1000")
+    if checkpointing_steps is not None:
+        args += ["--checkpointing_steps", checkpointing_steps]
     with monkeypatch.context() as patched:
         patched.setattr(loop, "train_step", signal_during_update_4)
         with pytest.raises(SystemExit) as stopped:
@@ -1111,15 +1115,16 @@ def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_t
         f"Stopped by SIGUSR1 after update 4; the training state is saved in {output_dir / 'checkpoint-4'}. "
         "Resume with the same command plus --resume_from_checkpoint latest." in capsys.readouterr().err
     )
-    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-4"]
+    expected = ["checkpoint-4"] if checkpointing_steps is None else ["checkpoint-2", "checkpoint-4"]
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == expected
     assert not (output_dir / "model.safetensors").exists()
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handlers the run found are back
     train_in_process([*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"])
     assert evaluated_steps(output_dir) == [5, 6]
     train_in_process(run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "6", "--eval_steps", "1000"))
-    expected, actual = final_weights(tmp_path / "straight"), final_weights(output_dir)
-    assert expected.keys() == actual.keys()
-    assert all(torch.equal(actual[name], tensor) for name, tensor in expected.items())
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(output_dir)
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in straight.items())
 
 @pytest.mark.slow
 def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_path, run_inputs):
