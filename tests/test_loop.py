@@ -13,7 +13,13 @@ from test_training import run_args, train_in_process
 
 from hfbert.checkpointing import RUN_SETTINGS_NAME, TOKENIZER_FOLDER, TrainingProgress
 from hfbert.pretraining import loop
-from hfbert.pretraining.loop import LoopSchedule, PreemptionSignals, end_epoch, out_of_budget, synced_train_seconds
+from hfbert.pretraining.loop import (
+    LoopSchedule,
+    PreemptionSignals,
+    end_epoch,
+    out_of_budget,
+    synced_train_seconds,
+)
 from hfbert.pretraining.setup import Budget, LearningRateSchedule
 
 
@@ -25,7 +31,7 @@ class Processes:
     num_processes: int
     others: list[float] = field(default_factory=list)
     reductions: list[tuple[torch.Tensor, str]] = field(default_factory=list)
-    device: torch.device = torch.device("cpu")
+    device: str = "cpu"
 
     def reduce(self, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
         self.reductions.append((tensor.clone(), reduction))
@@ -37,7 +43,9 @@ def budget(max_steps: int = 10, max_seconds: float | None = None) -> Budget:
     return Budget(LearningRateSchedule(1e-3, 0, max_steps, max_seconds, "linear"), max_steps, num_epochs=3)
 
 
-def test_a_checkpoint_records_the_runs_settings_tokenizer_and_config_and_the_limit_keeps_the_newest(tmp_path, run_inputs):
+def test_a_checkpoint_records_the_runs_settings_tokenizer_and_config_and_the_limit_keeps_the_newest(
+    tmp_path, run_inputs
+):
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "1")
     train_in_process([*args, "--checkpoints_total_limit", "2", "--eval_steps", "1000"])
@@ -64,10 +72,12 @@ def test_training_seconds_are_the_slowest_processes_only_under_a_time_budget_on_
     one = Processes(1)
     assert synced_train_seconds(one, progress, budget(max_seconds=60.0)) == 2.5 and not one.reductions
     several = Processes(2, others=[3.75])
-    assert synced_train_seconds(several, progress, budget()) == 2.5 and not several.reductions  # no time budget
+    assert (
+        synced_train_seconds(several, progress, budget()) == 2.5 and not several.reductions
+    )  # no time budget
     seconds = synced_train_seconds(several, progress, budget(max_seconds=60.0))
     assert seconds == 3.75 and isinstance(seconds, float)
-    (reduced, how), = several.reductions
+    ((reduced, how),) = several.reductions
     assert reduced.dtype == torch.float64 and reduced.item() == 2.5 and how == "max"
 
 
@@ -80,7 +90,9 @@ def test_one_process_stops_at_once_and_several_only_at_logging_steps_on_any_ones
         assert preemption.agreed(Processes(1), due=False)
     several = Processes(2, others=[float(signal.SIGTERM)])
     quiet = PreemptionSignals()
-    assert not quiet.agreed(several, due=False) and not several.reductions  # no reduction between logging steps
+    assert (
+        not quiet.agreed(several, due=False) and not several.reductions
+    )  # no reduction between logging steps
     assert quiet.agreed(several, due=True)  # another process had a signal
     assert quiet.signal_number == signal.SIGTERM
     assert not PreemptionSignals().agreed(Processes(2, others=[0.0]), due=True)
@@ -125,6 +137,8 @@ def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_c
                             checkpoint_each_epoch=each_epoch)  # fmt: skip
     metrics = end_epoch(None, state, None, schedule, recorder, None, share=0.5)
     assert (progress.epoch, progress.micro_batches_in_epoch, progress.completed_steps) == (2, 0, 7)
-    expected = (["evaluation at share 0.5"] if eval_steps is None else []) + (["checkpoint"] if each_epoch else [])
+    expected = (["evaluation at share 0.5"] if eval_steps is None else []) + (
+        ["checkpoint"] if each_epoch else []
+    )
     assert recorder.calls == expected
     assert metrics == ({"eval_mlm_loss": 1.0} if eval_steps is None else None)
