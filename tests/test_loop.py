@@ -111,12 +111,12 @@ def test_signal_handlers_are_recorded_while_active_and_given_back_after():
 
 @dataclass
 class Recorder:
-    """The stand-ins end_epoch calls: evaluations and checkpoints, recorded."""
+    """The stand-ins end_epoch calls: evaluations and checkpoints, recorded with what they were given."""
 
-    calls: list[str] = field(default_factory=list)
+    calls: list[tuple] = field(default_factory=list)
 
     def save(self, accelerator: Any, state: Any) -> None:
-        self.calls.append("checkpoint")
+        self.calls.append(("checkpoint", accelerator, state))
 
 
 @pytest.mark.parametrize("eval_steps", [None, 5])
@@ -127,18 +127,20 @@ def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_c
     recorder = Recorder()
 
     def evaluation(accelerator, state, eval_loader, callbacks, share):
-        recorder.calls.append(f"evaluation at share {share}")
+        recorder.calls.append(("evaluation", accelerator, state, eval_loader, callbacks, share))
         return {"eval_mlm_loss": 1.0}
 
     monkeypatch.setattr(loop, "run_evaluation", evaluation)
     progress = TrainingProgress(completed_steps=7, epoch=1, micro_batches_in_epoch=12)
     state = type("State", (), {"progress": progress})()
+    accelerator, eval_loader, callbacks = "accelerator", "eval_loader", "callbacks"  # passed on as given
     schedule = LoopSchedule(budget(), logging_steps=2, eval_steps=eval_steps, checkpoint_steps=None,
                             checkpoint_each_epoch=each_epoch)  # fmt: skip
-    metrics = end_epoch(None, state, None, schedule, recorder, None, share=0.5)
+    metrics = end_epoch(accelerator, state, eval_loader, schedule, recorder, callbacks, share=0.5)
     assert (progress.epoch, progress.micro_batches_in_epoch, progress.completed_steps) == (2, 0, 7)
-    expected = (["evaluation at share 0.5"] if eval_steps is None else []) + (
-        ["checkpoint"] if each_epoch else []
+    evaluated = (
+        [("evaluation", accelerator, state, eval_loader, callbacks, 0.5)] if eval_steps is None else []
     )
-    assert recorder.calls == expected
+    saved = [("checkpoint", accelerator, state)] if each_epoch else []
+    assert recorder.calls == evaluated + saved
     assert metrics == ({"eval_mlm_loss": 1.0} if eval_steps is None else None)
