@@ -56,6 +56,10 @@ TRIAL_SECONDS = 1800
 MAX_ATTEMPTS = 6
 EXIT_GRACE_SECONDS = 5  # a launcher exits after its workers: what is left after it is an orphan
 DDP_TIMEOUT_SECONDS = 60  # a lost peer ends a collective within the attempt's bound
+# Two nodes: a node whose peer's torchrun died before the group formed waits in torchrun's static rendezvous,
+# 600 s by default, as long as an attempt's bound (trial 3340452800: node 0's torchrun killed 11 s in, at load 8,
+# before it started its worker; node 1 waited with an empty log). Shortened as --ddp_timeout is.
+RENDEZVOUS_TIMEOUT_SECONDS = 120
 
 LAUNCHES = ("one", "torchrun", "elastic", "nodes")
 WORLD_SIZE = {"one": 1, "torchrun": 2, "elastic": 2, "nodes": 2}
@@ -183,7 +187,8 @@ def launch_commands(launch: str, args: list[str]) -> list[list[str]]:
     if launch == "nodes":
         return [
             [*torchrun("--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
-                       "--master_addr", "127.0.0.1", "--master_port", port), *args]
+                       "--master_addr", "127.0.0.1", "--master_port", port,
+                       "--rdzv_conf", f"timeout={RENDEZVOUS_TIMEOUT_SECONDS}"), *args]
             for node in range(2)
         ]  # fmt: skip
     raise ValueError(f"unknown launch {launch!r}")
