@@ -54,8 +54,12 @@ CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 ATTEMPT_SECONDS = 600  # a 2-process attempt: 15-40 s on 2 quiet cores, 100-300 s on 2 cores at load 12; elastic starts up to 3 times
 TRIAL_SECONDS = 1800
 MAX_ATTEMPTS = 6
-EXIT_GRACE_SECONDS = 5  # a launcher exits after its workers: what is left after it is an orphan
 DDP_TIMEOUT_SECONDS = 60  # a lost peer ends a collective within the attempt's bound
+EXIT_GRACE_SECONDS = 5  # a launcher exits after its workers: what is left after it is an orphan
+# ... unless a signal ended the launcher (SIGKILL, or SIGUSR1, which torchrun does not handle): its workers then
+# stop by design (cluster.stop_with_the_launcher): the update, the next logging step, a checkpoint, and a store
+# that is gone noticed within --ddp_timeout. Trial 435203504 (load 7): still saving 5 s after torchrun died.
+ORPHAN_STOP_SECONDS = DDP_TIMEOUT_SECONDS + 60
 # Two nodes: a node whose peer's torchrun died before the group formed waits in torchrun's static rendezvous,
 # 600 s by default, as long as an attempt's bound (trial 3340452800: node 0's torchrun killed 11 s in, at load 8,
 # before it started its worker; node 1 waited with an empty log). Shortened as --ddp_timeout is.
@@ -340,8 +344,10 @@ def fire(fault: Fault, launch: Launch, world_size: int) -> bool:
 
 
 def leftovers(launch: Launch) -> list[str]:
-    """The command lines of the launch's processes still alive EXIT_GRACE_SECONDS after its launchers exited."""
-    deadline = time.monotonic() + EXIT_GRACE_SECONDS
+    """The command lines of the launch's processes still alive EXIT_GRACE_SECONDS after its launchers exited
+    (ORPHAN_STOP_SECONDS where a signal ended a launcher)."""
+    killed = any(launcher.returncode is not None and launcher.returncode < 0 for launcher in launch.launchers)
+    deadline = time.monotonic() + (ORPHAN_STOP_SECONDS if killed else EXIT_GRACE_SECONDS)
     while launch.pids() and time.monotonic() < deadline:
         time.sleep(0.1)
     left = []
