@@ -426,7 +426,8 @@ def write_bytes(path, data: bytes):
         ("empty.csv", b"", r"empty\.csv is empty"),
         ("header.csv", b"text,label\n", r"header\.csv has no data rows"),
         ("empty.jsonl", b"\n", r"empty\.jsonl is empty"),
-        ("latin.csv", "text,label\ncaf\u00e9,1\nthe,0\n".encode("latin-1"), r"latin\.csv is not UTF-8 .*byte"),
+        ("latin.csv", "text,label\ncaf\u00e9,1\nthe,0\n".encode("latin-1"),
+         r"latin\.csv is not UTF-8 .*byte.*; save it as UTF-8 \(e\.g\. iconv -f latin1 -t utf-8, or 'CSV UTF-8' in a spreadsheet\)$"),
         ("text.csv", b"text,label\n,1\nthe ship,0\n", r"text\.csv: row 1 .* has an empty or missing 'text'"),
         ("label.csv", b"text,label\na ship,\nthe ship,0\nthe team,1\n", r"label\.csv: row 1 .* has an empty or missing 'label'"),
         ("null.jsonl", b'{"text": "a", "label": null}\n{"text": "b", "label": 1}\n{"text": "c", "label": 0}\n',
@@ -443,6 +444,20 @@ def test_bad_validation_files_are_refused_naming_the_file(
 ):
     validation = tmp_path / name if content is None else write_bytes(tmp_path / name, content)
     refused_before_training(args_for(folder, topic_files[0], validation, tmp_path / "out"), message)
+
+
+def test_rows_longer_than_max_seq_length_are_truncated_to_it(tmp_path):
+    from transformers import BertTokenizerFast
+
+    from hfbert.finetune.data import TaskData, encode
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "ship", "sea"]) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(vocab))
+    rows = datasets.Dataset.from_list([{"text": "ship sea " * 50, "label": 0}, {"text": "ship", "label": 1}])
+    task = TaskData(rows, rows, "text", None, ["0", "1"], ("accuracy",), "validation")
+    lengths = [len(ids) for ids in encode(task, rows, tokenizer, max_seq_length=16)["input_ids"]]
+    assert lengths == [16, 3]
 
 
 def test_texts_keep_their_line_breaks_and_unicode_separators(tmp_path):
@@ -465,7 +480,27 @@ def test_a_folder_with_a_tokenizer_config_but_no_vocabulary_is_refused(tmp_path,
     refused_before_training(args_for(config_only, *topic_files, tmp_path / "out"), "holds no tokenizer")
     (config_only / "tokenizer.json").write_text("{}")  # JSON, but no tokenizer
     refused_before_training(
-        args_for(config_only, *topic_files, tmp_path / "out"), "tokenizer .* cannot be loaded"
+        args_for(config_only, *topic_files, tmp_path / "out"),
+        r"tokenizer in .*config-only cannot be loaded .*; save the tokenizer the model was trained with into the "
+        "folder again$",
+    )
+    missing = tmp_path / "missing"
+    refused_before_training(
+        args_for(missing, *topic_files, tmp_path / "out"),
+        f"^model_dir {missing}: no such folder; pass a finished run's output folder",
+    )
+
+
+def test_a_tokenizer_larger_than_the_models_embeddings_is_refused_naming_the_fix(tmp_path, folder, topic_files):
+    small = tmp_path / "small"
+    shutil.copytree(folder, small)
+    config = json.loads((small / "config.json").read_text())
+    config["vocab_size"] = 10
+    (small / "config.json").write_text(json.dumps(config))
+    refused_before_training(
+        args_for(small, *topic_files, tmp_path / "out"),
+        r"its tokenizer has \d+ tokens but the model only 10 embeddings; save the tokenizer the model was "
+        "trained with into the folder$",
     )
 
 
@@ -799,6 +834,34 @@ def test_learning_rate_flags_that_cannot_work_are_usage_errors(flags, message, c
     with pytest.raises(SystemExit):
         parse_args(["model", "--train_file", "t.csv", "--validation_file", "v.csv", *flags])
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--learning_rate_grid", "0", "1e-4"], "--learning_rate_grid [0.0, 0.0001]: distinct rates > 0"),
+     (["--warmup_ratio", "1"], "--warmup_ratio 1.0 must be in [0, 1)"),
+     (["--warmup_ratio", "-0.1"], "--warmup_ratio -0.1 must be in [0, 1)"),
+     (["--max_eval_samples", "0"], "--max_eval_samples 0 must be >= 1"),
+     (["--max_train_samples", "1"], "--max_train_samples 1 must be >= 2")],
+)  # fmt: skip
+def test_flags_at_the_edge_of_their_range_are_usage_errors_and_the_edge_itself_is_not(flags, message, capsys):
+    """Issue 45: mutation testing of check_flags left the boundaries untested (0 in the grid, a ratio of 1)."""
+    from hfbert.finetune.settings import parse_args
+
+    files = ["model", "--train_file", "t.csv", "--validation_file", "v.csv"]
+    with pytest.raises(SystemExit):
+        parse_args([*files, *flags])
+    assert message in capsys.readouterr().err
+    edges = ["--warmup_ratio", "0", "--max_eval_samples", "1", "--max_train_samples", "2"]
+    assert parse_args([*files, *edges]).training.warmup_ratio == 0
+
+
+def test_local_training_rows_need_a_validation_file_and_the_refusal_says_why(capsys):
+    from hfbert.finetune.settings import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["model", "--train_file", "t.csv"])
+    assert "--train_file needs --validation_file: results are measured on held-out examples" in capsys.readouterr().err
 
 
 @pytest.mark.slow
