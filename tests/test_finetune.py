@@ -460,6 +460,21 @@ def test_rows_longer_than_max_seq_length_are_truncated_to_it(tmp_path):
     assert lengths == [16, 3]
 
 
+def test_max_eval_samples_keeps_that_many_evaluation_rows_and_labels_stop_being_classes_past_half_the_rows(tmp_path):
+    """Issue 45: --max_eval_samples's selection and the label column's cardinality edge had no fast test."""
+    from hfbert.finetune.settings import parse_args
+
+    rows = [{"text": f"row {i}", "label": i % 50} for i in range(100)]  # 50 classes in 100 rows: the edge
+    path = write_csv(tmp_path / "rows.csv", rows)
+    flags = ["model", "--train_file", str(path), "--validation_file", str(path)]
+    task = load_task(parse_args([*flags, "--max_eval_samples", "7"]).data)
+    assert len(task.label_names) == 50 and len(task.evaluation) == 7 and len(task.train) == 100
+    wider = write_csv(tmp_path / "wider.csv", [*rows, {"text": "row 100", "label": 50}])  # 51 in 101 rows
+    with pytest.raises(Refusal, match=r"--label_column label has 51 distinct values in 101 training examples: not "
+                                      r"categorical; pass the column that holds the class$"):  # fmt: skip
+        load_task(parse_args(["model", "--train_file", str(wider), "--validation_file", str(wider)]).data)
+
+
 def test_texts_keep_their_line_breaks_and_unicode_separators(tmp_path):
     from hfbert.finetune.settings import parse_args
 
