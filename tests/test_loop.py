@@ -144,3 +144,28 @@ def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_c
     saved = [("checkpoint", accelerator, state)] if each_epoch else []
     assert recorder.calls == evaluated + saved
     assert metrics == ({"eval_mlm_loss": 1.0} if eval_steps is None else None)
+
+
+@pytest.mark.parametrize(
+    "history, metrics, evaluates",
+    [
+        ([{"step": 6, "loss": 1.0}, {"step": 6, "eval_mlm_loss": 2.0}], {"eval_mlm_loss": 2.0}, False),
+        ([{"step": 4, "eval_mlm_loss": 2.0}, {"step": 6, "loss": 1.0}], {"eval_mlm_loss": 2.0}, True),
+        ([{"step": 6, "loss": 1.0}], None, True),
+    ],
+)
+def test_the_final_metrics_evaluate_again_unless_an_evaluation_ran_at_the_last_update(
+    monkeypatch, history, metrics, evaluates
+):
+    calls = []
+
+    def evaluation(accelerator, state, eval_loader, callbacks, share):
+        calls.append(share)
+        return {"eval_mlm_loss": 3.0}
+
+    monkeypatch.setattr(loop, "run_evaluation", evaluation)
+    progress = TrainingProgress(completed_steps=6, log_history=history)
+    state = type("State", (), {"progress": progress})()
+    final = loop.final_metrics("accelerator", state, "eval_loader", "callbacks", metrics, share=0.75)
+    assert calls == ([0.75] if evaluates else [])
+    assert final == ({"eval_mlm_loss": 3.0} if evaluates else metrics)
