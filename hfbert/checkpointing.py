@@ -18,7 +18,7 @@ import re
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ except ImportError:  # Windows: no flock
     fcntl = None
 
 from accelerate import Accelerator
+from accelerate.utils import gather_object
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -304,23 +305,24 @@ def save_checkpoint(
         output_dir.mkdir(parents=True, exist_ok=True)
         _remove_leftover_temp_folders(output_dir)
     accelerator.wait_for_everyone()
-    try:
+
+    def write_main_files() -> None:
+        if run_settings is not None:
+            write_json_atomic(temp_folder / RUN_SETTINGS_NAME, run_settings)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(temp_folder / TOKENIZER_FOLDER)
+        if model_config is not None:  # with model.safetensors: a folder --model_name_or_path can start from
+            model_config.save_pretrained(temp_folder)
+        for name, content in (extra_json or {}).items():
+            write_json_atomic(temp_folder / name, content)
+        _write_manifest(temp_folder, step, accelerator.num_processes)
+
+    def write_state() -> None:
         accelerator.save_state(str(temp_folder), safe_serialization=True)
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            if run_settings is not None:
-                write_json_atomic(temp_folder / RUN_SETTINGS_NAME, run_settings)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(temp_folder / TOKENIZER_FOLDER)
-            if model_config is not None:  # with model.safetensors: a folder --model_name_or_path can start from
-                model_config.save_pretrained(temp_folder)
-            for name, content in (extra_json or {}).items():
-                write_json_atomic(temp_folder / name, content)
-            _write_manifest(temp_folder, step, accelerator.num_processes)
-    except WRITE_ERRORS as error:
-        message = write_failure_message(error, final_folder, output_dir)  # before the cleanup frees space
-        shutil.rmtree(temp_folder, ignore_errors=True)
-        raise CheckpointWriteError(message) from error
+
+    _write_everywhere(accelerator, write_state, temp_folder, final_folder, output_dir)
+    main_files = write_main_files if accelerator.is_main_process else None
+    _write_everywhere(accelerator, main_files, temp_folder, final_folder, output_dir)
     if accelerator.is_main_process:
         if final_folder.exists():
             # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
@@ -334,6 +336,31 @@ def save_checkpoint(
             _prune_checkpoints(output_dir, total_limit)
     accelerator.wait_for_everyone()
     return final_folder
+
+
+def _write_everywhere(
+    accelerator: Accelerator, write: Callable[[], Any] | None, temp_folder: Path, final_folder: Path, output_dir: Path
+) -> None:
+    """Run this process's part of a checkpoint (`write`; None: nothing here), then every process learns whether
+    any failed and all raise the first failing one's refusal. A writer that stopped alone left the others in
+    the checkpoint's next collective, to stop there on a network error that named no cause (the soak's trial
+    3532446025: two refusals for one full disk)."""
+    message, cause = None, None
+    try:
+        if write is not None:
+            write()
+    except WRITE_ERRORS as error:  # the message before any cleanup frees space
+        message, cause = write_failure_message(error, final_folder, output_dir), error
+    if accelerator.num_processes > 1:
+        try:
+            message = next((m for m in gather_object([message]) if m is not None), None)
+        except RuntimeError as error:  # another process died: this one can only say so
+            message, cause = message or write_failure_message(error, final_folder, output_dir), cause or error
+    if message is None:
+        return
+    if accelerator.is_main_process:
+        shutil.rmtree(temp_folder, ignore_errors=True)
+    raise CheckpointWriteError(message) from cause
 
 
 def write_failure_message(

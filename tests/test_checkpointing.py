@@ -775,3 +775,48 @@ def test_where_a_folder_cannot_be_flocked_the_lock_file_alone_holds_it(tmp_path)
     ):
         pass
     assert not output_dir.exists()
+
+
+class OneOfTwo:
+    """What _write_everywhere uses of the Accelerator of one process of two."""
+
+    num_processes = 2
+
+    def __init__(self, is_main_process: bool):
+        self.is_main_process = is_main_process
+
+
+def test_when_one_process_fails_to_write_its_part_every_process_stops_with_its_refusal(tmp_path, monkeypatch):
+    """The soak's trial 3532446025 (issue 44, finding 6): rank 0 stopped on a full disk alone, and rank 1, left in
+    the checkpoint's next collective, stopped with gloo's 'Connection closed by peer' as its refusal."""
+    from hfbert import checkpointing
+
+    output_dir, temp = tmp_path / "run", tmp_path / "run" / ".tmp-checkpoint-10"
+    temp.mkdir(parents=True)
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def no_space() -> None:
+        raise full
+
+    def gathered(messages):  # the two processes' messages, this one's first
+        return lambda mine: [mine[0], *messages]
+
+    # The main process failed; the other, with nothing of its own to write, raises the main process's refusal.
+    monkeypatch.setattr(checkpointing, "gather_object", gathered(["no space left writing ...checkpoint-10; ..."]))
+    with pytest.raises(checkpointing.CheckpointWriteError, match=r"^no space left writing \.\.\.checkpoint-10"):
+        checkpointing._write_everywhere(OneOfTwo(False), None, temp, output_dir / "checkpoint-10", output_dir)
+    assert temp.is_dir()  # only the main process removes the staged folder
+    # The main process raises its own refusal, naming the disk, and removes the staged folder.
+    monkeypatch.setattr(checkpointing, "gather_object", gathered([None]))
+    with pytest.raises(checkpointing.CheckpointWriteError, match=r"no complete checkpoint exists yet\. Free space"):
+        checkpointing._write_everywhere(OneOfTwo(True), no_space, temp, output_dir / "checkpoint-10", output_dir)
+    assert not temp.exists()
+    # Written everywhere: nothing raised.
+    checkpointing._write_everywhere(OneOfTwo(True), lambda: None, temp, output_dir / "checkpoint-10", output_dir)
+
+    def peer_died(mine):
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(checkpointing, "gather_object", peer_died)
+    with pytest.raises(checkpointing.CheckpointWriteError, match="Connection closed by peer"):
+        checkpointing._write_everywhere(OneOfTwo(False), None, temp, output_dir / "checkpoint-10", output_dir)
