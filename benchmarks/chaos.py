@@ -655,7 +655,7 @@ def next_args(run: TrialRun, outcome: Outcome, attempt: Attempt, ledger: Ledger)
     if checkpoint is not None and checkpoint.is_dir():
         outcome.notes.append(f"followed --resume_from_checkpoint {checkpoint.name}")
         return with_resume_flag(run.base_args, "--resume_from_checkpoint", str(checkpoint))
-    if "free space" in refusal and run.disk is not None:
+    if "free space" in refusal.lower() and run.disk is not None:  # "Free space" before any checkpoint exists
         grow_disk(run.disk, 4 * folder_bytes(run.straight) + (1 << 20))
         outcome.notes.append("freed space")
         return run.base_args
