@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -317,12 +318,9 @@ def save_checkpoint(
             write_json_atomic(temp_folder / name, content)
         _write_manifest(temp_folder, step, accelerator.num_processes)
 
-    def write_state() -> None:
-        accelerator.save_state(str(temp_folder), safe_serialization=True)
-
-    _write_everywhere(accelerator, write_state, temp_folder, final_folder, output_dir)
-    main_files = write_main_files if accelerator.is_main_process else None
-    _write_everywhere(accelerator, main_files, temp_folder, final_folder, output_dir)
+    state = partial(accelerator.save_state, str(temp_folder), safe_serialization=True)
+    for write in (state, write_main_files if accelerator.is_main_process else None):  # each agreed on
+        _write_everywhere(accelerator, write, temp_folder, final_folder, output_dir)
     if accelerator.is_main_process:
         if final_folder.exists():
             # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
