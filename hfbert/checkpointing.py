@@ -353,7 +353,7 @@ def _write_everywhere(
         try:
             message = next((m for m in gather_object([message]) if m is not None), None)
         except RuntimeError as error:  # another process died: this one can only say so
-            message, cause = message or write_failure_message(error, final_folder, output_dir), cause or error
+            message, cause = message or peer_failure_message(error, final_folder, output_dir), cause or error
     if message is None:
         return
     if accelerator.is_main_process:
@@ -378,6 +378,24 @@ def write_failure_message(
     return (
         f"{what}; the last complete checkpoint {checkpoints[-1]} is intact; "
         f"{full if disk_full else 'fix the cause'} and resume with the same command plus "
+        "--resume_from_checkpoint latest"
+    )
+
+
+def peer_failure_message(error: RuntimeError, path: str | os.PathLike, output_dir: str | os.PathLike) -> str:
+    """For a process that lost another during the agreement on a checkpoint or the final folder `path`: the
+    collective's error (gloo's or NCCL's first sentence, without its source line) stands for a cause that only the
+    other process's log names."""
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", str(error)).split(". ")[0].strip()
+    what = f"another process of the run stopped while {path} was being written ({reason}); its log names the cause"
+    checkpoints = find_checkpoints(output_dir)
+    if not checkpoints:
+        return (
+            f"{what}. No complete checkpoint exists yet: start the run again (the same command with "
+            "--resume_from_checkpoint auto, or --overwrite_output_dir)"
+        )
+    return (
+        f"{what}; the last complete checkpoint {checkpoints[-1]} is intact; resume with the same command plus "
         "--resume_from_checkpoint latest"
     )
 

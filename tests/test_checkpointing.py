@@ -814,9 +814,25 @@ def test_when_one_process_fails_to_write_its_part_every_process_stops_with_its_r
     # Written everywhere: nothing raised.
     checkpointing._write_everywhere(OneOfTwo(True), lambda: None, temp, output_dir / "checkpoint-10", output_dir)
 
+    # A process killed during the write (the soak's trial 3530063114): the others' refusal says that another
+    # process stopped, not that this one's write failed with gloo's error and its source line.
     def peer_died(mine):
-        raise RuntimeError("Connection closed by peer")
+        raise RuntimeError(
+            "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:22195. This is typically caused by a remote worker crashing. Check the logs of the remote "
+            "worker before reporting an error. GLHF!"
+        )
 
     monkeypatch.setattr(checkpointing, "gather_object", peer_died)
-    with pytest.raises(checkpointing.CheckpointWriteError, match="Connection closed by peer"):
+    with pytest.raises(checkpointing.CheckpointWriteError) as refusal:
         checkpointing._write_everywhere(OneOfTwo(False), None, temp, output_dir / "checkpoint-10", output_dir)
+    assert str(refusal.value).startswith(
+        f"another process of the run stopped while {output_dir / 'checkpoint-10'} was being written (Connection "
+        "closed by peer [127.0.0.1]:22195); its log names the cause. No complete checkpoint exists yet"
+    ), refusal.value
+    assert "pair.cc" not in str(refusal.value) and "GLHF" not in str(refusal.value)
+    (output_dir / "checkpoint-7").mkdir()
+    (output_dir / "checkpoint-7" / checkpointing.MANIFEST_NAME).write_text("{}")
+    with pytest.raises(checkpointing.CheckpointWriteError, match=r"the last complete checkpoint .*checkpoint-7 is "
+                       r"intact; resume with the same command plus --resume_from_checkpoint latest$"):  # fmt: skip
+        checkpointing._write_everywhere(OneOfTwo(True), lambda: None, temp, output_dir / "checkpoint-10", output_dir)
