@@ -663,6 +663,9 @@ def next_args(run: TrialRun, outcome: Outcome, attempt: Attempt, ledger: Ledger)
         outcome.notes.append("followed --overwrite_output_dir")
         ledger.seen.clear()  # the user asked for the folder's checkpoints to go
         return with_resume_flag(run.base_args, "--overwrite_output_dir")
+    if "--resume_from_checkpoint latest" in refusal:  # e.g. a rank killed while the others wrote a checkpoint
+        outcome.notes.append("followed --resume_from_checkpoint latest")
+        return with_resume_flag(run.base_args, "--resume_from_checkpoint", "latest")
     outcome.problems.append(f"a refusal whose fix the soak cannot follow: {refusal}")
     return None
 

@@ -30,6 +30,22 @@ def test_a_refusal_after_the_progress_bar_on_its_line_is_read_as_one_line():
     assert "traceback" in chaos.refusal_of(traceback)[1]
 
 
+def test_a_refusal_asking_for_the_latest_checkpoint_is_followed(tmp_path):
+    """The soak's trial 3530063114 (batch 402): rank 0 killed while rank 1 wrote a checkpoint; rank 1's refusal
+    asks for --resume_from_checkpoint latest, which the soak could not follow."""
+    base = ["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "auto"]
+    run = chaos.TrialRun(None, tmp_path, tmp_path / "run", tmp_path / "straight", base, [], None)
+    outcome = chaos.Outcome(trial=None)
+    output = (
+        "run_pretraining.py: error: another process of the run stopped while /r/checkpoint-14 was being written "
+        "(Connection closed by peer); its log names the cause; the last complete checkpoint /r/checkpoint-7 is "
+        "intact; resume with the same command plus --resume_from_checkpoint latest\n"
+    )
+    attempt = Attempt([1], output, [], hung=False, left_behind=[], seconds=1.0)
+    assert chaos.next_args(run, outcome, attempt, chaos.Ledger(None)) == [*base[:3], "latest"]
+    assert not outcome.problems and outcome.notes == ["followed --resume_from_checkpoint latest"]
+
+
 def by_update(kind: str, update: int, attempt: int = 0) -> Fault:
     return Fault(kind=kind, attempt=attempt, at_update=update, at_seconds=None, target=0)
 
