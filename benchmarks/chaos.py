@@ -666,6 +666,9 @@ def next_args(run: TrialRun, outcome: Outcome, attempt: Attempt, ledger: Ledger)
     if "--resume_from_checkpoint latest" in refusal:  # e.g. a rank killed while the others wrote a checkpoint
         outcome.notes.append("followed --resume_from_checkpoint latest")
         return with_resume_flag(run.base_args, "--resume_from_checkpoint", "latest")
+    if "again with the same command" in refusal:  # e.g. another node's rank killed before the group formed
+        outcome.notes.append("started again with the same command")
+        return run.base_args
     outcome.problems.append(f"a refusal whose fix the soak cannot follow: {refusal}")
     return None
 

@@ -30,20 +30,38 @@ def test_a_refusal_after_the_progress_bar_on_its_line_is_read_as_one_line():
     assert "traceback" in chaos.refusal_of(traceback)[1]
 
 
-def test_a_refusal_asking_for_the_latest_checkpoint_is_followed(tmp_path):
-    """The soak's trial 3530063114 (batch 402): rank 0 killed while rank 1 wrote a checkpoint; rank 1's refusal
-    asks for --resume_from_checkpoint latest, which the soak could not follow."""
+FOLLOWED = {
+    # Trial 3530063114 (batch 402): rank 0 killed while rank 1 wrote a checkpoint; rank 1 asks for latest.
+    "latest": (
+        "another process of the run stopped while /r/checkpoint-14 was being written (Connection closed by peer); "
+        "its log names the cause; the last complete checkpoint /r/checkpoint-7 is intact; resume with the same "
+        "command plus --resume_from_checkpoint latest",
+        ["--resume_from_checkpoint", "latest"],
+        "followed --resume_from_checkpoint latest",
+    ),
+    # Trial 2103068741 (batch 402): node 0's rank killed before the group formed; node 1's rank timed out.
+    "again": (
+        "Rank 1 of 2 could not form the process group through MASTER_ADDR 127.0.0.1 MASTER_PORT 56915 within "
+        "--ddp_timeout 60 s (restart 0): DistNetworkError: timed out. Start every node's launcher with the same "
+        "master address and port (reachable from every node: rank 0's host), --nnodes and --nproc_per_node; if "
+        "they were, a process on another node stopped first (its log says why): start every node's launcher "
+        "again with the same command.",
+        ["--resume_from_checkpoint", "auto"],
+        "started again with the same command",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOLLOWED))
+def test_a_refusal_the_soak_could_not_follow_is_followed(tmp_path, name):
+    """Two refusals after a killed rank that stopped the soak (batch 402) on a fix it could not follow."""
+    refusal, flags, note = FOLLOWED[name]
     base = ["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "auto"]
     run = chaos.TrialRun(None, tmp_path, tmp_path / "run", tmp_path / "straight", base, [], None)
     outcome = chaos.Outcome(trial=None)
-    output = (
-        "run_pretraining.py: error: another process of the run stopped while /r/checkpoint-14 was being written "
-        "(Connection closed by peer); its log names the cause; the last complete checkpoint /r/checkpoint-7 is "
-        "intact; resume with the same command plus --resume_from_checkpoint latest\n"
-    )
-    attempt = Attempt([1], output, [], hung=False, left_behind=[], seconds=1.0)
-    assert chaos.next_args(run, outcome, attempt, chaos.Ledger(None)) == [*base[:3], "latest"]
-    assert not outcome.problems and outcome.notes == ["followed --resume_from_checkpoint latest"]
+    attempt = Attempt([1], f"run_pretraining.py: error: {refusal}\n", [], hung=False, left_behind=[], seconds=1.0)
+    assert chaos.next_args(run, outcome, attempt, chaos.Ledger(None)) == [*base[:2], *flags]
+    assert not outcome.problems and outcome.notes == [note]
 
 
 def by_update(kind: str, update: int, attempt: int = 0) -> Fault:

@@ -105,7 +105,8 @@ def form_process_group(timeout_seconds: int) -> None:
             f"MASTER_PORT {port} within --ddp_timeout {timeout_seconds} s (restart {attempt_of_launch()}): "
             f"{type(error).__name__}: {' '.join(str(error).split())[:500]}. Start every node's launcher with the "
             "same master address and port (reachable from every node: rank 0's host), --nnodes and "
-            "--nproc_per_node."
+            "--nproc_per_node; if they were, a process on another node stopped first (its log says why): start "
+            "every node's launcher again with the same command."
         ) from error
 
 
