@@ -55,6 +55,8 @@ logger = logging.getLogger(__name__)
 TEMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
 # A checkpoint being replaced by a save at the same step is parked under this prefix until the new one is in place.
 REPLACED_CHECKPOINT_PREFIX = ".replaced-checkpoint-"
+# A checkpoint beyond --checkpoints_total_limit is renamed under this prefix, then deleted.
+PRUNED_CHECKPOINT_PREFIX = ".pruned-checkpoint-"
 MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT_VERSION = 1
 # Held (flock) by the run writing into a folder; hidden, so never uploaded and not one of the user's files.
@@ -249,15 +251,33 @@ def _check_no_automatic_naming(accelerator: Accelerator) -> None:
 
 
 def _remove_leftover_temp_folders(output_dir: Path) -> None:
+    prefixes = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
     for path in output_dir.iterdir():
-        if path.is_dir() and path.name.startswith((TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX)):
+        if path.is_dir() and path.name.startswith(prefixes):
             shutil.rmtree(path)
+
+
+def _finish_interrupted_replace(output_dir: Path) -> None:
+    """A save of a step that has a checkpoint parks the old one, then renames the new one into place; a kill
+    between the two renames leaves no checkpoint-N. Put the new one in place (its manifest, written last, says
+    it is whole), else the parked one back, before anything looks for checkpoints."""
+    for parked in output_dir.glob(f"{REPLACED_CHECKPOINT_PREFIX}*"):
+        step = parked.name.removeprefix(REPLACED_CHECKPOINT_PREFIX)
+        final, staged = output_dir / f"{CHECKPOINT_PREFIX}{step}", output_dir / f"{TEMP_CHECKPOINT_PREFIX}{step}"
+        if not parked.is_dir() or final.exists():
+            continue  # the replace finished: the parked copy is a leftover of its cleanup
+        if (staged / MANIFEST_NAME).is_file():
+            os.replace(staged, final)
+            shutil.rmtree(parked)
+        else:
+            os.replace(parked, final)
+        logger.warning(f"Finished the replace of {final.name} that a crash interrupted")
 
 
 def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
     for path in find_checkpoints(output_dir)[:-total_limit]:
         # Rename first so a crash mid-delete leaves a temp folder (ignored) rather than a damaged checkpoint.
-        doomed = path.with_name(f"{REPLACED_CHECKPOINT_PREFIX}{checkpoint_step(path)}")
+        doomed = path.with_name(f"{PRUNED_CHECKPOINT_PREFIX}{checkpoint_step(path)}")
         os.replace(path, doomed)
         shutil.rmtree(doomed)
 
@@ -267,7 +287,9 @@ RUN_SETTINGS_NAME = "run_settings.json"
 TOKENIZER_FOLDER = "tokenizer"
 # Folders of an earlier run that --overwrite_output_dir removes, and (with the trained tokenizer) the names
 # that mark a folder as an hfbert run, complete or not.
-_LEFTOVER_PREFIXES = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, FINAL_STAGING, FINAL_READY)
+_LEFTOVER_PREFIXES = (
+    TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX, FINAL_STAGING, FINAL_READY
+)
 _RUN_MARKERS = (*_LEFTOVER_PREFIXES, ".tokenizer")
 
 
@@ -698,7 +720,8 @@ def run_folder_lock(output_dir: str | os.PathLike) -> Iterator[None]:
     The lock is a flock on the folder (created if needed) and on `output_dir/.hfbert-run.lock`, which names the
     holder; the kernel releases both when the holder dies, even by SIGKILL: a crashed run never blocks the
     next, and a deleted lock file does not let a second run in. Take it on the main process only, before
-    anything else reads or writes the folder. On exit the lock file is removed, and the folder too if this run
+    anything else reads or writes the folder: holding it, it first finishes a same-step checkpoint replace that
+    a crash interrupted. On exit the lock file is removed, and the folder too if this run
     created it and left nothing in it (with the parents it created).
     """
     output_dir = Path(output_dir)
@@ -721,6 +744,7 @@ def run_folder_lock(output_dir: str | os.PathLike) -> Iterator[None]:
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(fd, 0)
         os.write(fd, (json.dumps(holder) + "\n").encode("utf-8"))
+        _finish_interrupted_replace(output_dir)  # the holder's first act: a crashed holder may have left one
         yield
     finally:
         # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.

@@ -187,6 +187,54 @@ def test_saving_the_same_step_twice_replaces_it(tmp_path):
     assert reloaded[5].log_history == [{"step": 5, "loss": 1.0}]
 
 
+class Killed(BaseException):
+    """A SIGKILL at a chosen point, as an exception nothing in hfbert catches."""
+
+
+@pytest.mark.parametrize("staged_left", [True, False])
+def test_a_kill_between_the_renames_of_a_same_step_save_loses_neither_copy(tmp_path, monkeypatch, staged_left):
+    """A save of a step that has a checkpoint parks the old one, then renames the new one into place. Killed
+    between the two renames (a second preemption right after a resume saves the same step again), the folder
+    held no checkpoint-5: auto resumed checkpoint-3, and the next save removed both copies (issue 44, read in
+    the code). The next holder of the folder now puts the new copy in place (or the parked one back)."""
+    run = save_steps(tmp_path, [3, 5])
+    run[5].log_history.append({"step": 5, "loss": 1.0})
+    real_replace, renames = os.replace, []
+
+    def killed_after_parking(source, target):
+        renames.append(Path(target).name)
+        if Path(target).name == "checkpoint-5":
+            raise Killed
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", killed_after_parking)
+    with pytest.raises(Killed):
+        save_checkpoint(run[0], tmp_path, 5)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert renames[-2:] == [".replaced-checkpoint-5", "checkpoint-5"]
+    if not staged_left:  # only the parked copy is left: it goes back
+        shutil.rmtree(tmp_path / ".tmp-checkpoint-5")
+    with run_folder_lock(tmp_path):
+        pass
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-5"]
+    check_run_folder(tmp_path, resume_from_checkpoint="auto", overwrite_output_dir=False)
+    assert resolve_resume_checkpoint(tmp_path, "auto") == tmp_path / "checkpoint-5"  # verified whole
+    reloaded = build_run()
+    load_checkpoint(reloaded[0], tmp_path / "checkpoint-5")
+    assert reloaded[5].log_history == ([{"step": 5, "loss": 1.0}] if staged_left else [])
+
+
+def test_a_checkpoint_killed_while_being_pruned_is_not_put_back(tmp_path, monkeypatch):
+    save_steps(tmp_path, [2, 4])
+    monkeypatch.setattr(shutil, "rmtree", mock.Mock(side_effect=Killed))
+    with pytest.raises(Killed):
+        save_steps(tmp_path, [6], total_limit=2)
+    monkeypatch.undo()
+    with run_folder_lock(tmp_path):
+        pass
+    assert [path.name for path in find_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-6"]
+
+
 def test_interrupted_save_leaves_previous_checkpoint_latest(tmp_path):
     run = save_steps(tmp_path, [3])
     # A process killed during save_state of step 6: temp folder with partial files, never renamed.
