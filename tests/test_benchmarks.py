@@ -253,7 +253,7 @@ def test_gpu_report_runs_every_part_into_one_report_and_keeps_what_a_cut_off_par
     report = tmp_path / "report.md"
     parts = gpu_report.main(
         ["--output", str(report), "--sizes", "tiny", "--seq_lens", "64", "--batch_sizes", "8",
-         "--steps", "2", "--warmup_steps", "2", "--suite", "tests/test_plotting.py",
+         "--steps", "2", "--warmup_steps", "2", "--suite", "tests/test_plotting.py", "--workers", "0",
          "--resume_seconds", "1", "--compile_seconds", "1", "--bench_seconds", "300", "--budget_seconds", "900"]
     )  # fmt: skip
     titles = [part.title for part in parts]
