@@ -382,10 +382,15 @@ def test_differences_name_each_flag_version_and_input_that_differs_from_rank_0()
 ORPHAN = """
 import os, subprocess, sys, time
 if sys.argv[1] == "launcher":  # stands in for torchrun: starts the worker in a session of its own, then waits
-    worker = subprocess.Popen([sys.executable, "-c", sys.argv[2], "worker", sys.argv[3]], start_new_session=True)
+    worker = subprocess.Popen([sys.executable, "-c", sys.argv[2], *sys.argv[3:]], start_new_session=True)
     print(worker.pid, flush=True)
     time.sleep(600)
 else:
+    import hfbert
+    if sys.argv[1] == "late":  # the launcher is killed during the worker's imports
+        open(sys.argv[2] + "-imported", "w").close()
+        while not os.path.exists(sys.argv[2] + "-go"):
+            time.sleep(0.05)
     from hfbert.pretraining.cluster import stop_with_the_launcher
     stop_with_the_launcher()
     open(sys.argv[2], "w").close()
@@ -405,8 +410,8 @@ def test_a_worker_of_torchrun_gets_sigterm_when_torchrun_is_killed(tmp_path):
     """torchrun ended by SIGKILL or SIGUSR1 (which it does not forward) left its workers training alone."""
     ready = tmp_path / "ready"
     launcher = subprocess.Popen(
-        [sys.executable, "-c", ORPHAN, "launcher", ORPHAN, str(ready)], cwd=REPO, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "TORCHELASTIC_RUN_ID": "test"},
+        [sys.executable, "-c", ORPHAN, "launcher", ORPHAN, "worker", str(ready)], cwd=REPO, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "TORCHELASTIC_RUN_ID": "test"},
     )  # fmt: skip
     worker = int(launcher.stdout.readline())
     try:
@@ -419,6 +424,33 @@ def test_a_worker_of_torchrun_gets_sigterm_when_torchrun_is_killed(tmp_path):
         while running(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not running(worker), "the worker outlived its launcher"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_a_worker_whose_torchrun_died_during_its_imports_stops_saying_so(tmp_path):
+    """The soak's trials 1891571895 and 3547280107 (issue 44): torchrun killed 7 s in, while its workers were
+    still importing, before they asked the kernel for SIGTERM; they went on alone and waited minutes for the
+    store torchrun had hosted. A worker now compares its parent with the one it had when hfbert was imported."""
+    ready, log = tmp_path / "ready", tmp_path / "worker.log"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN, "launcher", ORPHAN, "late", str(ready)], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=log.open("w"), text=True, env={**os.environ, "TORCHELASTIC_RUN_ID": "test"},
+    )  # fmt: skip
+    worker = int(launcher.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(f"{ready}-imported").exists():
+            assert time.monotonic() < deadline, "the worker did not import hfbert"
+            time.sleep(0.05)
+        launcher.kill()
+        launcher.wait()
+        Path(f"{ready}-go").touch()
+        while running(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(worker) and not ready.exists(), "the worker went on without its launcher"
+        assert "exited before the worker could start: start every node's launcher again" in log.read_text()
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)

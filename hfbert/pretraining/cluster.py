@@ -29,6 +29,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list, gather_object, parse_flag_from_env
 from torch.distributed.elastic.utils.store import barrier as store_barrier
 
+from hfbert import PARENT_PID_AT_IMPORT
 from hfbert.corpus_source import corpus_fingerprint
 from hfbert.errors import Refusal, RunFailure
 from hfbert.files import read_json, write_json_atomic
@@ -67,14 +68,20 @@ def stop_with_the_launcher() -> None:
     torchrun forwards SIGTERM and SIGINT to its workers, but a signal it does not handle ends it at once (SIGUSR1,
     which the README names as a preemption signal) and so does SIGKILL; its workers, in sessions of their own,
     then trained on alone to the end of the run, holding the folder's lock. With this they stop as on a
-    preemption instead: a checkpoint and the resume command. (A torchrun that died before this call is not
-    noticed: the kernel has no way to say whose child the worker was.)
+    preemption instead: a checkpoint and the resume command. A torchrun that died before this call (during the
+    imports, seconds) is noticed by the worker's parent, which is then no longer the one it had when hfbert was
+    imported: the worker stops with a refusal that says so.
     """
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG, SIGTERM) failed")
+    if os.getppid() != PARENT_PID_AT_IMPORT:
+        raise ProcessGroupError(
+            f"The launcher that started this worker (pid {PARENT_PID_AT_IMPORT}) exited before the worker could "
+            "start: start every node's launcher again with the same command."
+        )
 
 
 def form_process_group(timeout_seconds: int) -> None:
