@@ -68,7 +68,8 @@ _CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
 
 
 class CheckpointWriteError(RunFailure):
-    """A checkpoint could not be written (a full disk ...); the message names the last intact checkpoint."""
+    """A checkpoint or the final folder could not be written (a full disk ...); the message names the last
+    intact checkpoint."""
 
 
 class CheckpointError(Refusal):
@@ -342,7 +343,7 @@ def save_checkpoint(
 
     state = partial(accelerator.save_state, str(temp_folder), safe_serialization=True)
     for write in (state, write_main_files if accelerator.is_main_process else None):  # each agreed on
-        _write_everywhere(accelerator, write, temp_folder, final_folder, output_dir)
+        write_on_every_process(accelerator, write, final_folder, output_dir, staged=temp_folder)
     if accelerator.is_main_process:
         if final_folder.exists():
             # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
@@ -358,28 +359,33 @@ def save_checkpoint(
     return final_folder
 
 
-def _write_everywhere(
-    accelerator: Accelerator, write: Callable[[], Any] | None, temp_folder: Path, final_folder: Path, output_dir: Path
-) -> None:
-    """Run this process's part of a checkpoint (`write`; None: nothing here), then every process learns whether
-    any failed and all raise the first failing one's refusal. A writer that stopped alone left the others in
-    the checkpoint's next collective, to stop there on a network error that named no cause (the soak's trial
-    3532446025: two refusals for one full disk)."""
-    message, cause = None, None
+def write_on_every_process(
+    accelerator: Accelerator,
+    write: Callable[[], Any] | None,
+    path: Path,
+    output_dir: Path,
+    staged: Path | None = None,
+) -> Any:
+    """Run this process's part of writing `path` (a checkpoint or the final folder; `write`, None: nothing
+    here) and return what it returns; then every process learns whether any failed, and all raise the first
+    failing one's refusal (`staged`, if given, is removed first by the main process). A writer that stopped
+    alone left the others in the run's next collective, to stop there on a network error that named no cause
+    (the soak's trials 3532446025 and 425801368: two refusals, or a refusal and a traceback, for one full disk)."""
+    message, cause, written = None, None, None
     try:
         if write is not None:
-            write()
+            written = write()
     except WRITE_ERRORS as error:  # the message before any cleanup frees space
-        message, cause = write_failure_message(error, final_folder, output_dir), error
+        message, cause = write_failure_message(error, path, output_dir), error
     if accelerator.num_processes > 1:
         try:
             message = next((m for m in gather_object([message]) if m is not None), None)
         except RuntimeError as error:  # another process died: this one can only say so
-            message, cause = message or peer_failure_message(error, final_folder, output_dir), cause or error
+            message, cause = message or peer_failure_message(error, path, output_dir), cause or error
     if message is None:
-        return
-    if accelerator.is_main_process:
-        shutil.rmtree(temp_folder, ignore_errors=True)
+        return written
+    if accelerator.is_main_process and staged is not None:
+        shutil.rmtree(staged, ignore_errors=True)
     raise CheckpointWriteError(message) from cause
 
 

@@ -826,7 +826,7 @@ def test_where_a_folder_cannot_be_flocked_the_lock_file_alone_holds_it(tmp_path)
 
 
 class OneOfTwo:
-    """What _write_everywhere uses of the Accelerator of one process of two."""
+    """What write_on_every_process uses of the Accelerator of one process of two."""
 
     num_processes = 2
 
@@ -852,15 +852,15 @@ def test_when_one_process_fails_to_write_its_part_every_process_stops_with_its_r
     # The main process failed; the other, with nothing of its own to write, raises the main process's refusal.
     monkeypatch.setattr(checkpointing, "gather_object", gathered(["no space left writing ...checkpoint-10; ..."]))
     with pytest.raises(checkpointing.CheckpointWriteError, match=r"^no space left writing \.\.\.checkpoint-10"):
-        checkpointing._write_everywhere(OneOfTwo(False), None, temp, output_dir / "checkpoint-10", output_dir)
+        checkpointing.write_on_every_process(OneOfTwo(False), None, output_dir / "checkpoint-10", output_dir, temp)
     assert temp.is_dir()  # only the main process removes the staged folder
     # The main process raises its own refusal, naming the disk, and removes the staged folder.
     monkeypatch.setattr(checkpointing, "gather_object", gathered([None]))
     with pytest.raises(checkpointing.CheckpointWriteError, match=r"no complete checkpoint exists yet\. Free space"):
-        checkpointing._write_everywhere(OneOfTwo(True), no_space, temp, output_dir / "checkpoint-10", output_dir)
+        checkpointing.write_on_every_process(OneOfTwo(True), no_space, output_dir / "checkpoint-10", output_dir, temp)
     assert not temp.exists()
     # Written everywhere: nothing raised.
-    checkpointing._write_everywhere(OneOfTwo(True), lambda: None, temp, output_dir / "checkpoint-10", output_dir)
+    checkpointing.write_on_every_process(OneOfTwo(True), lambda: None, output_dir / "checkpoint-10", output_dir, temp)
 
     # A process killed during the write (the soak's trial 3530063114): the others' refusal says that another
     # process stopped, not that this one's write failed with gloo's error and its source line.
@@ -873,7 +873,7 @@ def test_when_one_process_fails_to_write_its_part_every_process_stops_with_its_r
 
     monkeypatch.setattr(checkpointing, "gather_object", peer_died)
     with pytest.raises(checkpointing.CheckpointWriteError) as refusal:
-        checkpointing._write_everywhere(OneOfTwo(False), None, temp, output_dir / "checkpoint-10", output_dir)
+        checkpointing.write_on_every_process(OneOfTwo(False), None, output_dir / "checkpoint-10", output_dir, temp)
     assert str(refusal.value).startswith(
         f"another process of the run stopped while {output_dir / 'checkpoint-10'} was being written (Connection "
         "closed by peer [127.0.0.1]:22195); its log names the cause. No complete checkpoint exists yet"
@@ -883,4 +883,4 @@ def test_when_one_process_fails_to_write_its_part_every_process_stops_with_its_r
     (output_dir / "checkpoint-7" / checkpointing.MANIFEST_NAME).write_text("{}")
     with pytest.raises(checkpointing.CheckpointWriteError, match=r"the last complete checkpoint .*checkpoint-7 is "
                        r"intact; resume with the same command plus --resume_from_checkpoint latest$"):  # fmt: skip
-        checkpointing._write_everywhere(OneOfTwo(True), lambda: None, temp, output_dir / "checkpoint-10", output_dir)
+        checkpointing.write_on_every_process(OneOfTwo(True), lambda: None, output_dir / "checkpoint-10", output_dir, temp)

@@ -55,3 +55,35 @@ def test_without_sample_sentences_there_are_no_samples(tmp_path, sample_tokenize
     final = write(tmp_path / "run", HfBertForPreTraining(tiny_config()), sample_tokenizer, sentences=([], None))
     assert final.fill_mask is None and not (final.path / "samples.md").exists()
     assert "samples.md" not in (final.path / "README.md").read_text()
+
+
+class OtherRankOfTwo:
+    """What finish uses of the Accelerator of the second process of two."""
+
+    num_processes, is_main_process = 2, False
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+    def get_state_dict(self, model):
+        return {}
+
+    def end_training(self) -> None:
+        raise AssertionError("the run ended as if its final folder were written")
+
+
+def test_a_final_folder_that_fails_on_the_main_process_stops_every_process_with_its_refusal(tmp_path, monkeypatch):
+    """The soak's trial 425801368 (issue 44): the disk filled while rank 0 wrote the final folder; rank 0 printed
+    the refusal, and rank 1, waiting in the final barrier, a traceback of gloo's 'Connection closed by peer'."""
+    import pytest
+
+    from hfbert import checkpointing
+    from hfbert.errors import RunFailure
+    from hfbert.pretraining.finish import finish
+    from hfbert.pretraining.settings import RunSettings
+
+    refusal = f"no space left writing {tmp_path}; the last complete checkpoint {tmp_path}/checkpoint-28 is intact"
+    monkeypatch.setattr(checkpointing, "gather_object", lambda mine: [refusal, *mine])
+    with pytest.raises(RunFailure) as stopped:
+        finish(OtherRankOfTwo(), None, None, RunSettings(output_dir=str(tmp_path)), CorpusArguments())
+    assert str(stopped.value) == refusal

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,9 @@ import torch
 from accelerate import Accelerator
 
 from hfbert.analysis import ModelAnalysis
-from hfbert.checkpointing import write_failure_message
+from hfbert.checkpointing import write_on_every_process
 from hfbert.corpus_source import CorpusArguments
-from hfbert.errors import RunFailure
-from hfbert.files import WRITE_ERRORS, staged_files, write_json_atomic
+from hfbert.files import staged_files, write_json_atomic
 from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.cluster import end_process_group
@@ -109,19 +109,30 @@ def finish(
     run: RunSettings,
     corpus: CorpusArguments,
 ) -> FinalFolder:
-    """Gather the weights, write the final folder (main process; a failure such as a full disk is explained:
-    what is intact and how to finish) and push it if asked."""
+    """Gather the weights, write the final folder (main process; a failure such as a full disk is explained on
+    every process: what is intact and how to finish) and push it if asked."""
     accelerator.wait_for_everyone()
     output_dir = Path(run.output_dir)
-    final = FinalFolder(output_dir)
     state_dict = accelerator.get_state_dict(model)  # on every process: gathers FSDP shards
+    publish = None
     if accelerator.is_main_process:
-        model_name = (run.hub_model_id or output_dir.name).split("/")[-1]
         unwrapped = accelerator.unwrap_model(model)  # compiled in place: never a wrapper
-        try:
-            final = write_final_folder(output_dir, unwrapped, state_dict, contents, corpus, model_name)
-        except WRITE_ERRORS as error:  # the folder's previous files are intact: the final files are staged
-            raise RunFailure(write_failure_message(error, output_dir, output_dir)) from error
-        if run.push_to_hub:
-            logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
+        publish = partial(write_and_push, output_dir, unwrapped, state_dict, contents, run, corpus)
+    final = write_on_every_process(accelerator, publish, output_dir, output_dir) or FinalFolder(output_dir)
     return replace(final, process_group_ended=end_process_group(accelerator))
+
+
+def write_and_push(
+    output_dir: Path,
+    model: torch.nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    contents: FinalContents,
+    run: RunSettings,
+    corpus: CorpusArguments,
+) -> FinalFolder:
+    """The main process's part of `finish`."""
+    model_name = (run.hub_model_id or output_dir.name).split("/")[-1]
+    final = write_final_folder(output_dir, model, state_dict, contents, corpus, model_name)
+    if run.push_to_hub:
+        logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
+    return final
