@@ -536,7 +536,7 @@ def refusal_of(attempt: Attempt) -> tuple[str | None, str | None]:
     if len(lines) != 1:
         return None, f"exit {attempt.returncodes} with {len(lines)} distinct refusal lines:\n{tail}"
     (line,) = lines
-    if not re.search(r"--\w+|free space", line):
+    if not re.search(r"--\w+|free space|again with the same command", line, re.I):
         return None, f"a refusal that names no fix: {line}"
     return line, None
 

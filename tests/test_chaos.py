@@ -49,6 +49,13 @@ FOLLOWED = {
         ["--resume_from_checkpoint", "auto"],
         "started again with the same command",
     ),
+    # Trials 1891571895 and 2951987619 (batches 406, 410): torchrun killed while its workers were importing.
+    "launcher-gone": (
+        "The launcher that started this worker (torchrun) exited before the worker could start: start every "
+        "node's launcher again with the same command.",
+        ["--resume_from_checkpoint", "auto"],
+        "started again with the same command",
+    ),
 }
 
 
@@ -60,6 +67,7 @@ def test_a_refusal_the_soak_could_not_follow_is_followed(tmp_path, name):
     run = chaos.TrialRun(None, tmp_path, tmp_path / "run", tmp_path / "straight", base, [], None)
     outcome = chaos.Outcome(trial=None)
     attempt = Attempt([1], f"run_pretraining.py: error: {refusal}\n", [], hung=False, left_behind=[], seconds=1.0)
+    assert chaos.refusal_of(attempt) == (refusal, None)
     assert chaos.next_args(run, outcome, attempt, chaos.Ledger(None)) == [*base[:2], *flags]
     assert not outcome.problems and outcome.notes == [note]
 

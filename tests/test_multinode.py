@@ -450,7 +450,7 @@ def test_a_worker_whose_torchrun_died_during_its_imports_stops_saying_so(tmp_pat
         while running(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not running(worker) and not ready.exists(), "the worker went on without its launcher"
-        assert "exited before the worker could start: start every node's launcher again" in log.read_text()
+        assert "(torchrun) exited before the worker could start: start every node's launcher again" in log.read_text()  # no pid: one line on every node
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)

@@ -79,8 +79,8 @@ def stop_with_the_launcher() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG, SIGTERM) failed")
     if os.getppid() != PARENT_PID_AT_IMPORT:
         raise ProcessGroupError(
-            f"The launcher that started this worker (pid {PARENT_PID_AT_IMPORT}) exited before the worker could "
-            "start: start every node's launcher again with the same command."
+            "The launcher that started this worker (torchrun) exited before the worker could start: start every "
+            "node's launcher again with the same command."
         )
 
 
