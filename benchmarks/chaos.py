@@ -532,10 +532,12 @@ def refusal_of(attempt: Attempt) -> tuple[str | None, str | None]:
     tail = attempt.output[-2500:]
     if worker_tracebacks(attempt.output) and not attempt.fired:
         return None, f"exit {attempt.returncodes} with a traceback instead of a one-line refusal:\n{tail}"
-    lines = set(REFUSAL.findall(attempt.output))  # every rank may print the same line
-    if len(lines) != 1:
+    lines = sorted(set(REFUSAL.findall(attempt.output)))  # every rank may print the same line
+    # A fault on one node is seen differently on the others ("my launcher exited", "no peer came"): one fix.
+    same_fix = attempt.fired and len({line.rsplit(": ", 1)[-1] for line in lines}) == 1
+    if len(lines) != 1 and not same_fix:
         return None, f"exit {attempt.returncodes} with {len(lines)} distinct refusal lines:\n{tail}"
-    (line,) = lines
+    line = lines[0]
     if not re.search(r"--\w+|free space|again with the same command", line, re.I):
         return None, f"a refusal that names no fix: {line}"
     return line, None

@@ -72,6 +72,23 @@ def test_a_refusal_the_soak_could_not_follow_is_followed(tmp_path, name):
     assert not outcome.problems and outcome.notes == [note]
 
 
+def test_two_nodes_that_saw_one_fault_differently_may_refuse_in_two_lines_naming_one_fix():
+    """The soak's trial 2643252897 (two nodes, node 0's torchrun killed 5.4 s in): node 0's worker saw its
+    launcher exit, node 1's saw no peer come; each line names the one fix, which the soak follows."""
+    fix = "start every node's launcher again with the same command."
+    output = (
+        f"run_pretraining.py: error: The launcher that started this worker (torchrun) exited before the worker "
+        f"could start: {fix}\nrun_pretraining.py: error: Rank 1 of 2 could not form the process group ...; if they "
+        f"were, a process on another node stopped first (its log says why): {fix}\n"
+    )
+    faulted = Attempt([-9, 1], output, ["kill_launcher"], hung=False, left_behind=[], seconds=1.0)
+    assert chaos.refusal_of(faulted)[1] is None and chaos.refusal_of(faulted)[0].endswith(fix)
+    unfaulted = Attempt([1, 1], output, [], hung=False, left_behind=[], seconds=1.0)
+    assert "2 distinct refusal lines" in chaos.refusal_of(unfaulted)[1]
+    other_fix = output.replace(f"(its log says why): {fix}", "(its log says why): pass --overwrite_output_dir")
+    assert "2 distinct" in chaos.refusal_of(Attempt([1, 1], other_fix, ["kill_launcher"], False, [], 1.0))[1]
+
+
 def by_update(kind: str, update: int, attempt: int = 0) -> Fault:
     return Fault(kind=kind, attempt=attempt, at_update=update, at_seconds=None, target=0)
 
