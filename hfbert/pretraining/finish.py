@@ -114,25 +114,12 @@ def finish(
     accelerator.wait_for_everyone()
     output_dir = Path(run.output_dir)
     state_dict = accelerator.get_state_dict(model)  # on every process: gathers FSDP shards
-    publish = None
+    write = None
     if accelerator.is_main_process:
+        model_name = (run.hub_model_id or output_dir.name).split("/")[-1]
         unwrapped = accelerator.unwrap_model(model)  # compiled in place: never a wrapper
-        publish = partial(write_and_push, output_dir, unwrapped, state_dict, contents, run, corpus)
-    final = write_on_every_process(accelerator, publish, output_dir, output_dir) or FinalFolder(output_dir)
-    return replace(final, process_group_ended=end_process_group(accelerator))
-
-
-def write_and_push(
-    output_dir: Path,
-    model: torch.nn.Module,
-    state_dict: dict[str, torch.Tensor],
-    contents: FinalContents,
-    run: RunSettings,
-    corpus: CorpusArguments,
-) -> FinalFolder:
-    """The main process's part of `finish`."""
-    model_name = (run.hub_model_id or output_dir.name).split("/")[-1]
-    final = write_final_folder(output_dir, model, state_dict, contents, corpus, model_name)
-    if run.push_to_hub:
+        write = partial(write_final_folder, output_dir, unwrapped, state_dict, contents, corpus, model_name)
+    final = write_on_every_process(accelerator, write, output_dir, output_dir) or FinalFolder(output_dir)
+    if accelerator.is_main_process and run.push_to_hub:  # after the agreement: not a write of the folder
         logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
-    return final
+    return replace(final, process_group_ended=end_process_group(accelerator))
