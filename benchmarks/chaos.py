@@ -60,6 +60,7 @@ EXIT_GRACE_SECONDS = 5  # a launcher exits after its workers: what is left after
 # stop by design (cluster.stop_with_the_launcher): the update, the next logging step, a checkpoint, and a store
 # that is gone noticed within --ddp_timeout. Trial 435203504 (load 7): still saving 5 s after torchrun died.
 ORPHAN_STOP_SECONDS = DDP_TIMEOUT_SECONDS + 60
+KILL_WAIT_SECONDS = 30  # a killed process frees its memory before it closes its files
 # Two nodes: a node whose peer's torchrun died before the group formed waits in torchrun's static rendezvous,
 # 600 s by default, as long as an attempt's bound (trial 3340452800: node 0's torchrun killed 11 s in, at load 8,
 # before it started its worker; node 1 waited with an empty log). Shortened as --ddp_timeout is.
@@ -229,6 +230,14 @@ def parent_of(pid: int) -> int:
         return 0
 
 
+def is_alive(pid: int) -> bool:
+    """Running or still exiting; a zombie has closed its files."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def is_torchrun(pid: int) -> bool:
     try:
         return b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -278,17 +287,24 @@ class Launch:
     def progress(self) -> int:
         return max(map(int, PROGRESS.findall(self.output())), default=-1)
 
-    def signal_every_process(self, number: int) -> None:
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, number)
-
     def kill_everything(self) -> None:
-        self.signal_every_process(signal.SIGCONT)  # a stopped process dies of SIGKILL too, but its waiters may not
-        self.signal_every_process(signal.SIGKILL)
-        for launcher in self.launchers:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                launcher.wait(timeout=10)
+        """SIGKILL every process, and wait (up to KILL_WAIT_SECONDS) until each has exited: a killed worker holds
+        its files open while the kernel frees its memory, and a tmpfs it wrote to cannot be unmounted before."""
+        killed: set[int] = set()
+        deadline = time.monotonic() + KILL_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            found = self.pids()
+            for number in (signal.SIGCONT, signal.SIGKILL):  # a stopped process dies of SIGKILL, its waiters may not
+                for pid in found:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, number)
+            killed.update(found)
+            for launcher in self.launchers:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    launcher.wait(timeout=max(deadline - time.monotonic(), 0))
+            if not any(map(is_alive, killed)) and not self.pids():
+                return
+            time.sleep(0.05)
 
 
 # ----------------------------------------------------------------------------------------------- attempts
@@ -815,6 +831,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def stop_on_sigterm(number: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one would cut the cleanup short
+    sys.exit(128 + number)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the trials; 1 when any broke an invariant."""
     args = parse_args(argv)
@@ -822,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
         print(summary_table([json.loads(line) for line in args.table_of.read_text().splitlines()]))
         return 0
     # Stopped with SIGTERM (a background batch ignores SIGINT), a trial still kills its processes and unmounts.
-    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     inputs, digest = prepare_inputs(args.work_dir), code_digest()
     launches = tuple(args.launches)

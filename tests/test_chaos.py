@@ -2,6 +2,8 @@
 trials written out (the faults the soak found worth keeping) run here end to end; the soak runs the rest."""
 
 import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,28 @@ def test_a_written_out_trial_survives_bit_equal(work_dir, name):
     assert outcome.survived, chaos.outcome_line(outcome)
     assert outcome.bit_equal and outcome.fired, chaos.outcome_line(outcome)
     assert not (work_dir / "trials" / str(trial.seed)).exists()
+
+
+def test_every_process_of_a_launch_has_exited_once_it_is_killed(tmp_path):
+    """A stream stopped with SIGTERM left its trial's tmpfs mounted: the unmount ran while killed workers (in
+    sessions of their own, so not waited for with their launcher) still held files open, freeing their memory."""
+    grandchild = (
+        "import os, time; memory = bytearray(1 << 30); memory[::4096] = b'x' * (len(memory) // 4096); "
+        "open(os.environ['READY'], 'w').close(); time.sleep(600)"
+    )
+    launcher = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {grandchild!r}], start_new_session=True); time.sleep(600)"
+    )
+    ready = tmp_path / "ready"
+    env = {**chaos.run_env(tmp_path / "cache", "chaos-test-kill"), "READY": str(ready)}
+    launch = chaos.Launch([[sys.executable, "-c", launcher]], [env], [tmp_path / "log"])
+    try:
+        while not ready.exists():
+            assert launch.running(), launch.output()
+            time.sleep(0.05)
+        pids = launch.pids()
+        assert len(pids) == 2
+    finally:
+        launch.kill_everything()
+    assert [pid for pid in pids if chaos.is_alive(pid)] == []
