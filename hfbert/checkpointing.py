@@ -48,6 +48,7 @@ from hfbert.files import (
     read_json,
     sha256_file,
     write_json_atomic,
+    write_tokenizer,
 )
 
 logger = logging.getLogger(__name__)
@@ -334,7 +335,7 @@ def save_checkpoint(
         if run_settings is not None:
             write_json_atomic(temp_folder / RUN_SETTINGS_NAME, run_settings)
         if tokenizer is not None:
-            tokenizer.save_pretrained(temp_folder / TOKENIZER_FOLDER)
+            write_tokenizer(tokenizer, temp_folder / TOKENIZER_FOLDER)
         if model_config is not None:  # with model.safetensors: a folder --model_name_or_path can start from
             model_config.save_pretrained(temp_folder)
         for name, content in (extra_json or {}).items():

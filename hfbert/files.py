@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -35,6 +36,22 @@ COMMIT_FILE = "model.safetensors"
 # What a failed write raises: OSError, and for a full disk also RuntimeError (torch.save) and SafetensorError
 # (safetensors' "Error while serializing: I/O error: No space left on device", not an OSError).
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+# How the tokenizers library (Rust) reports a failed write: a plain Exception, "<strerror> (os error <errno>)".
+RUST_IO_ERROR = re.compile(r"^(?P<strerror>.+) \(os error (?P<errno>\d+)\)$")
+
+
+def write_tokenizer(tokenizer: Any, folder: str | os.PathLike) -> None:
+    """`tokenizer.save_pretrained(folder)`, whose failed writes raise the OSError they are (the tokenizers library
+    raises a plain Exception, which escaped every WRITE_ERRORS handler: the soak's trial 4002946220)."""
+    try:
+        tokenizer.save_pretrained(folder)
+    except Exception as error:
+        match = RUST_IO_ERROR.match(str(error)) if type(error) is Exception else None
+        if match is None:
+            raise
+        raise OSError(int(match["errno"]), match["strerror"]) from error
 
 
 # Less free space than this right after a failed write: the disk is full, whatever the error says (torch.save

@@ -49,6 +49,7 @@ from hfbert.files import (
     check_local_path_exists,
     describe_write_failure,
     staged_files,
+    write_tokenizer,
 )
 
 if TYPE_CHECKING:
@@ -468,7 +469,7 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.Path
     leaves a half-written tokenizer, and other files in ``output_dir`` are kept."""
     try:
         with staged_files(output_dir, commit_file="tokenizer.json") as staging:
-            tokenizer.save_pretrained(staging)
+            write_tokenizer(tokenizer, staging)
     except WRITE_ERRORS as error:
         raise Refusal(
             f"{describe_write_failure(error, output_dir)}; the tokenizer was not saved and the folder's previous "

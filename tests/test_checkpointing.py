@@ -476,6 +476,21 @@ def test_a_full_disk_while_writing_the_weights_names_the_intact_checkpoint(tmp_p
     )
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
 
+def test_a_full_disk_while_writing_the_tokenizer_names_the_intact_checkpoint(tmp_path):
+    """The soak's trials 4002946220 and 1594818867: the tokenizers library reports a full disk as a plain
+    Exception ("... (os error 28)"), which escaped the save's handler as a traceback."""
+    save_steps(tmp_path, [1])
+    accelerator = build_run()[0]
+    tokenizer = mock.Mock()
+    tokenizer.save_pretrained.side_effect = Exception("No space left on device (os error 28)")  # its very type
+    with pytest.raises(CheckpointWriteError, match=r"^no space left writing .*checkpoint-1 is intact; free space"):
+        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer)
+    assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
+    tokenizer.save_pretrained.side_effect = Exception("a bug of the tokenizers library")
+    with pytest.raises(Exception, match="a bug of the tokenizers library"):  # not taken for a write failure
+        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer)
+
+
 def test_remove_checkpoints_for_overwrite(tmp_path):
     save_steps(tmp_path, [1, 2])
     (tmp_path / ".tmp-checkpoint-3").mkdir()

@@ -19,7 +19,7 @@ from accelerate import Accelerator
 from hfbert.analysis import ModelAnalysis
 from hfbert.checkpointing import write_on_every_process
 from hfbert.corpus_source import CorpusArguments
-from hfbert.files import staged_files, write_json_atomic
+from hfbert.files import staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.cluster import end_process_group
@@ -73,7 +73,7 @@ def write_final_folder(
     analysis = ModelAnalysis.of_weights(model.config, state_dict, tokenizer) if len(sentences) >= 2 else None
     with staged_files(output_dir) as staging:
         model.save_pretrained(staging, state_dict=state_dict)
-        tokenizer.save_pretrained(staging)
+        write_tokenizer(tokenizer, staging)
         write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)
         write_json_atomic(staging / TRAINING_ARGS_NAME, summary)
         write_json_atomic(staging / LOG_HISTORY_NAME, contents.log_history)
