@@ -217,6 +217,29 @@ def test_a_main_process_check_gives_every_rank_its_result_or_its_refusal():
         checked(1, outcome, pytest.fail)
 
 
+def test_a_full_disk_at_the_shared_folder_check_is_one_refusal_on_every_rank(tmp_path):
+    """The soak's trial 1594818867: a resume onto a full disk; rank 0's probe write raised OSError (a
+    traceback) and rank 1 printed gloo's from the barrier after it."""
+    outcome: list = []
+    full_disk = mock.patch.object(cluster, "write_json_atomic", side_effect=OSError(28, "No space left on device"))
+    for rank in (0, 1):
+        accelerator = mock.Mock(is_main_process=rank == 0, num_processes=2)
+
+        def broadcast(objects, from_process, rank=rank):
+            if rank:
+                objects[:] = outcome
+            else:
+                outcome[:] = objects
+
+        with (
+            full_disk, mock.patch.object(cluster, "broadcast_object_list", broadcast),
+            mock.patch.object(cluster, "end_process_group"),
+            pytest.raises(Refusal, match=r"^--output_dir .*: no space left writing .*; free space .* same command"),
+        ):
+            cluster.check_output_dir_shared(tmp_path, accelerator)
+    accelerator.wait_for_everyone.assert_not_called()  # rank 1 left with the refusal, not for a barrier
+
+
 def can_unshare_mounts() -> bool:
     try:
         return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0

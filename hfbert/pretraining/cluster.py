@@ -32,7 +32,7 @@ from torch.distributed.elastic.utils.store import barrier as store_barrier
 from hfbert import PARENT_PID_AT_IMPORT
 from hfbert.corpus_source import corpus_fingerprint
 from hfbert.errors import Refusal, RunFailure
-from hfbert.files import read_json, write_json_atomic
+from hfbert.files import describe_write_failure, read_json, write_json_atomic
 from hfbert.pretraining.data import PretrainingData, count_training_instances, tokenizer_fingerprint
 from hfbert.pretraining.settings import PretrainingSettings
 
@@ -205,9 +205,17 @@ def check_output_dir_shared(output_dir: Path, accelerator: Accelerator) -> None:
     if accelerator.num_processes == 1:
         return
     probe = output_dir / SHARED_FOLDER_PROBE_NAME
-    if accelerator.is_main_process:
-        write_json_atomic(probe, {"token": secrets.token_hex(16)})
-    accelerator.wait_for_everyone()
+
+    def write_probe() -> None:
+        try:
+            write_json_atomic(probe, {"token": secrets.token_hex(16)})
+        except OSError as error:  # a resume onto a full disk (the soak's trial 1594818867)
+            raise Refusal(
+                f"--output_dir {output_dir}: {describe_write_failure(error, probe)}; free space on its disk "
+                f"(`df -h {output_dir}`) and run the same command again"
+            ) from error
+
+    checked_on_main_process(accelerator, write_probe)  # its refusal ends every rank, not a barrier's error
     try:
         token = read_json(probe, "")["token"]
     except (OSError, ValueError, KeyError, TypeError):  # missing (another folder) or unreadable: not seen
