@@ -169,3 +169,25 @@ def test_the_final_metrics_evaluate_again_unless_an_evaluation_ran_at_the_last_u
     final = loop.final_metrics("accelerator", state, "eval_loader", "callbacks", metrics, share=0.75)
     assert calls == ([0.75] if evaluates else [])
     assert final == ({"eval_mlm_loss": 3.0} if evaluates else metrics)
+
+
+WORKER_ALIVE_AT_EXIT = """
+import sys
+from torch.utils.data import DataLoader
+from hfbert.pretraining import batches
+loader = DataLoader(range(1000), **batches.loader_options(num_workers=1, pin_memory=False))
+iterator = iter(loader)
+next(iterator)
+sys.exit(1)  # the loader alive at exit, as the frames of a refusal's traceback keep it
+"""
+
+
+def test_a_process_stopped_with_its_loader_workers_alive_exits():
+    """The soak's trial 3822092998: a one-process run that refused on a full disk, with a DataLoader worker,
+    never exited: multiprocessing's exit handler ends daemonic children with SIGTERM, which the workers ignore
+    (a signal to the process group is the main process's), and then waited for them."""
+    import subprocess
+    import sys
+
+    finished = subprocess.run([sys.executable, "-c", WORKER_ALIVE_AT_EXIT], capture_output=True, timeout=60)
+    assert finished.returncode == 1, finished.stderr.decode()[-2000:]

@@ -10,8 +10,11 @@ prefetched, and evaluation, which draws its masks the same way, touches no train
 
 from __future__ import annotations
 
+import atexit
+import functools
 import itertools
 import math
+import multiprocessing
 import os
 import signal
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -429,11 +432,14 @@ def _shape(plan: BatchPlan) -> dict[str, Any]:
     }
 
 
-def _loader_options(plan: BatchPlan) -> dict[str, Any]:
-    num_workers = plan.num_workers
+def loader_options(num_workers: int, pin_memory: bool) -> dict[str, Any]:
+    """A training DataLoader's worker options: workers that leave stop signals to the main process, and are
+    killed at its exit."""
+    if num_workers > 0:
+        kill_workers_at_exit()
     return {
         "num_workers": num_workers,
-        "pin_memory": plan.pin_memory,
+        "pin_memory": pin_memory,
         "persistent_workers": num_workers > 0,
         "prefetch_factor": 4 if num_workers > 0 else None,
         "worker_init_fn": ignore_stop_signals,  # a signal to the whole process group is the main process's
@@ -517,7 +523,7 @@ def build_loaders(
         # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG
         # and shifts the training dropout stream (the evaluation loader's too, at every evaluation).
         generator=torch.Generator().manual_seed(seed),
-        **_loader_options(plan),
+        **loader_options(plan.num_workers, plan.pin_memory),
     )
     return CachedBatches(train_loader), build_eval_loader(plan, tokenizer, evaluation)
 
@@ -537,8 +543,23 @@ def build_eval_loader(plan: BatchPlan, tokenizer: Any, evaluation: Any) -> DataL
         sampler=EpochDraws(len(evaluation), plan.seed, shuffle=False),
         collate_fn=eval_collator,
         generator=torch.Generator().manual_seed(plan.seed),
-        **_loader_options(plan),
+        **loader_options(plan.num_workers, plan.pin_memory),
     )
+
+
+@functools.cache  # once per process
+def kill_workers_at_exit() -> None:
+    """At this process's exit, SIGKILL its daemonic children (its DataLoader workers). They ignore SIGTERM
+    (`ignore_stop_signals`), and multiprocessing's exit handler ends them with SIGTERM and waits for them: a run
+    that stopped with its loader alive (held by a refusal's traceback) never exited (the soak's trial
+    3822092998). Registered after multiprocessing's handler, so it runs first."""
+    atexit.register(_kill_daemonic_children)
+
+
+def _kill_daemonic_children() -> None:
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
 
 
 def ignore_stop_signals(worker_id: int) -> None:

@@ -58,6 +58,7 @@ from hfbert.pretraining.batches import (
     DataCollatorForPretraining,
     build_eval_loader,
     ignore_stop_signals,
+    kill_workers_at_exit,
 )
 from hfbert.pretraining.data import (
     PretrainingData,
@@ -498,6 +499,8 @@ def build_stream_loaders(
     )
     dataset = StreamedInstances(train)
     workers = plan.num_workers
+    if workers > 0:
+        kill_workers_at_exit()
     loader = DataLoader(
         dataset,
         batch_size=plan.train_batch_size,
