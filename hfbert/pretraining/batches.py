@@ -557,9 +557,11 @@ def kill_workers_at_exit() -> None:
 
 
 def _kill_daemonic_children() -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler raises on a worker killed by a signal
     for child in multiprocessing.active_children():
         if child.daemon:
             child.kill()
+            child.join()
 
 
 def ignore_stop_signals(worker_id: int) -> None:
