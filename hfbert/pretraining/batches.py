@@ -432,15 +432,15 @@ def _shape(plan: BatchPlan) -> dict[str, Any]:
     }
 
 
-def loader_options(num_workers: int, pin_memory: bool) -> dict[str, Any]:
-    """A training DataLoader's worker options: workers that leave stop signals to the main process, and are
-    killed at its exit."""
+def loader_options(num_workers: int, pin_memory: bool, persistent: bool = True) -> dict[str, Any]:
+    """A DataLoader's worker options: workers that leave stop signals to the main process, and are killed at
+    its exit (kept between iterators when `persistent`)."""
     if num_workers > 0:
         kill_workers_at_exit()
     return {
         "num_workers": num_workers,
         "pin_memory": pin_memory,
-        "persistent_workers": num_workers > 0,
+        "persistent_workers": persistent and num_workers > 0,
         "prefetch_factor": 4 if num_workers > 0 else None,
         "worker_init_fn": ignore_stop_signals,  # a signal to the whole process group is the main process's
     }

@@ -57,8 +57,7 @@ from hfbert.pretraining.batches import (
     BatchPlan,
     DataCollatorForPretraining,
     build_eval_loader,
-    ignore_stop_signals,
-    kill_workers_at_exit,
+    loader_options,
 )
 from hfbert.pretraining.data import (
     PretrainingData,
@@ -499,17 +498,12 @@ def build_stream_loaders(
     )
     dataset = StreamedInstances(train)
     workers = plan.num_workers
-    if workers > 0:
-        kill_workers_at_exit()
     loader = DataLoader(
         dataset,
         batch_size=plan.train_batch_size,
         collate_fn=StreamCollator(collator),
-        num_workers=workers,
-        pin_memory=plan.pin_memory,
-        prefetch_factor=4 if workers > 0 else None,
-        worker_init_fn=ignore_stop_signals,
         generator=torch.Generator().manual_seed(plan.seed),
+        **loader_options(workers, plan.pin_memory, persistent=False),  # the streamed loader never kept its workers
     )
     return StreamLoader(dataset, loader, workers), build_eval_loader(plan, tokenizer, evaluation)
 
