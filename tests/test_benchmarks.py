@@ -258,11 +258,11 @@ def test_gpu_report_runs_every_part_into_one_report_and_keeps_what_a_cut_off_par
     )  # fmt: skip
     titles = [part.title for part in parts]
     assert titles == [
-        "test suite",
         "--deterministic resume (bit for bit)",
         "bench_loop tiny, T=64",
         "bench_loop tiny, T=64, --compile",
         "bench_loop tiny, T=64, --deterministic",
+        "test suite",
     ]
     status = {part.title: part.status for part in parts}
     assert status["test suite"] == "ok" and status["bench_loop tiny, T=64"] == "ok", status
@@ -270,8 +270,10 @@ def test_gpu_report_runs_every_part_into_one_report_and_keeps_what_a_cut_off_par
     text = report.read_text()
     assert text.startswith("# GPU report\n\ndevice: ")
     assert "| transformers Trainer |" in text and "| hfbert loop |" in text  # bench_loop's table, in full
-    assert "`" + " ".join(parts[2].command) + "`: ok" in text
+    assert "`" + " ".join(parts[1].command) + "`: ok" in text
     assert "| bench_loop tiny, T=64, --compile | timed out after 1 s |" in text
+    log = report.with_suffix(".log").read_text()  # every part's whole output
+    assert "## test suite: ok" in log and "passed" in log and "## bench_loop tiny, T=64: ok" in log
 
 
 def test_gpu_report_skips_parts_once_the_budget_is_spent():
@@ -283,6 +285,18 @@ def test_gpu_report_skips_parts_once_the_budget_is_spent():
     assert gpu_report.markdown_tables("setting A\n| a | b |\n|---|---|\n| 1 | 2 |\nafter") == [
         "setting A\n\n| a | b |\n|---|---|\n| 1 | 2 |"
     ]
+
+
+def test_gpu_report_names_the_failed_tests_of_a_suite_cut_off_before_its_summary():
+    from benchmarks import gpu_report
+
+    suite = gpu_report.Part("test suite", ["pytest"], limit_seconds=1, status="timed out after 1 s")
+    suite.output = (
+        "[gw0] [ 10%] PASSED tests/test_a.py::test_one\n[gw1] [ 12%] FAILED tests/test_a.py::test_two\n"
+        "[gw2] [ 13%] ERROR tests/test_b.py::test_three\nFAILED tests/test_a.py::test_two - AssertionError\n"
+    )
+    text = gpu_report.render([suite], "device: a GPU", "now")
+    assert "Failed (2):\n\n- `tests/test_a.py::test_two`\n- `tests/test_b.py::test_three`\n" in text
 
 
 def test_bench_data_stage_finds_hfberts_first_update_on_its_progress_bar():
