@@ -12,6 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState, GradientState
 
 from hfbert import HfBertConfig
 
@@ -34,6 +35,20 @@ def tiny_config(**overrides) -> HfBertConfig:
 @pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state():
+    """Each test's Accelerator starts from nothing: a run or a Trainer earlier in this worker leaves
+    accelerate's singletons set, and on CUDA (fp16 picked) a later run in another precision is refused."""
+    reset_accelerator_state()
+    yield
+    reset_accelerator_state()
+
+
+def reset_accelerator_state() -> None:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 @pytest.fixture(scope="session")

@@ -3,25 +3,11 @@
 import math
 
 import pytest
-from accelerate.state import AcceleratorState, GradientState
 from test_training import run_args, train_in_process
 
 from hfbert.errors import Refusal
 from hfbert.pretraining.cli import main
 from hfbert.pretraining.plan import INSTANCE_FILL, TOKENS_PER_BYTE
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerator_state():
-    """A dry run builds its Accelerator in this process, in the precision it picks, whatever ran before."""
-    reset_accelerator_state()
-    yield
-    reset_accelerator_state()
-
-
-def reset_accelerator_state() -> None:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def plan_of(argv, capsys) -> str:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_training import run_args, train_in_process
+from test_training import EXACT, run_args, train_in_process
 
 from benchmarks.run_health_corpora import REPEATED, shuffled, write_documents
 
@@ -73,7 +73,7 @@ def test_shuffled_sentences_leave_nsp_at_chance(tmp_path, run_inputs):
 @pytest.mark.slow
 def test_a_resumed_run_keeps_its_events_without_naming_them_again(tmp_path, run_inputs, caplog):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    args = ("--learning_rate", "3", "--num_warmup_steps", "10", "--max_train_steps", "16", "--eval_steps", "16")
+    args = ("--learning_rate", "3", "--num_warmup_steps", "10", "--max_train_steps", "16", "--eval_steps", "16", *EXACT)
     train_in_process(run_args(run_inputs, straight, *args, "--checkpointing_steps", "14"))
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-14", resumed / "checkpoint-14")

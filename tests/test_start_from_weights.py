@@ -76,7 +76,7 @@ def weights_at_the_first_update(args: list[str]) -> dict[str, torch.Tensor]:
 
     def fit_and_record(accelerator, state, *rest):
         model = accelerator.unwrap_model(state.model)
-        started.update({name: tensor.detach().clone() for name, tensor in model.state_dict().items()})
+        started.update({name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()})
         return fit(accelerator, state, *rest)
 
     fit = run.fit

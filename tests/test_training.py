@@ -46,6 +46,11 @@ FINAL_FILES = {
 }
 
 
+# Two runs that must end bit-equal pass this: on a CPU they do anyway, on CUDA only with deterministic
+# algorithms (cuBLAS and atomics otherwise differ slightly; measured on an H100, benchmarks/results/gpu_h100.md).
+EXACT = ("--deterministic",)
+
+
 def run_args(run_inputs: dict[str, Path], output_dir: Path, *extra: str) -> list[str]:
     return [
         "--tokenizer_name",
@@ -182,7 +187,7 @@ def test_half_then_resume_then_half_equals_straight_training(tmp_path, run_input
     the middle of a run leave its RNG streams (masks, dropout) as they were. --deterministic makes it exact on
     CUDA too, where this suite runs the model on the GPU."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    common = ("--max_train_steps", "10", "--deterministic")
+    common = ("--max_train_steps", "10", *EXACT)
     train_in_process(run_args(run_inputs, straight, *common, "--checkpointing_steps", "5"))
     # The second run starts from the straight run's mid-epoch checkpoint at step 5, in a fresh output folder.
     resumed.mkdir()
@@ -207,7 +212,7 @@ def test_half_then_resume_then_half_equals_straight_training(tmp_path, run_input
 def test_a_fading_start_with_the_cls_penalty_resumes_exactly_and_ends_without_the_structure(tmp_path, run_inputs):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     common = ("--max_train_steps", "10", "--attention_init", "structured", "--structured_attention_fade", "0.6",
-              "--cls_attention_spread", "1")  # fmt: skip
+              "--cls_attention_spread", "1", *EXACT)  # fmt: skip
     train_in_process(run_args(run_inputs, straight, *common, "--checkpointing_steps", "4"))
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-4", resumed / "checkpoint-4")
@@ -294,7 +299,7 @@ def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path, run_input
     continues after the last instance trained on, and with 2 workers an odd number of batches taken (5)
     rotates which worker makes the next batch."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    common = ("--max_train_steps", "10", "--dataloader_num_workers", workers)
+    common = ("--max_train_steps", "10", "--dataloader_num_workers", workers, *EXACT)
     train_in_process(streaming_args(run_inputs, straight, *common, "--checkpointing_steps", "5"))
     saved = json.loads((straight / "checkpoint-5" / "stream_state.json").read_text())
     assert saved["num_processes"] == 1 and saved["ranks"][0]["batches_taken"] == 5
@@ -314,7 +319,9 @@ def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path, run_input
 @pytest.mark.slow
 def test_sigterm_saves_a_streams_position_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
-    args = streaming_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--dataloader_num_workers", "2")
+    args = streaming_args(
+        run_inputs, output_dir, "--lr_scheduler_type", "constant", "--dataloader_num_workers", "2", *EXACT
+    )
     returncode, message = start_and_signal(
         tmp_path, [*args, "--max_train_steps", "100000"], 3, lambda process: process.send_signal(signal.SIGTERM)
     )
@@ -329,7 +336,10 @@ def test_a_streaming_run_resumed_with_other_flags_or_another_corpus_is_refused_u
     corpus = tmp_path / "train.raw"
     shutil.copy(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"], corpus)
     output_dir = tmp_path / "run"
-    args = streaming_args(run_inputs, output_dir, "--train_file", str(corpus), "--stream_validation_documents", "3")
+    args = streaming_args(
+        run_inputs, output_dir, "--train_file", str(corpus), "--stream_validation_documents", "3",
+        "--dataloader_num_workers", "0",  # the refusal below names it (a GPU's default is 4)
+    )  # fmt: skip
     train_in_process([*args, "--max_train_steps", "2", "--checkpointing_steps", "2"])
     before = listing(output_dir)
     resume = [*args, "--max_train_steps", "2", "--resume_from_checkpoint", "latest"]
@@ -358,7 +368,7 @@ def test_a_streaming_run_from_a_hub_layout_folder_resumes_exactly(tmp_path, run_
     folder = hub_layout_folder.__wrapped__(tmp_path)  # the fixture's function: test_corpus's Hub-layout folder
     source = ("--dataset_name", str(folder), "--dataset_config_name", HUB_CONFIG)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    common = (*source, "--max_train_steps", "7")
+    common = (*source, "--max_train_steps", "7", "--dataloader_num_workers", "0", *EXACT)  # one stream position
     train_in_process(streaming_args(run_inputs, straight, *common, "--checkpointing_steps", "5"))
     (position,) = json.loads((straight / "checkpoint-5" / "stream_state.json").read_text())["ranks"][0]["positions"]
     assert position["window"] >= 1 and position["state"] is not None  # a position inside the parquet rows
@@ -998,7 +1008,7 @@ def resumed_equals_uninterrupted(tmp_path: Path, args: list[str], extra: tuple[s
 def test_sigterm_saves_a_checkpoint_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
     # A constant schedule, so that the resumed run may stop at a budget chosen after the signal.
-    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000")
+    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000", *EXACT)
 
     def two_signals(process):
         # Two signals at once: the first one handled stops the run, the other changes nothing (which comes
@@ -1019,7 +1029,7 @@ def test_sigterm_to_the_whole_process_group_with_dataloader_workers_saves_a_chec
     # Slurm and `kill -TERM -- -PGID` signal every process of the job, DataLoader workers too; a worker
     # killed by it made the loop fail with "DataLoader worker (pid N) is killed by signal: Terminated".
     output_dir = tmp_path / "run"
-    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000")
+    args = run_args(run_inputs, output_dir, "--lr_scheduler_type", "constant", "--eval_steps", "1000", *EXACT)
     workers = ("--dataloader_num_workers", "2")
     returncode, message = start_and_signal(
         tmp_path,
@@ -1060,7 +1070,7 @@ def run_signalling_itself(tmp_path: Path, args: list[str], function: str, signal
 def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(tmp_path, run_inputs, signal_name):
     # Only the final evaluation: --eval_steps beyond the budget. Without --checkpointing_steps, too.
     output_dir = tmp_path / "run"
-    args = run_args(run_inputs, output_dir, "--max_train_steps", "3", "--eval_steps", "1000")
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "3", "--eval_steps", "1000", *EXACT)
     result = run_signalling_itself(tmp_path, args, "loop.run_evaluation", signal_name)
     assert result.returncode == 128 + signal.Signals[signal_name], result.stderr[-3000:]
     assert f"Stopped by {signal_name} after update 3; the training state is saved in {output_dir / 'checkpoint-3'}" in result.stderr
@@ -1070,7 +1080,8 @@ def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(tmp_
         train_in_process([*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"])
         # No update ran again: 1 and 2 not evaluated (3 twice: the stopped run's row is in the checkpoint).
         assert set(evaluated_steps(output_dir)) == {3}
-        train_in_process(run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "3", "--eval_steps", "1000"))
+        straight = run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "3", "--eval_steps", "1000", *EXACT)
+        train_in_process(straight)
         expected, actual = final_weights(tmp_path / "straight"), final_weights(output_dir)
         assert all(torch.equal(actual[name], tensor) for name, tensor in expected.items())
 
@@ -1103,7 +1114,7 @@ def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_t
         return train_step(accelerator, state, *rest, **kwargs)
 
     output_dir = tmp_path / "run"
-    args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--eval_steps", "1000")
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--eval_steps", "1000", *EXACT)
     if checkpointing_steps is not None:
         args += ["--checkpointing_steps", checkpointing_steps]
     with monkeypatch.context() as patched:
@@ -1121,7 +1132,7 @@ def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_t
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handlers the run found are back
     train_in_process([*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"])
     assert evaluated_steps(output_dir) == [5, 6]
-    train_in_process(run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "6", "--eval_steps", "1000"))
+    train_in_process(run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "6", "--eval_steps", "1000", *EXACT))
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(output_dir)
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(resumed[name], tensor) for name, tensor in straight.items())
