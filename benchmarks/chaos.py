@@ -49,6 +49,9 @@ PROGRESS = re.compile(r"pretraining: [^|]*\|[^|]*\| (\d+)/")
 # Not anchored at a line's start: the refusal may follow the progress bar's last redraw (no newline) on its line.
 REFUSAL = re.compile(r"run_pretraining\.py: error: (.*)$", re.M)
 TORCHRUN_REPORT = re.compile(r"^torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError:", re.M)
+# torchrun's line for a failed run of its workers; with --max_restarts it then starts them again: a new run of
+# the command, in a world the last one changed (a rank killed during a save leaves its half-written files).
+WORKERS_FAILED = re.compile(r"^E\d{4} [^\n]*\] failed \(exitcode: -?\d+\)[^\n]*$", re.M)
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 ATTEMPT_SECONDS = 600  # a 2-process attempt: 15-40 s on 2 quiet cores, 100-300 s on 2 cores at load 12; elastic starts up to 3 times
@@ -542,21 +545,24 @@ def worker_tracebacks(output: str) -> int:
     return output.count("Traceback (most recent call last)") - len(TORCHRUN_REPORT.findall(output))
 
 
-def refusal_of(attempt: Attempt) -> tuple[str | None, str | None]:
+def refusal_of(attempt: Attempt, restarts: bool = False) -> tuple[str | None, str | None]:
     """(the attempt's one refusal line, None), or (None, why it is not one line naming a fix). A fault may
-    leave tracebacks of its own (a peer's lost connection) beside a refusal of a later restart."""
+    leave tracebacks of its own (a peer's lost connection) beside a refusal of a later restart. With
+    `restarts` (torchrun --max_restarts), each run of the workers is judged alone, and the last one's line is
+    the fix to follow."""
     tail = attempt.output[-2500:]
     if worker_tracebacks(attempt.output) and not attempt.fired:
         return None, f"exit {attempt.returncodes} with a traceback instead of a one-line refusal:\n{tail}"
-    lines = sorted(set(REFUSAL.findall(attempt.output)))  # every rank may print the same line
-    # A fault on one node is seen differently on the others ("my launcher exited", "no peer came"): one fix.
-    same_fix = attempt.fired and len({line.rsplit(": ", 1)[-1] for line in lines}) == 1
-    if len(lines) != 1 and not same_fix:
-        return None, f"exit {attempt.returncodes} with {len(lines)} distinct refusal lines:\n{tail}"
-    line = lines[0]
-    if not re.search(r"--\w+|free space|again with the same command", line, re.I):
-        return None, f"a refusal that names no fix: {line}"
-    return line, None
+    runs = WORKERS_FAILED.split(attempt.output) if restarts else [attempt.output]
+    refused = [lines for run in runs if (lines := sorted(set(REFUSAL.findall(run))))] or [[]]
+    for lines in refused:  # every rank may print the same line
+        # A fault on one node is seen differently on the others ("my launcher exited", "no peer came"): one fix.
+        same_fix = attempt.fired and len({line.rsplit(": ", 1)[-1] for line in lines}) == 1
+        if len(lines) != 1 and not same_fix:
+            return None, f"exit {attempt.returncodes} with {len(lines)} distinct refusal lines:\n{tail}"
+        if not re.search(r"--\w+|free space|again with the same command", lines[0], re.I):
+            return None, f"a refusal that names no fix: {lines[0]}"
+    return refused[-1][0], None
 
 
 def suggested_checkpoint(refusal: str) -> Path | None:
@@ -665,7 +671,7 @@ class TrialRun:
 def next_args(run: TrialRun, outcome: Outcome, attempt: Attempt, ledger: Ledger) -> list[str] | None:
     """The command of the next attempt after a failed one, following its refusal's fix; None (with the problem
     recorded) when the refusal is not one line naming a fix the soak can follow."""
-    refusal, problem = refusal_of(attempt)
+    refusal, problem = refusal_of(attempt, restarts=run.trial.launch == "elastic")
     if problem:
         outcome.problems.append(problem)
         return None

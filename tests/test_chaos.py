@@ -66,8 +66,9 @@ def test_a_refusal_the_soak_could_not_follow_is_followed(tmp_path, name):
     """Two refusals after a killed rank that stopped the soak (batch 402) on a fix it could not follow."""
     refusal, flags, note = FOLLOWED[name]
     base = ["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "auto"]
-    run = chaos.TrialRun(None, tmp_path, tmp_path / "run", tmp_path / "straight", base, [], None)
-    outcome = chaos.Outcome(trial=None)
+    trial = Trial(1, "torchrun", SHAPE, (), None, None, False)
+    run = chaos.TrialRun(trial, tmp_path, tmp_path / "run", tmp_path / "straight", base, [], None)
+    outcome = chaos.Outcome(trial=trial)
     attempt = Attempt([1], f"run_pretraining.py: error: {refusal}\n", [], hung=False, left_behind=[], seconds=1.0)
     assert chaos.refusal_of(attempt) == (refusal, None)
     assert chaos.next_args(run, outcome, attempt, chaos.Ledger(None)) == [*base[:2], *flags]
@@ -89,6 +90,27 @@ def test_two_nodes_that_saw_one_fault_differently_may_refuse_in_two_lines_naming
     assert "2 distinct refusal lines" in chaos.refusal_of(unfaulted)[1]
     other_fix = output.replace(f"(its log says why): {fix}", "(its log says why): pass --overwrite_output_dir")
     assert "2 distinct" in chaos.refusal_of(Attempt([1, 1], other_fix, ["kill_launcher"], False, [], 1.0))[1]
+
+
+def test_each_run_of_an_elastic_launch_refuses_in_one_line_and_the_last_ones_fix_is_followed():
+    """The soak's trial 3584774480 (torchrun --max_restarts 2, the disk full at checkpoint 28, rank 0 killed
+    during that save): the run refused naming the intact checkpoint, then torchrun started the workers twice
+    more and each run refused at the shared-folder probe (the killed rank's half-written checkpoint still filled
+    the disk). Three runs, one line each, in one attempt."""
+    failed = "E1127 04:43:40.408000 29583 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: {})"
+    first = "no space left writing /r/checkpoint-28; the last complete checkpoint /r/checkpoint-21 is intact; free space"
+    probe = "--output_dir /r: no space left writing /r/.probe.json; free space on its disk and run the same command again"
+    output = "".join(
+        [f"pretraining: 93%| 28/30 run_pretraining.py: error: {first}\n", failed.format(-9), " local_rank: 0\n"]
+        + [f"run_pretraining.py: error: {probe}\n" * 2 + failed.format(2) + " local_rank: 0\n"] * 2
+    )
+    attempt = Attempt([1], output, ["kill_rank"], hung=False, left_behind=[], seconds=1.0)
+    assert chaos.refusal_of(attempt, restarts=True) == (probe, None)
+    assert "2 distinct refusal lines" in chaos.refusal_of(attempt, restarts=False)[1]  # one run: two lines
+    refused_twice = f"run_pretraining.py: error: {probe}\n" * 2
+    two_in_one_run = output.replace(refused_twice, f"run_pretraining.py: error: {probe}\nrun_pretraining.py: error: --x\n", 1)
+    unfaulted = Attempt([1], two_in_one_run, [], hung=False, left_behind=[], seconds=1.0)
+    assert "2 distinct refusal lines" in chaos.refusal_of(unfaulted, restarts=True)[1]
 
 
 def by_update(kind: str, update: int, attempt: int = 0) -> Fault:
