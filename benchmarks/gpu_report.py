@@ -47,13 +47,15 @@ from hfbert.files import atomic_path
 REPO = Path(__file__).resolve().parents[1]
 RESUME_TEST = "tests/test_training.py::test_half_then_resume_then_half_equals_straight_training"
 # The test files whose code runs on the GPU when there is one: the model, its parity with transformers, the
-# loop and its speed paths, precision, batches, checkpoints, evaluation and fine-tuning. The rest (tokenizer,
-# data, files, cluster tests on gloo) runs the same on a CPU, where CI runs it.
+# loop and its speed paths, precision, batches, checkpoints, evaluation, fine-tuning, and every file that
+# trains in its own process (runs, streams, recipes, phase 2, run health, the README's quick start). The rest
+# (tokenizer, data, files, the cluster tests forced onto gloo) runs the same on a CPU, where CI runs it.
 GPU_SUITE = [
     f"tests/{name}.py"
     for name in (
         "test_modeling_hfbert", "test_hf_common", "test_speed_paths", "test_precision", "test_collator",
-        "test_training", "test_loop", "test_checkpointing", "test_evaluation", "test_finetune",
+        "test_training", "test_loop", "test_checkpointing", "test_evaluation", "test_finetune", "test_stream",
+        "test_recipes", "test_plan", "test_start_from_weights", "test_run_health_runs", "test_docs",
     )
 ]  # fmt: skip
 FAILED_TEST = re.compile(r"\b(?:FAILED|ERROR|SUBFAIL) (tests/\S+)")

@@ -282,6 +282,7 @@ def test_gpu_report_skips_parts_once_the_budget_is_spent():
     part = gpu_report.Part("anything", [sys.executable, "-c", "print(1)"], limit_seconds=60)
     gpu_report.run_part(part, seconds_left=0.5)
     assert part.status == "skipped: the budget is spent"
+    assert all((gpu_report.REPO / name).is_file() for name in gpu_report.GPU_SUITE)  # a renamed file is caught here
     assert gpu_report.markdown_tables("setting A\n| a | b |\n|---|---|\n| 1 | 2 |\nafter") == [
         "setting A\n\n| a | b |\n|---|---|\n| 1 | 2 |"
     ]
