@@ -99,6 +99,31 @@ def test_the_readme_recipes_are_the_readmes_commands(recipe, marker):
     assert command[:2] == ["--recipe", recipe] and command[2] == "--output_dir" and len(command) == 4
 
 
+def header_command(path: Path) -> list[str]:
+    """The run_pretraining.py arguments of a recipe file's "# Command:" header line."""
+    (line,) = [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("# Command:")]
+    words = shlex.split(line.removeprefix("# Command:"))
+    assert "run_pretraining.py" in words, f"{path.name}: its '# Command:' line runs no run_pretraining.py: {line}"
+    return words[words.index("run_pretraining.py") + 1 :]
+
+
+@pytest.mark.parametrize("name", sorted(shipped_recipes()))
+def test_every_recipe_header_command_is_the_recipe_itself(name):
+    """A recipe's "# Command:" line names the recipe (so it cannot drift from the file) and overrides none of
+    its values; the flags it adds (the output folder, a corpus to give) parse."""
+    path = shipped_recipes()[name]
+    arguments = header_command(path)
+    assert arguments[:2] == ["--recipe", name], f"{path.name}: '# Command:' should start --recipe {name}: {arguments}"
+    settings = parse_args(arguments)
+    assert settings.run.recipe == name
+    flat = settings.to_dict()
+    for key, value in yaml.safe_load(path.read_text()).items():
+        if f"--{key}" not in arguments:
+            assert flat[key] == (str(value) if key == "checkpointing_steps" else value), f"{path.name}: {key}"
+        else:
+            assert key in {"train_file", "dataset_name"}, f"{path.name}: '# Command:' overrides the recipe's {key}"
+
+
 def test_the_command_line_overrides_the_recipe():
     settings = parse_args(["--recipe", "quick-start", "--output_dir", "o", "--learning_rate", "2e-3", "--max_train_steps=10"])
     assert settings.optimization.learning_rate == 2e-3 and settings.optimization.max_train_steps == 10
