@@ -371,3 +371,137 @@ def test_hub_command_refuses_in_one_line_naming_the_hub_when_offline(command, bl
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert lines[-1].startswith(f"{script}: error: "), f"{block_id}: {lines[-3:]}"
     assert any(word in lines[-1].lower() for word in HUB_WORDS), f"{block_id}: the refusal does not name the Hub: {lines[-1]}"
+
+
+# ------------------------------------------------------------------------ commands that stand for a recipe
+#
+# A command that trains what a shipped recipe trains names the recipe (`--recipe NAME`), so that it cannot drift
+# from the recipe when a default changes (the quality recipe's command, spelled out, lost its structured start
+# when the default start became BERT's). A run_pretraining.py command, or the flags a benchmark passes to it
+# after `--`, that sets most of a recipe's values without `--recipe` is a recipe copied by hand.
+
+COPIED_SHARE = 0.6  # of a recipe's values
+
+
+def pretraining_flags(command: str) -> dict[str, str] | None:
+    """The run_pretraining.py flags of a command (after the script, or after a benchmark's `--`), by name."""
+    if "run_pretraining.py" not in command and "benchmarks." not in command:
+        return None
+    words = shlex.split(command)
+    if "run_pretraining.py" in words:
+        words = words[words.index("run_pretraining.py") + 1 :]
+    elif any(word.startswith("benchmarks.") for word in words) and "--" in words:
+        words = words[words.index("--") + 1 :]
+    else:
+        return None
+    flags = {}
+    for index, word in enumerate(words):
+        if word.startswith("--"):
+            following = words[index + 1] if index + 1 < len(words) else ""
+            flags[word[2:]] = "true" if following.startswith("--") or not following else following
+    return flags
+
+
+def same_value(given: str, recipe_value) -> bool:
+    try:
+        return float(given) == float(recipe_value)
+    except (TypeError, ValueError):
+        return given.lower() == str(recipe_value).lower()
+
+
+def copied_recipe(flags: dict[str, str]) -> str | None:
+    """The shipped recipe whose values `flags` mostly repeat, when they do not name it."""
+    import yaml
+
+    from hfbert.pretraining.recipes import shipped_recipes
+
+    if "recipe" in flags:
+        return None
+    for name, path in shipped_recipes().items():
+        values = yaml.safe_load(path.read_text())
+        repeated = [key for key, value in values.items() if key in flags and same_value(flags[key], value)]
+        if len(repeated) >= COPIED_SHARE * len(values):
+            return name
+    return None
+
+
+def test_no_doc_command_spells_out_a_recipe_and_every_named_recipe_is_shipped():
+    from hfbert.pretraining.recipes import shipped_recipes
+
+    copies, unknown = [], []
+    for block in ALL_BLOCKS:
+        if block.language not in {"bash", "sh", "shell", "console"}:
+            continue
+        for command in block.commands():
+            flags = pretraining_flags(command)
+            if flags is None:
+                continue
+            if (name := copied_recipe(flags)) is not None:
+                copies.append(f"{block.id}: spells out the {name} recipe's flags; write --recipe {name}")
+            if "recipe" in flags and flags["recipe"] not in shipped_recipes():
+                unknown.append(f"{block.id}: --recipe {flags['recipe']} is no shipped recipe")
+    assert not copies and not unknown, "\n".join(copies + unknown)
+
+
+def test_a_recipe_spelled_out_by_hand_is_caught():
+    spelled = (
+        "python run_pretraining.py --model_size tiny --vocab_size 8192 --dropout 0 --learning_rate 1e-3 "
+        "--num_warmup_steps 200 --dupe_factor 40 --weight_decay 0.1 --per_device_train_batch_size 16 "
+        "--max_train_seconds 600 --eval_steps 1000 --output_dir runs/hfbert-quality"
+    )
+    assert copied_recipe(pretraining_flags(spelled)) == "quality-10min"
+    benchmark = "python -m benchmarks.time_to_quality --output_dir runs/ttq -- " + spelled.split("py ", 1)[1]
+    assert copied_recipe(pretraining_flags(benchmark)) == "quality-10min"
+    assert copied_recipe(pretraining_flags("python run_pretraining.py --recipe quality-10min --eval_steps 500")) is None
+    assert copied_recipe(pretraining_flags("python run_pretraining.py --model_size tiny --output_dir o")) is None
+
+
+# ------------------------------------------------------------------------------------ links between the pages
+
+
+def section_slugs(path: Path) -> set[str]:
+    """The #anchors GitHub gives a markdown file's headings (lower case, punctuation dropped, spaces to dashes,
+    a repeated heading numbered)."""
+    slugs, seen, in_fence = set(), collections.Counter(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        in_fence = in_fence != line.startswith("```")
+        if in_fence or not re.match(r"#{1,6} ", line):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        slugs.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+        seen[slug] += 1
+    return slugs
+
+
+def broken_links(doc: Path) -> list[str]:
+    """The relative links of a markdown file whose file or section is not there."""
+    text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        destination = (doc.parent / path).resolve() if path else doc
+        if not destination.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and destination.suffix == ".md" and anchor not in section_slugs(destination):
+            broken.append(f"{target} (no such section)")
+    return broken
+
+
+LINKED_PAGES = [*DOC_FILES, *sorted((REPO / "benchmarks" / "results").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", LINKED_PAGES, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_link_between_the_pages_resolves_to_its_section(doc):
+    assert not broken_links(doc), f"{doc.relative_to(REPO)}: {broken_links(doc)}"
+
+
+def test_a_link_to_a_missing_section_is_caught(tmp_path):
+    (tmp_path / "other.md").write_text("# Other\n\n## The main job (6,000 updates)\n\n```bash\n# not a heading\n```\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "[a](other.md#the-main-job-6000-updates) [b](other.md#the-main-job) [c](gone.md) [d](#here) [e](https://x.org)"
+        "\n\n## Here\n"
+    )
+    assert broken_links(doc) == ["other.md#the-main-job (no such section)", "gone.md (no such file)"]
