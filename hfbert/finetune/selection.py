@@ -38,8 +38,8 @@ class RateChoice:
     metric: str
     fold_scores: dict[float, list[float]]
     ranking: dict[float, float]  # mean minus spread over the folds
-    dropped: dict[float, str]  # rate -> why (a collapsed fold)
-    note: str | None  # said when every rate had a collapsed fold
+    dropped: dict[float, str]  # rate -> why (a collapsed or underfitted fold)
+    note: str | None  # said when every rate had a collapsed or underfitted fold
 
     def as_json(self) -> dict:
         return {
