@@ -505,3 +505,23 @@ def test_a_link_to_a_missing_section_is_caught(tmp_path):
         "\n\n## Here\n"
     )
     assert broken_links(doc) == ["other.md#the-main-job (no such section)", "gone.md (no such file)"]
+
+
+def pages_linked_from(doc: Path) -> set[Path]:
+    text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+    targets = (target.partition("#")[0] for target in re.findall(r"\]\(([^)\s]+)\)", text))
+    return {(doc.parent / target).resolve() for target in targets if target.endswith(".md") and ":" not in target}
+
+
+def test_every_results_page_is_reached_from_the_readme():
+    """A results page no reader can reach from the README through links (docs, then results pages) holds numbers
+    that no doc stands on or corrects."""
+    reached, queue = set(), [REPO / "README.md"]
+    while queue:
+        page = queue.pop()
+        if page in reached or not page.exists():
+            continue
+        reached.add(page)
+        queue.extend(pages_linked_from(page))
+    unreached = [path.name for path in sorted((REPO / "benchmarks" / "results").glob("*.md")) if path.resolve() not in reached]
+    assert not unreached, f"benchmarks/results pages linked from nowhere the README leads to: {unreached}"
