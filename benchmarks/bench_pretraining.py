@@ -8,9 +8,9 @@ instances of the shipped WikiText-2 sample (tokenizer trained on the sample, pad
 longest row rounded up to 8, masked by the collator) or synthetic full-length rows, masked the same way.
 
 Per model it reports non-padding tokens/s and the step time (medians over the timed steps), memory and the model FLOPs utilisation
-(MFU) against a matmul peak measured on the device for the dtype, with
-FLOPs/token = 6 N_nonembedding + 12 L d T + 6 (d^2 + d V) f_head
-(f_head = masked fraction of the tokens for hfbert's masked-rows head, 1 for transformers' dense head).
+(MFU) against a matmul peak measured on the device for the dtype, with the library's FLOPs per non-padding
+token (`hfbert.pretraining.evaluation.flops_per_token`: hfbert's last layer at [CLS] and the rows its head
+computes, the head at the masked tokens or static slots; transformers' every layer and head at every position).
 Memory is torch.cuda.max_memory_allocated on CUDA; on CPU (no allocator statistics) it is the size of the
 activations autograd saves for backward in one step, measured with saved-tensor hooks.
 The forward-only rows compare the bare encoders (`model.bert`) in eval mode under torch.inference_mode.
