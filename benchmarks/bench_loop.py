@@ -12,9 +12,12 @@ learning rate, one after the other in one process:
 - bare step: hfbert's `train_step` repeated on one batch already on the device (the loop with free batches).
 
 Throughput is non-padding tokens/s over the updates after `--warmup_steps` (instances x their mean length /
-seconds, both loops drawing uniformly shuffled batches), MFU against the measured matmul peak with
-the library's FLOPs per token (`hfbert.pretraining.evaluation.flops_per_token`) (hfbert's MLM head counted at the masked rows, transformers' at every
-position), and the loop's share of the bare step.
+seconds, both loops drawing uniformly shuffled batches); the FLOPs per token are the library's
+(`hfbert.pretraining.evaluation.flops_per_token`: hfbert's last layer at [CLS] and the rows its MLM head
+computes, the static slots on CUDA or the masked tokens, transformers' every layer and head at every position).
+MFU is against the device's datasheet peak (`device_peak_flops`, the row named above the table; none on a CPU
+or a GPU without a row) and against the matmul peak measured in the same process; then the loop's share of the
+bare step.
 
     python -m benchmarks.bench_loop --model_size base --batch_size 128 --steps 300 --warmup_steps 50
     python -m benchmarks.bench_loop --model_size mini --batch_size 32 --steps 60 --warmup_steps 20  # CPU
@@ -54,7 +57,7 @@ from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import build_loaders, plan_batches
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args as parse_run_flags
-from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, flops_per_token
+from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, device_peak_flops, flops_per_token
 from hfbert.pretraining.loop import CheckpointWriter, LoopSchedule, ProgressBar, StepSettings, fit, train_step
 from hfbert.pretraining.model import start_fresh_model
 from hfbert.pretraining.run import prepare_run_data
@@ -106,6 +109,7 @@ class HfbertRun:
     model: torch.nn.Module  # unwrapped
     num_workers: int
     seed: int
+    head_rows: float  # per instance, where hfbert's MLM head runs: the static slots, or the masked share
 
 
 def hfbert_loop(args: argparse.Namespace, output_dir: str):
@@ -123,16 +127,17 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str):
     state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     checkpoints = CheckpointWriter(output_dir, None, settings.checkpoint_settings(), data.tokenizer)
-    flops = ModelFlops(data.config, model, peak_flops_per_process=None)
+    flops = ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops_per_process=None)
     step = StepSettings.of(optimization, precision, output_dir, flops)
     schedule = LoopSchedule.of(budget, settings.run)
     callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.train` has
     fit(accelerator, state, eval_loader, schedule, step, checkpoints, callbacks)
-    run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed)
+    mean_length = statistics.mean(len(ids) for ids in data.train.write()["input_ids"])
+    head_rows = plan.max_predictions_per_seq or plan.mlm_probability * mean_length
+    run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed, head_rows)
     rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
     last = max(rows)
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
-    mean_length = statistics.mean(len(ids) for ids in data.train.write()["input_ids"])
     loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds
     batch = next(iter(state.batches.loader))
     window, no_callbacks = TrainingWindow.start(accelerator.device, 0.0), Callbacks()  # as the loop's step has
@@ -198,13 +203,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as scratch:
         run, data, initial, mean_length, loop, bare = hfbert_loop(args, str(Path(scratch) / "hfbert"))
         device, precision = run.accelerator.device, run.precision
-        hfbert_flops = flops_per_token(data.config, run.model, mean_length, 0.15)
+        hfbert_flops = flops_per_token(run.model.config, mean_length, run.head_rows)
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
         scratch_trainer = str(Path(scratch) / "trainer")
         trainer, reference = trainer_loop(args, run, data, initial, mean_length, device, scratch_trainer)
-    peak = measure_matmul_peak(device, DTYPES[precision])
-    reference_flops = flops_per_token(data.config, reference, mean_length, 1.0)
+    measured_peak = measure_matmul_peak(device, DTYPES[precision])
+    datasheet_peak, peak_line = device_peak_flops(device, precision)
+    reference_flops = flops_per_token(reference.config, mean_length)
     results = {"hfbert loop": loop, "hfbert bare step": bare, "transformers Trainer": trainer}
     flops = {
         "hfbert loop": hfbert_flops,
@@ -215,14 +221,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"\n{args.model_size}, model vocab {data.config.vocab_size} (tokenizer {len(data.tokenizer)}), batch "
         f"{args.batch_size}, precision {precision}, {len(data.train)} NSP instances "
         f"(mean length {mean_length:.1f}), updates {args.warmup_steps}-{args.warmup_steps + args.steps} timed; "
-        f"{describe_machine(device)}; matmul peak {peak / 1e9:,.0f} GFLOP/s\n"
+        f"{describe_machine(device)}; FLOPs per token {hfbert_flops / 1e6:,.1f}M (hfbert, MLM head at "
+        f"{run.head_rows:.1f} rows an instance), {reference_flops / 1e6:,.1f}M (transformers); {peak_line}; "
+        f"matmul peak measured {measured_peak / 1e9:,.0f} GFLOP/s\n"
     )
-    print("| loop | non-padding tokens/s | MFU | vs Trainer | share of the bare step |")
-    print("|---|---|---|---|---|")
+    print("| loop | non-padding tokens/s | model GFLOP/s | MFU | of the measured matmul peak | vs Trainer | "
+          "share of the bare step |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for name, tokens in results.items():
+        model_flops = tokens * flops[name]
+        mfu = "n/a" if datasheet_peak is None else f"{model_flops / datasheet_peak:.1%}"
         print(
-            f"| {name} | {tokens:,.0f} | {tokens * flops[name] / peak:.1%} | {tokens / trainer:.2f}x | "
-            f"{tokens / bare:.0%} |"
+            f"| {name} | {tokens:,.0f} | {model_flops / 1e9:,.0f} | {mfu} | {model_flops / measured_peak:.1%} | "
+            f"{tokens / trainer:.2f}x | {tokens / bare:.0%} |"
         )
     return results
 

@@ -8,9 +8,9 @@ instances of the shipped WikiText-2 sample (tokenizer trained on the sample, pad
 longest row rounded up to 8, masked by the collator) or synthetic full-length rows, masked the same way.
 
 Per model it reports non-padding tokens/s and the step time (medians over the timed steps), memory and the model FLOPs utilisation
-(MFU) against a matmul peak measured on the device for the dtype, with
-FLOPs/token = 6 N_nonembedding + 12 L d T + 6 (d^2 + d V) f_head
-(f_head = masked fraction of the tokens for hfbert's masked-rows head, 1 for transformers' dense head).
+(MFU) against a matmul peak measured on the device for the dtype, with the library's FLOPs per non-padding
+token (`hfbert.pretraining.evaluation.flops_per_token`: hfbert's last layer at [CLS] and the rows its head
+computes, the head at the masked tokens or static slots; transformers' every layer and head at every position).
 Memory is torch.cuda.max_memory_allocated on CUDA; on CPU (no allocator statistics) it is the size of the
 activations autograd saves for backward in one step, measured with saved-tensor hooks.
 The forward-only rows compare the bare encoders (`model.bert`) in eval mode under torch.inference_mode.
@@ -368,7 +368,7 @@ def run(args: argparse.Namespace) -> None:
                     models = build_models(config, device, args.compile)
                     steps = step_functions(models, mode, device, precision)
                     results = compare(models, steps, data_batches, args, device)
-                    row = summarize(config, models, results, data_batches, args, mode, peaks[precision])
+                    row = summarize(config, results, data_batches, args, mode, peaks[precision])
                     print(
                         f"| {size} | {precision} | {data} | {mode} | {row['transformers'].tokens_per_second:,.0f} | "
                         f"{row['hfbert'].tokens_per_second:,.0f} | "
@@ -382,7 +382,6 @@ def run(args: argparse.Namespace) -> None:
 
 def summarize(
     config: HfBertConfig,
-    models: dict[str, nn.Module],
     results: dict[str, tuple[list[float], float]],
     batches: list[Batch],
     args: argparse.Namespace,
@@ -395,16 +394,14 @@ def summarize(
         head_rows = sum(b["masked_positions"].numel() for b in timed)
     else:
         head_rows = sum(int((b["labels"] != -100).sum()) for b in timed)
-    masked_fraction = head_rows / sum(step_tokens)
-    mean_length = statistics.mean(b["input_ids"].size(1) for b in timed)
+    rows = sum(b["input_ids"].size(0) for b in timed)
+    head_rows_per_row, mean_length = head_rows / rows, sum(step_tokens) / rows  # non-padding tokens a row
     summary = {}
     for name, (seconds, memory) in results.items():
-        head_fraction = masked_fraction if name == "hfbert" else 1.0
-        flops = flops_per_token(config, models[name], mean_length, head_fraction)
+        flops = flops_per_token(config, mean_length, head_rows_per_row if name == "hfbert" else None)
         if mode == "infer":  # forward only (a third of fwd + bwd), encoder only (no MLM head)
-            flops = (
-                flops - 6 * (config.hidden_size**2 + config.hidden_size * config.vocab_size) * head_fraction
-            ) / 3
+            dense = flops_per_token(config, mean_length)
+            flops = (dense - 6 * (config.hidden_size**2 + config.hidden_size * config.vocab_size)) / 3
         # Medians, not totals: other processes on a shared machine add outliers to single steps.
         tokens_per_second = statistics.median(n / t for n, t in zip(step_tokens, seconds, strict=True))
         summary[name] = Measurement(

@@ -29,6 +29,7 @@ import torch
 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.pretraining.batches import default_max_predictions
 from hfbert.pretraining.evaluation import flops_per_token
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,12 +60,13 @@ def embedding_gradient_bytes(size: str, vocab_size: int = 30522) -> int:
 
 
 def step_seconds(size: str, seq_len: int = 128, mask_share: float = 0.15) -> float:
-    """A step of `size` on an H100 at batch 128 x 128: base's measured step scaled by FLOPs per token."""
+    """A step of `size` on an H100 at batch 128 x 128: base's measured step scaled by FLOPs per token (the MLM
+    head at CUDA's default static slots)."""
 
     def flops(name: str) -> float:
         with torch.device("meta"):
             model = HfBertForPreTraining(HfBertConfig.from_preset(name, vocab_size=30522))
-        return flops_per_token(model.config, model, seq_len, mask_share)
+        return flops_per_token(model.config, seq_len, default_max_predictions(seq_len, mask_share))
 
     return BASE_STEP_SECONDS * flops(size) / flops("base")
 

@@ -43,6 +43,7 @@ import torch
 from benchmarks.bench_pretraining import describe_machine
 from hfbert.configuration_hfbert import PRESETS
 from hfbert.files import atomic_path
+from hfbert.pretraining.evaluation import device_peak_flops
 
 REPO = Path(__file__).resolve().parents[1]
 RESUME_TEST = "tests/test_training.py::test_half_then_resume_then_half_equals_straight_training"
@@ -178,7 +179,9 @@ def plan_parts(args: argparse.Namespace) -> list[Part]:
 def main(argv: list[str] | None = None) -> list[Part]:
     args = parse_args(argv)
     clock = time.perf_counter()
-    device = describe_machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    accelerator = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # the peak bench_loop's MFU column is against (fp16, the CUDA default; bf16's is the same on every row)
+    device = f"{describe_machine(accelerator)}; {device_peak_flops(accelerator, 'fp16')[1]}"
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = plan_parts(args)
     write_report(args.output, render(parts, device, started))

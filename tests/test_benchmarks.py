@@ -124,6 +124,9 @@ def test_bench_loop_times_the_loop_its_bare_step_and_the_trainer_at_the_model_vo
     report = capsys.readouterr().out
     # the model keeps the asked vocabulary although the sample trains a smaller tokenizer
     assert "tiny, model vocab 12000 (tokenizer " in report and "| transformers Trainer |" in report
+    # the FLOPs counted and the peak each MFU is against are named (a CPU has no datasheet peak)
+    assert "(hfbert, MLM head at " in report and "MFU not logged on cpu" in report
+    assert "| MFU | of the measured matmul peak |" in report and "| n/a |" in report
     with pytest.raises(SystemExit):
         bench_loop.main(["--steps", "0"])
     assert "--steps 0 must be >= 1" in capsys.readouterr().err

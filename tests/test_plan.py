@@ -5,8 +5,10 @@ import math
 import pytest
 from test_training import run_args, train_in_process
 
+from hfbert import HfBertConfig
 from hfbert.errors import Refusal
 from hfbert.pretraining.cli import main
+from hfbert.pretraining.evaluation import flops_per_token
 from hfbert.pretraining.plan import INSTANCE_FILL, TOKENS_PER_BYTE
 
 
@@ -25,6 +27,10 @@ def test_the_plan_counts_the_quick_start_and_writes_nothing(tmp_path, capsys):
     assert f"updates: 6,000; ~{tokens:,.0f} tokens seen" in plan
     assert f"passes over the corpus: ~{tokens / corpus_tokens:.1f}" in plan
     assert "resume: none, a fresh start" in plan
+    # the loop's formula on a CPU's path: the MLM head at the masked rows (15% of the mean instance)
+    config, instance_tokens = HfBertConfig.from_preset("tiny", vocab_size=8192), INSTANCE_FILL * 128
+    per_token = flops_per_token(config, instance_tokens, head_rows=0.15 * instance_tokens)
+    assert f"compute: ~{per_token * tokens:.2e} FLOPs" in plan
     assert not output_dir.exists()
 
 

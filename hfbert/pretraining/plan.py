@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus_source import local_files
 from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.pretraining.batches import resolve_max_predictions
 from hfbert.pretraining.evaluation import flops_per_token
 from hfbert.pretraining.settings import PretrainingSettings, read_config_file
 from hfbert.pretraining.source_model import SourceModel, source_run_config
@@ -165,7 +166,9 @@ def plan_run(
         updates = optimization.num_train_epochs * math.ceil(instances / global_batch)
     flops = None
     if updates is not None:
-        per_token = flops_per_token(config, model, instance_tokens, data.mlm_probability)
+        static_slots = resolve_max_predictions(data, optimization.torch_compile, accelerator.device)
+        head_rows = data.mlm_probability * instance_tokens if static_slots is None else static_slots
+        per_token = flops_per_token(model.config, instance_tokens, head_rows)
         flops = per_token * updates * global_batch * instance_tokens
     batch, length = optimization.per_device_train_batch_size, data.max_seq_length
     parameters = sum(p.numel() for p in model.parameters())

@@ -12,6 +12,7 @@ import transformers
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import DistributedDataParallelKwargs, parse_flag_from_env
 
+from hfbert.errors import Refusal
 from hfbert.pretraining.settings import OptimizationSettings, RunSettings
 
 logger = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ logger = logging.getLogger(__name__)
 # stay at 25 MB, which starts the first all-reduce early in the backward; accelerate's `accumulate` already
 # skips the all-reduce (no_sync) on all but the last micro-batch of an update (benchmarks/results/scaling.md).
 DDP_SETTINGS = DistributedDataParallelKwargs(gradient_as_bucket_view=True)
+BF16_CAPABILITY = (8, 0)  # Ampere: the first GPUs whose tensor cores compute in bf16
 
 
 def cpu_has_native_bf16() -> bool:
@@ -32,20 +34,25 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_mixed_precision(requested: str, launcher_choice: str | None, cuda: bool) -> tuple[str, str]:
+def resolve_mixed_precision(
+    requested: str, launcher_choice: str | None, cuda_capability: tuple[int, int] | None
+) -> tuple[str, str]:
     """The precision to train in and why. `launcher_choice` is ACCELERATE_MIXED_PRECISION, which accelerate
-    launch sets to 'no' also when --mixed_precision was not given, so only fp16/bf16 there count as a choice."""
+    launch sets to 'no' also when --mixed_precision was not given, so only fp16/bf16 there count as a choice.
+    `cuda_capability`: the GPU's compute capability, None without CUDA. bf16 on a GPU below 8.0 is refused."""
     if requested == "auto" and launcher_choice in ("fp16", "bf16"):
         requested, reason = launcher_choice, "accelerate launch --mixed_precision"
     elif requested == "auto":
-        if cuda:
-            return "fp16", "CUDA device (fp16 with loss scaling)"
-        if cpu_has_native_bf16():
-            return "bf16", "CPU with native bf16"
-        return "no", "CPU without native bf16"
+        return auto_precision(cuda_capability)
     else:
         reason = "--mixed_precision"
-    if requested == "fp16" and not cuda:
+    if requested == "bf16" and cuda_capability is not None and cuda_capability < BF16_CAPABILITY:
+        major, minor = cuda_capability
+        raise Refusal(
+            f"bf16 ({reason} bf16) needs a GPU of compute capability 8.0 or newer; this one has {major}.{minor}: "
+            "train in fp16 (--mixed_precision fp16, the CUDA default) or fp32 (--mixed_precision no)."
+        )
+    if requested == "fp16" and cuda_capability is None:
         fallback = "bf16" if cpu_has_native_bf16() else "no"
         logger.warning(
             f"fp16 was asked for ({reason}) but there is no CUDA device and accelerate would silently ignore it "
@@ -53,6 +60,21 @@ def resolve_mixed_precision(requested: str, launcher_choice: str | None, cuda: b
         )
         return fallback, f"fp16 unavailable on CPU, fell back to {fallback}"
     return requested, reason
+
+
+def auto_precision(cuda_capability: tuple[int, int] | None) -> tuple[str, str]:
+    """--mixed_precision auto: fp16 on CUDA (bf16 one flag away where the GPU has it), bf16 on a CPU with
+    native bf16, fp32 elsewhere; with the reason the run logs."""
+    if cuda_capability is not None:
+        major, minor = cuda_capability
+        if cuda_capability >= BF16_CAPABILITY:
+            bf16 = f"bf16 is available on this GPU (compute capability {major}.{minor}): --mixed_precision bf16"
+        else:
+            bf16 = f"this GPU (compute capability {major}.{minor}) has no bf16"
+        return "fp16", f"the CUDA default (--mixed_precision auto); {bf16}"
+    if cpu_has_native_bf16():
+        return "bf16", "this CPU has native bf16 (AMX/AVX512-BF16; --mixed_precision auto)"
+    return "no", "this CPU has no native bf16 (--mixed_precision auto)"
 
 
 def use_deterministic_algorithms() -> None:
@@ -68,7 +90,9 @@ def build_accelerator(optimization: OptimizationSettings, run: RunSettings) -> t
     """The Accelerator in the resolved precision (logged), with loggers quiet on non-main processes."""
     use_cuda = torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU")
     precision, reason = resolve_mixed_precision(
-        optimization.mixed_precision, os.environ.get("ACCELERATE_MIXED_PRECISION"), use_cuda
+        optimization.mixed_precision,
+        os.environ.get("ACCELERATE_MIXED_PRECISION"),
+        torch.cuda.get_device_capability() if use_cuda else None,
     )
     accelerator = Accelerator(
         mixed_precision=precision,
@@ -86,7 +110,8 @@ def build_accelerator(optimization: OptimizationSettings, run: RunSettings) -> t
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
     logger.info(
-        f"Precision: {precision} ({reason}); device {accelerator.device}, {accelerator.num_processes} process(es)."
+        f"Precision: {'fp32' if precision == 'no' else precision}: {reason}; device {accelerator.device}, "
+        f"{accelerator.num_processes} process(es)."
     )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if (

@@ -62,7 +62,7 @@ from hfbert.pretraining.cluster import (
     release_ddp_wrapper,
 )
 from hfbert.pretraining.data import PretrainingData, count_training_instances, prepare_data
-from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
+from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.finish import FinalContents, FinalFolder, finish
 from hfbert.pretraining.health import RunHealth
 from hfbert.pretraining.health.report import health_report
@@ -284,7 +284,9 @@ def train(
     checkpoints = CheckpointWriter(
         run.output_dir, run.checkpoints_total_limit, settings.checkpoint_settings(), data.tokenizer, data.config
     )
-    flops = ModelFlops(data.config, model, datasheet_peak_flops(accelerator.device, precision))
+    peak_flops, peak_line = device_peak_flops(accelerator.device, precision)
+    logger.info(peak_line)
+    flops = ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops)
     health = RunHealth(data.health, budget, main_process=accelerator.is_main_process)
     callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
     step = StepSettings.of(optimization, precision, run.output_dir, flops)

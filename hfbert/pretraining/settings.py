@@ -243,7 +243,8 @@ class OptimizationSettings:
         default="auto",
         metadata={
             "help": "auto: what `accelerate launch --mixed_precision` asked for, else fp16 on CUDA, bf16 on a "
-            "CPU with native bf16, fp32 otherwise. fp16 on a CPU warns and falls back."
+            "CPU with native bf16, fp32 otherwise. fp16 on a CPU warns and falls back; bf16 on a GPU below "
+            "compute capability 8.0 is refused."
         },
     )
     torch_compile: Annotated[bool, MUST_MATCH] = field(
