@@ -56,10 +56,12 @@ def installed(tmp_path_factory) -> Path:
     python = root / "venv" / "bin" / "python"
     purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root).stdout.strip()
     # Plain paths, not site.addsitedir: an editable hfbert in this environment (pip install -e) stays unseen.
-    (Path(purelib) / "this-environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    site_dirs = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    (Path(purelib) / "this-environment.pth").write_text("\n".join(site_dirs) + "\n")
     run([python, "-m", "pip", "--disable-pip-version-check", "install", "--no-deps", "--no-index", wheel], root)
 
-    where = run([python, "-c", "import hfbert, sys; print(hfbert.__file__); print(sys.path)"], root).stdout
+    # find_spec, not import: where hfbert would be imported from, without importing torch for it (seconds).
+    where = run([python, "-c", "import importlib.util, sys; print(importlib.util.find_spec('hfbert').origin); print(sys.path)"], root).stdout
     assert where.startswith(purelib), f"hfbert is not the installed one: {where}"
     assert str(REPO) not in where.splitlines()[1].split("'"), f"the repository is on sys.path: {where}"
     return root
