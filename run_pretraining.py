@@ -5,8 +5,7 @@
 Run with --help for every flag; the library behind it is the package hfbert.pretraining (flags: hfbert.pretraining.settings).
 """
 
-from hfbert.errors import run_cli
-from hfbert.pretraining.cli import main
+from hfbert.pretraining.cli import command_line
 
 if __name__ == "__main__":
-    run_cli(main)
+    command_line()

@@ -1,7 +1,6 @@
 """Train a BERT WordPiece tokenizer: `python train_tokenizer.py --help`."""
 
-from hfbert.errors import run_cli
-from hfbert.tokenization import main
+from hfbert.tokenization import command_line
 
 if __name__ == "__main__":
-    run_cli(main)
+    command_line()

@@ -45,6 +45,16 @@ class RefusingArgumentParser(RefusesUsageErrors, argparse.ArgumentParser):
     """argparse.ArgumentParser whose command-line errors are one-line refusals."""
 
 
+def program_name() -> str:
+    """How this process was started, for usage and error lines: `python -m hfbert.pretraining` for a module run
+    with -m (argparse would say `__main__.py`; it says this itself from Python 3.14), else the script's name
+    (run_pretraining.py, hfbert-pretrain)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        return f"python -m {spec.name.removesuffix('.__main__')}"
+    return Path(sys.argv[0]).name
+
+
 def run_cli(main: Callable[[], Any], prog: str | None = None) -> None:
     """Run an entry point's `main()`; a `Refusal` ends the process with one line on stderr and exit code 2, a
     `RunFailure` with one line and exit code 1.
@@ -56,7 +66,7 @@ def run_cli(main: Callable[[], Any], prog: str | None = None) -> None:
     except (Refusal, RunFailure) as stop:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
-        name = prog or Path(sys.argv[0]).name
+        name = prog or program_name()
         message = " ".join(str(stop).split())  # one line, whatever the message's own layout
         # One write of the whole line: the processes of a launch share one stderr, and print() writes the text
         # and its newline separately, so two ranks' refusals could run into one line.

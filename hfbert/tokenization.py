@@ -42,7 +42,7 @@ from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrai
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.corpus import load_documents
 from hfbert.corpus_source import CorpusArguments
-from hfbert.errors import Refusal, RefusesUsageErrors
+from hfbert.errors import Refusal, RefusesUsageErrors, program_name, run_cli
 from hfbert.files import (
     WRITE_ERRORS,
     check_local_files,
@@ -528,7 +528,9 @@ class RefusingHfArgumentParser(RefusesUsageErrors, HfArgumentParser):
     train_tokenizer.py and run_pretraining.py); --help shows each flag's default, where it has one."""
 
     def __init__(self, dataclass_types: Any, **kwargs: Any):
-        super().__init__(dataclass_types, **{"formatter_class": DefaultsHelpFormatter, **kwargs})
+        super().__init__(
+            dataclass_types, **{"formatter_class": DefaultsHelpFormatter, "prog": program_name(), **kwargs}
+        )
 
     def given_flags(self, argv: list[str]) -> frozenset[str]:
         """The destinations of the flags `argv` names (as given, `--flag=value` or an abbreviation argparse
@@ -556,6 +558,11 @@ def main(argv: list[str] | None = None) -> None:
     with run_folder_lock(training_args.output_dir):  # checks that the folder is writable first
         check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
         train_and_save(corpus_args, training_args)
+
+
+def command_line() -> None:
+    """The process entry point of train_tokenizer.py, `python -m hfbert.tokenization` and hfbert-tokenizer."""
+    run_cli(main)
 
 
 def train_and_save(corpus_args: CorpusArguments, training_args: TokenizerTrainingArguments) -> None:
@@ -589,3 +596,7 @@ def train_and_save(corpus_args: CorpusArguments, training_args: TokenizerTrainin
     else:
         lines.append("  no validation split: pass --validation_file for [UNK] rate and tokens per word")
     print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    command_line()

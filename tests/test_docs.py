@@ -296,12 +296,20 @@ def check_ran(block: DocBlock, result: subprocess.CompletedProcess) -> None:
 
 @pytest.fixture(scope="session")
 def docs_sandbox(tmp_path_factory) -> Path:
-    """A folder with the README's quick start run in it (runs/hfbert-tiny-wikitext), at a tiny budget."""
+    """A folder with the README's quick start run in it (runs/hfbert-tiny-wikitext), at a tiny budget; what
+    the run printed is kept beside the folder, in QUICK_START_OUTPUT."""
     (quick_start,) = blocks_of("tiny")
     folder = working_folder(tmp_path_factory.mktemp("docs") / "root")
     (command,) = quick_start.commands()
-    check_ran(quick_start, run_block(quick_start, folder, tiny_budget(command)))
+    result = run_block(quick_start, folder, tiny_budget(command))
+    check_ran(quick_start, result)
+    (folder.parent / QUICK_START_OUTPUT).write_text(result.stdout + result.stderr)
     return folder
+
+
+QUICK_START_OUTPUT = "quick-start-output.txt"
+# What `accelerate launch` prints when a value it needs is neither on its command line nor in a config file.
+ACCELERATE_DEFAULTS_WARNING = "were not passed to `accelerate launch` and had defaults used instead"
 
 
 @pytest.mark.slow
@@ -313,6 +321,8 @@ def test_the_quick_start_runs_at_a_tiny_budget(docs_sandbox):
         path.name for path in final.iterdir()
     }
     assert json.loads((final / "eval_results.json").read_text())["step"] == int(BUDGET_FLAGS["--max_train_steps"])
+    output = (docs_sandbox.parent / QUICK_START_OUTPUT).read_text()
+    assert ACCELERATE_DEFAULTS_WARNING not in output, "name accelerate's defaults in the quick start's command"
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ each, in the order data flows through them:
     loop         fit: step, log, evaluate, checkpoint; preemption
     finish       the final folder (model, tokenizer, card, curves, samples) and the push
     samples      the final folder's samples.md, from the weights in memory
-    run          pretrain(settings): the stages composed; cli: run_pretraining.py's flags -> pretrain
+    run          pretrain(settings): the stages composed; cli: run_pretraining.py's flags -> pretrain (also
+                 `python -m hfbert.pretraining`, __main__, and the console script hfbert-pretrain)
     recipes      --recipe: a file of run_pretraining.py's flags (hfbert/recipes/), read before the command line's
 
 No stage imports a later one. This file imports nothing, so that reading the settings (as

@@ -1,4 +1,5 @@
-"""run_pretraining.py's command line: flags -> `PretrainingSettings` -> `hfbert.pretraining.run.pretrain`."""
+"""run_pretraining.py's command line (also `python -m hfbert.pretraining` and hfbert-pretrain): flags ->
+`PretrainingSettings` -> `hfbert.pretraining.run.pretrain`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 import sys
 
 from hfbert.corpus_source import CorpusArguments
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, run_cli
 from hfbert.pretraining.cluster import exit_now
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
@@ -71,3 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
     if not final.process_group_ended:
         exit_now(0)
+
+
+def command_line() -> None:
+    """The process entry point of run_pretraining.py, `python -m hfbert.pretraining` and hfbert-pretrain."""
+    run_cli(main)
