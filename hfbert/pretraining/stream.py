@@ -49,6 +49,7 @@ from hfbert.corpus import (
     load_documents,
     naming_cache_failures,
     resolve_document_boundary,
+    stream_documents,
 )
 from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal, RunFailure
@@ -214,6 +215,14 @@ def validation_documents(
         fingerprint=fingerprint,
     )
     return validation
+
+
+def check_stream_corpus(corpus: CorpusArguments, data: DataSettings, num_processes: int) -> None:
+    """`hfbert.pretraining.data.check_cached_corpus` for a stream: every check of `load_documents`, then
+    enough documents left to train on (`check_documents_left_to_train`)."""
+    documents = stream_documents(corpus)
+    if "validation" not in documents:
+        check_documents_left_to_train(documents["train"], data, data.objective == "mlm+nsp", num_processes)
 
 
 def check_documents_left_to_train(
