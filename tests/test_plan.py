@@ -80,6 +80,11 @@ def mismatch_run(tmp_path, run_inputs, case: str) -> list[str]:
     return mismatch_args(tmp_path, run_inputs, tmp_path / "run", case)
 
 
+def without_tokenizer(args: list[str]) -> list[str]:
+    at = args.index("--tokenizer_name")
+    return args[:at] + args[at + 2 :]
+
+
 GOOD_TEXT = b"A sentence of text. Another one follows here.\n"
 # Every refusal of the run that comes before training, built as its own test builds it (test_training.py).
 REFUSALS_BEFORE_WORK = {
@@ -107,6 +112,10 @@ REFUSALS_BEFORE_WORK = {
     **{
         f"a tokenizer and config that disagree: {case}": partial(mismatch_run, case=case) for case, _ in MISMATCHES
     },
+    "a stream resumed with no checkpoint and no tokenizer": lambda tmp_path, run_inputs: [
+        *without_tokenizer(run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2")),
+        *["--streaming", "--stream_validation_documents", "4", "--resume_from_checkpoint", "auto"],
+    ],
     "a corpus too small to hold out validation documents": lambda tmp_path, run_inputs: corpus_args(
         run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {f"{i}.txt": GOOD_TEXT for i in range(20)})
     ),

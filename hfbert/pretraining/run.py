@@ -100,6 +100,7 @@ from hfbert.pretraining.stream import (
     build_stream_loaders,
     check_stream_checkpoint,
     check_stream_corpus,
+    check_stream_tokenizer,
     prepare_stream_data,
 )
 from hfbert.tokenization import load_tokenizer
@@ -185,6 +186,8 @@ def check_before_work(
         set_accumulation(accelerator, settings.optimization, accumulation)
         checkpoint = None if resumed is None else Path(resumed)
     source = check_source_model(settings.model, settings.data)
+    if settings.corpus.streaming:
+        check_stream_tokenizer(settings.data, None if checkpoint is None else checkpoint / TOKENIZER_FOLDER, source)
     if settings.data.tokenizer_name is not None and checkpoint is None:  # a resume uses its checkpoint's
         tokenizer = load_tokenizer(settings.data.tokenizer_name)
         build_model_config(settings.model, settings.data.max_seq_length, tokenizer, source)
