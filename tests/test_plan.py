@@ -1,9 +1,12 @@
 """--dry_run (hfbert.pretraining.plan): the plan printed after the checks, nothing written."""
 
+import json
 import math
+import shutil
 from functools import partial
 
 import pytest
+from conftest import DAMAGES, damage
 from test_pretraining_settings import REFUSED_FLAGS
 from test_training import BAD_FLAGS, MISMATCHES, STREAM_REFUSALS, mismatch_args, run_args, train_in_process
 
@@ -80,6 +83,20 @@ def mismatch_run(tmp_path, run_inputs, case: str) -> list[str]:
     return mismatch_args(tmp_path, run_inputs, tmp_path / "run", case)
 
 
+def damaged_run(tmp_path, run_inputs, flag: str, how: str) -> list[str]:
+    """test_a_damaged_config_or_tokenizer_file_is_named_before_any_work's run."""
+    given = tmp_path / "given"
+    if flag == "--config_name":
+        shutil.copy(run_inputs["config"], given)
+        damage(given, how)
+    else:
+        shutil.copytree(run_inputs["tokenizer"], given)
+        damage(given / "tokenizer.json", how)
+    args = run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2")
+    args[args.index(flag) + 1] = str(given)
+    return args
+
+
 def without_tokenizer(args: list[str]) -> list[str]:
     at = args.index("--tokenizer_name")
     return args[:at] + args[at + 2 :]
@@ -116,6 +133,14 @@ REFUSALS_BEFORE_WORK = {
         *without_tokenizer(run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2")),
         *["--streaming", "--stream_validation_documents", "4", "--resume_from_checkpoint", "auto"],
     ],
+    **{
+        f"a {how} {flag} file": partial(damaged_run, flag=flag, how=how)
+        for flag in ("--config_name", "--tokenizer_name")
+        for how in DAMAGES
+    },
+    "a --max_seq_length beyond the position embeddings, with a tokenizer to train": lambda tmp_path, run_inputs: (
+        without_tokenizer(run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2", "--max_seq_length", "256"))
+    ),
     "a corpus too small to hold out validation documents": lambda tmp_path, run_inputs: corpus_args(
         run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {f"{i}.txt": GOOD_TEXT for i in range(20)})
     ),
@@ -178,3 +203,5 @@ def test_a_corpus_folder_or_glob_that_the_dry_run_passes_is_trained_on(tmp_path,
     assert f"corpus: 120 files, {size / 1e6:.1f} MB" in plan_of(corpus_args(run_inputs, tmp_path / "run", folder), capsys)
     train_in_process(corpus_args(run_inputs, tmp_path / "run", folder))
     assert (tmp_path / "run" / "model.safetensors").is_file()
+    statistics = json.loads((tmp_path / "run" / "run_health.json").read_text())["statistics"]
+    assert statistics["documents"] == 120 - 6  # a file a document, 5% held out for validation
