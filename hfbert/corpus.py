@@ -27,6 +27,7 @@ import codecs
 import contextlib
 import dataclasses
 import functools
+import glob
 import json
 import logging
 import os
@@ -300,6 +301,13 @@ def check_corpus_files(args: CorpusArguments) -> dict[str, list[Path]]:
     one `CorpusError` naming the file and the fix. Every file is read once a process (keyed by its size and
     modification time), so the run's check before work and its data stage do not read it twice."""
     files = local_files(args)
+    if args.validation_file is not None and is_file_collection(args.validation_file) != is_file_collection(
+        args.train_file
+    ):
+        raise CorpusError(
+            f"--train_file {args.train_file} and --validation_file {args.validation_file} are read alike, and one "
+            "is a folder or a glob, the other one file; pass two files, or two folders or globs"
+        )
     extensions = {format_suffix(path) for paths in files.values() for path in paths}
     if len({_BUILDER_BY_EXTENSION.get(extension, "text") for extension in extensions}) > 1:
         where = " and ".join(f"{_flag_of(split)} {_given(args, split)}" for split in files)
@@ -394,7 +402,8 @@ def _load_local_files(args: CorpusArguments) -> datasets.IterableDatasetDict:
     whole = {"sample_by": "document"} if reads_whole_files(args) else {}
     return datasets.load_dataset(
         _BUILDER_BY_EXTENSION.get(extension, "text"),
-        data_files={split: [str(path) for path in paths] for split, paths in files.items()},
+        # escaped: datasets resolves data files as patterns, and a file named "notes[1].txt" matches no file
+        data_files={split: [glob.escape(str(path)) for path in paths] for split, paths in files.items()},
         streaming=True,
         **whole,
     )

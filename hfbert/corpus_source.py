@@ -93,8 +93,9 @@ class CorpusArguments:
 
 
 def is_file_collection(path: str) -> bool:
-    """True for a --train_file that names several files: a folder (read recursively) or a glob."""
-    return Path(path).is_dir() or glob.has_magic(path)
+    """True for a --train_file that names several files: a folder (read recursively) or a glob (not a file
+    whose name has glob characters)."""
+    return Path(path).is_dir() or (glob.has_magic(path) and not Path(path).is_file())
 
 
 def collection_files(path: str) -> list[Path]:

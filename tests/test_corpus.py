@@ -450,6 +450,7 @@ def test_a_folder_and_the_same_file_alone_are_cached_apart(tmp_path):
         ("binary file", r"--train_file {folder}: {folder}/sub/image\.png is not a text file: it has a NUL byte"),
         ("latin-1 file", r"--train_file {folder}: {folder}/sub/latin\.txt is not valid UTF-8: byte 0xe9"),
         ("mixed formats", r"--train_file {folder} has files of different formats \(\.jsonl, \.txt\)"),
+        ("a folder with one validation file", r"--train_file {folder} and --validation_file .*a\.txt are read alike"),
     ],
 )
 def test_a_bad_folder_or_glob_is_one_line_naming_the_file_before_any_read(tmp_path, case, message):
@@ -465,10 +466,17 @@ def test_a_bad_folder_or_glob_is_one_line_naming_the_file_before_any_read(tmp_pa
     }.get(case, {})
     write_texts(folder, extra)
     train_file = f"{folder}/*.md" if case == "glob matching nothing" else str(folder)
+    validation_file = str(folder / "a.txt") if case == "a folder with one validation file" else None
     before = arrow_files()
     with pytest.raises(CorpusError, match="^" + message.format(folder=re.escape(str(folder)))):
-        load_documents(CorpusArguments(train_file=train_file))
+        load_documents(CorpusArguments(train_file=train_file, validation_file=validation_file))
     assert arrow_files() == before
+
+
+def test_a_file_whose_name_looks_like_a_glob_is_one_file(tmp_path):
+    path = tmp_path / "notes[1].txt"
+    path.write_text("One.\n\nTwo.\n")
+    assert paragraphs_of(load_documents(CorpusArguments(train_file=str(path)))["train"]) == [["One."], ["Two."]]
 
 
 def test_an_unreadable_file_in_a_folder_is_named(tmp_path, monkeypatch):
