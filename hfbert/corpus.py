@@ -528,7 +528,9 @@ def describe_documents(
 ) -> str:
     """What a split of `load_documents` holds, as the log says it: '--train_file texts: 1,525 documents from
     1,525 files (a file a document)'; a stream's documents are not counted."""
-    how = "a file a document" if reads_whole_files(args) else _HOW_DOCUMENTS_END[resolve_document_boundary(args)]
+    how = _HOW_DOCUMENTS_END[resolve_document_boundary(args)]
+    if reads_whole_files(args):
+        how = "a file a document" if resolve_document_boundary(args) == "row" else f"{how} and at each file's end"
     source = _describe_source(args) if split == "train" else f"--validation_file {args.validation_file}"
     if split == "validation" and args.validation_file is None:
         source = f"{_describe_source(args)}, validation split"

@@ -427,10 +427,12 @@ def test_a_glob_is_read_a_file_a_document(tmp_path, caplog):
     assert "2 documents from 3 files" in caplog.text
 
 
-def test_blank_line_documents_in_a_folder_end_at_each_file(tmp_path):
+def test_blank_line_documents_in_a_folder_end_at_each_file(tmp_path, caplog):
     folder = write_texts(tmp_path / "texts", {"a.txt": "One.\n\nTwo.", "b.txt": "Three.\nStill three.\n"})
-    documents = load_documents(CorpusArguments(train_file=str(folder), document_boundary="blank_line"))
+    with caplog.at_level("INFO", logger="hfbert.corpus"):
+        documents = load_documents(CorpusArguments(train_file=str(folder), document_boundary="blank_line"))
     assert paragraphs_of(documents["train"]) == [["One."], ["Two."], ["Three.", "Still three."]]
+    assert "3 documents from 2 files (documents end at blank lines and at each file's end)" in caplog.text
 
 
 def test_a_folder_and_the_same_file_alone_are_cached_apart(tmp_path):
