@@ -95,7 +95,7 @@ def train_one(model: str, run_dir: Path, recipe: list[str]) -> None:
     settings = parse_args([*recipe, "--output_dir", str(run_dir), "--overwrite_output_dir"])
     accelerator, precision = start(settings)
     with run_folder_lock(settings.run.output_dir) if accelerator.is_main_process else nullcontext():
-        checkpoint = check_before_work(settings, accelerator)
+        checkpoint, _ = check_before_work(settings, accelerator)
         data = prepare_run_data(settings, accelerator, checkpoint)
         built = (HfBertForPreTraining if model == "hfbert" else stock_bert)(data.config)
         start_callbacks = start_fresh_model(built, settings.model, settings.optimization.seed)  # the same start

@@ -682,6 +682,16 @@ def _lock_folder_itself(output_dir: Path) -> int | None:
     return fd
 
 
+def check_run_folder_free(output_dir: str | os.PathLike) -> None:
+    """Refuse an `output_dir` that another run holds (`run_folder_lock`) without taking it or writing anything:
+    what --dry_run checks in place of the lock."""
+    output_dir = Path(output_dir)
+    if fcntl is not None and output_dir.is_dir():
+        fd = _lock_folder_itself(output_dir)
+        if fd is not None:
+            os.close(fd)
+
+
 def _open_locked(lock_path: Path) -> int:
     """A descriptor of `lock_path` holding its exclusive flock; raises `CheckpointError` if another run holds it."""
     while True:

@@ -25,7 +25,11 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
+import functools
+import glob
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -42,6 +46,7 @@ from hfbert.corpus_source import (
     CorpusArguments,
     CorpusError,
     DocumentBoundary,
+    is_file_collection,
     local_files,
 )
 from hfbert.errors import Refusal
@@ -50,6 +55,11 @@ from hfbert.files import describe_write_failure, is_disk_full, sha256_file
 SPLITS = ("train", "validation")
 # Extensions with a structured `datasets` builder; every other extension is read as plain text.
 _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+_HOW_DOCUMENTS_END = {
+    "row": "a row a document",
+    "blank_line": "documents end at blank lines",
+    "heading": "documents start at WikiText article headings",
+}
 _BINARY_CHECK_BYTES = 8000  # as git does: a NUL byte in the first 8,000 bytes means binary
 DOCUMENT_FEATURES = datasets.Features({"paragraphs": datasets.List(datasets.Value("string"))})
 _ROWS_PER_READ = 1000
@@ -60,6 +70,7 @@ _HUB_PROBE_TIMEOUT_S = 10
 _UTF8_CHECK_BYTES_PER_READ = 1 << 24
 # Part of the documents' cache key: an edited grouping must not reuse documents grouped by the old code.
 _SOURCE = Hasher.hash(Path(__file__).read_bytes())
+logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -119,6 +130,8 @@ def resolve_document_boundary(args: CorpusArguments) -> DocumentBoundary:
     """The document boundary rule for ``args``: the explicit flag, else the default for its source."""
     if args.document_boundary is not None:
         return args.document_boundary
+    if args.train_file is not None and is_file_collection(args.train_file):
+        return "row"
     if _is_wikitext_source(args):
         return "heading"
     if args.train_file is not None and format_suffix(args.train_file) not in _BUILDER_BY_EXTENSION:
@@ -145,21 +158,33 @@ def _starts_document(line: str, boundary: DocumentBoundary) -> bool:
 
 
 def iter_documents(
-    rows: datasets.Dataset | datasets.IterableDataset, text_column: str, boundary: DocumentBoundary
+    rows: datasets.Dataset | datasets.IterableDataset,
+    text_column: str,
+    boundary: DocumentBoundary,
+    whole_files: bool = False,
 ) -> Iterator[dict[str, list[str]]]:
-    """Group rows of text into documents ``{"paragraphs": [...]}``, in order.
+    """Group rows of text into documents ``{"paragraphs": [...]}``, in order. With `whole_files` (each row
+    a file's whole text), a file's end also ends a document.
 
     Sequential on purpose: a document may span any number of rows, so grouping cannot be split into
     independent `map` batches. Documents without any paragraph are dropped.
     """
+    texts = _iter_texts(rows, text_column)
     if boundary == "row":
-        for text in _iter_texts(rows, text_column):
+        for text in texts:
             paragraphs = list(_clean_paragraphs(text.splitlines(), boundary))
             if paragraphs:
                 yield {"paragraphs": paragraphs}
-        return
+    elif whole_files:
+        for text in texts:
+            yield from _group_lines([text], boundary)
+    else:
+        yield from _group_lines(texts, boundary)
+
+
+def _group_lines(texts: Iterable[str], boundary: DocumentBoundary) -> Iterator[dict[str, list[str]]]:
     paragraphs: list[str] = []
-    for text in _iter_texts(rows, text_column):
+    for text in texts:
         # An empty row is a blank line; a row may also hold several lines.
         for line in text.splitlines() or [""]:
             if _starts_document(line, boundary) and paragraphs:
@@ -270,79 +295,118 @@ def find_invalid_json_line(path: str | os.PathLike) -> tuple[int, str] | None:
     return None
 
 
-def _unreadable_file_error(split: str, path: Path) -> CorpusError | None:
-    """A CorpusError naming what is wrong with ``path`` (not UTF-8, a bad JSON line), else None."""
+def check_corpus_files(args: CorpusArguments) -> dict[str, list[Path]]:
+    """The local files of ``args`` by split (`local_files`), each checked to be a readable text file (valid
+    UTF-8; JSON Lines files one object a line; parquet files are not text), all of one format: refused with
+    one `CorpusError` naming the file and the fix. Every file is read once a process (keyed by its size and
+    modification time), so the run's check before work and its data stage do not read it twice."""
+    files = local_files(args)
+    if args.validation_file is not None and is_file_collection(args.validation_file) != is_file_collection(
+        args.train_file
+    ):
+        raise CorpusError(
+            f"--train_file {args.train_file} and --validation_file {args.validation_file} are read alike, and one "
+            "is a folder or a glob, the other one file; pass two files, or two folders or globs"
+        )
+    extensions = {format_suffix(path) for paths in files.values() for path in paths}
+    if len({_BUILDER_BY_EXTENSION.get(extension, "text") for extension in extensions}) > 1:
+        where = " and ".join(f"{_flag_of(split)} {_given(args, split)}" for split in files)
+        raise CorpusError(
+            f"{where} {'has' if len(files) == 1 else 'have'} files of different formats "
+            f"({', '.join(sorted(extensions))}); pass files of one format"
+        )
+    for split, paths in files.items():
+        given = _given(args, split)
+        collection = given is not None and is_file_collection(given)
+        if collection and not paths:
+            raise CorpusError(
+                f"{_flag_of(split)} {given} holds no file (hidden files are skipped); pass a folder of text files"
+                if Path(given).is_dir()
+                else f"{_flag_of(split)} {given} matches no file; check the pattern, and quote it so that the "
+                "shell passes it as it is"
+            )
+        for path in paths:
+            name = f"{_flag_of(split)} {given}: {path}" if collection else f"{_flag_of(split)} {path}"
+            if not path.is_file():
+                raise CorpusError(
+                    f"{name} does not exist or is not a file; pass a text file, a folder of text files or a glob "
+                    "in quotes ('texts/*.txt')"
+                )
+            stat = path.stat()
+            if not collection and stat.st_size == 0:  # in a folder, an empty file is no document
+                raise CorpusError(f"{name} is empty; pass a file with text")
+            reason = _file_refusal(path, stat.st_size, stat.st_mtime_ns)
+            if reason is not None:
+                raise CorpusError(f"{name} {reason}")
+    return files
+
+
+def _given(args: CorpusArguments, split: str) -> str | None:
+    return args.train_file if split == "train" else args.validation_file
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_refusal(path: Path, _size: int, _mtime_ns: int) -> str | None:
+    """Why ``path`` cannot be read as corpus text (unreadable, binary, not UTF-8, a bad JSON line), else None."""
+    try:
+        binary_at = None if format_suffix(path) == ".parquet" else find_binary_bytes(path)
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error}); make it readable (chmod a+r) or leave it out"
+    if binary_at is not None:
+        return (
+            f"is not a text file: it has a NUL byte at byte offset {binary_at}, as binary files do; pass text "
+            "files (.txt or WikiText .raw, UTF-8) or .jsonl/.csv/.parquet files"
+        )
     if format_suffix(path) == ".parquet":
         return None
-    flag = _flag_of(split)
     invalid = find_invalid_utf8(path)
     if invalid is not None:
         offset, line, bad_bytes = invalid
-        return CorpusError(
-            f"{flag} {path} is not valid UTF-8: byte 0x{bad_bytes[0]:02x} at byte offset {offset} "
-            f"(line {line}) cannot be decoded. Convert the file to UTF-8 and pass the converted file, e.g. "
-            f"`iconv -f latin1 -t utf-8 {path} > {path.with_suffix('.utf8' + path.suffix)}` (replace latin1 "
-            "by the file's encoding if it is another one; `file -i` guesses it)"
+        return (
+            f"is not valid UTF-8: byte 0x{bad_bytes[0]:02x} at byte offset {offset} (line {line}) cannot be "
+            f"decoded. Convert the file to UTF-8 and pass the converted file, e.g. `iconv -f latin1 -t utf-8 "
+            f"{path} > {path.with_suffix('.utf8' + path.suffix)}` (replace latin1 by the file's encoding if it "
+            "is another one; `file -i` guesses it)"
         )
     if format_suffix(path) == ".jsonl":  # a .json file may also be one document spread over lines
         bad_line = find_invalid_json_line(path)
         if bad_line is not None:
             number, reason = bad_line
-            return CorpusError(
-                f"{flag} {path} line {number} is not a JSON object ({reason}); JSON Lines files hold one object "
-                "per line, such as {\"text\": \"...\"}: fix or remove that line"
+            return (
+                f"line {number} is not a JSON object ({reason}); JSON Lines files hold one object per line, such "
+                'as {"text": "..."}: fix or remove that line'
             )
     return None
 
 
-@contextlib.contextmanager
-def _naming_undecodable_files(files: dict[str, Path]) -> Iterator[None]:
-    """Turn a failure while reading ``files`` into a CorpusError naming the first file that is not UTF-8 or
-    (JSON Lines) has a line that is not a JSON object.
-
-    The files are checked only after something failed (datasets reports a UnicodeDecodeError, a schema or
-    Arrow error, wrapped in a DatasetGenerationError, without the file, and with a position inside its read
-    buffer); other failures pass through unchanged.
-    """
-    try:
-        yield
-    except Exception as error:
-        for split, path in files.items():
-            named = _unreadable_file_error(split, path)
-            if named is not None:
-                raise named from error
-        raise
+def reads_whole_files(args: CorpusArguments) -> bool:
+    """True when each row is a whole file: the plain text files of a folder or a glob (a file a document)."""
+    return (
+        args.dataset_name is None
+        and args.train_file is not None
+        and is_file_collection(args.train_file)
+        and all(
+            _BUILDER_BY_EXTENSION.get(format_suffix(path)) is None
+            for paths in local_files(args).values()
+            for path in paths
+        )
+    )
 
 
 def _load_local_files(args: CorpusArguments) -> datasets.IterableDatasetDict:
     """The files' rows, streamed whatever --streaming says: they are read once, while grouping them into
-    documents, and datasets' Arrow copy of the raw rows would add the corpus's size to the cache again."""
-    files = local_files(args)
-    for split, path in files.items():
-        flag = _flag_of(split)
-        if not path.is_file():
-            raise CorpusError(f"{flag} {path} does not exist or is not a file; pass the path of a text file")
-        if path.stat().st_size == 0:
-            raise CorpusError(f"{flag} {path} is empty; pass a file with text")
-        binary_at = None if format_suffix(path) == ".parquet" else find_binary_bytes(path)
-        if binary_at is not None:
-            raise CorpusError(
-                f"{flag} {path} is not a text file: it has a NUL byte at byte offset {binary_at}, as binary files "
-                "do; pass a text file (.txt or WikiText .raw, UTF-8) or a .jsonl/.csv/.parquet file"
-            )
-    extensions = {format_suffix(path) for path in files.values()}
-    builders = {_BUILDER_BY_EXTENSION.get(extension, "text") for extension in extensions}
-    if len(builders) > 1:
-        raise CorpusError(
-            f"--train_file and --validation_file have different formats ({', '.join(sorted(extensions))}); "
-            "pass files of the same format"
-        )
-    with _naming_undecodable_files(files):
-        return datasets.load_dataset(
-            builders.pop(),
-            data_files={split: str(path) for split, path in files.items()},
-            streaming=True,
-        )
+    documents, and datasets' Arrow copy of the raw rows would add the corpus's size to the cache again.
+    The plain text files of a folder or a glob are read whole, one row each."""
+    files = check_corpus_files(args)
+    extension = format_suffix(files["train"][0])
+    whole = {"sample_by": "document"} if reads_whole_files(args) else {}
+    return datasets.load_dataset(
+        _BUILDER_BY_EXTENSION.get(extension, "text"),
+        # escaped: datasets resolves data files as patterns, and a file named "notes[1].txt" matches no file
+        data_files={split: [glob.escape(str(path)) for path in paths] for split, paths in files.items()},
+        streaming=True,
+        **whole,
+    )
 
 
 def _describe_source(args: CorpusArguments) -> str:
@@ -353,51 +417,39 @@ def _describe_source(args: CorpusArguments) -> str:
     return f"the shipped sample {SHIPPED_SAMPLE_DIR}"
 
 
-def _iter_documents_of_files(
-    rows: datasets.IterableDataset,
-    text_column: str,
-    boundary: DocumentBoundary,
-    files: dict[str, Path],
-) -> Iterator[dict[str, list[str]]]:
-    """`iter_documents` over streamed ``files``: decoding happens while iterating, so errors are named here."""
-    with _naming_undecodable_files(files):
-        yield from iter_documents(rows, text_column, boundary)
-
-
 def _group_split(
-    rows: datasets.Dataset | datasets.IterableDataset,
-    split: str,
-    text_column: str,
-    boundary: DocumentBoundary,
-    files: dict[str, Path],
-    streaming: bool,
+    rows: datasets.Dataset | datasets.IterableDataset, split: str, args: CorpusArguments
 ) -> datasets.Dataset | datasets.IterableDataset:
-    gen_kwargs = {"rows": rows, "text_column": text_column, "boundary": boundary}
-    if streaming:
+    gen_kwargs = {
+        "rows": rows,
+        "text_column": args.text_column,
+        "boundary": resolve_document_boundary(args),
+        "whole_files": reads_whole_files(args),
+    }
+    if args.streaming:
         return datasets.IterableDataset.from_generator(
-            _iter_documents_of_files,
-            features=DOCUMENT_FEATURES,
-            gen_kwargs={**gen_kwargs, "files": files},
+            iter_documents, features=DOCUMENT_FEATURES, gen_kwargs=gen_kwargs
         )
-    with _naming_undecodable_files(files):
-        return datasets.Dataset.from_generator(
-            iter_documents,
-            features=DOCUMENT_FEATURES,
-            gen_kwargs=gen_kwargs,
-            split=datasets.NamedSplit(split),
-            writer_batch_size=DOCUMENTS_PER_BATCH,
-            fingerprint=Hasher.hash(
-                ["hfbert.corpus.iter_documents", _rows_fingerprint(rows, files), text_column, boundary, _SOURCE]
-            ),
-        )
+    files = local_files(args).get(split, []) if args.dataset_name is None else []
+    grouping = list(gen_kwargs.values())[1:]  # the text column, the boundary and whether rows are files
+    return datasets.Dataset.from_generator(
+        iter_documents,
+        features=DOCUMENT_FEATURES,
+        gen_kwargs=gen_kwargs,
+        split=datasets.NamedSplit(split),
+        writer_batch_size=DOCUMENTS_PER_BATCH,
+        fingerprint=Hasher.hash(
+            ["hfbert.corpus.iter_documents", _rows_fingerprint(rows, split, files), *grouping, _SOURCE]
+        ),
+    )
 
 
-def _rows_fingerprint(rows: datasets.Dataset | datasets.IterableDataset, files: dict[str, Path]) -> str:
+def _rows_fingerprint(rows: datasets.Dataset | datasets.IterableDataset, split: str, files: list[Path]) -> str:
     """What names the rows' content: the files' sha256 (streamed local files), else datasets' fingerprint
     of the source (hashing the Dataset object itself would be slow)."""
     if isinstance(rows, datasets.Dataset):
         return rows._fingerprint
-    return Hasher.hash(sorted((split, sha256_file(path)) for split, path in files.items()))
+    return Hasher.hash([(split, sha256_file(path)) for path in files])
 
 
 @contextlib.contextmanager
@@ -417,30 +469,14 @@ def naming_cache_failures() -> Iterator[None]:
         ) from error
 
 
-@naming_cache_failures()
-def load_documents(
-    args: CorpusArguments, num_proc: int | None = None
-) -> datasets.DatasetDict | datasets.IterableDatasetDict:
-    """Load the corpus named by ``args`` as documents.
-
-    Returns splits ``train`` and, when the source has one, ``validation``, each with a single column
-    ``paragraphs`` (``list[str]``, cleaned: blank lines dropped, WikiText headings removed and escapes
-    restored). A `datasets.IterableDatasetDict` with ``args.streaming``, else a cached `datasets.DatasetDict`.
-    ``num_proc`` parallelises the source download/preparation. Raises `CorpusError` for a missing file,
-    an unreachable Hub dataset, a missing text column or an empty training split.
-    """
-    source = (
-        _load_hub_dataset(args, num_proc)
-        if args.dataset_name is not None
-        else _load_local_files(args)
-    )
+def _checked_rows(
+    args: CorpusArguments, num_proc: int | None
+) -> dict[str, datasets.Dataset | datasets.IterableDataset]:
+    """The source's rows by split, after every check that reads no more than its first document."""
+    source = _load_hub_dataset(args, num_proc) if args.dataset_name is not None else _load_local_files(args)
     if "train" not in source:
         raise CorpusError(f"{_describe_source(args)} has no 'train' split (it has {list(source)})")
     boundary = resolve_document_boundary(args)
-    # Streamed files are decoded while iterating, and the json builder keeps invalid UTF-8 until the rows are
-    # read here: decoding errors are named wherever rows are read.
-    files_by_split = local_files(args) if args.dataset_name is None else {}
-    dict_class = datasets.IterableDatasetDict if args.streaming else datasets.DatasetDict
     split_rows = {split: source[split] for split in SPLITS if split in source}
     # Every split is checked before any is grouped and written, so a refusal leaves nothing in the cache.
     for split, rows in split_rows.items():
@@ -450,16 +486,57 @@ def load_documents(
                 f"(columns: {rows.column_names}); pass --text_column with one of them"
             )
         # Checked on the rows (reads only up to the first document): datasets cannot build an empty split.
-        split_files = {name: path for name, path in files_by_split.items() if name == split}
-        with _naming_undecodable_files(split_files):
-            first_document = next(iter_documents(rows, args.text_column, boundary), None)
-        if first_document is None:
+        if next(iter_documents(rows, args.text_column, boundary, reads_whole_files(args)), None) is None:
             raise CorpusError(
                 f"{_describe_source(args)} has no text in its {split} split (document_boundary={boundary}); "
                 "pass a corpus with text"
             )
-    documents = dict_class()
-    for split, rows in split_rows.items():
-        split_files = {name: path for name, path in files_by_split.items() if name == split}
-        documents[split] = _group_split(rows, split, args.text_column, boundary, split_files, args.streaming)
+    return split_rows
+
+
+def stream_documents(args: CorpusArguments) -> datasets.IterableDatasetDict:
+    """`load_documents` streamed whatever ``args.streaming`` says, without its log line: every check it makes,
+    nothing written (a Hub dataset is streamed too)."""
+    args = dataclasses.replace(args, streaming=True)
+    return datasets.IterableDatasetDict(
+        {split: _group_split(rows, split, args) for split, rows in _checked_rows(args, None).items()}
+    )
+
+
+@naming_cache_failures()
+def load_documents(
+    args: CorpusArguments, num_proc: int | None = None
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
+    """Load the corpus named by ``args`` as documents, and log what was found (`describe_documents`).
+
+    Returns splits ``train`` and, when the source has one, ``validation``, each with a single column
+    ``paragraphs`` (``list[str]``, cleaned: blank lines dropped, WikiText headings removed and escapes
+    restored). A `datasets.IterableDatasetDict` with ``args.streaming``, else a cached `datasets.DatasetDict`.
+    ``num_proc`` parallelises the source download/preparation. Raises `CorpusError` for a missing or
+    unreadable file (`check_corpus_files`), an unreachable Hub dataset, a missing text column or an empty split.
+    """
+    dict_class = datasets.IterableDatasetDict if args.streaming else datasets.DatasetDict
+    rows = _checked_rows(args, num_proc)
+    documents = dict_class({split: _group_split(split_rows, split, args) for split, split_rows in rows.items()})
+    for split, grouped in documents.items():
+        logger.info(describe_documents(args, split, grouped))
     return documents
+
+
+def describe_documents(
+    args: CorpusArguments, split: str, documents: datasets.Dataset | datasets.IterableDataset
+) -> str:
+    """What a split of `load_documents` holds, as the log says it: '--train_file texts: 1,525 documents from
+    1,525 files (a file a document)'; a stream's documents are not counted."""
+    how = _HOW_DOCUMENTS_END[resolve_document_boundary(args)]
+    if reads_whole_files(args):
+        how = "a file a document" if resolve_document_boundary(args) == "row" else f"{how} and at each file's end"
+    source = _describe_source(args) if split == "train" else f"--validation_file {args.validation_file}"
+    if split == "validation" and args.validation_file is None:
+        source = f"{_describe_source(args)}, validation split"
+    count = None if args.dataset_name is not None else len(local_files(args)[split])
+    files = "" if count is None else f"{count:,} file" + ("s" if count != 1 else "")
+    if args.streaming:
+        return f"{source}: {files or 'its ' + split + ' split'}, streamed ({how})"
+    counted = f"{len(documents):,} documents" + (f" from {files}" if files else "")
+    return f"{source}: {counted} ({how})"

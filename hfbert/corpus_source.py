@@ -9,10 +9,14 @@ the flags with the run's other groups. This module imports neither.
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
+
+from datasets.data_files import resolve_pattern
 
 from hfbert.errors import Refusal
 from hfbert.files import sha256_file
@@ -43,11 +47,14 @@ class CorpusArguments:
     )
     train_file: Annotated[str | None, MUST_MATCH] = field(
         default=None,
-        metadata={"help": "Local training text: plain text of any extension (.txt, .raw, ...), or parquet/json/csv."
+        metadata={"help": "Local training text: one file (plain text of any extension: .txt, .raw, ...; or "
+            "parquet/json/jsonl/csv), a folder of such files (read recursively in sorted order, hidden files "
+            "skipped) or a glob in quotes ('texts/*.txt'). Each plain text file of a folder or a glob is one "
+            "document; one plain text file alone is split into documents at blank lines (see --document_boundary)."
         },
     )
     validation_file: Annotated[str | None, MUST_MATCH] = field(
-        default=None, metadata={"help": "Local validation text, same formats as --train_file."}
+        default=None, metadata={"help": "Local validation text: a file, a folder or a glob, as --train_file."}
     )
     text_column: Annotated[str, MUST_MATCH] = field(
         default="text",
@@ -63,8 +70,8 @@ class CorpusArguments:
         metadata={"help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
             "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
             "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
-            "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files, "
-            "blank_line for other text files."
+            "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files and for "
+            "the files of a folder or a glob (a file a document), blank_line for one other text file."
         },
     )
 
@@ -85,14 +92,33 @@ class CorpusArguments:
             )
 
 
-def local_files(args: CorpusArguments) -> dict[str, Path]:
-    """The files of a local-file source by split (the shipped sample when no --train_file is given)."""
+def is_file_collection(path: str) -> bool:
+    """True for a --train_file that names several files: a folder (read recursively) or a glob (not a file
+    whose name has glob characters)."""
+    return Path(path).is_dir() or (glob.has_magic(path) and not Path(path).is_file())
+
+
+def collection_files(path: str) -> list[Path]:
+    """The files of a folder (recursively) or a glob, sorted, as `datasets` resolves data files: hidden files
+    and folders are skipped unless the pattern names them."""
+    pattern = f"{path.rstrip('/')}/**" if Path(path).is_dir() else path
+    try:
+        return sorted(Path(name) for name in resolve_pattern(pattern, base_path=os.getcwd()))
+    except FileNotFoundError:  # nothing matched
+        return []
+
+
+def local_files(args: CorpusArguments) -> dict[str, list[Path]]:
+    """The files of a local-file source by split: a file, the files of a folder or a glob
+    (`collection_files`), or the shipped sample when no --train_file is given."""
     if args.train_file is None:
-        return {split: SHIPPED_SAMPLE_DIR / name for split, name in SHIPPED_SAMPLE_FILES.items()}
-    files = {"train": Path(args.train_file)}
-    if args.validation_file is not None:
-        files["validation"] = Path(args.validation_file)
-    return files
+        return {split: [SHIPPED_SAMPLE_DIR / name] for split, name in SHIPPED_SAMPLE_FILES.items()}
+    paths = {"train": args.train_file, "validation": args.validation_file}
+    return {
+        split: collection_files(path) if is_file_collection(path) else [Path(path)]
+        for split, path in paths.items()
+        if path is not None
+    }
 
 
 def corpus_fingerprint(args: CorpusArguments) -> str | None:
@@ -101,7 +127,7 @@ def corpus_fingerprint(args: CorpusArguments) -> str | None:
     None for a Hub dataset (its revision is the Hub's) or a path that is no file (refused when loaded)."""
     if args.dataset_name is not None:
         return None
-    files = sorted(local_files(args).items())
+    files = [(split, path) for split, paths in sorted(local_files(args).items()) for path in paths]
     if not all(path.is_file() for _, path in files):
         return None
     stats = tuple((split, str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for split, path in files)

@@ -11,6 +11,7 @@ from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, Mo
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
+from hfbert.corpus_source import is_file_collection
 from hfbert.errors import Refusal
 from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, atomic_path, check_readable
 
@@ -111,7 +112,8 @@ def data_source(dataset_name: str | None, dataset_config_name: str | None, train
         return f"the local dataset folder `{dataset_name}`{configuration}"
     if training_config.get("train_file"):
         validation = training_config.get("validation_file")
-        return f"the local file `{training_config['train_file']}`" + (
+        files = "files" if is_file_collection(training_config["train_file"]) else "file"
+        return f"the local {files} `{training_config['train_file']}`" + (
             f" (validation: `{validation}`)" if validation else ""
         )
     return (

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
 
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
-from hfbert.corpus import load_documents
+from hfbert.corpus import describe_documents, load_documents
 from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal, RefusesUsageErrors, program_name, run_cli
 from hfbert.files import (
@@ -584,6 +584,7 @@ def train_and_save(corpus_args: CorpusArguments, training_args: TokenizerTrainin
     megabytes = batches.bytes_read / 1e6
     lines = [
         f"Saved tokenizer to {training_args.output_dir}",
+        f"  corpus:           {describe_documents(corpus_args, 'train', documents['train'])}",
         f"  vocabulary size:  {len(tokenizer)}",
         f"  training time:    {seconds:.2f} s on {megabytes:.1f} MB ({megabytes / seconds:.1f} MB/s)",
     ]

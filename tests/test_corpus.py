@@ -3,6 +3,8 @@
 import csv
 import gzip
 import json
+import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -381,3 +383,115 @@ def test_a_read_only_datasets_cache_is_named_with_the_fix(read_only_folder, monk
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", read_only_folder)
     with pytest.raises(Refusal, match=rf"^The datasets cache {read_only_folder} cannot be used: cannot write .*HF_DATASETS_CACHE"):
         load_documents(CorpusArguments())
+
+
+# ----------------------------------------------------------------------------------- folders and globs
+
+
+def write_texts(folder: Path, texts: dict[str, str | bytes]) -> Path:
+    for name, text in texts.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return folder
+
+
+TEXTS = {
+    "b.txt": "Second file, first line.\n\nSecond file, after a blank line.\n",
+    "a.txt": "First file.\n",
+    "sub/c.txt": "A file in a subfolder.\n",
+    "empty.txt": "",
+    ".hidden.txt": "Skipped, as datasets skips hidden files.\n",
+}
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_folder_is_read_recursively_in_sorted_order_a_file_a_document(tmp_path, streaming, caplog):
+    folder = write_texts(tmp_path / "texts", TEXTS)
+    with caplog.at_level("INFO", logger="hfbert.corpus"):
+        documents = load_documents(CorpusArguments(train_file=str(folder), streaming=streaming))
+    assert paragraphs_of(documents["train"]) == [
+        ["First file."],
+        ["Second file, first line.", "Second file, after a blank line."],
+        ["A file in a subfolder."],
+    ]
+    found = "4 files" if streaming else "3 documents from 4 files"
+    assert f"--train_file {folder}: {found}" in caplog.text
+
+
+def test_a_glob_is_read_a_file_a_document(tmp_path, caplog):
+    folder = write_texts(tmp_path / "texts", TEXTS)
+    with caplog.at_level("INFO", logger="hfbert.corpus"):
+        documents = load_documents(CorpusArguments(train_file=f"{folder}/*.txt"))
+    assert paragraphs_of(documents["train"]) == [["First file."], ["Second file, first line.", "Second file, after a blank line."]]
+    assert "2 documents from 3 files" in caplog.text
+
+
+def test_blank_line_documents_in_a_folder_end_at_each_file(tmp_path, caplog):
+    folder = write_texts(tmp_path / "texts", {"a.txt": "One.\n\nTwo.", "b.txt": "Three.\nStill three.\n"})
+    with caplog.at_level("INFO", logger="hfbert.corpus"):
+        documents = load_documents(CorpusArguments(train_file=str(folder), document_boundary="blank_line"))
+    assert paragraphs_of(documents["train"]) == [["One."], ["Two."], ["Three.", "Still three."]]
+    assert "3 documents from 2 files (documents end at blank lines and at each file's end)" in caplog.text
+
+
+def test_a_folder_and_the_same_file_alone_are_cached_apart(tmp_path):
+    folder = write_texts(tmp_path / "texts", {"a.txt": "One.\nTwo.\n"})
+    alone = load_documents(CorpusArguments(train_file=str(folder / "a.txt"), document_boundary="row"))
+    assert paragraphs_of(alone["train"]) == [["One."], ["Two."]]
+    assert paragraphs_of(load_documents(CorpusArguments(train_file=str(folder), document_boundary="row"))["train"]) == [
+        ["One.", "Two."]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("empty folder", r"--train_file {folder} holds no file \(hidden files are skipped\); pass a folder of text files"),
+        ("glob matching nothing", r"--train_file {folder}/\*\.md matches no file; check the pattern"),
+        ("binary file", r"--train_file {folder}: {folder}/sub/image\.png is not a text file: it has a NUL byte"),
+        ("latin-1 file", r"--train_file {folder}: {folder}/sub/latin\.txt is not valid UTF-8: byte 0xe9"),
+        ("mixed formats", r"--train_file {folder} has files of different formats \(\.jsonl, \.txt\)"),
+        ("a folder with one validation file", r"--train_file {folder} and --validation_file .*a\.txt are read alike"),
+    ],
+)
+def test_a_bad_folder_or_glob_is_one_line_naming_the_file_before_any_read(tmp_path, case, message):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    write_texts(folder, {".hidden": "x"})
+    if case != "empty folder":
+        write_texts(folder, {"a.txt": "Fine text.\n"})
+    extra = {
+        "binary file": {"sub/image.png": b"\x89PNG\r\n\x1a\n\0\0\0"},
+        "latin-1 file": {"sub/latin.txt": "Caf\xe9.\n".encode("latin-1")},
+        "mixed formats": {"rows.jsonl": '{"text": "x"}\n'},
+    }.get(case, {})
+    write_texts(folder, extra)
+    train_file = f"{folder}/*.md" if case == "glob matching nothing" else str(folder)
+    validation_file = str(folder / "a.txt") if case == "a folder with one validation file" else None
+    before = arrow_files()
+    with pytest.raises(CorpusError, match="^" + message.format(folder=re.escape(str(folder)))):
+        load_documents(CorpusArguments(train_file=train_file, validation_file=validation_file))
+    assert arrow_files() == before
+
+
+def test_a_file_whose_name_looks_like_a_glob_is_one_file(tmp_path):
+    path = tmp_path / "notes[1].txt"
+    path.write_text("One.\n\nTwo.\n")
+    assert paragraphs_of(load_documents(CorpusArguments(train_file=str(path)))["train"]) == [["One."], ["Two."]]
+
+
+def test_an_unreadable_file_in_a_folder_is_named(tmp_path, monkeypatch):
+    folder = write_texts(tmp_path / "texts", {"a.txt": "Fine.\n", "b.txt": "Locked.\n"})
+    (folder / "b.txt").chmod(0)
+    if os.geteuid() == 0:  # root reads a file whatever its permissions: fail the open as it fails for a user
+        opened = hfbert.corpus._open_binary
+
+        def refusing_b(path):
+            if path.name == "b.txt":
+                raise PermissionError(13, "Permission denied")
+            return opened(path)
+
+        monkeypatch.setattr(hfbert.corpus, "_open_binary", refusing_b)
+    with pytest.raises(CorpusError, match=rf"^--train_file {folder}: {folder}/b\.txt cannot be read \(Permission denied\)"):
+        load_documents(CorpusArguments(train_file=str(folder)))

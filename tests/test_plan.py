@@ -1,11 +1,17 @@
 """--dry_run (hfbert.pretraining.plan): the plan printed after the checks, nothing written."""
 
+import json
 import math
+import shutil
+from functools import partial
 
 import pytest
-from test_training import run_args, train_in_process
+from conftest import DAMAGES, damage
+from test_pretraining_settings import REFUSED_FLAGS
+from test_training import BAD_FLAGS, MISMATCHES, STREAM_REFUSALS, mismatch_args, run_args, train_in_process
 
 from hfbert import HfBertConfig
+from hfbert.checkpointing import run_folder_lock
 from hfbert.errors import Refusal
 from hfbert.pretraining.cli import main
 from hfbert.pretraining.evaluation import flops_per_token
@@ -56,3 +62,152 @@ def test_an_epoch_budget_is_counted_from_the_corpus_and_a_time_budget_from_a_mea
     assert f"updates: {2 * math.ceil(instances / 32):,};" in plan
     timed = plan_of(["--output_dir", str(tmp_path / "run"), "--model_size", "mini", "--max_train_seconds", "60"], capsys)
     assert "updates: as many as fit in 60 s (the step is not measured on this device)" in timed
+
+
+# --------------------------------------------------------------- the dry run refuses what the run refuses
+
+
+def refusal_of(args: list[str]) -> str:
+    with pytest.raises(Refusal) as refused:
+        train_in_process(args)
+    return str(refused.value)
+
+
+def corpus_args(run_inputs, output_dir, corpus) -> list[str]:
+    return run_args(run_inputs, output_dir, "--max_train_steps", "2", "--train_file", str(corpus))
+
+
+def a_corpus_folder(tmp_path, texts: dict[str, bytes]):
+    folder = tmp_path / "texts"
+    for name, content in texts.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content)
+    return folder
+
+
+def mismatch_run(tmp_path, run_inputs, case: str) -> list[str]:
+    return mismatch_args(tmp_path, run_inputs, tmp_path / "run", case)
+
+
+def damaged_run(tmp_path, run_inputs, flag: str, how: str) -> list[str]:
+    """test_a_damaged_config_or_tokenizer_file_is_named_before_any_work's run."""
+    given = tmp_path / "given"
+    if flag == "--config_name":
+        shutil.copy(run_inputs["config"], given)
+        damage(given, how)
+    else:
+        shutil.copytree(run_inputs["tokenizer"], given)
+        damage(given / "tokenizer.json", how)
+    args = run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2")
+    args[args.index(flag) + 1] = str(given)
+    return args
+
+
+def without_tokenizer(args: list[str]) -> list[str]:
+    at = args.index("--tokenizer_name")
+    return args[:at] + args[at + 2 :]
+
+
+GOOD_TEXT = b"A sentence of text. Another one follows here.\n"
+# Every refusal of the run that comes before training, built as its own test builds it (test_training.py).
+REFUSALS_BEFORE_WORK = {
+    "an output dir that is a file": lambda tmp_path, run_inputs: (
+        (tmp_path / "run").write_text("not a folder"), run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2")
+    )[1],
+    "an output dir of another run": lambda tmp_path, run_inputs: (
+        (tmp_path / "run" / "checkpoint-4").mkdir(parents=True),
+        run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2"),
+    )[1],
+    "a folder of the user's own files": lambda tmp_path, run_inputs: (
+        (tmp_path / "run").mkdir(), (tmp_path / "run" / "README.md").write_text("mine"),
+        run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2"),
+    )[2],
+    "a run killed during its first save": lambda tmp_path, run_inputs: (
+        (tmp_path / "run" / ".tmp-checkpoint-3").mkdir(parents=True),
+        run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2"),
+    )[1],
+    "a missing tokenizer folder": lambda tmp_path, run_inputs: [
+        *run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2"), "--tokenizer_name", str(tmp_path / "none")
+    ],
+    "a push to an unreachable Hub": lambda tmp_path, run_inputs: run_args(
+        run_inputs, tmp_path / "run", "--max_train_steps", "2", "--push_to_hub", "--hub_model_id", "me/m"
+    ),
+    **{
+        f"a tokenizer and config that disagree: {case}": partial(mismatch_run, case=case) for case, _ in MISMATCHES
+    },
+    "a stream resumed with no checkpoint and no tokenizer": lambda tmp_path, run_inputs: [
+        *without_tokenizer(run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2")),
+        *["--streaming", "--stream_validation_documents", "4", "--resume_from_checkpoint", "auto"],
+    ],
+    **{
+        f"a {how} {flag} file": partial(damaged_run, flag=flag, how=how)
+        for flag in ("--config_name", "--tokenizer_name")
+        for how in DAMAGES
+    },
+    "a --max_seq_length beyond the position embeddings, with a tokenizer to train": lambda tmp_path, run_inputs: (
+        without_tokenizer(run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2", "--max_seq_length", "256"))
+    ),
+    "a corpus too small to hold out validation documents": lambda tmp_path, run_inputs: corpus_args(
+        run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {f"{i}.txt": GOOD_TEXT for i in range(20)})
+    ),
+    "a missing corpus file": lambda tmp_path, run_inputs: corpus_args(run_inputs, tmp_path / "run", tmp_path / "no.txt"),
+    "a glob matching nothing": lambda tmp_path, run_inputs: corpus_args(run_inputs, tmp_path / "run", tmp_path / "*.txt"),
+    "an empty corpus folder": lambda tmp_path, run_inputs: corpus_args(
+        run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {".hidden": b"x"})
+    ),
+    "a binary file in the corpus folder": lambda tmp_path, run_inputs: corpus_args(
+        run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {"a.txt": GOOD_TEXT, "b.bin": b"\0\1"})
+    ),
+    "a latin-1 file in the corpus folder": lambda tmp_path, run_inputs: corpus_args(
+        run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {"a.txt": GOOD_TEXT, "b.txt": b"Caf\xe9.\n"})
+    ),
+    "a corpus without text": lambda tmp_path, run_inputs: corpus_args(
+        run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {"a.txt": b"\n\n", "b.txt": b" \n"})
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS_BEFORE_WORK)
+def test_the_dry_run_refuses_every_refusal_of_the_run_with_the_same_line(tmp_path, run_inputs, case):
+    args = REFUSALS_BEFORE_WORK[case](tmp_path, run_inputs)
+    before = sorted(str(path) for path in tmp_path.rglob("*"))
+    dry = refusal_of([*args, "--dry_run"])
+    assert sorted(str(path) for path in tmp_path.rglob("*")) == before  # the dry run wrote nothing
+    assert dry == refusal_of(args)
+
+
+def test_the_dry_run_refuses_a_folder_in_use_with_the_line_of_the_run(tmp_path, run_inputs):
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2")
+    with run_folder_lock(output_dir):  # this process plays the first run
+        before = sorted(output_dir.rglob("*"))
+        dry = refusal_of([*args, "--dry_run"])
+        assert sorted(output_dir.rglob("*")) == before
+        assert dry == refusal_of(args)
+    assert "is in use" in dry
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--output_dir", "unused", *flags], message) for flags, message in REFUSED_FLAGS + BAD_FLAGS]
+    + [(["--output_dir", "unused", "--streaming", "--dataset_name", "w", *flags], message) for flags, message in STREAM_REFUSALS],
+)
+def test_the_dry_run_refuses_every_refused_flag(flags, message, capsys):
+    with pytest.raises((Refusal, SystemExit)) as error:
+        main([*flags, "--dry_run"])
+    assert message in str(error.value) + capsys.readouterr().err
+
+
+def test_a_corpus_folder_or_glob_that_the_dry_run_passes_is_trained_on(tmp_path, run_inputs, capsys):
+    texts = {f"doc{i:03}.txt": f"Document {i} says one thing. Then it says another thing.\n".encode() * 8 for i in range(120)}
+    folder = a_corpus_folder(tmp_path, texts)
+    size = sum(len(text) for text in texts.values())
+    for corpus in (folder, f"{folder}/doc0*.txt"):
+        plan = plan_of(corpus_args(run_inputs, tmp_path / "run", corpus), capsys)
+        files = 120 if corpus == folder else 100
+        assert f"corpus: {files} files" in plan
+    assert f"corpus: 120 files, {size / 1e6:.1f} MB" in plan_of(corpus_args(run_inputs, tmp_path / "run", folder), capsys)
+    train_in_process(corpus_args(run_inputs, tmp_path / "run", folder))
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    statistics = json.loads((tmp_path / "run" / "run_health.json").read_text())["statistics"]
+    assert statistics["documents"] == 120 - 6  # a file a document, 5% held out for validation

@@ -9,45 +9,44 @@ from hfbert.errors import Refusal
 from hfbert.pretraining.cli import parse_args
 from hfbert.pretraining.settings import check_resume_settings
 
+REFUSED_FLAGS = [
+    (["--logging_steps", "0"], "--logging_steps 0 must be > 0"),
+    (["--eval_steps", "0"], "--eval_steps 0 must be > 0 (or leave it unset)"),
+    (["--checkpoints_total_limit", "0", "--checkpointing_steps", "5"], "--checkpoints_total_limit 0 must be > 0"),
+    (["--checkpoints_total_limit", "2"], "without --checkpointing_steps"),
+    (["--checkpointing_steps", "often"], "must be a positive number of updates or 'epoch'"),
+    (["--max_train_seconds", "-1"], "--max_train_seconds -1.0 must be > 0"),
+    (["--learning_rate", "0"], "--learning_rate 0.0 must be > 0"),
+    (["--mlm_probability", "1.5"], "--mlm_probability 1.5 must be in (0, 1)"),
+    (["--dropout", "1.0"], "--dropout 1.0 must be in [0, 1)"),
+    (["--nsp_loss_weight", "-1"], "--nsp_loss_weight -1.0 must be >= 0"),
+    (["--structured_attention_fade", "1.5"], "--structured_attention_fade 1.5 must be a fraction of the budget"),
+    (
+        ["--attention_init", "bert", "--structured_attention_fade", "0.5"],
+        "--attention_init bert has none; drop --structured_attention_fade or pass --attention_init structured",
+    ),
+    (["--model_name_or_path", "src", "--structured_attention_fade", "1"], "weights hold no structured start to fade"),
+    (["--cls_attention_spread", "-1"], "--cls_attention_spread -1.0 must be >= 0"),
+    (["--cls_attention_spread", "1", "--torch_compile"], "drop --torch_compile or --cls_attention_spread"),
+    (["--validation_split_percentage", "0"], "must be in (0, 100)"),
+    (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
+    (["--max_grad_norm", "nan"], "--max_grad_norm nan must be a finite number, e.g. 1.0"),
+    (["--max_train_seconds", "nan"], "--max_train_seconds nan must be a finite number"),
+    (["--max_train_seconds", "inf"], "--max_train_seconds inf must be a finite number"),
+    (["--learning_rate", "nan"], "--learning_rate nan must be a finite number, e.g. 0.0001"),
+    (["--adam_beta1", "1.5"], "--adam_beta1 1.5 must be in [0, 1)"),
+    (["--adam_beta2", "1.0"], "--adam_beta2 1.0 must be in [0, 1)"),
+    (["--adam_epsilon", "-1"], "--adam_epsilon -1.0 must be > 0"),
+    (["--adam_epsilon", "0"], "--adam_epsilon 0.0 must be > 0"),
+    (
+        ["--model_size", "tiny", "--max_seq_length", "1024"],
+        "--max_seq_length 1024 exceeds the max_position_embeddings 512 of --model_size tiny; pass "
+        "--max_seq_length <= 512",
+    ),
+]
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--logging_steps", "0"], "--logging_steps 0 must be > 0"),
-        (["--eval_steps", "0"], "--eval_steps 0 must be > 0 (or leave it unset)"),
-        (["--checkpoints_total_limit", "0", "--checkpointing_steps", "5"], "--checkpoints_total_limit 0 must be > 0"),
-        (["--checkpoints_total_limit", "2"], "without --checkpointing_steps"),
-        (["--checkpointing_steps", "often"], "must be a positive number of updates or 'epoch'"),
-        (["--max_train_seconds", "-1"], "--max_train_seconds -1.0 must be > 0"),
-        (["--learning_rate", "0"], "--learning_rate 0.0 must be > 0"),
-        (["--mlm_probability", "1.5"], "--mlm_probability 1.5 must be in (0, 1)"),
-        (["--dropout", "1.0"], "--dropout 1.0 must be in [0, 1)"),
-        (["--nsp_loss_weight", "-1"], "--nsp_loss_weight -1.0 must be >= 0"),
-        (["--structured_attention_fade", "1.5"], "--structured_attention_fade 1.5 must be a fraction of the budget"),
-        (
-            ["--attention_init", "bert", "--structured_attention_fade", "0.5"],
-            "--attention_init bert has none; drop --structured_attention_fade or pass --attention_init structured",
-        ),
-        (["--model_name_or_path", "src", "--structured_attention_fade", "1"], "weights hold no structured start to fade"),
-        (["--cls_attention_spread", "-1"], "--cls_attention_spread -1.0 must be >= 0"),
-        (["--cls_attention_spread", "1", "--torch_compile"], "drop --torch_compile or --cls_attention_spread"),
-        (["--validation_split_percentage", "0"], "must be in (0, 100)"),
-        (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
-        (["--max_grad_norm", "nan"], "--max_grad_norm nan must be a finite number, e.g. 1.0"),
-        (["--max_train_seconds", "nan"], "--max_train_seconds nan must be a finite number"),
-        (["--max_train_seconds", "inf"], "--max_train_seconds inf must be a finite number"),
-        (["--learning_rate", "nan"], "--learning_rate nan must be a finite number, e.g. 0.0001"),
-        (["--adam_beta1", "1.5"], "--adam_beta1 1.5 must be in [0, 1)"),
-        (["--adam_beta2", "1.0"], "--adam_beta2 1.0 must be in [0, 1)"),
-        (["--adam_epsilon", "-1"], "--adam_epsilon -1.0 must be > 0"),
-        (["--adam_epsilon", "0"], "--adam_epsilon 0.0 must be > 0"),
-        (
-            ["--model_size", "tiny", "--max_seq_length", "1024"],
-            "--max_seq_length 1024 exceeds the max_position_embeddings 512 of --model_size tiny; pass "
-            "--max_seq_length <= 512",
-        ),
-    ],
-)
+
+@pytest.mark.parametrize(("flags", "message"), REFUSED_FLAGS)
 def test_bad_flags_are_refused_when_parsed(flags, message):
     with pytest.raises(ValueError) as error:
         parse_args(["--output_dir", "unused", *flags])

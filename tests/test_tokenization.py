@@ -188,6 +188,23 @@ def test_main_trains_saves_and_summarises(tmp_path, capsys):
     assert len(AutoTokenizer.from_pretrained(output_dir)) == 500
 
 
+@pytest.mark.parametrize("pattern", ["{folder}", "{folder}/*.txt"])
+def test_main_trains_on_a_folder_or_a_glob_of_text_files_a_file_a_document(tmp_path, capsys, pattern):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for number in range(3):
+        (folder / f"{number}.txt").write_text(f"Text file number {number}.\n\nIts second paragraph.\n")
+    train_file = pattern.format(folder=folder)
+    main(["--vocab_size", "200", "--output_dir", str(tmp_path / "tok"), "--train_file", train_file])
+    assert f"corpus:           --train_file {train_file}: 3 documents from 3 files (a file a document)" in capsys.readouterr().out
+
+
+def test_main_refuses_a_glob_that_matches_nothing_before_any_work(tmp_path):
+    with pytest.raises(Refusal, match=r"--train_file .*\*\.md matches no file; check the pattern"):
+        main(["--vocab_size", "200", "--output_dir", str(tmp_path / "tok"), "--train_file", f"{tmp_path}/*.md"])
+    assert not (tmp_path / "tok").exists()
+
+
 def test_main_refuses_a_foreign_non_empty_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"is not empty and holds no tokenizer.*--overwrite_output_dir"):

@@ -466,7 +466,7 @@ def test_another_model_trains_through_the_public_stages(tmp_path, run_inputs):
     settings = parse_args(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--gradient_accumulation_steps", "2"))
     try:
         accelerator, precision = start(settings)
-        checkpoint = check_before_work(settings, accelerator)
+        checkpoint, _ = check_before_work(settings, accelerator)
         data = prepare_run_data(settings, accelerator, checkpoint)
         model = HfBertForPreTraining(data.config)
         start_callbacks = start_fresh_model(model, settings.model, settings.optimization.seed)
@@ -583,19 +583,16 @@ def write_config(folder: Path, **overrides) -> Path:
     return folder / "config.json"
 
 
-@pytest.mark.parametrize(
-    ("case", "message"),
-    [
-        ("vocab too small", r"the tokenizer has \d+ tokens but the model config's vocab_size is 500"),
-        ("pad id differs", r"pad_token_id 0 differs from the model config's pad_token_id 1"),
-        ("sequence too long", r"--max_seq_length 256 exceeds the max_position_embeddings 128 of --config_name"),
-        ("one layer", r"needs at least 2 layers and 2 attention heads .* pass --attention_init bert"),
-    ],
-)
-def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, run_inputs, case, message):
-    output_dir = tmp_path / "run"
-    output_dir.mkdir()
-    (output_dir / "notes.txt").write_text("keep")
+MISMATCHES = [
+    ("vocab too small", r"the tokenizer has \d+ tokens but the model config's vocab_size is 500"),
+    ("pad id differs", r"pad_token_id 0 differs from the model config's pad_token_id 1"),
+    ("sequence too long", r"--max_seq_length 256 exceeds the max_position_embeddings 128 of --config_name"),
+    ("one layer", r"needs at least 2 layers and 2 attention heads .* pass --attention_init bert"),
+]
+
+
+def mismatch_args(tmp_path: Path, run_inputs: dict[str, Path], output_dir: Path, case: str) -> list[str]:
+    """A run whose tokenizer, config and flags disagree as `case` (one of MISMATCHES) says."""
     config = {
         "vocab too small": lambda: write_config(tmp_path / "c", vocab_size=500),
         "pad id differs": lambda: write_config(tmp_path / "c", pad_token_id=1),
@@ -608,8 +605,16 @@ def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, ru
         args += ["--max_seq_length", "256"]
     if case == "one layer":  # what the structured start needs
         args += ["--attention_init", "structured"]
+    return args
+
+
+@pytest.mark.parametrize(("case", "message"), MISMATCHES)
+def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, run_inputs, case, message):
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    (output_dir / "notes.txt").write_text("keep")
     with pytest.raises(ValueError, match=message):
-        train_in_process(args)
+        train_in_process(mismatch_args(tmp_path, run_inputs, output_dir, case))
     assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
 
 
@@ -660,16 +665,16 @@ def test_truncated_checkpoint_is_refused_on_resume(tmp_path, run_inputs):
     assert listing(output_dir) == before
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        ([], "--streaming needs --max_train_steps or --max_train_seconds"),
-        (["--max_train_steps", "5"], "python train_tokenizer.py --streaming"),
-        (["--max_train_steps", "5", "--tokenizer_name", "t", "--dupe_factor", "3"], "each pass over the stream pairs"),
-        (["--max_train_steps", "5", "--tokenizer_name", "t", "--checkpointing_steps", "epoch"], "--checkpointing_steps N"),
-        (["--max_train_steps", "5", "--tokenizer_name", "t", "--stream_window_documents", "1"], "must be >= 2"),
-    ],
-)
+STREAM_REFUSALS = [
+    ([], "--streaming needs --max_train_steps or --max_train_seconds"),
+    (["--max_train_steps", "5"], "python train_tokenizer.py --streaming"),
+    (["--max_train_steps", "5", "--tokenizer_name", "t", "--dupe_factor", "3"], "each pass over the stream pairs"),
+    (["--max_train_steps", "5", "--tokenizer_name", "t", "--checkpointing_steps", "epoch"], "--checkpointing_steps N"),
+    (["--max_train_steps", "5", "--tokenizer_name", "t", "--stream_window_documents", "1"], "must be >= 2"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), STREAM_REFUSALS)
 def test_streaming_refuses_what_a_stream_cannot_do_before_any_work(tmp_path, flags, message):
     output_dir = tmp_path / "run"
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -682,17 +687,17 @@ def test_stream_flags_without_streaming_are_refused():
         train_in_process(["--output_dir", "unused", "--stream_window_documents", "10"])
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--checkpointing_steps", "often"], "must be a positive number of updates or 'epoch'"),
-        (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
-        (["--mlm_probability", "1.5"], "must be in (0, 1)"),
-        (["--model_size", "huge"], "invalid choice"),
-        (["--objective", "mlm", "--dupe_factor", "3"], "--dupe_factor 3 with --objective mlm"),
-        (["--objective", "nsp"], "invalid choice"),
-    ],
-)
+BAD_FLAGS = [
+    (["--checkpointing_steps", "often"], "must be a positive number of updates or 'epoch'"),
+    (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
+    (["--mlm_probability", "1.5"], "must be in (0, 1)"),
+    (["--model_size", "huge"], "invalid choice"),
+    (["--objective", "mlm", "--dupe_factor", "3"], "--dupe_factor 3 with --objective mlm"),
+    (["--objective", "nsp"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), BAD_FLAGS)
 def test_bad_flags_are_refused(flags, message, capsys):
     with pytest.raises((ValueError, SystemExit)) as error:
         main(["--output_dir", "unused", *flags])

@@ -8,6 +8,7 @@ tokenized documents -> instances.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ from datasets.fingerprint import Hasher
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.corpus import DOCUMENTS_PER_BATCH, load_documents, naming_cache_failures
+from hfbert.corpus import DOCUMENTS_PER_BATCH, load_documents, naming_cache_failures, stream_documents
 from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal
 from hfbert.initialization import check_structured_attention_config
@@ -116,15 +117,32 @@ def split_validation_documents(documents: DatasetDict, percentage: int, seed: in
     """Splits ``train`` and ``validation`` for pretraining, each with enough documents for NSP instances.
 
     Without a ``validation`` split, ``percentage`` percent of the training documents (rounded up) are held out
-    with ``Dataset.train_test_split(seed=seed)``. Next-sentence prediction draws the random B segment from
-    another document of the same split, so each split needs at least 2 documents. Raises ValueError before
-    anything is split or written, saying how many documents each split would get and which flag fixes it
-    (--validation_split_percentage, --validation_file, --document_boundary). ``documents`` is returned as it
-    is when it already has a validation split.
+    with ``Dataset.train_test_split(seed=seed)``; `check_validation_split` refuses what cannot be split first.
+    ``documents`` is returned as it is when it already has a validation split.
     """
-    if "validation" in documents:
-        for split, source in (("training", "the training corpus"), ("validation", "--validation_file")):
-            count = len(documents["train" if split == "training" else "validation"])
+    validation = len(documents["validation"]) if "validation" in documents else None
+    held_out = check_validation_split(len(documents["train"]), validation, percentage)
+    if validation is not None:
+        return documents
+    # An int test_size holds out the same documents as percentage / 100 and cannot round differently.
+    split = documents["train"].train_test_split(test_size=held_out, seed=seed)
+    return DatasetDict(train=split["train"], validation=split["test"])
+
+
+# The documents that settle `check_validation_split` for any percentage: with this many or more, 1% holds out
+# 2 and 99% leaves 2.
+DOCUMENTS_ANY_SPLIT_FITS = 100 * MIN_NSP_DOCUMENTS
+
+
+def check_validation_split(total: int, validation: int | None, percentage: int) -> int:
+    """The documents `split_validation_documents` holds out of ``total`` training documents (``validation``:
+    the documents of a validation split, None without one). Next-sentence prediction draws the random B segment
+    from another document of the same split, so each split needs at least 2 documents: refused otherwise,
+    saying how many documents each split would get and which flag fixes it (--validation_split_percentage,
+    --validation_file, --document_boundary)."""
+    if validation is not None:
+        splits = (("training", total, "the training corpus"), ("validation", validation, "--validation_file"))
+        for split, count, source in splits:
             if count < MIN_NSP_DOCUMENTS:
                 raise Refusal(
                     f"the {split} split has {_documents(count)}; next-sentence prediction needs at least "
@@ -132,8 +150,7 @@ def split_validation_documents(documents: DatasetDict, percentage: int, seed: in
                     f"Give {source} more documents, or {_BOUNDARY_HINT}; --validation_file is the "
                     "validation corpus"
                 )
-        return documents
-    total = len(documents["train"])
+        return validation
     if not 1 <= percentage <= 99:
         raise Refusal(
             f"--validation_split_percentage {percentage} must be between 1 and 99 (the share of the training "
@@ -166,9 +183,22 @@ def split_validation_documents(documents: DatasetDict, percentage: int, seed: in
             f"Pass --validation_split_percentage {suggestion} (anything from {workable[0]} to {workable[-1]} "
             f"works for {total} documents), or a separate validation corpus with --validation_file"
         )
-    # An int test_size holds out the same documents as percentage / 100 and cannot round differently.
-    split = documents["train"].train_test_split(test_size=validation_count, seed=seed)
-    return DatasetDict(train=split["train"], validation=split["test"])
+    return validation_count
+
+
+def check_cached_corpus(corpus: CorpusArguments, data: DataSettings, num_processes: int) -> None:
+    """The data stage's refusals that need no tokenizer, before any work: every check of `load_documents`
+    (streamed: nothing is written), and enough documents to hold out validation documents, counted only as far
+    as the answer needs. A Hub dataset is checked when it is downloaded, the run's first work (the datasets cache
+    may hold it where streaming it cannot reach it)."""
+    if corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
+        return
+    documents = stream_documents(corpus)
+    counts = {
+        split: sum(1 for _ in itertools.islice(split_documents, DOCUMENTS_ANY_SPLIT_FITS))
+        for split, split_documents in documents.items()
+    }
+    check_validation_split(counts["train"], counts.get("validation"), data.validation_split_percentage)
 
 
 def split_sentences(paragraph: str) -> list[str]:

@@ -15,7 +15,7 @@ import torch
 from accelerate import Accelerator
 
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.corpus_source import local_files
+from hfbert.corpus_source import is_file_collection, local_files
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import resolve_max_predictions
 from hfbert.pretraining.evaluation import flops_per_token
@@ -39,9 +39,11 @@ ADAM_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
 
 @dataclass(frozen=True)
 class CorpusSize:
-    """The training corpus's bytes and estimated tokens (None: a Hub corpus, unknown before download)."""
+    """The training corpus's bytes and estimated tokens (None: a Hub corpus, unknown before download), and
+    its files when --train_file names a folder or a glob."""
 
     bytes: int | None
+    files: int | None = None
 
     @property
     def tokens(self) -> int | None:
@@ -54,7 +56,9 @@ def corpus_size(settings: PretrainingSettings) -> CorpusSize:
         return CorpusSize(None)
     if corpus.dataset_name is not None:  # a local folder laid out like a Hub dataset: every file counts
         return CorpusSize(sum(p.stat().st_size for p in Path(corpus.dataset_name).rglob("*") if p.is_file()))
-    return CorpusSize(local_files(corpus)["train"].stat().st_size)
+    files = local_files(corpus)["train"]
+    size = sum(path.stat().st_size for path in files)
+    return CorpusSize(size, len(files) if corpus.train_file and is_file_collection(corpus.train_file) else None)
 
 
 def model_config(settings: PretrainingSettings, source: SourceModel | None) -> HfBertConfig:
@@ -102,6 +106,8 @@ class RunPlan:
         corpus = "a Hub dataset: its size is unknown until it is downloaded"
         if self.corpus.bytes is not None:
             corpus = f"{size_text(self.corpus.bytes)}, ~{self.corpus.tokens:,} tokens"
+            if self.corpus.files is not None:
+                corpus = f"{self.corpus.files:,} files, {corpus}"
         lines = [
             f"model: {config.num_hidden_layers} layers x {config.hidden_size}, vocabulary {config.vocab_size}: "
             f"{self.parameters / 1e6:.1f}M parameters",

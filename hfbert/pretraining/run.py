@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 from hfbert.checkpointing import (
     TOKENIZER_FOLDER,
     check_run_folder,
+    check_run_folder_free,
     load_checkpoint,
     read_manifest,
     read_run_settings,
@@ -42,6 +43,7 @@ from hfbert.checkpointing import (
     run_folder_lock,
     starts_over_with_auto,
 )
+from hfbert.corpus_source import CorpusArguments
 from hfbert.files import check_local_files, publish_files
 from hfbert.model_card import check_hub_access
 from hfbert.pretraining.attention_shaping import ClsAttentionSpread
@@ -61,7 +63,13 @@ from hfbert.pretraining.cluster import (
     form_process_group,
     release_ddp_wrapper,
 )
-from hfbert.pretraining.data import PretrainingData, count_training_instances, prepare_data
+from hfbert.pretraining.data import (
+    PretrainingData,
+    build_model_config,
+    check_cached_corpus,
+    count_training_instances,
+    prepare_data,
+)
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.finish import FinalContents, FinalFolder, finish
 from hfbert.pretraining.health import RunHealth
@@ -80,19 +88,33 @@ from hfbert.pretraining.model import build_model
 from hfbert.pretraining.plan import plan_run
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
-from hfbert.pretraining.settings import PretrainingSettings, check_config_file, check_resume_settings
+from hfbert.pretraining.settings import (
+    DataSettings,
+    PretrainingSettings,
+    check_config_file,
+    check_resume_settings,
+)
 from hfbert.pretraining.setup import Budget, TrainingState, count_parameters, setup_training
 from hfbert.pretraining.source_model import SourceModel, check_source_model
-from hfbert.pretraining.stream import build_stream_loaders, check_stream_checkpoint, prepare_stream_data
+from hfbert.pretraining.stream import (
+    build_stream_loaders,
+    check_stream_checkpoint,
+    check_stream_corpus,
+    check_stream_tokenizer,
+    prepare_stream_data,
+)
+from hfbert.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DataPipeline:
-    """The cached or the streamed data (--streaming), chosen once: its data stage, its training batches and
-    how its checkpoints resume on this launch (a cached run's on any process count, a stream's on its own)."""
+    """The cached or the streamed data (--streaming), chosen once: its corpus checks before work, its data
+    stage, its training batches and how its checkpoints resume on this launch (a cached run's on any process
+    count, a stream's on its own)."""
 
+    check_corpus: Callable[[CorpusArguments, DataSettings, int], None]
     prepare: Callable[..., PretrainingData]
     build_loaders: Callable[..., tuple[TrainingBatches, DataLoader]]
     verify_resume: Callable[[PretrainingSettings, Accelerator, Path], None]
@@ -122,18 +144,22 @@ def verify_stream_resume(settings: PretrainingSettings, accelerator: Accelerator
     check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu)
 
 
-CACHED = DataPipeline(prepare_data, build_loaders, verify_cached_resume)
-STREAMED = DataPipeline(prepare_stream_data, build_stream_loaders, verify_stream_resume)
+CACHED = DataPipeline(check_cached_corpus, prepare_data, build_loaders, verify_cached_resume)
+STREAMED = DataPipeline(check_stream_corpus, prepare_stream_data, build_stream_loaders, verify_stream_resume)
 
 
 def data_pipeline(settings: PretrainingSettings) -> DataPipeline:
     return STREAMED if settings.corpus.streaming else CACHED
 
 
-def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -> Path | None:
-    """Everything that can refuse the run, before data is read or a file written: the run folder, the
-    checkpoint to resume (verified once, on the main process) and its settings, and Hub access for a push.
-    Returns the checkpoint to resume from, if any."""
+def check_before_work(
+    settings: PretrainingSettings, accelerator: Accelerator
+) -> tuple[Path | None, SourceModel | None]:
+    """Everything that can refuse the run before data is prepared or a file written, the one check `pretrain`
+    and --dry_run both make: the run folder, the --config_name and --tokenizer_name files, the corpus (its
+    files, rows and enough documents, on the main process), Hub access for a push, the checkpoint to resume
+    (verified once, on the main process) and its settings, the source model, and a named tokenizer against the
+    model config. Returns the checkpoint to resume from and the source model, if any."""
     run = settings.run
     check_run_folder(
         run.output_dir,
@@ -147,14 +173,25 @@ def check_before_work(settings: PretrainingSettings, accelerator: Accelerator) -
         if value is not None:  # a truncated or garbled file is named now, not deep inside transformers later
             check_local_files(value, flag, f"write or copy it again, or pass another {flag}")
     check_config_file(settings)  # --max_seq_length against its position embeddings, before a tokenizer is trained
+    pipeline = data_pipeline(settings)
+    checked_on_main_process(
+        accelerator, partial(pipeline.check_corpus, settings.corpus, settings.data, accelerator.num_processes)
+    )
     if run.push_to_hub:
         check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
-    if run.resume_from_checkpoint is None:
-        return None
-    # Every process resumes the folder the main process verified, with the accumulation it chose.
-    checkpoint, accumulation = checked_on_main_process(accelerator, partial(verify_resume, settings, accelerator))
-    set_accumulation(accelerator, settings.optimization, accumulation)
-    return None if checkpoint is None else Path(checkpoint)
+    checkpoint = None
+    if run.resume_from_checkpoint is not None:
+        # Every process resumes the folder the main process verified, with the accumulation it chose.
+        resumed, accumulation = checked_on_main_process(accelerator, partial(verify_resume, settings, accelerator))
+        set_accumulation(accelerator, settings.optimization, accumulation)
+        checkpoint = None if resumed is None else Path(resumed)
+    source = check_source_model(settings.model, settings.data)
+    if settings.corpus.streaming:
+        check_stream_tokenizer(settings.data, None if checkpoint is None else checkpoint / TOKENIZER_FOLDER, source)
+    if settings.data.tokenizer_name is not None and checkpoint is None:  # a resume uses its checkpoint's
+        tokenizer = load_tokenizer(settings.data.tokenizer_name)
+        build_model_config(settings.model, settings.data.max_seq_length, tokenizer, source)
+    return checkpoint, source
 
 
 def verify_resume(settings: PretrainingSettings, accelerator: Accelerator) -> tuple[str | None, int]:
@@ -321,8 +358,7 @@ def pretrain(settings: PretrainingSettings) -> FinalFolder:
     with ExitStack() as held:  # the run folder's lock, taken by the main process; its refusal ends every rank
         checked_on_main_process(accelerator, partial(held.enter_context, run_folder_lock(settings.run.output_dir)))
         check_output_dir_shared(Path(settings.run.output_dir), accelerator)
-        checkpoint = check_before_work(settings, accelerator)
-        source = check_source_model(settings.model, settings.data)
+        checkpoint, source = check_before_work(settings, accelerator)
         data = prepare_run_data(settings, accelerator, checkpoint, source)
         check_processes_agree(settings, data, accelerator)  # before the first update, on every rank
         model, start_callbacks = build_model(settings.model, data.config, source, settings.optimization.seed)
@@ -330,9 +366,9 @@ def pretrain(settings: PretrainingSettings) -> FinalFolder:
 
 
 def dry_run(settings: PretrainingSettings) -> str:
-    """--dry_run: the checks `pretrain` makes before work (not the run folder's lock, which would create the
-    folder), then the plan, as text; nothing is written."""
+    """--dry_run: the checks `pretrain` makes before work (`check_before_work`; the run folder's lock is tested,
+    not taken, which would create the folder), then the plan, as text; nothing is written."""
     accelerator, _ = start(settings)
-    checkpoint = check_before_work(settings, accelerator)
-    source = check_source_model(settings.model, settings.data)
+    check_run_folder_free(settings.run.output_dir)
+    checkpoint, source = check_before_work(settings, accelerator)
     return "\n".join(plan_run(settings, accelerator, checkpoint, source).lines(settings))

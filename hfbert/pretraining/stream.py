@@ -49,6 +49,7 @@ from hfbert.corpus import (
     load_documents,
     naming_cache_failures,
     resolve_document_boundary,
+    stream_documents,
 )
 from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal, RunFailure
@@ -114,13 +115,7 @@ def prepare_stream_data(
     config, the fixed validation instances (written to the datasets cache, the main process first) and this
     process's training stream."""
     documents = load_documents(corpus)  # lazy: nothing is read but the first document of each split
-    has_tokenizer = checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir()
-    if not (has_tokenizer or data.tokenizer_name is not None or source is not None):
-        raise Refusal(
-            "--streaming needs a trained tokenizer and --resume_from_checkpoint found no checkpoint to take one "
-            "from: train one first with `python train_tokenizer.py --streaming <the same corpus flags> "
-            "--output_dir tokenizer` and pass --tokenizer_name tokenizer"
-        )
+    check_stream_tokenizer(data, checkpoint_tokenizer, source)
     tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
     config = build_model_config(model, data.max_seq_length, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings
@@ -214,6 +209,25 @@ def validation_documents(
         fingerprint=fingerprint,
     )
     return validation
+
+
+def check_stream_tokenizer(data: DataSettings, checkpoint_tokenizer: Path | None, source: SourceModel | None) -> None:
+    """A stream trains no tokenizer: refuse a run that names none and resumes no checkpoint holding one."""
+    has_tokenizer = checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir()
+    if not (has_tokenizer or data.tokenizer_name is not None or source is not None):
+        raise Refusal(
+            "--streaming needs a trained tokenizer and --resume_from_checkpoint found no checkpoint to take one "
+            "from: train one first with `python train_tokenizer.py --streaming <the same corpus flags> "
+            "--output_dir tokenizer` and pass --tokenizer_name tokenizer"
+        )
+
+
+def check_stream_corpus(corpus: CorpusArguments, data: DataSettings, num_processes: int) -> None:
+    """`hfbert.pretraining.data.check_cached_corpus` for a stream: every check of `load_documents`, then
+    enough documents left to train on (`check_documents_left_to_train`)."""
+    documents = stream_documents(corpus)
+    if "validation" not in documents:
+        check_documents_left_to_train(documents["train"], data, data.objective == "mlm+nsp", num_processes)
 
 
 def check_documents_left_to_train(
