@@ -124,7 +124,7 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str):
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     checkpoints = CheckpointWriter(output_dir, None, settings.checkpoint_settings(), data.tokenizer)
     flops = ModelFlops(data.config, model, peak_flops_per_process=None)
-    step = StepSettings.of(optimization, precision, output_dir, flops)
+    step = StepSettings.of(optimization, precision, output_dir, flops, accelerator.device)
     schedule = LoopSchedule.of(budget, settings.run)
     callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.train` has
     fit(accelerator, state, eval_loader, schedule, step, checkpoints, callbacks)
@@ -137,13 +137,13 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str):
     batch = next(iter(state.batches.loader))
     window, no_callbacks = TrainingWindow.start(accelerator.device, 0.0), Callbacks()  # as the loop's step has
     for _ in range(args.warmup_steps // 2):
-        train_step(accelerator, state, batch, 1e-4, step, window, no_callbacks)
+        train_step(accelerator, state, batch, step, window, no_callbacks)
     # Back to back, synchronised at the two ends only: on a GPU the host queues the next step while the device
     # runs this one, as in the loop (a synchronisation around each step measured it below the loop on an H100).
     synchronize(accelerator.device)
     start = time.perf_counter()
     for _ in range(BARE_STEPS):
-        train_step(accelerator, state, batch, 1e-4, step, window, no_callbacks)
+        train_step(accelerator, state, batch, step, window, no_callbacks)
     synchronize(accelerator.device)
     bare = BARE_STEPS * int(batch["attention_mask"].sum()) / (time.perf_counter() - start)
     return run, data, initial, mean_length, loop, bare

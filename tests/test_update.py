@@ -1,0 +1,106 @@
+"""The update (`hfbert.pretraining.loop.train_step`): it never reads a tensor back to the host (on a GPU that
+waits for the device), the fp16 loss scaler included; compiled, it is one graph and gives eager's results."""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.state import AcceleratorState, GradientState
+from conftest import tiny_config
+from test_speed_paths import pretraining_batch, static_batch
+
+from hfbert import HfBertForPreTraining, modeling_hfbert
+from hfbert.checkpointing import TrainingProgress
+from hfbert.pretraining.callbacks import Callbacks
+from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow
+from hfbert.pretraining.loop import StepSettings, train_step
+from hfbert.pretraining.settings import OptimizationSettings
+from hfbert.pretraining.setup import TrainingState, build_optimizer, compile_model
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
+
+
+@contextmanager
+def host_reads_raise():
+    """Every way Python reads a tensor's value back to the host raises (on a GPU each waits for the device)."""
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def refuse(name):
+        def read(*args, **kwargs):
+            raise AssertionError(f"Tensor.{name} inside an update: a host synchronisation on a GPU")
+
+        return read
+
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, refuse(name))
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+@pytest.fixture
+def accelerator():
+    yield Accelerator(cpu=True)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def prepared_state(accelerator: Accelerator, optimization: OptimizationSettings) -> TrainingState:
+    """The tiny model (no dropout: eager and compiled draw no masks alike), its optimizer, prepared; compiled
+    as `setup_training` compiles it where `optimization` says."""
+    torch.manual_seed(0)
+    model = HfBertForPreTraining(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    if optimization.compiles_update(accelerator.device.type):
+        compile_model(model, optimization.torch_compile_mode)
+    optimizer = build_optimizer(model, optimization, accelerator.device)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return TrainingState(model, optimizer, TrainingProgress(), batches=None)
+
+
+def step_settings(optimization: OptimizationSettings, state: TrainingState, tmp_path) -> StepSettings:
+    model = state.model
+    return StepSettings.of(optimization, "no", str(tmp_path), ModelFlops(model.config, model, None), model.device)
+
+
+def with_loss_scaler(accelerator: Accelerator, state: TrainingState, monkeypatch) -> torch.amp.GradScaler:
+    """What accelerate sets up for fp16 on CUDA (it makes no scaler on a CPU), on the CPU."""
+    scaler = torch.amp.GradScaler("cpu")
+    monkeypatch.setattr(accelerator, "scaler", scaler)
+    monkeypatch.setattr(accelerator, "native_amp", True)
+    monkeypatch.setattr(type(accelerator), "mixed_precision", "fp16")
+    state.optimizer = AcceleratedOptimizer(state.optimizer.optimizer, device_placement=False, scaler=scaler)
+    return scaler
+
+
+COMPILED = pytest.param(True, id="compiled", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("compiled", [False, COMPILED], ids=["eager", "compiled"])
+@pytest.mark.parametrize("loss_scaler", [False, True], ids=["fp32", "fp16 loss scaler"])
+def test_an_update_never_reads_a_tensor_back_to_the_host(
+    accelerator, tmp_path, monkeypatch, loss_scaler, compiled
+):
+    torch._dynamo.reset()
+    optimization = OptimizationSettings(max_grad_norm=1.0, torch_compile=compiled)
+    state = prepared_state(accelerator, optimization)
+    scaler = with_loss_scaler(accelerator, state, monkeypatch) if loss_scaler else None
+    # The model's input checks read CPU tensors on purpose (nothing to wait for); on CUDA they assert on the
+    # device instead (the GPU test in test_training.py runs them).
+    monkeypatch.setattr(modeling_hfbert, "check_range", lambda *args: None)
+    step = step_settings(optimization, state, tmp_path)
+    batch = static_batch(pretraining_batch())
+    window = TrainingWindow.start(accelerator.device, 0.0)
+    train_step(accelerator, state, batch, step, window, Callbacks())  # compiles: tracing may read values
+    before = state.model.bert.embeddings.word_embeddings.weight.detach().clone()
+    with host_reads_raise():
+        for _ in range(2):
+            train_step(accelerator, state, batch, step, window, Callbacks())
+    assert not torch.equal(state.model.bert.embeddings.word_embeddings.weight, before)  # the updates ran
+    assert window.batches == 3 and window.clipped_updates == 3 and window.grad_norm.item() > 0
+    if loss_scaler:  # the scaler scaled the loss and let every (finite) update through
+        assert scaler._scale is not None
+        assert all(s["step"].item() == 3 for s in state.optimizer.optimizer.state.values())
