@@ -10,6 +10,7 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.state import AcceleratorState, GradientState
 from conftest import tiny_config
 from test_speed_paths import pretraining_batch, static_batch
+from torch.testing import assert_close
 
 from hfbert import HfBertForPreTraining, modeling_hfbert
 from hfbert.checkpointing import TrainingProgress
@@ -63,7 +64,9 @@ def prepared_state(accelerator: Accelerator, optimization: OptimizationSettings)
 
 def step_settings(optimization: OptimizationSettings, state: TrainingState, tmp_path) -> StepSettings:
     model = state.model
-    return StepSettings.of(optimization, "no", str(tmp_path), ModelFlops(model.config, model, None), model.device)
+    return StepSettings.of(
+        optimization, "no", str(tmp_path), ModelFlops(model.config, model, None), model.device
+    )
 
 
 def with_loss_scaler(accelerator: Accelerator, state: TrainingState, monkeypatch) -> torch.amp.GradScaler:
@@ -104,3 +107,66 @@ def test_an_update_never_reads_a_tensor_back_to_the_host(
     if loss_scaler:  # the scaler scaled the loss and let every (finite) update through
         assert scaler._scale is not None
         assert all(s["step"].item() == 3 for s in state.optimizer.optimizer.state.values())
+
+
+def gradients_then_updates(accelerator, state: TrainingState, step: StepSettings, batch, updates: int):
+    """The gradients of one backward, then the losses and the largest gradient norm of `updates` updates and
+    the weights after them."""
+    outputs = state.model(**batch, mlm_masked_rows_only=True)
+    (outputs.mlm_loss + outputs.nsp_loss).backward()
+    gradients = {name: p.grad.clone() for name, p in state.model.named_parameters()}
+    state.optimizer.zero_grad(set_to_none=True)
+    window = TrainingWindow.start(accelerator.device, 0.0)
+    losses = [
+        train_step(accelerator, state, batch, step, window, Callbacks())[1].detach() for _ in range(updates)
+    ]
+    weights = {name: p.detach().clone() for name, p in state.model.named_parameters()}
+    return gradients, torch.stack(losses), window.grad_norm, weights
+
+
+@pytest.mark.slow
+def test_the_compiled_update_is_one_graph_per_part_and_gives_eagers_gradients_losses_and_weights(
+    accelerator, tmp_path
+):
+    """Float32 on a CPU: inductor sums in other orders, so the results agree to rounding, 1e-5."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    batch = static_batch(pretraining_batch())
+    runs = {}
+    for compiled in (False, True):
+        optimization = OptimizationSettings(learning_rate=1e-3, max_grad_norm=0.5, torch_compile=compiled)
+        state = prepared_state(accelerator, optimization)
+        runs[compiled] = gradients_then_updates(
+            accelerator, state, step_settings(optimization, state, tmp_path), batch, 3
+        )
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])  # the model's and the clipping's
+    (eager_gradients, *eager), (gradients, *compiled) = runs[False], runs[True]
+    for name, gradient in gradients.items():
+        assert_close(gradient, eager_gradients[name], atol=1e-5, rtol=1e-4, msg=name)
+    eager_losses, eager_norm, eager_weights = eager
+    losses, norm, weights = compiled
+    assert_close(losses, eager_losses, atol=1e-5, rtol=1e-5)
+    assert_close(norm, eager_norm, atol=1e-5, rtol=1e-5)
+    assert eager_norm > 0.5  # clipping clipped
+    for name, weight in weights.items():
+        assert_close(weight, eager_weights[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, tmp_path, monkeypatch):
+    torch._dynamo.reset()
+    check_inputs = modeling_hfbert.check_inputs
+
+    def breaking(*args, **kwargs):
+        torch._dynamo.graph_break()
+        return check_inputs(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_hfbert, "check_inputs", breaking)
+    optimization = OptimizationSettings(torch_compile=True)
+    state = prepared_state(accelerator, optimization)
+    step = step_settings(optimization, state, tmp_path)
+    window = TrainingWindow.start(accelerator.device, 0.0)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
+        train_step(accelerator, state, static_batch(pretraining_batch()), step, window, Callbacks())
