@@ -5,13 +5,15 @@ the corpus flags passed after `--`), from the same initial weights, with the sam
 learning rate, one after the other in one process:
 
 - hfbert: run_pretraining.py's own loop (`hfbert.pretraining`: data -> batches -> setup -> fit), with its defaults for the
-  device (on CUDA: fp16, static masked slots, DataLoader workers, pinned memory); `--compile` adds
-  `--torch_compile`;
+  device (on CUDA: fp16, the update compiled on static shapes, DataLoader workers, pinned memory); `--compile`
+  adds `--torch_compile` (on a CPU, where it is off by default); `-- --torch_compile false` times CUDA's loop
+  eager and `-- --torch_compile_mode reduce-overhead` (or max-autotune) with CUDA graphs;
 - transformers: `Trainer` + `BertForPreTraining` (sdpa) + `DataCollatorForLanguageModeling`, the same
   precision, `dataloader_num_workers` as hfbert's loader;
 - bare step: hfbert's `train_step` repeated on one batch already on the device (the loop with free batches).
 
-Throughput is non-padding tokens/s over the updates after `--warmup_steps` (instances x their mean length /
+Throughput is non-padding tokens/s over the updates after `--warmup_steps`, so without the compilation, whose
+seconds (the first update's minus the second's, as the run logs them) are reported apart (instances x their mean length /
 seconds, both loops drawing uniformly shuffled batches), MFU against the measured matmul peak with
 the library's FLOPs per token (`hfbert.pretraining.evaluation.flops_per_token`) (hfbert's MLM head counted at the masked rows, transformers' at every
 position), and the loop's share of the bare step.
@@ -106,6 +108,7 @@ class HfbertRun:
     model: torch.nn.Module  # unwrapped
     num_workers: int
     seed: int
+    compile_seconds: float | None  # None: not compiled
 
 
 def hfbert_loop(args: argparse.Namespace, output_dir: str):
@@ -128,8 +131,9 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str):
     schedule = LoopSchedule.of(budget, settings.run)
     callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.train` has
     fit(accelerator, state, eval_loader, schedule, step, checkpoints, callbacks)
-    run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed)
     rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
+    compile_seconds = next((row["compile_seconds"] for row in rows.values() if "compile_seconds" in row), None)
+    run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed, compile_seconds)
     last = max(rows)
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
     mean_length = statistics.mean(len(ids) for ids in data.train.write()["input_ids"])
@@ -215,7 +219,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"\n{args.model_size}, model vocab {data.config.vocab_size} (tokenizer {len(data.tokenizer)}), batch "
         f"{args.batch_size}, precision {precision}, {len(data.train)} NSP instances "
         f"(mean length {mean_length:.1f}), updates {args.warmup_steps}-{args.warmup_steps + args.steps} timed; "
-        f"{describe_machine(device)}; matmul peak {peak / 1e9:,.0f} GFLOP/s\n"
+        f"{describe_machine(device)}; matmul peak {peak / 1e9:,.0f} GFLOP/s; hfbert's update "
+        + ("eager" if run.compile_seconds is None else f"compiled in {run.compile_seconds:.1f} s (not timed)")
+        + "\n"
     )
     print("| loop | non-padding tokens/s | MFU | vs Trainer | share of the bare step |")
     print("|---|---|---|---|---|")
@@ -244,7 +250,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dupe_factor", type=int, default=10, help="NSP passes: enough instances for the run"
     )
     parser.add_argument(
-        "--compile", action="store_true", help="--torch_compile for hfbert, torch_compile for Trainer"
+        "--compile",
+        action="store_true",
+        help="--torch_compile for hfbert (its default on CUDA), torch_compile for Trainer",
     )
     parser.add_argument(
         "run_flags", nargs="*", help="after --: more run_pretraining.py flags (corpus, precision)"

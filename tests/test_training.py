@@ -71,6 +71,10 @@ def run_args(run_inputs: dict[str, Path], output_dir: Path, *extra: str) -> list
         "no",
         "--logging_steps",
         "2",
+        # Eager, as on a CPU: compiling each test's model (CUDA's default) would take the GPU suite past its time;
+        # tests that compile say so (a later flag wins).
+        "--torch_compile",
+        "false",
         *extra,
     ]
 
@@ -1147,9 +1151,9 @@ def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_
     compiled = ("--max_train_steps", "6", "--eval_steps", "2", "--checkpointing_steps", "3", "--torch_compile")
     train_in_process(run_args(run_inputs, output_dir, *compiled))
     assert not counters["graph_break"], dict(counters["graph_break"])
-    # One graph for training, one for evaluation (eval mode, no grad); evaluations 2 and 3 and the training
-    # steps after each evaluation reuse them.
-    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    # One graph for training, one for evaluation (eval mode, no grad), one for clipping; evaluations 2 and 3 and
+    # the training steps after each evaluation reuse them.
+    assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
     summary = json.loads((output_dir / "training_args.json").read_text())
     assert summary["static_masked_slots"] == 32
     assert summary["model_class"] == "HfBertForPreTraining"  # the model, not torch.compile's wrapper
@@ -1165,13 +1169,20 @@ def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, monkeypatch):
-    """Every update but the logging ones (loader, step, optimizer, window statistics) runs under
-    torch.cuda.set_sync_debug_mode("error"): any host synchronisation raises."""
+@pytest.mark.parametrize("torch_compile", ["false", "true"], ids=["eager", "compiled"])
+def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, monkeypatch, torch_compile):
+    """Every update but the logging ones and the first (which compiles: autotuning waits for the device) runs
+    under torch.cuda.set_sync_debug_mode("error"): any host synchronisation raises (loader, step, clipping, the
+    fp16 scaler, optimizer, window statistics)."""
     from hfbert.pretraining import evaluation, loop
 
     def strict(function):
+        calls = []
+
         def run_strictly(*args, **kwargs):
+            calls.append(None)
+            if len(calls) == 1:
+                return function(*args, **kwargs)
             torch.cuda.set_sync_debug_mode("error")
             try:
                 return function(*args, **kwargs)
@@ -1185,6 +1196,7 @@ def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, mon
     output_dir = tmp_path / "run"
     # The last value of a repeated flag wins: the precision CUDA picks (fp16), logging every 3 updates.
     extra = ("--max_train_steps", "6", "--mixed_precision", "auto", "--logging_steps", "3")
+    extra += ("--torch_compile", torch_compile)
     train_in_process(run_args(run_inputs, output_dir, *extra))
     summary = json.loads((output_dir / "training_args.json").read_text())
     assert summary["precision"] == "fp16" and summary["static_masked_slots"] == 32

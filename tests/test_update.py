@@ -14,10 +14,12 @@ from torch.testing import assert_close
 
 from hfbert import HfBertForPreTraining, modeling_hfbert
 from hfbert.checkpointing import TrainingProgress
+from hfbert.pretraining.batches import plan_batches
 from hfbert.pretraining.callbacks import Callbacks
+from hfbert.pretraining.cli import parse_args
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow
 from hfbert.pretraining.loop import StepSettings, train_step
-from hfbert.pretraining.settings import OptimizationSettings
+from hfbert.pretraining.settings import DataSettings, OptimizationSettings
 from hfbert.pretraining.setup import TrainingState, build_optimizer, compile_model
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
@@ -79,11 +81,11 @@ def with_loss_scaler(accelerator: Accelerator, state: TrainingState, monkeypatch
     return scaler
 
 
-COMPILED = pytest.param(True, id="compiled", marks=pytest.mark.slow)
-
-
-@pytest.mark.parametrize("compiled", [False, COMPILED], ids=["eager", "compiled"])
-@pytest.mark.parametrize("loss_scaler", [False, True], ids=["fp32", "fp16 loss scaler"])
+@pytest.mark.parametrize(
+    ("compiled", "loss_scaler"),
+    [(False, False), (False, True), pytest.param(True, True, marks=pytest.mark.slow)],
+    ids=["eager fp32", "eager fp16 loss scaler", "compiled fp16 loss scaler"],
+)
 def test_an_update_never_reads_a_tensor_back_to_the_host(
     accelerator, tmp_path, monkeypatch, loss_scaler, compiled
 ):
@@ -170,3 +172,23 @@ def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, tmp_p
     window = TrainingWindow.start(accelerator.device, 0.0)
     with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
         train_step(accelerator, state, static_batch(pretraining_batch()), step, window, Callbacks())
+
+
+@pytest.mark.parametrize(
+    ("flags", "on_cuda", "on_cpu"),
+    [
+        ([], True, False),
+        (["--torch_compile"], True, True),
+        (["--torch_compile", "false"], False, False),
+        (["--deterministic"], False, False),  # bit-equal resumes are tested eager
+        (["--deterministic", "--torch_compile"], True, True),
+        (["--cls_attention_spread", "0.1"], False, False),  # its hooks
+    ],
+)
+def test_the_update_compiles_by_default_on_cuda_and_as_the_flag_says(flags, on_cuda, on_cpu):
+    optimization = parse_args(["--output_dir", "unused", *flags]).optimization
+    assert (optimization.compiles_update("cuda"), optimization.compiles_update("cpu")) == (on_cuda, on_cpu)
+    data = DataSettings()
+    # A device object, no GPU needed.
+    compiled_shapes = plan_batches(data, optimization, 16, torch.device("cuda"))
+    assert (compiled_shapes.pad_to_length == data.max_seq_length) == on_cuda

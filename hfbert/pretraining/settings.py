@@ -247,6 +247,8 @@ class OptimizationSettings:
     torch_compile: Annotated[bool | None, MUST_MATCH] = field(
         default=None,
         metadata={
+            "nargs": "?",  # for HfArgumentParser, which gives a bare flag its const only where the default is a bool
+            "const": True,
             "help": "Compile the update with torch.compile on static shapes (rows padded to --max_seq_length, "
             "full batches, static masked slots): the model's forward and backward as one graph, gradient "
             "clipping as another, so training and evaluation each compile once. Default: on CUDA (except with "
