@@ -1157,8 +1157,12 @@ def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_
     summary = json.loads((output_dir / "training_args.json").read_text())
     assert summary["static_masked_slots"] == 32
     assert summary["model_class"] == "HfBertForPreTraining"  # the model, not torch.compile's wrapper
-    evaluations = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "eval_mlm_loss" in row]
+    history = json.loads((output_dir / "log_history.json").read_text())
+    evaluations = [row for row in history if "eval_mlm_loss" in row]
     assert [row["step"] for row in evaluations] == [2, 4, 6]
+    # The compile time, once: in the first training row after the second update (logging every 2 updates).
+    assert [row["step"] for row in history if "compile_seconds" in row] == [2]
+    assert next(row["compile_seconds"] for row in history if "compile_seconds" in row) > 1.0
     assert all(math.isfinite(row["eval_mlm_loss"]) for row in evaluations)
     # Checkpoint and final folder name the model's own parameters, not the compiled wrapper's "_orig_mod.*",
     # which from_pretrained would not load.

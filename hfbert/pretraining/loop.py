@@ -121,8 +121,10 @@ class CompileTime:
         if len(self.updates) == 2:
             first, second = self.updates
             self.seconds = max(first - second, 0.0)
-            logger.info(f"Compiling the update took about {self.seconds:.1f} s (first update {first:.1f} s, "
-                        f"second {second:.3f} s); training time counts it, the first evaluation compiles too.")
+            logger.info(
+                f"Compiling the update took about {self.seconds:.1f} s (first update {first:.1f} s, second "
+                f"{second:.3f} s); training time counts it. The first evaluation compiles too."
+            )
 
     def row(self) -> dict[str, float]:
         """compile_seconds for the next training row, once."""

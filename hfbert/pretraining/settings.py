@@ -250,8 +250,8 @@ class OptimizationSettings:
             "nargs": "?",  # for HfArgumentParser, which gives a bare flag its const only where the default is a bool
             "const": True,
             "help": "Compile the update with torch.compile on static shapes (rows padded to --max_seq_length, "
-            "full batches, static masked slots): the model's forward and backward as one graph, gradient "
-            "clipping as another, so training and evaluation each compile once. Default: on CUDA (except with "
+            "full batches, static masked slots): the model's forward (and the backward derived from it) as one "
+            "graph, gradient clipping as another, so training and evaluation each compile once. Default: on CUDA (except with "
             "--deterministic or --cls_attention_spread), off on a CPU; `--torch_compile false` turns it off."
         },
     )
@@ -259,8 +259,8 @@ class OptimizationSettings:
         default="default",
         metadata={
             "help": "torch.compile's mode for the model: reduce-overhead and max-autotune replay CUDA graphs "
-            "(no kernel launches from Python), max-autotune also tries kernels for each matmul; they pay on a "
-            "GPU (which one pays there, benchmarks/bench_loop.py measures) and compile longer."
+            "(no kernel launches from Python), max-autotune also tries kernels for each matmul; both compile "
+            "longer and pay on a GPU only, where benchmarks/bench_loop.py measures which is faster."
         },
     )
     deterministic: bool = field(
