@@ -5,14 +5,16 @@ the corpus flags passed after `--`), from the same initial weights, with the sam
 learning rate, one after the other in one process:
 
 - hfbert: run_pretraining.py's own loop (`hfbert.pretraining`: data -> batches -> setup -> fit), with its defaults for the
-  device (on CUDA: fp16, static masked slots, DataLoader workers, pinned memory); `--compile` adds
-  `--torch_compile`;
+  device (on CUDA: fp16, the update compiled on static shapes, DataLoader workers, pinned memory); `--compile`
+  adds `--torch_compile` (on a CPU, where it is off by default); `-- --torch_compile false` times CUDA's loop
+  eager and `-- --torch_compile_mode reduce-overhead` (or max-autotune) with CUDA graphs;
 - transformers: `Trainer` + `BertForPreTraining` (sdpa) + `DataCollatorForLanguageModeling`, the same
   precision, `dataloader_num_workers` as hfbert's loader;
 - bare step: hfbert's `train_step` repeated on one batch already on the device (the loop with free batches).
 
-Throughput is non-padding tokens/s over the updates after `--warmup_steps` (instances x their mean length /
-seconds, both loops drawing uniformly shuffled batches); the FLOPs per token are the library's
+Throughput is non-padding tokens/s over the updates after `--warmup_steps`, so without the compilation, whose
+seconds (the first update's minus the second's, as the run logs them) are reported apart (instances x their mean
+length / seconds, both loops drawing uniformly shuffled batches); the FLOPs per token are the library's
 (`hfbert.pretraining.evaluation.flops_per_token`: hfbert's last layer at [CLS] and the rows its MLM head
 computes, the static slots on CUDA or the masked tokens, transformers' every layer and head at every position).
 MFU is against the device's datasheet peak (`device_peak_flops`, the row named above the table; none on a CPU
@@ -110,6 +112,7 @@ class HfbertRun:
     num_workers: int
     seed: int
     head_rows: float  # per instance, where hfbert's MLM head runs: the static slots, or the masked share
+    compile_seconds: float | None  # None: not compiled
 
 
 def hfbert_loop(args: argparse.Namespace, output_dir: str):
@@ -128,27 +131,28 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str):
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     checkpoints = CheckpointWriter(output_dir, None, settings.checkpoint_settings(), data.tokenizer)
     flops = ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops_per_process=None)
-    step = StepSettings.of(optimization, precision, output_dir, flops)
+    step = StepSettings.of(optimization, precision, output_dir, flops, accelerator.device)
     schedule = LoopSchedule.of(budget, settings.run)
     callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.train` has
     fit(accelerator, state, eval_loader, schedule, step, checkpoints, callbacks)
     mean_length = statistics.mean(len(ids) for ids in data.train.write()["input_ids"])
     head_rows = plan.max_predictions_per_seq or plan.mlm_probability * mean_length
-    run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed, head_rows)
     rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
+    compile_seconds = next((row["compile_seconds"] for row in rows.values() if "compile_seconds" in row), None)
+    run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed, head_rows, compile_seconds)
     last = max(rows)
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
     loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds
     batch = next(iter(state.batches.loader))
     window, no_callbacks = TrainingWindow.start(accelerator.device, 0.0), Callbacks()  # as the loop's step has
     for _ in range(args.warmup_steps // 2):
-        train_step(accelerator, state, batch, 1e-4, step, window, no_callbacks)
+        train_step(accelerator, state, batch, step, window, no_callbacks)
     # Back to back, synchronised at the two ends only: on a GPU the host queues the next step while the device
     # runs this one, as in the loop (a synchronisation around each step measured it below the loop on an H100).
     synchronize(accelerator.device)
     start = time.perf_counter()
     for _ in range(BARE_STEPS):
-        train_step(accelerator, state, batch, 1e-4, step, window, no_callbacks)
+        train_step(accelerator, state, batch, step, window, no_callbacks)
     synchronize(accelerator.device)
     bare = BARE_STEPS * int(batch["attention_mask"].sum()) / (time.perf_counter() - start)
     return run, data, initial, mean_length, loop, bare
@@ -223,7 +227,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"(mean length {mean_length:.1f}), updates {args.warmup_steps}-{args.warmup_steps + args.steps} timed; "
         f"{describe_machine(device)}; FLOPs per token {hfbert_flops / 1e6:,.1f}M (hfbert, MLM head at "
         f"{run.head_rows:.1f} rows an instance), {reference_flops / 1e6:,.1f}M (transformers); {peak_line}; "
-        f"matmul peak measured {measured_peak / 1e9:,.0f} GFLOP/s\n"
+        f"matmul peak measured {measured_peak / 1e9:,.0f} GFLOP/s; hfbert's update "
+        + ("eager" if run.compile_seconds is None else f"compiled in {run.compile_seconds:.1f} s (not timed)")
+        + "\n"
     )
     print("| loop | non-padding tokens/s | model GFLOP/s | MFU | of the measured matmul peak | vs Trainer | "
           "share of the bare step |")  # fmt: skip
@@ -255,7 +261,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dupe_factor", type=int, default=10, help="NSP passes: enough instances for the run"
     )
     parser.add_argument(
-        "--compile", action="store_true", help="--torch_compile for hfbert, torch_compile for Trainer"
+        "--compile",
+        action="store_true",
+        help="--torch_compile for hfbert (its default on CUDA), torch_compile for Trainer",
     )
     parser.add_argument(
         "run_flags", nargs="*", help="after --: more run_pretraining.py flags (corpus, precision)"

@@ -6,7 +6,8 @@ a call cut off still leaves the parts done so far):
 1. `--deterministic` resume: N steps straight against N/2 + resume + N/2, bit for bit
    (tests/test_training.py::test_half_then_resume_then_half_equals_straight_training, on the GPU);
 2. `bench_loop` (hfbert's loop against transformers' Trainer) for every --sizes x --seq_lens (default: base,
-   T=128), plain and with `--compile`;
+   T=128), plain (hfbert's update eager: `--torch_compile false`) and with `--compile` (hfbert's update
+   compiled, CUDA's default, and the Trainer's model compiled too);
 3. the loop's cost under `--deterministic`: bench_loop at the first size and length with `--deterministic`,
    against the plain row of part 2;
 4. the tests whose code takes a CUDA path (GPU_SUITE; `--suite tests` for all of them: on an H100 with 8
@@ -162,7 +163,8 @@ def plan_parts(args: argparse.Namespace) -> list[Part]:
     parts = [Part("--deterministic resume (bit for bit)", [*pytest, RESUME_TEST], args.resume_seconds)]
     for size in args.sizes:
         for seq_len in args.seq_lens:
-            command = bench_loop_command(args, size, seq_len, [], [])
+            # Plain: eager, within its short limit (CUDA's default compiles, as --compile does, with its own).
+            command = bench_loop_command(args, size, seq_len, [], ["--torch_compile", "false"])
             parts.append(Part(f"bench_loop {size}, T={seq_len}", command, args.bench_seconds))
             command = bench_loop_command(args, size, seq_len, ["--compile"], [])
             parts.append(Part(f"bench_loop {size}, T={seq_len}, --compile", command, args.compile_seconds))

@@ -2,7 +2,8 @@
 
 Both runs get the same run_pretraining.py flags (the recipe, after `--`), so the same tokenizer, the same
 initial weights (the stock model is built from hfbert's initial state dict), the same NSP instances, masks and
-batch order and the same budget of training time (evaluation excluded); only the model differs. It reports
+batch order and the same budget of training time (evaluation excluded, the compilation of a compiled update
+counted: it happens in the first update); only the model differs. It reports
 held-out MLM loss and accuracy and NSP loss and accuracy at the end of the budget, the time hfbert needs to
 reach transformers' final held-out MLM loss, and writes a PNG of the held-out curves over training seconds.
 

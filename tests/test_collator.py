@@ -262,7 +262,9 @@ def test_the_batch_plan_decides_every_shape_once():
     assert compiled.drop_last and compiled.fill_eval_batches
     on_gpu = plan_batches(data, OptimizationSettings(), 16, cuda)
     assert on_gpu.max_predictions_per_seq == 32 and on_gpu.pin_memory and on_gpu.num_workers >= 1
-    assert on_gpu.pad_to_length is None  # static slots, dynamic lengths
+    assert on_gpu.pad_to_length == 128 and on_gpu.drop_last  # the update compiles by default on CUDA
+    eager_gpu = plan_batches(data, OptimizationSettings(torch_compile=False), 16, cuda)
+    assert eager_gpu.max_predictions_per_seq == 32 and eager_gpu.pad_to_length is None  # static slots, dynamic lengths
     asked = plan_batches(DataSettings(max_predictions_per_seq=20, dataloader_num_workers=2), OptimizationSettings(), 16, cpu)
     assert (asked.max_predictions_per_seq, asked.num_workers) == (20, 2)
 

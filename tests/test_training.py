@@ -71,6 +71,10 @@ def run_args(run_inputs: dict[str, Path], output_dir: Path, *extra: str) -> list
         "no",
         "--logging_steps",
         "2",
+        # Eager, as on a CPU: compiling each test's model (CUDA's default) would take the GPU suite past its time;
+        # tests that compile say so (a later flag wins).
+        "--torch_compile",
+        "false",
         *extra,
     ]
 
@@ -1152,14 +1156,18 @@ def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_
     compiled = ("--max_train_steps", "6", "--eval_steps", "2", "--checkpointing_steps", "3", "--torch_compile")
     train_in_process(run_args(run_inputs, output_dir, *compiled))
     assert not counters["graph_break"], dict(counters["graph_break"])
-    # One graph for training, one for evaluation (eval mode, no grad); evaluations 2 and 3 and the training
-    # steps after each evaluation reuse them.
-    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    # One graph for training, one for evaluation (eval mode, no grad), one for clipping; evaluations 2 and 3 and
+    # the training steps after each evaluation reuse them.
+    assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
     summary = json.loads((output_dir / "training_args.json").read_text())
     assert summary["static_masked_slots"] == 32
     assert summary["model_class"] == "HfBertForPreTraining"  # the model, not torch.compile's wrapper
-    evaluations = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "eval_mlm_loss" in row]
+    history = json.loads((output_dir / "log_history.json").read_text())
+    evaluations = [row for row in history if "eval_mlm_loss" in row]
     assert [row["step"] for row in evaluations] == [2, 4, 6]
+    # The compile time, once: in the first training row after the second update (logging every 2 updates).
+    assert [row["step"] for row in history if "compile_seconds" in row] == [2]
+    assert next(row["compile_seconds"] for row in history if "compile_seconds" in row) > 1.0
     assert all(math.isfinite(row["eval_mlm_loss"]) for row in evaluations)
     # Checkpoint and final folder name the model's own parameters, not the compiled wrapper's "_orig_mod.*",
     # which from_pretrained would not load.
@@ -1170,13 +1178,20 @@ def test_compiled_training_and_evaluation_compile_once_without_graph_breaks(tmp_
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, monkeypatch):
-    """Every update but the logging ones (loader, step, optimizer, window statistics) runs under
-    torch.cuda.set_sync_debug_mode("error"): any host synchronisation raises."""
+@pytest.mark.parametrize("torch_compile", ["false", "true"], ids=["eager", "compiled"])
+def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, monkeypatch, torch_compile):
+    """Every update but the logging ones and the first (which compiles: autotuning waits for the device) runs
+    under torch.cuda.set_sync_debug_mode("error"): any host synchronisation raises (loader, step, clipping, the
+    fp16 scaler, optimizer, window statistics)."""
     from hfbert.pretraining import evaluation, loop
 
     def strict(function):
+        calls = []
+
         def run_strictly(*args, **kwargs):
+            calls.append(None)
+            if len(calls) == 1:
+                return function(*args, **kwargs)
             torch.cuda.set_sync_debug_mode("error")
             try:
                 return function(*args, **kwargs)
@@ -1190,6 +1205,7 @@ def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, mon
     output_dir = tmp_path / "run"
     # The last value of a repeated flag wins: the precision CUDA picks (fp16), logging every 3 updates.
     extra = ("--max_train_steps", "6", "--mixed_precision", "auto", "--logging_steps", "3")
+    extra += ("--torch_compile", torch_compile)
     train_in_process(run_args(run_inputs, output_dir, *extra))
     summary = json.loads((output_dir / "training_args.json").read_text())
     assert summary["precision"] == "fp16" and summary["static_masked_slots"] == 32

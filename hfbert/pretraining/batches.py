@@ -364,13 +364,13 @@ class EpochDraws(Sampler[int]):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def resolve_max_predictions(data: DataSettings, torch_compile: bool, device: torch.device) -> int | None:
+def resolve_max_predictions(data: DataSettings, compiled: bool, device: torch.device) -> int | None:
     """Static masked slots per row: --max_predictions_per_seq, else a default on CUDA (static shapes keep the
-    step free of host synchronisation) and under --torch_compile; None (every masked token, dynamic shapes)
+    step free of host synchronisation) and where the update is compiled; None (every masked token, dynamic shapes)
     on a CPU, where the dynamic path is measured faster."""
     if data.max_predictions_per_seq is not None:
         return data.max_predictions_per_seq
-    if device.type == "cuda" or torch_compile:
+    if device.type == "cuda" or compiled:
         return default_max_predictions(data.max_seq_length, data.mlm_probability)
     return None
 
@@ -385,7 +385,8 @@ def resolve_num_workers(requested: int | None, device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """The shape of every batch of a run, decided once. Under --torch_compile every batch has one shape:
+    """The shape of every batch of a run, decided once. Where the update is compiled (--torch_compile, the
+    CUDA default) every batch has one shape:
     rows padded to --max_seq_length, full training batches (the last partial one of an epoch is dropped) and
     evaluation batches filled up with padding rows."""
 
@@ -407,7 +408,7 @@ def plan_batches(
     data: DataSettings, optimization: OptimizationSettings, eval_batch_size: int, device: torch.device
 ) -> BatchPlan:
     """The batch plan of a run from its data and optimization settings and the device it trains on."""
-    compiled = optimization.torch_compile
+    compiled = optimization.compiles_update(device.type)
     return BatchPlan(
         train_batch_size=optimization.per_device_train_batch_size,
         eval_batch_size=eval_batch_size,

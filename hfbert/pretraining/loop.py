@@ -3,6 +3,7 @@ schedules; on SIGTERM/SIGUSR1 (preemption) writes a checkpoint and stops."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import signal
@@ -83,10 +84,53 @@ class StepSettings:
     precision: str
     output_dir: str  # named, with its last checkpoint, should the loss stop being finite
     flops: ModelFlops  # for the logged model FLOP/s and MFU
+    compiled: bool = False  # the update is compiled (`setup.compile_model`; clipping here)
 
     @classmethod
-    def of(cls, optimization: OptimizationSettings, precision: str, output_dir: str, flops: ModelFlops):
-        return cls(optimization.nsp_loss_weight, optimization.max_grad_norm, precision, output_dir, flops)
+    def of(
+        cls,
+        optimization: OptimizationSettings,
+        precision: str,
+        output_dir: str,
+        flops: ModelFlops,
+        device: torch.device,
+    ) -> StepSettings:
+        compiled = optimization.compiles_update(device.type)
+        return cls(optimization.nsp_loss_weight, optimization.max_grad_norm, precision, output_dir, flops, compiled)
+
+
+@functools.cache
+def compiled_clipping() -> Any:
+    """clip_grad_norm_ as one graph (fullgraph: a graph break raises). No CUDA graphs: it changes the gradients
+    in place, which a CUDA graph would have to copy in and out."""
+    return torch.compile(torch.nn.utils.clip_grad_norm_, fullgraph=True, dynamic=False)
+
+
+class CompileTime:
+    """A compiled update's compilation, timed as the first update of a fit minus the second (which reuses the
+    graphs): logged once, and added to the next training row as compile_seconds."""
+
+    def __init__(self) -> None:
+        self.updates: list[float] = []
+        self.seconds: float | None = None  # known after the second update, until a row takes it
+
+    def add(self, update_seconds: float) -> None:
+        if len(self.updates) == 2:
+            return
+        self.updates.append(update_seconds)
+        if len(self.updates) == 2:
+            first, second = self.updates
+            self.seconds = max(first - second, 0.0)
+            logger.info(
+                f"Compiling the update took about {self.seconds:.1f} s (first update {first:.1f} s, second "
+                f"{second:.3f} s); training time counts it. The first evaluation compiles too."
+            )
+
+    def row(self) -> dict[str, float]:
+        """compile_seconds for the next training row, once."""
+        row = {} if self.seconds is None else {"compile_seconds": self.seconds}
+        self.seconds = None
+        return row
 
 
 class Tracker(Callback):
@@ -131,27 +175,27 @@ def train_step(
     accelerator: Accelerator,
     state: TrainingState,
     batch: dict[str, torch.Tensor],
-    learning_rate: float,
     step: StepSettings,
     window: TrainingWindow,
     callbacks: Callback,
 ) -> tuple[Any, torch.Tensor]:
     """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch, its
     statistics added to `window` on the device; `callbacks` may add to the loss."""
+    if step.compiled:  # a new iteration: CUDA graphs (reduce-overhead, max-autotune) may reuse the last one's memory
+        torch.compiler.cudagraph_mark_step_begin()
     with accelerator.accumulate(state.model):
         outputs = state.model(**batch, mlm_masked_rows_only=True)
         loss = callbacks.loss(outputs.mlm_loss, batch)
         if outputs.nsp_loss is not None:  # None under --objective mlm
             loss = loss + step.nsp_loss_weight * outputs.nsp_loss
-        # On CUDA the check waits for the device, so it runs once per logging interval instead (in fit).
-        if accelerator.device.type != "cuda":
-            update = state.progress.completed_steps + 1
-            check_loss_is_finite(loss, step.precision, update, learning_rate, step.output_dir)
-        accelerator.backward(loss)
+        accelerator.backward(loss)  # the loss is checked once per logging interval (a check waits for the device)
         grad_norm = None
         if accelerator.sync_gradients and step.max_grad_norm > 0:  # the norm before clipping, for the log
-            grad_norm = accelerator.clip_grad_norm_(state.model.parameters(), step.max_grad_norm)
-        state.optimizer.step()
+            # What accelerator.clip_grad_norm_ does for one process or DDP, with the clipping compiled if the update is
+            accelerator.unscale_gradients(state.optimizer)
+            clip = compiled_clipping() if step.compiled else torch.nn.utils.clip_grad_norm_
+            grad_norm = clip(list(state.model.parameters()), step.max_grad_norm)
+        state.optimizer.step()  # under fp16 the scaler gives the fused step its inf flag on the device: no wait
         state.optimizer.zero_grad(set_to_none=True)
     window.add(outputs, loss, batch, grad_norm)
     return outputs, loss
@@ -273,11 +317,13 @@ def log_training_row(
     window: TrainingWindow,
     row_facts: tuple[int, float],
     step: StepSettings,
+    extra: dict[str, float],
 ) -> dict[str, Any]:
     """A training window's row (`TrainingWindow.row`: the one host synchronisation of a logging interval),
-    checked for a finite loss and appended to the run's history. `row_facts`: the epoch as logged, the rate."""
+    checked for a finite loss and appended to the run's history. `row_facts`: the epoch as logged, the rate;
+    `extra`: more columns (`CompileTime.row`)."""
     epoch, learning_rate = row_facts
-    row = window.row(accelerator, state.progress, epoch, learning_rate, step.flops)
+    row = window.row(accelerator, state.progress, epoch, learning_rate, step.flops) | extra
     check_loss_is_finite(torch.tensor(row["loss"]), step.precision, row["step"], learning_rate, step.output_dir)
     state.progress.log_history.append(row)
     return row
@@ -300,6 +346,7 @@ def fit(
     share = budget.share_spent(progress.completed_steps, seconds)
     callbacks.on_fit_start(progress, share)
     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
+    compile_time = CompileTime()
     clock = time.perf_counter()  # start of the current stretch of training time
     metrics: dict[str, float] | None = None
     state.model.train()
@@ -310,20 +357,24 @@ def fit(
             for batch in state.batches.epoch(epoch, progress, accelerator):
                 learning_rate = budget.schedule(progress.completed_steps, seconds)
                 set_learning_rate(state.optimizer, learning_rate)
-                train_step(accelerator, state, batch, learning_rate, step, window, callbacks)
+                train_step(accelerator, state, batch, step, window, callbacks)
                 progress.micro_batches_in_epoch += accelerator.num_processes  # global: any split continues it
                 if not accelerator.sync_gradients:
                     continue
                 progress.completed_steps += 1
                 update = progress.completed_steps
-                progress.train_seconds += time.perf_counter() - clock
+                update_seconds = time.perf_counter() - clock
+                progress.train_seconds += update_seconds
+                if step.compiled:
+                    compile_time.add(update_seconds)
                 seconds = synced_train_seconds(accelerator, progress, budget)
                 share = budget.share_spent(update, seconds)
                 callbacks.on_update(update, share)
                 log_due = schedule.log_due(update)
                 if log_due:
                     facts = (state.batches.logged_epoch(epoch), learning_rate)
-                    callbacks.on_log(log_training_row(accelerator, state, window, facts, step), share)
+                    row = log_training_row(accelerator, state, window, facts, step, compile_time.row())
+                    callbacks.on_log(row, share)
                     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
                 if is_due(update, schedule.eval_steps):
                     metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)

@@ -326,7 +326,7 @@ def train(
     flops = ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops)
     health = RunHealth(data.health, budget, main_process=accelerator.is_main_process)
     callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
-    step = StepSettings.of(optimization, precision, run.output_dir, flops)
+    step = StepSettings.of(optimization, precision, run.output_dir, flops, accelerator.device)
     try:
         metrics = fit(accelerator, state, eval_loader, LoopSchedule.of(budget, run), step, checkpoints, callbacks)
     except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit

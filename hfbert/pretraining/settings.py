@@ -247,11 +247,23 @@ class OptimizationSettings:
             "compute capability 8.0 is refused."
         },
     )
-    torch_compile: Annotated[bool, MUST_MATCH] = field(
-        default=False,
+    torch_compile: Annotated[bool | None, MUST_MATCH] = field(
+        default=None,
         metadata={
-            "help": "Compile the model with torch.compile on static shapes (rows padded to --max_seq_length, "
-            "full batches, static masked slots), so training and evaluation each compile once."
+            "nargs": "?",  # for HfArgumentParser, which gives a bare flag its const only where the default is a bool
+            "const": True,
+            "help": "Compile the update with torch.compile on static shapes (rows padded to --max_seq_length, "
+            "full batches, static masked slots): the model's forward (and the backward derived from it) as one "
+            "graph, gradient clipping as another, so training and evaluation each compile once. Default: on CUDA (except with "
+            "--deterministic or --cls_attention_spread), off on a CPU; `--torch_compile false` turns it off."
+        },
+    )
+    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = field(
+        default="default",
+        metadata={
+            "help": "torch.compile's mode for the model: reduce-overhead and max-autotune replay CUDA graphs "
+            "(no kernel launches from Python), max-autotune also tries kernels for each matmul; both compile "
+            "longer and pay on a GPU only, where benchmarks/bench_loop.py measures which is faster."
         },
     )
     deterministic: bool = field(
@@ -263,6 +275,13 @@ class OptimizationSettings:
             "376,420 tokens/s; docs/speed.md, 'On a GPU'). CPU training is deterministic without it (tested)."
         },
     )
+
+    def compiles_update(self, device_type: str) -> bool:
+        """Whether the update is compiled on a `device_type` device: --torch_compile as given, else on CUDA
+        unless --deterministic (bit-equal resumes are tested eager) or --cls_attention_spread (hooks)."""
+        if self.torch_compile is not None:
+            return self.torch_compile
+        return device_type == "cuda" and not self.deterministic and not self.cls_attention_spread
 
 
 @dataclass
@@ -512,7 +531,7 @@ def _check_optimization(optimization: OptimizationSettings) -> None:
     for name in ("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight", "cls_attention_spread"):
         if getattr(optimization, name) < 0:
             raise Refusal(f"--{name} {getattr(optimization, name)} must be >= 0")
-    if optimization.cls_attention_spread and optimization.torch_compile:
+    if optimization.cls_attention_spread and optimization.torch_compile is True:
         raise Refusal(
             f"--cls_attention_spread {optimization.cls_attention_spread} reads the attention through forward "
             "hooks, which a compiled model is not tested with; drop --torch_compile or --cls_attention_spread"

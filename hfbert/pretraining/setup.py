@@ -3,6 +3,7 @@ accelerate. What a checkpoint holds is one explicit `TrainingState`."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,8 @@ from torch.utils.data import DataLoader
 from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.batches import TrainingBatches
 from hfbert.pretraining.settings import OptimizationSettings
+
+logger = logging.getLogger(__name__)
 
 UNBOUNDED_STEPS = 10**12  # the step budget of a run bounded by --max_train_seconds alone
 
@@ -112,6 +115,18 @@ def build_optimizer(model: torch.nn.Module, optimization: OptimizationSettings, 
     )
 
 
+def compile_model(model: torch.nn.Module, mode: str) -> None:
+    """Compile `model`'s forward, and with it the backward AOTAutograd derives, as one graph on static shapes
+    (`batches.plan_batches` makes every batch one shape); a graph break raises (fullgraph). The rest of the
+    update: clipping compiles apart (`loop.compiled_clipping`); the fused AdamW step stays as it is, one kernel
+    for all parameters that torch.optim keeps out of dynamo and that takes fp16's inf flag on the device."""
+    # Compiled apart, not as one function with .backward(): dynamo traces a backward only with compiled autograd.
+    logger.info(f"Compiling the update (torch.compile, mode {mode}): the first update and evaluation take longer.")
+    # In place: the model stays itself, so checkpoints and the final folder keep its parameter names
+    # (torch.compile's wrapper would prefix them with "_orig_mod.").
+    model.compile(dynamic=False, fullgraph=True, mode=mode)
+
+
 def plan_budget(
     optimization: OptimizationSettings, batches_per_epoch: int | None, num_processes: int
 ) -> Budget:
@@ -159,10 +174,8 @@ def setup_training(
     `seq_relationship_logits`, as `HfBertForPreTraining` does; on the static path (the default on CUDA) the
     batch also holds `masked_positions` (B, P) and labels are (B, P). This is the seam through which another
     model trains in the same pipeline (benchmarks/time_to_quality.py trains transformers' BERT this way)."""
-    if optimization.torch_compile:  # static shapes throughout (see batches.plan_batches): one graph
-        # In place: the model stays itself, so checkpoints and the final folder keep its parameter names
-        # (torch.compile's wrapper would prefix them with "_orig_mod.").
-        model.compile(dynamic=False)
+    if optimization.compiles_update(accelerator.device.type):
+        compile_model(model, optimization.torch_compile_mode)
     optimizer = build_optimizer(model, optimization, accelerator.device)
     budget = plan_budget(optimization, batches.batches_per_epoch, accelerator.num_processes)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -183,6 +196,7 @@ __all__ = [
     "LearningRateSchedule",
     "TrainingState",
     "build_optimizer",
+    "compile_model",
     "optimizer_parameter_groups",
     "plan_budget",
     "setup_training",

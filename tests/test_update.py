@@ -1,0 +1,194 @@
+"""The update (`hfbert.pretraining.loop.train_step`): it never reads a tensor back to the host (on a GPU that
+waits for the device), the fp16 loss scaler included; compiled, it is one graph and gives eager's results."""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.state import AcceleratorState, GradientState
+from conftest import tiny_config
+from test_speed_paths import pretraining_batch, static_batch
+from torch.testing import assert_close
+
+from hfbert import HfBertForPreTraining, modeling_hfbert
+from hfbert.checkpointing import TrainingProgress
+from hfbert.pretraining.batches import plan_batches
+from hfbert.pretraining.callbacks import Callbacks
+from hfbert.pretraining.cli import parse_args
+from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow
+from hfbert.pretraining.loop import StepSettings, train_step
+from hfbert.pretraining.settings import DataSettings, OptimizationSettings
+from hfbert.pretraining.setup import TrainingState, build_optimizer, compile_model
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
+
+
+@contextmanager
+def host_reads_raise():
+    """Every way Python reads a tensor's value back to the host raises (on a GPU each waits for the device)."""
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def refuse(name):
+        def read(*args, **kwargs):
+            raise AssertionError(f"Tensor.{name} inside an update: a host synchronisation on a GPU")
+
+        return read
+
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, refuse(name))
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+@pytest.fixture
+def accelerator():
+    yield Accelerator(cpu=True)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def prepared_state(accelerator: Accelerator, optimization: OptimizationSettings) -> TrainingState:
+    """The tiny model (no dropout: eager and compiled draw no masks alike), its optimizer, prepared; compiled
+    as `setup_training` compiles it where `optimization` says."""
+    torch.manual_seed(0)
+    model = HfBertForPreTraining(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    if optimization.compiles_update(accelerator.device.type):
+        compile_model(model, optimization.torch_compile_mode)
+    optimizer = build_optimizer(model, optimization, accelerator.device)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return TrainingState(model, optimizer, TrainingProgress(), batches=None)
+
+
+def step_settings(optimization: OptimizationSettings, state: TrainingState, tmp_path) -> StepSettings:
+    model = state.model
+    return StepSettings.of(
+        optimization, "no", str(tmp_path), ModelFlops(model.config, None, None), model.device
+    )
+
+
+def with_loss_scaler(accelerator: Accelerator, state: TrainingState, monkeypatch) -> torch.amp.GradScaler:
+    """What accelerate sets up for fp16 on CUDA (it makes no scaler on a CPU), on the CPU."""
+    scaler = torch.amp.GradScaler("cpu")
+    monkeypatch.setattr(accelerator, "scaler", scaler)
+    monkeypatch.setattr(accelerator, "native_amp", True)
+    monkeypatch.setattr(type(accelerator), "mixed_precision", "fp16")
+    state.optimizer = AcceleratedOptimizer(state.optimizer.optimizer, device_placement=False, scaler=scaler)
+    return scaler
+
+
+@pytest.mark.parametrize(
+    ("compiled", "loss_scaler"),
+    [(False, False), (False, True), pytest.param(True, True, marks=pytest.mark.slow)],
+    ids=["eager fp32", "eager fp16 loss scaler", "compiled fp16 loss scaler"],
+)
+def test_an_update_never_reads_a_tensor_back_to_the_host(
+    accelerator, tmp_path, monkeypatch, loss_scaler, compiled
+):
+    torch._dynamo.reset()
+    optimization = OptimizationSettings(max_grad_norm=1.0, torch_compile=compiled)
+    state = prepared_state(accelerator, optimization)
+    scaler = with_loss_scaler(accelerator, state, monkeypatch) if loss_scaler else None
+    # The model's input checks read CPU tensors on purpose (nothing to wait for); on CUDA they assert on the
+    # device instead (the GPU test in test_training.py runs them).
+    monkeypatch.setattr(modeling_hfbert, "check_range", lambda *args: None)
+    step = step_settings(optimization, state, tmp_path)
+    batch = static_batch(pretraining_batch())
+    window = TrainingWindow.start(accelerator.device, 0.0)
+    train_step(accelerator, state, batch, step, window, Callbacks())  # compiles: tracing may read values
+    before = state.model.bert.embeddings.word_embeddings.weight.detach().clone()
+    with host_reads_raise():
+        for _ in range(2):
+            train_step(accelerator, state, batch, step, window, Callbacks())
+    assert not torch.equal(state.model.bert.embeddings.word_embeddings.weight, before)  # the updates ran
+    assert window.batches == 3 and window.clipped_updates == 3 and window.grad_norm.item() > 0
+    if loss_scaler:  # the scaler scaled the loss and let every (finite) update through
+        assert scaler._scale is not None
+        assert all(s["step"].item() == 3 for s in state.optimizer.optimizer.state.values())
+
+
+def gradients_then_updates(accelerator, state: TrainingState, step: StepSettings, batch, updates: int):
+    """The gradients of one backward, then the losses and the largest gradient norm of `updates` updates and
+    the weights after them."""
+    outputs = state.model(**batch, mlm_masked_rows_only=True)
+    (outputs.mlm_loss + outputs.nsp_loss).backward()
+    gradients = {name: p.grad.clone() for name, p in state.model.named_parameters()}
+    state.optimizer.zero_grad(set_to_none=True)
+    window = TrainingWindow.start(accelerator.device, 0.0)
+    losses = [
+        train_step(accelerator, state, batch, step, window, Callbacks())[1].detach() for _ in range(updates)
+    ]
+    weights = {name: p.detach().clone() for name, p in state.model.named_parameters()}
+    return gradients, torch.stack(losses), window.grad_norm, weights
+
+
+@pytest.mark.slow
+def test_the_compiled_update_is_one_graph_per_part_and_gives_eagers_gradients_losses_and_weights(
+    accelerator, tmp_path
+):
+    """Float32 on a CPU: inductor sums in other orders, so the results agree to rounding, 1e-5."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    batch = static_batch(pretraining_batch())
+    runs = {}
+    for compiled in (False, True):
+        optimization = OptimizationSettings(learning_rate=1e-3, max_grad_norm=0.5, torch_compile=compiled)
+        state = prepared_state(accelerator, optimization)
+        runs[compiled] = gradients_then_updates(
+            accelerator, state, step_settings(optimization, state, tmp_path), batch, 3
+        )
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])  # the model's and the clipping's
+    (eager_gradients, *eager), (gradients, *compiled) = runs[False], runs[True]
+    for name, gradient in gradients.items():
+        assert_close(gradient, eager_gradients[name], atol=1e-5, rtol=1e-4, msg=name)
+    eager_losses, eager_norm, eager_weights = eager
+    losses, norm, weights = compiled
+    assert_close(losses, eager_losses, atol=1e-5, rtol=1e-5)
+    assert_close(norm, eager_norm, atol=1e-5, rtol=1e-5)
+    assert eager_norm > 0.5  # clipping clipped
+    for name, weight in weights.items():
+        assert_close(weight, eager_weights[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, tmp_path, monkeypatch):
+    torch._dynamo.reset()
+    check_inputs = modeling_hfbert.check_inputs
+
+    def breaking(*args, **kwargs):
+        torch._dynamo.graph_break()
+        return check_inputs(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_hfbert, "check_inputs", breaking)
+    optimization = OptimizationSettings(torch_compile=True)
+    state = prepared_state(accelerator, optimization)
+    step = step_settings(optimization, state, tmp_path)
+    window = TrainingWindow.start(accelerator.device, 0.0)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
+        train_step(accelerator, state, static_batch(pretraining_batch()), step, window, Callbacks())
+
+
+@pytest.mark.parametrize(
+    ("flags", "on_cuda", "on_cpu"),
+    [
+        ([], True, False),
+        (["--torch_compile"], True, True),
+        (["--torch_compile", "false"], False, False),
+        (["--deterministic"], False, False),  # bit-equal resumes are tested eager
+        (["--deterministic", "--torch_compile"], True, True),
+        (["--cls_attention_spread", "0.1"], False, False),  # its hooks
+    ],
+)
+def test_the_update_compiles_by_default_on_cuda_and_as_the_flag_says(flags, on_cuda, on_cpu):
+    optimization = parse_args(["--output_dir", "unused", *flags]).optimization
+    assert (optimization.compiles_update("cuda"), optimization.compiles_update("cpu")) == (on_cuda, on_cpu)
+    data = DataSettings()
+    # A device object, no GPU needed.
+    compiled_shapes = plan_batches(data, optimization, 16, torch.device("cuda"))
+    assert (compiled_shapes.pad_to_length == data.max_seq_length) == on_cuda
