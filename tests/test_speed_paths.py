@@ -365,3 +365,58 @@ def test_queries_keys_and_values_are_one_matmul_under_transformers_names():
     for part in ("query", "key", "value"):
         assert f"bert.encoder.layer.0.attention.self.{part}.weight" in names
     assert not [name for name in names if "qkv" in name]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_varlen_on_cuda_gives_the_masked_results_without_a_host_sync(dtype):
+    """FlashAttention's variable-length kernel against sdpa with the mask, in half precision (so the two
+    kernels round differently: 1e-2), at the static slots, with no host synchronisation in the step."""
+    reference, model = (twin.cuda() for twin in twin_models())
+    batch = {key: value.cuda() for key, value in static_batch(padded_pretraining_batch()).items()}
+    with torch.autocast("cuda", dtype=dtype):
+        expected = reference(**batch)
+    expected.loss.backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host synchronisation raises
+    try:
+        with torch.autocast("cuda", dtype=dtype):
+            actual = model(**batch, attention_padding="varlen")
+        actual.loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    loose = {"atol": 1e-2, "rtol": 1e-2}
+    filled = batch["labels"] != -100
+    assert_close(actual.prediction_logits[filled], expected.prediction_logits[filled], **loose)
+    assert_close(actual.loss, expected.loss, **loose)
+    for (name, parameter), twin in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert_close(parameter.grad, twin.grad, **loose, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_varlen_on_cuda_trains_with_attention_dropout_and_refuses_fp32():
+    model = HfBertForPreTraining(tiny_config()).cuda().train()
+    batch = {key: value.cuda() for key, value in static_batch(padded_pretraining_batch()).items()}
+    with torch.autocast("cuda", dtype=torch.float16):
+        first = model(**batch, attention_padding="varlen").loss
+        second = model(**batch, attention_padding="varlen").loss
+    first.backward()
+    assert torch.isfinite(first) and first != second  # dropout draws differ
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with pytest.raises(ValueError, match="FlashAttention, which takes float16 or bfloat16"):
+        model(**batch, attention_padding="varlen")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_varlen_on_cuda_compiles_to_one_graph():
+    model = HfBertForPreTraining(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).cuda()
+    inputs = {key: value.cuda() for key, value in static_batch(padded_pretraining_batch()).items()}
+    with torch.autocast("cuda", dtype=torch.float16):
+        expected = model(**inputs, attention_padding="varlen").loss
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)
+        actual = compiled(**inputs, attention_padding="varlen").loss
+    assert_close(actual, expected, atol=1e-3, rtol=1e-3)

@@ -83,10 +83,18 @@ class StepSettings:
     precision: str
     output_dir: str  # named, with its last checkpoint, should the loss stop being finite
     flops: ModelFlops  # for the logged model FLOP/s and MFU
+    attention_padding: str = "mask"  # --attention_padding, HfBertModel.forward's speed path
 
     @classmethod
     def of(cls, optimization: OptimizationSettings, precision: str, output_dir: str, flops: ModelFlops):
-        return cls(optimization.nsp_loss_weight, optimization.max_grad_norm, precision, output_dir, flops)
+        return cls(
+            optimization.nsp_loss_weight,
+            optimization.max_grad_norm,
+            precision,
+            output_dir,
+            flops,
+            optimization.attention_padding,
+        )
 
 
 class Tracker(Callback):
@@ -139,7 +147,7 @@ def train_step(
     """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch, its
     statistics added to `window` on the device; `callbacks` may add to the loss."""
     with accelerator.accumulate(state.model):
-        outputs = state.model(**batch, mlm_masked_rows_only=True)
+        outputs = state.model(**batch, mlm_masked_rows_only=True, attention_padding=step.attention_padding)
         loss = callbacks.loss(outputs.mlm_loss, batch)
         if outputs.nsp_loss is not None:  # None under --objective mlm
             loss = loss + step.nsp_loss_weight * outputs.nsp_loss

@@ -251,6 +251,14 @@ class OptimizationSettings:
             "full batches, static masked slots), so training and evaluation each compile once."
         },
     )
+    attention_padding: Literal["mask", "varlen"] = field(
+        default="mask",
+        metadata={
+            "help": "How training attention skips padding: mask (sdpa with a mask, as transformers), or varlen "
+            "(each row attends within its own tokens, no mask: FlashAttention's variable-length kernel, CUDA in "
+            "fp16/bf16 only; elsewhere sdpa one sequence at a time, slow). Evaluation always masks."
+        },
+    )
     deterministic: bool = field(
         default=False,
         metadata={
