@@ -420,3 +420,17 @@ def test_varlen_on_cuda_compiles_to_one_graph():
         compiled = torch.compile(model, fullgraph=True, dynamic=False)
         actual = compiled(**inputs, attention_padding="varlen").loss
     assert_close(actual, expected, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_unpadded_batch_with_no_padding_promised_runs_on_the_flash_kernel():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = HfBertForPreTraining(tiny_config()).cuda().eval()
+    batch = {key: value.cuda() for key, value in pretraining_batch().items()}
+    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    with torch.autocast("cuda", dtype=torch.float16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        assert torch.isfinite(model(**batch, attention_padding="none").loss)
+        with pytest.raises(RuntimeError):  # a mask rules the flash kernel out
+            model(**batch)
