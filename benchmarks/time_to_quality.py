@@ -47,7 +47,10 @@ class StockBertForPreTraining(transformers.BertForPreTraining):
         next_sentence_label,
         mlm_masked_rows_only,
         masked_positions=None,
+        attention_padding="mask",
     ):
+        if attention_padding != "mask":
+            raise ValueError(f"transformers' BERT masks its padding; --attention_padding {attention_padding} is hfbert's")
         output = super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         logits = output.prediction_logits  # (B, T, V)
         if masked_positions is not None:  # the static form (the loop's default on CUDA): (B, P, V) at the slots

@@ -12,6 +12,8 @@ M number of masked positions in the batch, P masked slots per row (the static pa
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
+from typing import Literal, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +64,13 @@ AUTO_MAP = {
 # Backends whose mask is the boolean (B, 1, 1, T) one and that accept fewer queries than keys, so the last
 # layer may run at [CLS] and the masked rows only. Others (flash, flex, hub kernels) get every position.
 ROW_SUBSET_BACKENDS = ("eager", "sdpa")
+
+# How attention treats padding (HfBertModel.forward's `attention_padding`): "mask" (transformers' way: a mask
+# from attention_mask), or a speed path the caller asks for with what it knows of the batch on the host:
+# "none" (no row is padded: no mask, so sdpa may take the flash kernel), "varlen" (rows right-padded: each row
+# attends within its own tokens through cumulative sequence offsets, flash's variable-length form, no mask).
+AttentionPadding = Literal["mask", "none", "varlen"]
+ATTENTION_PADDING: tuple[str, ...] = get_args(AttentionPadding)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -184,6 +193,133 @@ def attention_mask_for(
     return create_bidirectional_mask(config=config, inputs_embeds=embeddings, attention_mask=keep)
 
 
+class RightPaddedRows(NamedTuple):
+    """The varlen path's form of the padding, in place of a mask: (B,) int32 tokens per right-padded row,
+    at least 1 (a row that is all padding attends to its first position, so its output stays finite)."""
+
+    lengths: torch.Tensor
+
+
+def check_attention_padding(
+    attention_padding: str, attention_mask: torch.Tensor | None, implementation: str
+) -> None:
+    """Raise ValueError unless `attention_mask` is what `attention_padding` promises (all ones for "none",
+    right-padded rows for "varlen"). Checked as `check_range` checks: on the CPU eagerly, on CUDA with
+    torch._assert_async (no host sync), not under torch.compile."""
+    if attention_padding not in ATTENTION_PADDING:
+        raise ValueError(f"attention_padding must be one of {ATTENTION_PADDING}, got {attention_padding!r}")
+    if attention_padding == "varlen" and implementation != "sdpa":
+        raise ValueError(
+            f"attention_padding='varlen' is the sdpa backend's unpadded form; this call uses {implementation!r} "
+            "(output_attentions=True runs eager): pass attention_padding='mask'"
+        )
+    if attention_padding == "mask" or attention_mask is None or torch.compiler.is_compiling():
+        return
+    keep = attention_mask.bool()
+    if attention_padding == "none":
+        promised = keep.all()
+    else:  # each row: tokens, then padding
+        positions = torch.arange(keep.size(-1), device=keep.device)
+        promised = (keep == (positions < keep.sum(dim=-1, keepdim=True))).all()
+    message = (
+        f"attention_padding={attention_padding!r} promises "
+        + ("no padding" if attention_padding == "none" else "right-padded rows (tokens, then padding)")
+        + ", but attention_mask has {found}; pass attention_padding='mask'"
+    )
+    if keep.device.type == "cuda":
+        torch._assert_async(promised, message.format(found="other rows"))
+    elif keep.device.type == "cpu" and not promised.item():
+        found = "padding" if attention_padding == "none" else "a row with padding before a token"
+        raise ValueError(message.format(found=found))
+
+
+def varlen_offsets(
+    lengths: torch.Tensor, query_len: int, key_len: int, every_position: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cumulative offsets (2B+1,) int32 of queries and keys in (B*Tq) and (B*T) flattened right-padded rows.
+
+    Each row is two sequences, its tokens then its padding, so the rows stay where they are (no gather, shapes
+    static). Keys: [0, len_0, T, T + len_1, 2T, ..., B*T]. Queries at every position split the same way (padding
+    attends to padding: finite, unused); a subset of Tq positions (the last layer's rows) is all in the tokens
+    sequence, [0, Tq, Tq, 2Tq, 2Tq, ..., B*Tq], so a position that is padding attends to the row's tokens, as
+    with the mask.
+    """
+    batch = lengths.size(0)
+    row_starts = torch.arange(batch, device=lengths.device, dtype=torch.int32)
+    key_starts = row_starts * key_len
+    total = row_starts.new_full((1,), batch * key_len)
+    key_offsets = torch.cat([torch.stack([key_starts, key_starts + lengths], dim=1).flatten(), total])
+    if every_position:
+        return key_offsets, key_offsets
+    query_starts = row_starts * query_len
+    query_ends = query_starts + query_len
+    total = row_starts.new_full((1,), batch * query_len)
+    return torch.cat([torch.stack([query_starts, query_ends], dim=1).flatten(), total]), key_offsets
+
+
+def varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rows: RightPaddedRows,
+    every_position: bool,
+    scaling: float,
+    dropout: float,
+) -> torch.Tensor:
+    """(B, nh, Tq, hs) queries, (B, nh, T, hs) keys and values of right-padded rows -> (B, Tq, nh, hs), each
+    query attending to its row's tokens only (see `varlen_offsets`), with no mask.
+
+    On CUDA FlashAttention's variable-length kernel through the aten op sdpa's flash backend calls (the public
+    torch.nn.attention.varlen.varlen_attn has no dropout, and BERT trains with attention dropout); on other
+    devices sdpa per sequence, the same arithmetic, for tests.
+    """
+    batch, heads, query_len, head_size = query.shape
+    key_len = key.size(2)
+    query_offsets, key_offsets = varlen_offsets(rows.lengths, query_len, key_len, every_position)
+    packed = [tensor.transpose(1, 2).reshape(-1, heads, head_size) for tensor in (query, key, value)]
+    if query.device.type == "cuda":
+        if query.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(
+                f"attention_padding='varlen' runs FlashAttention, which takes float16 or bfloat16, not "
+                f"{query.dtype}: train with mixed precision, or pass attention_padding='mask'"
+            )
+        context = torch.ops.aten._flash_attention_forward(
+            *packed, query_offsets, key_offsets, query_len, key_len, dropout, False, False, scale=scaling
+        )[0]
+    else:
+        context = attention_per_sequence(*packed, query_offsets, key_offsets, scaling, dropout)
+    return context.view(batch, query_len, heads, head_size)
+
+
+def attention_per_sequence(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_offsets: torch.Tensor,
+    key_offsets: torch.Tensor,
+    scaling: float,
+    dropout: float,
+) -> torch.Tensor:
+    """What the variable-length kernel computes, one sequence at a time: (Nq, nh, hs) packed queries, (N, nh,
+    hs) keys and values -> (Nq, nh, hs); sequence i is queries [q_i, q_i+1) attending to keys [k_i, k_i+1)."""
+    context = query.new_zeros(query.shape)
+    bounds = zip(pairwise(query_offsets.tolist()), pairwise(key_offsets.tolist()), strict=True)
+    for (query_start, query_end), (key_start, key_end) in bounds:
+        if query_end == query_start:
+            continue
+        heads_first = [
+            tensor[start:end].transpose(0, 1)
+            for tensor, start, end in (
+                (query, query_start, query_end),
+                (key, key_start, key_end),
+                (value, key_start, key_end),
+            )
+        ]
+        attended = F.scaled_dot_product_attention(*heads_first, dropout_p=dropout, scale=scaling)
+        context[query_start:query_end] = attended.transpose(0, 1)
+    return context
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Attention: transformers' ALL_ATTENTION_FUNCTIONS (sdpa, flash_attention_2/3, flex_attention, hub kernels),
 # with this eager function as the default.
@@ -275,7 +411,7 @@ class HfBertSelfAttention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | RightPaddedRows | None = None,
         queries: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -283,28 +419,60 @@ class HfBertSelfAttention(nn.Module):
 
         Returns the (B, Tq, d) context and the attention probabilities (eager only, else None).
         """
-        queries = hidden_states if queries is None else queries
-        batch, query_len, _ = queries.shape
-        query = self.query(queries).view(batch, query_len, self.num_heads, self.head_size).transpose(1, 2)
-        heads = (batch, hidden_states.size(1), self.num_heads, self.head_size)
-        key = self.key(hidden_states).view(heads).transpose(1, 2)  # (B, nh, T, hs)
-        value = self.value(hidden_states).view(heads).transpose(1, 2)
+        query, key, value = self.project(hidden_states, queries)  # (B, nh, Tq or T, hs)
+        dropout = self.dropout.p if self.training else 0.0
+        if isinstance(attention_mask, RightPaddedRows):
+            context = varlen_attention(
+                query, key, value, attention_mask, queries is None, self.scaling, dropout
+            )
+            return context.flatten(2), None
         # output_attentions=True runs eager for that call (HfBertModel.forward warns once).
         implementation = "eager" if kwargs.get("output_attentions") else self.config._attn_implementation
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             implementation, eager_attention_forward
         )
         context, probs = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.dropout.p if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
         )  # (B, Tq, nh, hs)
-        return context.reshape(batch, query_len, -1), probs
+        return context.flatten(2), probs
+
+    def project(
+        self, hidden_states: torch.Tensor, queries: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries at `queries` (None: at every position of `hidden_states`), keys and values at every
+        position, each (B, nh, Tq or T, hs).
+
+        One wide matmul where it can: d -> 3d for all three, or d -> 2d for keys and values when the queries
+        are a subset. The weights stay three nn.Linear, concatenated at each call, so the saved names are
+        transformers' (query, key, value) and nothing converts them. A projection whose call is more than its
+        matmul runs as its own module: another class (quantized, an adapter), forward hooks (the
+        pretraining loop's --cls_attention_spread), or a forward replaced by accelerate (offload: the weight
+        stays on the meta device until that forward loads it).
+        """
+        modules = (self.query, self.key, self.value)
+        if not all(map(is_plain_linear, modules)):
+            query_input = hidden_states if queries is None else queries
+            projected = [self.query(query_input), self.key(hidden_states), self.value(hidden_states)]
+        elif queries is None:
+            projected = fused_linear(hidden_states, modules)
+        else:
+            projected = [self.query(queries), *fused_linear(hidden_states, modules[1:])]
+        return tuple(
+            tensor.unflatten(-1, (self.num_heads, self.head_size)).transpose(1, 2) for tensor in projected
+        )
+
+
+def is_plain_linear(module: nn.Module) -> bool:
+    """Calling `module` is F.linear with its weight and bias and nothing else."""
+    hooked = module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module)
+    return type(module) is nn.Linear and not hooked and module.weight.device.type != "meta"
+
+
+def fused_linear(inputs: torch.Tensor, modules: tuple[nn.Linear, ...]) -> list[torch.Tensor]:
+    """`[module(inputs) for module in modules]` as one matmul with the weights and biases concatenated."""
+    weight = torch.cat([module.weight for module in modules])
+    bias = torch.cat([module.bias for module in modules])
+    return list(F.linear(inputs, weight, bias).chunk(len(modules), dim=-1))
 
 
 class HfBertResidualOutput(nn.Module):
@@ -331,14 +499,14 @@ class HfBertAttention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | RightPaddedRows | None,
         positions: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         """Outputs at every position, or at `positions` (B, m) only (all positions still serve as keys)."""
-        queries = hidden_states if positions is None else gather_positions(hidden_states, positions)
+        queries = None if positions is None else gather_positions(hidden_states, positions)
         context, _ = self.self(hidden_states, attention_mask, queries, **kwargs)
-        return self.output(context, queries)
+        return self.output(context, hidden_states if queries is None else queries)
 
 
 class HfBertIntermediate(nn.Module):
@@ -365,7 +533,7 @@ class HfBertLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | RightPaddedRows | None,
         positions: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
@@ -382,7 +550,7 @@ class HfBertEncoder(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | RightPaddedRows | None,
         last_layer_positions: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
@@ -525,6 +693,7 @@ class HfBertModel(HfBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         last_layer_positions: torch.Tensor | None = None,
+        attention_padding: AttentionPadding = "mask",
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPooling | tuple:
         """Encode a batch.
@@ -538,6 +707,12 @@ class HfBertModel(HfBertPreTrainedModel):
             last_layer_positions: (B, m): run the last layer at these positions only (keys and values still
                 cover every position), so `last_hidden_state` is (B, m, d) and the pooler reads column 0. The
                 masked-LM heads' speed path; eager and sdpa only.
+            attention_padding: "mask" (default): padding from `attention_mask`, as in transformers. The speed
+                paths, for a caller that knows its batch on the host (the training loop): "none", no row is
+                padded, so no mask is built (sdpa may then run the flash kernel); "varlen", rows are right-padded
+                and each attends within its own tokens, flash's variable-length kernel on CUDA (fp16/bf16; sdpa
+                only, no attentions), no mask. Outputs at padded positions are meaningless on every path and
+                differ between them; all others agree. An `attention_mask` that breaks the promise is refused.
             kwargs: `output_hidden_states`, `output_attentions` (with a non-eager backend this call runs
                 eager attention, with a warning), `return_dict`, and transformers' attention kwargs.
         """
@@ -556,8 +731,15 @@ class HfBertModel(HfBertPreTrainedModel):
         if last_layer_positions is not None and implementation not in ROW_SUBSET_BACKENDS:
             raise ValueError(f"last_layer_positions needs eager or sdpa attention, not {implementation!r}")
 
+        check_attention_padding(attention_padding, attention_mask, implementation)
+
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, d)
-        mask = attention_mask_for(config, implementation, attention_mask, hidden_states)
+        if attention_padding == "mask":
+            mask = attention_mask_for(config, implementation, attention_mask, hidden_states)
+        elif attention_padding == "none" or attention_mask is None:
+            mask = None
+        else:
+            mask = RightPaddedRows(attention_mask.sum(dim=-1, dtype=torch.int32).clamp(min=1))
         hidden_states = self.encoder(hidden_states, mask, last_layer_positions, **kwargs)
         pooled = self.pooler(hidden_states) if self.pooler is not None else None
         return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=pooled)

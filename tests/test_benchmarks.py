@@ -15,6 +15,7 @@ import torch
 from conftest import tiny_config
 
 from benchmarks import (
+    bench_attention,
     bench_batches,
     bench_data_stage,
     bench_loop,
@@ -674,3 +675,16 @@ def test_run_health_corpora_shuffle_the_sample_and_repeat_a_few_paragraphs(tmp_p
     lines = [line for document in documents for line in document.split("\n")]
     first_sentences = [run_health_corpora.split_sentences(p)[0] for p in sample[0]["paragraphs"][:4]]
     assert lines[: len(first_sentences)] != first_sentences
+
+
+def test_bench_attention_times_each_lever_against_its_batch_default(capsys):
+    argv = ["--model_size", "tiny", "--batch_size", "4", "--seq_len", "32", "--steps", "1", "--warmup", "0"]
+    seconds = bench_attention.main([*argv, "--dtype", "fp32", "--device", "cpu"])
+    assert set(seconds) == {
+        "padded, mask, three QKV matmuls",
+        "padded, mask",
+        "unpadded, mask",
+        "unpadded, none",
+    }  # varlen only on CUDA
+    assert all(value > 0 for value in seconds.values())
+    assert "| unpadded, none |" in capsys.readouterr().out

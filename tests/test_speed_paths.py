@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_config
 from torch.testing import assert_close
 
-from hfbert import HfBertForMaskedLM, HfBertForPreTraining
+from hfbert import HfBertForMaskedLM, HfBertForPreTraining, modeling_hfbert
 from hfbert.pretraining.batches import masked_positions_from_labels
 
 TIGHT = {"atol": 1e-6, "rtol": 1e-6}
@@ -164,3 +164,273 @@ def test_static_path_compiles_to_one_graph():
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     assert_close(compiled(**inputs).loss, expected, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------ attention without a mask
+
+
+def padded_pretraining_batch() -> dict[str, torch.Tensor]:
+    """`pretraining_batch` with a fourth row that is all padding (what pad_to_batch_size adds)."""
+    batch = pretraining_batch()
+    filler = {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0, "labels": -100}
+    for key, value in filler.items():
+        batch[key] = torch.cat([batch[key], torch.full_like(batch[key][:1], value)])
+    batch["next_sentence_label"] = torch.tensor([0, 1, 1, -100])
+    return batch
+
+
+def sdpa_masks(monkeypatch) -> list:
+    """The attn_mask of every F.scaled_dot_product_attention call made after this."""
+    masks, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask"))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    return masks
+
+
+def twin_models(model_class: type = HfBertForPreTraining) -> tuple[torch.nn.Module, torch.nn.Module]:
+    reference, model = model_class(tiny_config()).eval(), model_class(tiny_config()).eval()
+    model.load_state_dict(reference.state_dict())
+    return reference, model
+
+
+@pytest.mark.parametrize("path", ["masked rows", "static slots", "dense head"])
+def test_an_unpadded_batch_with_no_padding_promised_runs_sdpa_without_a_mask(monkeypatch, path):
+    reference, model = twin_models()
+    batch = pretraining_batch()
+    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    inputs = {"masked rows": {"mlm_masked_rows_only": True}, "static slots": {}, "dense head": {}}[path]
+    if path == "static slots":
+        batch = static_batch(batch)
+    masks = sdpa_masks(monkeypatch)
+    expected = reference(**batch, **inputs)
+    assert len(masks) == 2 and all(mask is not None for mask in masks)  # the default builds the mask
+    masks.clear()
+    actual = model(**batch, **inputs, attention_padding="none")
+    assert masks == [None, None]
+    for name in ("loss", "prediction_logits", "seq_relationship_logits"):
+        assert_close(actual[name], expected[name], **TIGHT, msg=name)
+    expected.loss.backward()
+    actual.loss.backward()
+    assert_same_gradients(model, reference)
+
+
+@pytest.mark.parametrize(
+    ("padding", "attention_mask", "message"),
+    [
+        ("none", [[1, 1, 1, 0]], "promises no padding, but attention_mask has padding"),
+        ("varlen", [[1, 0, 1, 1]], "has a row with padding before a token"),
+        ("varlen", [[0, 1, 1, 1]], "has a row with padding before a token"),
+        ("unpadded", [[1, 1, 1, 1]], "attention_padding must be one of"),
+    ],
+)
+def test_an_attention_mask_that_breaks_the_promise_is_refused(padding, attention_mask, message):
+    model = HfBertForPreTraining(tiny_config()).eval()
+    with pytest.raises(ValueError, match=message):
+        model(torch.tensor([[2, 7, 8, 3]]), attention_mask=torch.tensor(attention_mask), attention_padding=padding)
+
+
+@pytest.mark.parametrize("how", ["eager model", "output_attentions"])
+def test_varlen_refuses_what_only_eager_attention_gives(how):
+    model = HfBertForPreTraining(tiny_config()).eval()
+    kwargs = {"output_attentions": True}
+    if how == "eager model":
+        model.set_attn_implementation("eager")
+        kwargs = {}
+    with pytest.raises(ValueError, match="attention_padding='varlen' is the sdpa backend's unpadded form"):
+        model(torch.tensor([[2, 7, 8, 3]]), attention_padding="varlen", **kwargs)
+
+
+def test_varlen_offsets_split_each_row_into_its_tokens_then_its_padding():
+    lengths = torch.tensor([3, 5, 1], dtype=torch.int32)
+    queries, keys = modeling_hfbert.varlen_offsets(lengths, 5, 5, every_position=True)
+    assert keys.tolist() == [0, 3, 5, 10, 10, 11, 15]
+    assert queries.tolist() == keys.tolist()
+    queries, keys = modeling_hfbert.varlen_offsets(lengths, 2, 5, every_position=False)
+    assert queries.tolist() == [0, 2, 2, 4, 4, 6, 6]  # every query row attends to its row's tokens
+    assert keys.tolist() == [0, 3, 5, 10, 10, 11, 15]
+    assert queries.dtype == keys.dtype == torch.int32
+
+
+@pytest.mark.parametrize("queries", ["every position", "a subset"])
+def test_varlen_attention_is_per_row_eager_attention_over_the_row_tokens(queries):
+    batch, heads, seq_len, head_size = 3, 2, 6, 4
+    lengths = torch.tensor([6, 2, 4], dtype=torch.int32)
+    key, value = torch.randn(2, batch, heads, seq_len, head_size).unbind(0)
+    query_len = seq_len if queries == "every position" else 3
+    query = torch.randn(batch, heads, query_len, head_size)
+    rows = modeling_hfbert.RightPaddedRows(lengths)
+    actual = modeling_hfbert.varlen_attention(query, key, value, rows, query_len == seq_len, 0.5, 0.0)
+    assert actual.shape == (batch, query_len, heads, head_size)
+    module = torch.nn.Module().eval()
+    for row, length in enumerate(lengths.tolist()):
+        expected, _ = modeling_hfbert.eager_attention_forward(
+            module, query[row : row + 1], key[row : row + 1, :, :length], value[row : row + 1, :, :length], None, 0.5
+        )
+        compared = length if queries == "every position" else query_len  # padding's own output is unused
+        assert_close(actual[row, :compared], expected[0, :compared], **TIGHT, msg=f"row {row}")
+
+
+@pytest.mark.parametrize("model_class", [HfBertForPreTraining, HfBertForMaskedLM], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("path", ["masked rows", "static slots", "dense head", "checkpointed"])
+def test_varlen_gives_the_masked_loss_logits_and_gradients(monkeypatch, model_class, path):
+    reference, model = twin_models(model_class)
+    batch = padded_pretraining_batch()
+    if model_class is HfBertForMaskedLM:
+        del batch["next_sentence_label"]
+    inputs = {"mlm_masked_rows_only": True} if path in ("masked rows", "checkpointed") else {}
+    if path == "static slots":
+        batch = static_batch(batch)
+    if path == "checkpointed":  # layers checkpoint in training only; no dropout, so the twins still agree
+        for twin in (reference, model):
+            twin.train()
+            for module in twin.modules():
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = 0.0
+        model.activation_checkpointing_enable()
+    expected = reference(**batch, **inputs)
+    masks = sdpa_masks(monkeypatch)
+    actual = model(**batch, **inputs, attention_padding="varlen")
+    assert all(mask is None for mask in masks)
+    key = "logits" if model_class is HfBertForMaskedLM else "prediction_logits"
+    compared = {key: expected[key], "loss": expected.loss}
+    # Outputs at padding (dense head) and at the all-padding row's empty slots differ and are never read.
+    read = {"dense head": batch["attention_mask"], "static slots": batch["labels"] != -100}.get(path)
+    if read is not None:
+        compared[key], actual[key] = expected[key][read.bool()], actual[key][read.bool()]
+    if model_class is HfBertForPreTraining:
+        compared["seq_relationship_logits"] = expected.seq_relationship_logits[:3]  # the last row is padding
+        actual["seq_relationship_logits"] = actual.seq_relationship_logits[:3]
+    for name, value in compared.items():
+        assert_close(actual[name], value, **TIGHT, msg=name)
+    expected.loss.backward()
+    actual.loss.backward()
+    assert_same_gradients(model, reference)
+
+
+def test_varlen_hidden_states_at_tokens_are_the_masked_ones_and_all_are_finite():
+    reference, model = twin_models(HfBertForPreTraining)
+    batch = padded_pretraining_batch()
+    expected = reference(**batch, output_hidden_states=True).hidden_states
+    actual = model(**batch, output_hidden_states=True, attention_padding="varlen").hidden_states
+    keep = batch["attention_mask"].bool()
+    for layer, (got, want) in enumerate(zip(actual, expected, strict=True)):
+        assert torch.isfinite(got).all()
+        assert_close(got[keep], want[keep], **TIGHT, msg=f"hidden state {layer}")
+
+
+# --------------------------------------------------------------------------- one projection for Q, K, V
+
+
+def linear_weight_shapes(model: torch.nn.Module, batch: dict, **inputs) -> list[tuple[int, ...]]:
+    """The weight shape of every F.linear call inside the self-attention modules during one forward."""
+    shapes, linear = [], torch.nn.functional.linear
+
+    def recording_linear(input, weight, bias=None):
+        shapes.append(tuple(weight.shape))
+        return linear(input, weight, bias)
+
+    def recording(forward):
+        def forward_recording_linear(*args, **kwargs):
+            torch.nn.functional.linear = recording_linear
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                torch.nn.functional.linear = linear
+
+        return forward_recording_linear
+
+    attentions = [layer.attention.self for layer in model.bert.encoder.layer]
+    for attention in attentions:
+        attention.forward = recording(attention.forward)
+    try:
+        model(**batch, **inputs)
+    finally:
+        for attention in attentions:
+            del attention.forward
+    return shapes
+
+
+def test_queries_keys_and_values_are_one_matmul_under_transformers_names():
+    model = HfBertForPreTraining(tiny_config()).eval()
+    batch = pretraining_batch()
+    d = model.config.hidden_size
+    assert linear_weight_shapes(model, batch) == [(3 * d, d)] * 2
+    # The last layer at [CLS] and the masked rows: queries there, keys and values everywhere.
+    assert linear_weight_shapes(model, batch, mlm_masked_rows_only=True) == [(3 * d, d), (d, d), (2 * d, d)]
+    names = set(model.state_dict())
+    for part in ("query", "key", "value"):
+        assert f"bert.encoder.layer.0.attention.self.{part}.weight" in names
+    assert not [name for name in names if "qkv" in name]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_varlen_on_cuda_gives_the_masked_results_without_a_host_sync(dtype):
+    """FlashAttention's variable-length kernel against sdpa with the mask, in half precision (so the two
+    kernels round differently: 1e-2), at the static slots, with no host synchronisation in the step."""
+    reference, model = (twin.cuda() for twin in twin_models())
+    batch = {key: value.cuda() for key, value in static_batch(padded_pretraining_batch()).items()}
+    with torch.autocast("cuda", dtype=dtype):
+        expected = reference(**batch)
+    expected.loss.backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host synchronisation raises
+    try:
+        with torch.autocast("cuda", dtype=dtype):
+            actual = model(**batch, attention_padding="varlen")
+        actual.loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    loose = {"atol": 1e-2, "rtol": 1e-2}
+    filled = batch["labels"] != -100
+    assert_close(actual.prediction_logits[filled], expected.prediction_logits[filled], **loose)
+    assert_close(actual.loss, expected.loss, **loose)
+    for (name, parameter), twin in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert_close(parameter.grad, twin.grad, **loose, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_varlen_on_cuda_trains_with_attention_dropout_and_refuses_fp32():
+    model = HfBertForPreTraining(tiny_config()).cuda().train()
+    batch = {key: value.cuda() for key, value in static_batch(padded_pretraining_batch()).items()}
+    with torch.autocast("cuda", dtype=torch.float16):
+        first = model(**batch, attention_padding="varlen").loss
+        second = model(**batch, attention_padding="varlen").loss
+    first.backward()
+    assert torch.isfinite(first) and first != second  # dropout draws differ
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with pytest.raises(ValueError, match="FlashAttention, which takes float16 or bfloat16"):
+        model(**batch, attention_padding="varlen")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_varlen_on_cuda_compiles_to_one_graph():
+    model = HfBertForPreTraining(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).cuda()
+    inputs = {key: value.cuda() for key, value in static_batch(padded_pretraining_batch()).items()}
+    with torch.autocast("cuda", dtype=torch.float16):
+        expected = model(**inputs, attention_padding="varlen").loss
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)
+        actual = compiled(**inputs, attention_padding="varlen").loss
+    assert_close(actual, expected, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_unpadded_batch_with_no_padding_promised_runs_on_the_flash_kernel():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = HfBertForPreTraining(tiny_config()).cuda().eval()
+    batch = {key: value.cuda() for key, value in pretraining_batch().items()}
+    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    with torch.autocast("cuda", dtype=torch.float16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        assert torch.isfinite(model(**batch, attention_padding="none").loss)
+        with pytest.raises(RuntimeError):  # a mask rules the flash kernel out
+            model(**batch)

@@ -500,6 +500,19 @@ def test_nsp_loss_weight_weighs_the_nsp_term_of_the_loss(tmp_path, run_inputs):
     assert json.loads((output_dir / "training_args.json").read_text())["nsp_loss_weight"] == 0.25
 
 
+def test_attention_padding_varlen_reaches_every_training_step_and_not_evaluation(tmp_path, run_inputs):
+    from hfbert import modeling_hfbert
+
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--attention_padding", "varlen")
+    with mock.patch.object(modeling_hfbert, "varlen_attention", wraps=modeling_hfbert.varlen_attention) as varlen:
+        train_in_process(args)
+    layers = tiny_config().num_hidden_layers
+    assert varlen.call_count == 2 * layers  # the two updates' forwards; evaluation masks
+    assert all(varlen.call_args_list[0].args[3].lengths >= 1)
+    assert json.loads((output_dir / "training_args.json").read_text())["attention_padding"] == "varlen"
+
+
 @pytest.mark.parametrize("attention_init", ["structured", "bert"])
 def test_runs_start_from_the_start_they_name(tmp_path, run_inputs, attention_init):
     output_dir = tmp_path / "run"

@@ -85,6 +85,7 @@ class StepSettings:
     output_dir: str  # named, with its last checkpoint, should the loss stop being finite
     flops: ModelFlops  # for the logged model FLOP/s and MFU
     compiled: bool = False  # the update is compiled (`setup.compile_model`; clipping here)
+    attention_padding: str = "mask"  # --attention_padding, HfBertModel.forward's speed path
 
     @classmethod
     def of(
@@ -96,7 +97,15 @@ class StepSettings:
         device: torch.device,
     ) -> StepSettings:
         compiled = optimization.compiles_update(device.type)
-        return cls(optimization.nsp_loss_weight, optimization.max_grad_norm, precision, output_dir, flops, compiled)
+        return cls(
+            optimization.nsp_loss_weight,
+            optimization.max_grad_norm,
+            precision,
+            output_dir,
+            flops,
+            compiled,
+            optimization.attention_padding,
+        )
 
 
 @functools.cache
@@ -184,7 +193,7 @@ def train_step(
     if step.compiled:  # a new iteration: CUDA graphs (reduce-overhead, max-autotune) may reuse the last one's memory
         torch.compiler.cudagraph_mark_step_begin()
     with accelerator.accumulate(state.model):
-        outputs = state.model(**batch, mlm_masked_rows_only=True)
+        outputs = state.model(**batch, mlm_masked_rows_only=True, attention_padding=step.attention_padding)
         loss = callbacks.loss(outputs.mlm_loss, batch)
         if outputs.nsp_loss is not None:  # None under --objective mlm
             loss = loss + step.nsp_loss_weight * outputs.nsp_loss

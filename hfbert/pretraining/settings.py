@@ -266,6 +266,14 @@ class OptimizationSettings:
             "longer and pay on a GPU only, where benchmarks/bench_loop.py measures which is faster."
         },
     )
+    attention_padding: Literal["mask", "varlen"] = field(
+        default="mask",
+        metadata={
+            "help": "How training attention skips padding: mask (sdpa with a mask, as transformers), or varlen "
+            "(each row attends within its own tokens, no mask: FlashAttention's variable-length kernel, CUDA in "
+            "fp16/bf16 only; elsewhere sdpa one sequence at a time, slow). Evaluation always masks."
+        },
+    )
     deterministic: bool = field(
         default=False,
         metadata={
