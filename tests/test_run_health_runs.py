@@ -83,5 +83,5 @@ def test_a_resumed_run_keeps_its_events_without_naming_them_again(tmp_path, run_
     assert health_of(resumed)["events"] == health_of(straight)["events"]
     assert "loss_spike" in kinds_of(resumed)
     messages = [record.getMessage() for record in caplog.records]
-    assert any(m.startswith("Run health: resumed with 1 earlier warning(s): loss_spike") for m in messages)
+    assert any(m.startswith("Run health: resumed with the earlier events: 1 open warning(s): loss_spike") for m in messages)
     assert not [m for m in messages if m.startswith("Run health, loss_spike")]

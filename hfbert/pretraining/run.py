@@ -66,6 +66,7 @@ from hfbert.pretraining.evaluation import ModelFlops, datasheet_peak_flops
 from hfbert.pretraining.finish import FinalContents, FinalFolder, finish
 from hfbert.pretraining.health import RunHealth
 from hfbert.pretraining.health.report import health_report
+from hfbert.pretraining.health.signatures import BudgetLimits
 from hfbert.pretraining.loop import (
     CheckpointWriter,
     LoopSchedule,
@@ -285,7 +286,8 @@ def train(
         run.output_dir, run.checkpoints_total_limit, settings.checkpoint_settings(), data.tokenizer, data.config
     )
     flops = ModelFlops(data.config, model, datasheet_peak_flops(accelerator.device, precision))
-    health = RunHealth(data.health, budget, main_process=accelerator.is_main_process)
+    # the budget as training_args.json records it: a replay of log_history.json judges as this run did
+    health = RunHealth(data.health, BudgetLimits.of_training_args(summary), main_process=accelerator.is_main_process)
     callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
     step = StepSettings.of(optimization, precision, run.output_dir, flops)
     try:
