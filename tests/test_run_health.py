@@ -261,6 +261,20 @@ def test_a_stall_where_nothing_improves_still_warns_and_held_out_accuracy_rising
     assert detect_events(run_of(accuracy_rises), README_BASELINES, README_BUDGET)[1] == []
 
 
+@pytest.mark.parametrize("rate", [1e-9, 5e-2])
+def test_a_dead_rate_and_a_rate_far_too_high_still_warn_at_the_end(rate):
+    # As benchmarks/results/run_health.md measured them at README size: held-out MLM loss on the unigram
+    # plateau to the end; at 5e-2 MLM 0.19 below its first evaluation, NSP at chance in training too.
+    budget = BudgetLimits(max_train_steps=600)
+    drop = 0.0 if rate == 1e-9 else 0.04
+    rows = run_of([(100 * i, 7.4 - drop * i, 0.05, 0.52, 7.5 - drop * i, 0.5) for i in range(1, 7)],
+                  rate=lambda step: rate * (1 - step / 600))
+    events = detect_events(rows, README_BASELINES, budget)[1]
+    assert "unigram_plateau" in kinds(events) and all(event.resolved_at is None for event in events)
+    assert ("nsp_at_chance" in kinds(events)) == (rate == 5e-2)
+    assert summary_line(events).startswith(f"{len(events)} open warning(s)")
+
+
 def test_each_warning_is_outgrown_when_its_signature_no_longer_holds():
     budget = BudgetLimits(max_train_steps=6000)
     nsp = run_of([(1000 * i, 6.4 - 0.1 * i, 0.2, 0.52 if i <= 3 else 0.64, 5.0 - 0.1 * i, 0.51) for i in range(1, 7)])

@@ -49,6 +49,7 @@ def test_a_rate_too_small_to_learn_sits_on_the_unigram_plateau(tmp_path, run_inp
     health = health_of(tmp_path / "run")
     assert kinds_of(tmp_path / "run") == ["unigram_plateau"]
     assert health["events"][0]["update"] == 4  # the first evaluation past a quarter of the budget
+    assert health["status"] == "1 open warning(s): unigram_plateau (update 4)"  # never outgrown
     assert health["baselines"]["unigram_mlm_loss"] < json.loads((tmp_path / "run" / "eval_results.json").read_text())[
         "eval_mlm_loss"
     ]
