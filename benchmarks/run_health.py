@@ -30,11 +30,12 @@ from hfbert.pretraining.health.signatures import (
     LOSS_SPIKE_WINDOW,
     NSP_SHARE,
     PLATEAU_SHARE,
-    STALL_MIN_IMPROVEMENT,
+    STALL_EVALUATIONS,
     BudgetLimits,
     detect_events,
     is_evaluation_row,
     nsp_chance_line,
+    recent_gains,
 )
 
 
@@ -82,13 +83,12 @@ def margins(history: list[dict[str, Any]], baselines: Baselines | None, budget: 
                 (row["train_nsp_accuracy"] - baselines.nsp_chance_accuracy for row in training
                  if "train_nsp_accuracy" in row and budget.share_spent(row["step"], row.get("train_seconds", 0.0)) >= NSP_SHARE),
                 default=math.nan)
-    best, without, longest = math.inf, 0, 0
-    for row in evaluations:
-        improved = row["eval_mlm_loss"] < best - STALL_MIN_IMPROVEMENT
-        best, without = (row["eval_mlm_loss"], 0) if improved else (best, without + 1)
-        longest = max(longest, without)
-    result["longest run of evaluations without improvement"] = longest
-    _, events = detect_events(history, baselines, budget)
+    state, events = detect_events(history, baselines, budget)
+    gains = [recent_gains(state.scores[: i + 1]) for i in range(len(state.scores))]
+    result[f"evaluations whose last {STALL_EVALUATIONS} beat no earlier held-out MLM loss"] = sum(
+        1 for gain in gains if gain is not None and not gain[0])
+    result["... nor held-out MLM accuracy nor training loss"] = sum(
+        1 for gain in gains if gain is not None and not any(gain))
     result["events"] = [
         f"{event.kind}@{event.update}" + ("" if event.resolved_at is None else f"->{event.resolved_at}")
         for event in events
