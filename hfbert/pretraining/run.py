@@ -287,7 +287,7 @@ def train(
     )
     flops = ModelFlops(data.config, model, datasheet_peak_flops(accelerator.device, precision))
     # the budget as training_args.json records it: a replay of log_history.json judges as this run did
-    health = RunHealth(data.health, BudgetLimits.of_training_args(summary), main_process=accelerator.is_main_process)
+    health = RunHealth(data.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
     callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
     step = StepSettings.of(optimization, precision, run.output_dir, flops)
     try:

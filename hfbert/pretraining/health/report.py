@@ -37,7 +37,8 @@ def summary_line(events: list[HealthEvent]) -> str:
     if standing:
         line = f"{len(standing)} open warning(s): " + ", ".join(f"{e.kind} (update {e.update})" for e in standing)
     if outgrown:
-        line += f" ({len(outgrown)} outgrown: " + ", ".join(f"{e.kind} {e.update} → {e.resolved_at}" for e in outgrown) + ")"
+        spans = ", ".join(f"{e.kind} {e.update} → {e.resolved_at}" for e in outgrown)
+        line += f" ({len(outgrown)} outgrown: {spans})"
     if notes:
         line += "; note: " + ", ".join(f"{e.kind} (update {e.update})" for e in notes)
     return line
@@ -69,7 +70,7 @@ def report_reference_lines(report: dict[str, Any] | None) -> list[tuple[str, flo
 
 
 def card_line(event: dict[str, Any]) -> str:
-    """One event of run_health.json as a line of the card (files written before outgrowing have no resolved_at)."""
+    """One event of run_health.json as a line of the card (older files have no resolved_at)."""
     if event["kind"] in NOTE_KINDS:
         return f"- note `{event['kind']}` at update {event['update']}: {event['message']}"
     outgrown = "" if event.get("resolved_at") is None else f", outgrown at update {event['resolved_at']}"

@@ -213,7 +213,8 @@ def nsp_event(
                 f"{NSP_CHANCE_STANDARD_ERRORS:g} standard errors: {line:.3f}) at {state.nsp_evaluations_at_chance} "
                 "evaluations in a row")
     if training > chance + TRAINING_NSP_MARGIN:  # NaN (no training NSP in the rows): not shown to learn
-        return overfitting_note(step, f"{held_out}, while the training pairs' NSP accuracy is {training:.3f}", passes)
+        evidence = f"{held_out}, while the training pairs' NSP accuracy is {training:.3f}"
+        return overfitting_note(step, evidence, passes)
     return HealthEvent("nsp_at_chance", step, (
         f"update {step}: {held_out}, and the training pairs' {training:.3f}, after {share:.0%} of the budget, "
         f"while MLM improves (held-out loss {first:.3f} -> {row['eval_mlm_loss']:.3f}). Usual causes, in order: "
@@ -253,8 +254,8 @@ def learning_event(row: dict[str, Any], state: SignatureState, passes: float | N
     if not loss_gain and training_gain:
         return overfitting_note(step, (
             f"held-out MLM loss {loss:.3f} has not improved on its best ({best_loss:.3f} at update {best_step}) "
-            f"in {STALL_EVALUATIONS} evaluations while the training loss has ({training:.3f}; held-out MLM accuracy "
-            f"{accuracy:.3f}, {best_accuracy:.3f} at that update)"), passes)
+            f"in {STALL_EVALUATIONS} evaluations while the training loss has ({training:.3f}; held-out MLM "
+            f"accuracy now {accuracy:.3f}, {best_accuracy:.3f} at that update)"), passes)
     rate, peak = state.learning_rate, state.peak_learning_rate
     if loss_gain or accuracy_gain or rate < STALL_RATE_SHARE * peak or peak == 0:
         return None
