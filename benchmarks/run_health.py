@@ -1,6 +1,7 @@
 """Replays the run-health detectors over finished runs' log_history.json and says how far each run was from
-each threshold (the margins behind the constants of hfbert/pretraining/health), and draws their curves side by
-side with the baselines: benchmarks/results/run_health.md.
+each threshold (the margins behind the constants of hfbert/pretraining/health), the events (an outgrown one as
+kind@update->update) and, last, how many of the runs each kind warned (still open at the end or outgrown) or
+noted; draws their curves side by side with the baselines: benchmarks/results/run_health.md.
 
     python -m benchmarks.run_health --baselines runs/x/run_health.json --png out.png name=runs/x name2=runs/y
 
@@ -23,17 +24,18 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after matplotlib.use
 
-from hfbert.pretraining.health.corpus import Baselines, CorpusHealth
+from hfbert.pretraining.health.corpus import NOTE_KINDS, Baselines, CorpusHealth
 from hfbert.pretraining.health.signatures import (
     LOSS_SPIKE_MIN_ROWS,
     LOSS_SPIKE_WINDOW,
     NSP_SHARE,
     PLATEAU_SHARE,
-    STALL_MIN_IMPROVEMENT,
+    STALL_EVALUATIONS,
     BudgetLimits,
     detect_events,
     is_evaluation_row,
     nsp_chance_line,
+    recent_gains,
 )
 
 
@@ -77,15 +79,38 @@ def margins(history: list[dict[str, Any]], baselines: Baselines | None, budget: 
         if line is not None:
             nsp = [row["eval_nsp_accuracy"] - line for row, s in zip(evaluations, share, strict=False) if s >= NSP_SHARE]
             result["eval NSP accuracy - chance line, from half on (smallest)"] = min(nsp, default=math.nan)
-    best, without, longest = math.inf, 0, 0
-    for row in evaluations:
-        improved = row["eval_mlm_loss"] < best - STALL_MIN_IMPROVEMENT
-        best, without = (row["eval_mlm_loss"], 0) if improved else (best, without + 1)
-        longest = max(longest, without)
-    result["longest run of evaluations without improvement"] = longest
-    _, events = detect_events(history, baselines, budget)
-    result["events"] = [f"{event.kind}@{event.update}" for event in events] or ["none"]
+            result["training NSP accuracy - chance, from half on (smallest of the rows)"] = min(
+                (row["train_nsp_accuracy"] - baselines.nsp_chance_accuracy for row in training
+                 if "train_nsp_accuracy" in row and budget.share_spent(row["step"], row.get("train_seconds", 0.0)) >= NSP_SHARE),
+                default=math.nan)
+    state, events = detect_events(history, baselines, budget)
+    gains = [recent_gains(state.scores[: i + 1]) for i in range(len(state.scores))]
+    result[f"evaluations whose last {STALL_EVALUATIONS} beat no earlier held-out MLM loss"] = sum(
+        1 for gain in gains if gain is not None and not gain[0])
+    result["... nor held-out MLM accuracy nor training loss"] = sum(
+        1 for gain in gains if gain is not None and not any(gain))
+    result["events"] = [
+        f"{event.kind}@{event.update}" + ("" if event.resolved_at is None else f"->{event.resolved_at}")
+        for event in events
+    ] or ["none"]
+    result["open warnings"] = [e.kind for e in events if e.resolved_at is None and e.kind not in NOTE_KINDS]
+    result["notes"] = [event.message for event in events if event.kind in NOTE_KINDS]
     return result
+
+
+def _rate_key(event_name: str) -> str:
+    if event_name.split("@")[0] in NOTE_KINDS:
+        return "noted"
+    return "warned, outgrown" if "->" in event_name else "warned, open at the end"
+
+
+def rates(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many of the runs each kind warned (open at the end, or outgrown) or noted."""
+    counts: dict[str, dict[str, int]] = {"warned, open at the end": {}, "warned, outgrown": {}, "noted": {}}
+    for result in results:
+        for key, kind in {(_rate_key(name), name.split("@")[0]) for name in result["events"] if name != "none"}:
+            counts[key][kind] = counts[key].get(kind, 0) + 1
+    return {"runs": len(results), **counts}
 
 
 def plot_runs(runs: dict[str, tuple[list[dict[str, Any]], Baselines | None]], path: Path) -> None:
@@ -117,12 +142,14 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="name=folder")
     args = parser.parse_args()
     fallback = CorpusHealth.from_dict(json.loads(args.baselines.read_text())).baselines if args.baselines else None
-    runs = {}
+    runs, results = {}, []
     for spec in args.runs:
         name, folder = spec.split("=", 1)
         history, baselines, budget = read_run(Path(folder), fallback)
         runs[name] = (history, baselines)
-        print(json.dumps({"run": name, **margins(history, baselines, budget)}))
+        results.append(margins(history, baselines, budget))
+        print(json.dumps({"run": name, **results[-1]}))
+    print(json.dumps(rates(results)))
     if args.png:
         plot_runs(runs, args.png)
 

@@ -658,9 +658,10 @@ def test_run_health_replays_finished_folders_and_draws_them_side_by_side(tmp_pat
             f"healthy={tmp_path / 'healthy'}", f"spiky={tmp_path / 'spiky'}"]
     with mock.patch.object(sys, "argv", argv):
         run_health.main()
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    *lines, counts = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["events"] for line in lines] == [["none"], ["loss_spike@70"]]
     assert lines[1]["largest loss / running median"] == 4.0 and (tmp_path / "c.png").stat().st_size > 0
+    assert counts == {"runs": 2, "warned, open at the end": {"loss_spike": 1}, "warned, outgrown": {}, "noted": {}}
 
 
 def test_run_health_corpora_shuffle_the_sample_and_repeat_a_few_paragraphs(tmp_path):

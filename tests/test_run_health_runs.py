@@ -49,6 +49,7 @@ def test_a_rate_too_small_to_learn_sits_on_the_unigram_plateau(tmp_path, run_inp
     health = health_of(tmp_path / "run")
     assert kinds_of(tmp_path / "run") == ["unigram_plateau"]
     assert health["events"][0]["update"] == 4  # the first evaluation past a quarter of the budget
+    assert health["status"] == "1 open warning(s): unigram_plateau (update 4)"  # never outgrown
     assert health["baselines"]["unigram_mlm_loss"] < json.loads((tmp_path / "run" / "eval_results.json").read_text())[
         "eval_mlm_loss"
     ]
@@ -83,5 +84,5 @@ def test_a_resumed_run_keeps_its_events_without_naming_them_again(tmp_path, run_
     assert health_of(resumed)["events"] == health_of(straight)["events"]
     assert "loss_spike" in kinds_of(resumed)
     messages = [record.getMessage() for record in caplog.records]
-    assert any(m.startswith("Run health: resumed with 1 earlier warning(s): loss_spike") for m in messages)
+    assert any(m.startswith("Run health: resumed with the earlier events: 1 open warning(s): loss_spike") for m in messages)
     assert not [m for m in messages if m.startswith("Run health, loss_spike")]

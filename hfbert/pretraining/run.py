@@ -74,6 +74,7 @@ from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.finish import FinalContents, FinalFolder, finish
 from hfbert.pretraining.health import RunHealth
 from hfbert.pretraining.health.report import health_report
+from hfbert.pretraining.health.signatures import BudgetLimits
 from hfbert.pretraining.loop import (
     CheckpointWriter,
     LoopSchedule,
@@ -324,7 +325,8 @@ def train(
     peak_flops, peak_line = device_peak_flops(accelerator.device, precision)
     logger.info(peak_line)
     flops = ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops)
-    health = RunHealth(data.health, budget, main_process=accelerator.is_main_process)
+    # the budget as training_args.json records it: a replay of log_history.json judges as this run did
+    health = RunHealth(data.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
     callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
     step = StepSettings.of(optimization, precision, run.output_dir, flops, accelerator.device)
     try:

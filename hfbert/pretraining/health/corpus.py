@@ -37,7 +37,9 @@ EVENT_KINDS = (
     "nsp_at_chance",
     "loss_spike",
     "stalled",
+    "overfitting",
 )
+NOTE_KINDS = ("overfitting",)  # said at INFO: a small corpus learned too well is no failure
 
 # Thresholds on the corpus (measured figures: benchmarks/results/run_health.md).
 # google-research/bert #746: thousands of repeated lines kept a run at the plateau; the shipped WikiText-2
@@ -68,11 +70,13 @@ _CACHE_PREFIX = "hfbert-corpus-health-"
 
 @dataclass(frozen=True)
 class HealthEvent:
-    """One warning: its `kind` (one of `EVENT_KINDS`), the update it fired at (0: before training), the line."""
+    """One warning or note: its `kind` (one of `EVENT_KINDS`), the update it fired at (0: before training), the
+    line, and the update whose evaluation showed it outgrown (None while it stands)."""
 
     kind: str
     update: int
     message: str
+    resolved_at: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:

@@ -8,22 +8,40 @@ from pathlib import Path
 from typing import Any
 
 from hfbert.files import write_json_atomic
-from hfbert.pretraining.health.corpus import EVENT_KINDS, Baselines, CorpusHealth, HealthEvent
+from hfbert.pretraining.health.corpus import EVENT_KINDS, NOTE_KINDS, Baselines, CorpusHealth, HealthEvent
 
 RUN_HEALTH_NAME = "run_health.json"
 
 
 def health_report(corpus: CorpusHealth | None, events: list[HealthEvent]) -> dict[str, Any]:
-    """What run_health.json holds: "no warnings" or the count, every event (kind, update, message), the corpus
-    statistics and the baselines (absent where the data stage gave none)."""
+    """What run_health.json holds: the `summary_line`, every event (kind, update, message, resolved_at), the
+    corpus statistics and the baselines (absent where the data stage gave none)."""
     report: dict[str, Any] = {
-        "status": "no warnings" if not events else f"{len(events)} warning(s)",
+        "status": summary_line(events),
         "event_kinds": list(EVENT_KINDS),
+        "note_kinds": list(NOTE_KINDS),
         "events": [asdict(event) for event in events],
     }
     if corpus is not None:
         report.update(corpus.to_dict())
     return report
+
+
+def summary_line(events: list[HealthEvent]) -> str:
+    """The warnings still open, those outgrown and the notes, in one line."""
+    warnings = [event for event in events if event.kind not in NOTE_KINDS]
+    standing = [event for event in warnings if event.resolved_at is None]
+    outgrown = [event for event in warnings if event.resolved_at is not None]
+    notes = [event for event in events if event.kind in NOTE_KINDS]
+    line = "no open warnings"
+    if standing:
+        line = f"{len(standing)} open warning(s): " + ", ".join(f"{e.kind} (update {e.update})" for e in standing)
+    if outgrown:
+        spans = ", ".join(f"{e.kind} {e.update} → {e.resolved_at}" for e in outgrown)
+        line += f" ({len(outgrown)} outgrown: {spans})"
+    if notes:
+        line += "; note: " + ", ".join(f"{e.kind} (update {e.update})" for e in notes)
+    return line
 
 
 def write_run_health(folder: str | Path, report: dict[str, Any]) -> Path:
@@ -51,13 +69,21 @@ def report_reference_lines(report: dict[str, Any] | None) -> list[tuple[str, flo
     return reference_lines(Baselines(**report["baselines"]))
 
 
+def card_line(event: dict[str, Any]) -> str:
+    """One event of run_health.json as a line of the card (older files have no resolved_at)."""
+    if event["kind"] in NOTE_KINDS:
+        return f"- note `{event['kind']}` at update {event['update']}: {event['message']}"
+    outgrown = "" if event.get("resolved_at") is None else f", outgrown at update {event['resolved_at']}"
+    return f"- `{event['kind']}` at update {event['update']}{outgrown}: {event['message']}"
+
+
 def health_card_section(report: dict[str, Any]) -> str:
     """The model card's "Run health" section (markdown) for a `health_report`."""
     lines = ["## Run health", ""]
     if report["events"]:
         lines.append(f"{report['status']} (what each means and what to change: hfbert's docs/run_health.md):")
         lines.append("")
-        lines += [f"- `{event['kind']}` at update {event['update']}: {event['message']}" for event in report["events"]]
+        lines += [card_line(event) for event in report["events"]]
     else:
         lines.append("No warnings: no corpus figure beyond its threshold and no signature of a stuck run.")
     statistics, baselines = report.get("statistics"), report.get("baselines")

@@ -1,10 +1,14 @@
 """The signatures of a run going nowhere, named while they happen, and the callback that watches for them.
 
-Every detector reads only log rows (training rows: loss, learning rate, gradient norm; evaluation rows: the
-held-out losses and accuracies) and the share of the budget each row was logged at, so the state of a run's
-health is a fold over its `log_history`: a resumed run replays it and continues, and `detect_events` gives
-the same events from a finished run's log_history.json. No detector touches a tensor: the rows are already
-on the host when the loop logs them.
+Every detector reads only log rows (training rows: loss, NSP accuracy, learning rate, gradient norm;
+evaluation rows: the held-out losses and accuracies) and the share of the budget each row was logged at, so
+the state of a run's health is a fold over its `log_history`: a resumed run replays it and continues, and
+`detect_events` gives the same events, and the same outgrown ones, from a finished run's log_history.json. No
+detector touches a tensor: the rows are already on the host when the loop logs them.
+
+A warning stands while its signature holds: `OUTGROWN_WHEN` says what ends each one (the others have no such
+state). Held-out figures that worsen while the training ones improve are a small corpus learned too well,
+not a run going nowhere: one note, `overfitting`, instead of `stalled` or `nsp_at_chance`.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.callbacks import Callback
-from hfbert.pretraining.health.corpus import Baselines, CorpusHealth, HealthEvent
+from hfbert.pretraining.health.corpus import NOTE_KINDS, Baselines, CorpusHealth, HealthEvent
+from hfbert.pretraining.health.report import summary_line
 
 logger = logging.getLogger(__name__)
 
@@ -48,30 +53,46 @@ LOSS_SPIKE_FACTOR = 1.5
 # A logging window's largest gradient norm this many times the running median of earlier ones: above the
 # 3.5x of a tiny run at a rate of 3 (whose loss spike fires first); not yet measured on a healthy long run.
 GRAD_NORM_JUMP_FACTOR = 10.0
-# Learning stopped: this many evaluations in a row without a better held-out MLM loss ...
+# Learning stopped: over the last this many evaluations, none better than every earlier one ...
 STALL_EVALUATIONS = 4
-STALL_MIN_IMPROVEMENT = 0.01  # ... better by at least this (nats; evaluation noise on 490 instances is ~0.01)
+STALL_MIN_IMPROVEMENT = 0.01  # ... by this (nats; evaluation noise on 490 instances is ~0.01), held-out MLM loss
+# ... or held-out MLM accuracy by this (the same masked tokens at every evaluation, about 7,000 on the shipped
+# sample: 15 more predicted right),
+STALL_MIN_ACCURACY_GAIN = 0.002
+# ... or the training loss (the mean of the rows between two evaluations) by STALL_MIN_IMPROVEMENT,
 STALL_RATE_SHARE = 0.5  # ... while the rate is at least this share of its peak (a decayed rate may stall)
+# NSP "learns in training" when the training rows since the last evaluation are this far above the held-out
+# chance accuracy on average: a corpus whose sentences are out of order stays at chance in training too.
+TRAINING_NSP_MARGIN = 0.1
 
-
-class BudgetShare(Protocol):
-    """What `hfbert.pretraining.setup.Budget` answers: the share of the budget spent at (step, seconds)."""
-
-    def share_spent(self, step: int, seconds: float) -> float: ...
+# What ends each warning that can stand or not; the other kinds have none: a spike happened, a corpus figure
+# is a fact of the text, and the overfitting note is said once.
+OUTGROWN_WHEN = {
+    "unigram_plateau": f"held-out MLM loss {PLATEAU_MARGIN} below the unigram baseline",
+    "nsp_at_chance": "held-out NSP accuracy above the chance line",
+    "stalled": "a better held-out MLM loss, held-out MLM accuracy or training loss",
+}
 
 
 @dataclass(frozen=True)
 class BudgetLimits:
-    """A finished run's budget as training_args.json records it (`Budget.share_spent` without the schedule), to
-    replay its log_history."""
+    """The run's budget as training_args.json records it (`hfbert.pretraining.setup.Budget.share_spent`
+    without the schedule), and how many passes over the training text an update makes (None for a stream)."""
 
     max_train_steps: int | None
     max_train_seconds: float | None = None
+    text_passes_per_update: float | None = None
 
     @classmethod
     def of_training_args(cls, training_args: dict[str, Any]) -> BudgetLimits:
+        """From training_args.json (or the run's summary, which it is)."""
         steps = training_args.get("max_train_steps") or training_args.get("planned_train_steps")
-        return cls(steps, training_args.get("max_train_seconds"))
+        instances, pairings = training_args.get("train_instances"), training_args.get("dupe_factor", 1)
+        batch = (training_args.get("per_device_train_batch_size", 0) * training_args.get("num_processes", 1)
+                 * training_args.get("gradient_accumulation_steps", 1))
+        # the instances are --dupe_factor pairing passes over the text
+        per_update = batch * pairings / instances if instances and batch else None
+        return cls(steps, training_args.get("max_train_seconds"), per_update)
 
     def share_spent(self, step: int, seconds: float) -> float:
         spent = step / self.max_train_steps if self.max_train_steps else 0.0
@@ -89,11 +110,14 @@ class SignatureState:
     learning_rate: float = 0.0
     peak_learning_rate: float = 0.0
     evaluations: int = 0
-    best_eval_loss: float = math.inf
-    evaluations_without_improvement: int = 0
+    # (held-out MLM loss, held-out MLM accuracy, mean training loss since the evaluation before) of each
+    # evaluation with a finite loss, with its update
+    scores: list[tuple[int, float, float, float]] = field(default_factory=list)
+    window_losses: list[float] = field(default_factory=list)  # training rows since the last evaluation
+    window_nsp_accuracies: list[float] = field(default_factory=list)
     nsp_evaluations_at_chance: int = 0
     first_eval_loss: float | None = None
-    fired: set[str] = field(default_factory=set)
+    events: list[HealthEvent] = field(default_factory=list)  # every event so far, outgrown ones included
 
 
 def is_evaluation_row(row: dict[str, Any]) -> bool:
@@ -126,12 +150,19 @@ def training_row_events(row: dict[str, Any], state: SignatureState) -> list[Heal
             "--learning_rate, lengthen --num_warmup_steps, keep --max_grad_norm at 1.0")))
     if _finite(loss):
         state.losses.append(float(loss))
+        state.window_losses.append(float(loss))
+    if _finite(row.get("train_nsp_accuracy")):
+        state.window_nsp_accuracies.append(float(row["train_nsp_accuracy"]))
     if _finite(grad_norm):
         state.grad_norms.append(float(grad_norm))
     if _finite(row.get("learning_rate")):
         state.learning_rate = float(row["learning_rate"])
         state.peak_learning_rate = max(state.peak_learning_rate, state.learning_rate)
     return found
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
 
 
 def plateau_event(row: dict[str, Any], baselines: Baselines, share: float) -> HealthEvent | None:
@@ -156,9 +187,18 @@ def nsp_chance_line(baselines: Baselines) -> float | None:
     return chance + NSP_CHANCE_STANDARD_ERRORS * error
 
 
+def overfitting_note(step: int, evidence: str, passes: float | None) -> HealthEvent:
+    seen = "" if passes is None else f", after {passes:.0f} passes over the corpus"
+    return HealthEvent("overfitting", step, (
+        f"update {step}: {evidence}: the training text is learned better than text in general{seen}. A small "
+        "corpus learned too well, not a failure; what helps: more text, --dropout 0.1, fewer passes (a shorter "
+        "budget: the best held-out figures and their update are in log_history.json)"))
+
+
 def nsp_event(
-    row: dict[str, Any], state: SignatureState, baselines: Baselines, share: float
+    row: dict[str, Any], state: SignatureState, baselines: Baselines, share: float, passes: float | None
 ) -> HealthEvent | None:
+    """NSP at chance held out; a note where the training pairs' NSP accuracy shows it learns them."""
     line, accuracy = nsp_chance_line(baselines), row.get("eval_nsp_accuracy")
     if line is None or not _finite(accuracy):
         return None
@@ -168,111 +208,172 @@ def nsp_event(
     mlm_learns = first is not None and row["eval_mlm_loss"] < first - NSP_MLM_IMPROVEMENT
     if share < NSP_SHARE or state.nsp_evaluations_at_chance < NSP_CHANCE_EVALUATIONS or not mlm_learns:
         return None
-    return HealthEvent("nsp_at_chance", int(row["step"]), (
-        f"update {row['step']}: held-out NSP accuracy {accuracy:.3f} is at chance ({baselines.nsp_chance_accuracy:.3f}, "
-        f"within {NSP_CHANCE_STANDARD_ERRORS:g} standard errors: {line:.3f}) at {state.nsp_evaluations_at_chance} "
-        f"evaluations in a row, after {share:.0%} of the budget, "
-        f"while MLM improves (held-out loss {first:.3f} -> {row['eval_mlm_loss']:.3f}). Usual causes, in order: too few updates yet (NSP comes off chance later than MLM: "
+    step, chance, training = int(row["step"]), baselines.nsp_chance_accuracy, _mean(state.window_nsp_accuracies)
+    held_out = (f"held-out NSP accuracy {accuracy:.3f} is at chance ({chance:.3f}, within "
+                f"{NSP_CHANCE_STANDARD_ERRORS:g} standard errors: {line:.3f}) at {state.nsp_evaluations_at_chance} "
+                "evaluations in a row")
+    if training > chance + TRAINING_NSP_MARGIN:  # NaN (no training NSP in the rows): not shown to learn
+        evidence = f"{held_out}, while the training pairs' NSP accuracy is {training:.3f}"
+        return overfitting_note(step, evidence, passes)
+    return HealthEvent("nsp_at_chance", step, (
+        f"update {step}: {held_out}, and the training pairs' {training:.3f}, after {share:.0%} of the budget, "
+        f"while MLM improves (held-out loss {first:.3f} -> {row['eval_mlm_loss']:.3f}). Usual causes, in order: "
+        "too few updates yet (NSP comes off chance later than MLM: "
         "the README's tiny model after about 2,500 updates of 16 pairs; a longer budget tells), documents that "
         "are not in order or not documents (check --document_boundary: shuffled lines or one sentence per "
         "document leave nothing to tell real next sentences from random ones), a small --nsp_loss_weight; or "
         "drop NSP with --objective mlm"))
 
 
-def stall_event(row: dict[str, Any], state: SignatureState) -> HealthEvent | None:
-    loss = row["eval_mlm_loss"]
-    if loss < state.best_eval_loss - STALL_MIN_IMPROVEMENT:
-        state.best_eval_loss, state.evaluations_without_improvement = loss, 0
+def recent_gains(scores: list[tuple[int, float, float, float]]) -> tuple[bool, bool, bool] | None:
+    """Whether the last STALL_EVALUATIONS evaluations' best held-out MLM loss, held-out MLM accuracy and
+    training loss beat every earlier evaluation's; None while there is no earlier one."""
+    if len(scores) <= STALL_EVALUATIONS:
         return None
-    state.evaluations_without_improvement += 1
+    earlier, recent = scores[:-STALL_EVALUATIONS], scores[-STALL_EVALUATIONS:]
+
+    def lowest(rows: list[tuple[int, float, float, float]], index: int, sign: float = 1.0) -> float:
+        return min((sign * row[index] for row in rows if math.isfinite(row[index])), default=math.inf)
+
+    return (
+        lowest(recent, 1) < lowest(earlier, 1) - STALL_MIN_IMPROVEMENT,
+        lowest(recent, 2, -1.0) < lowest(earlier, 2, -1.0) - STALL_MIN_ACCURACY_GAIN,
+        lowest(recent, 3) < lowest(earlier, 3) - STALL_MIN_IMPROVEMENT,
+    )
+
+
+def learning_event(row: dict[str, Any], state: SignatureState, passes: float | None) -> HealthEvent | None:
+    """Learning stopped (nothing improves) while the rate is high, or held-out MLM loss that does not improve
+    while the training loss does (the note)."""
+    gains = recent_gains(state.scores)
+    if gains is None:
+        return None
+    loss_gain, accuracy_gain, training_gain = gains
+    step, (_, loss, accuracy, training) = int(row["step"]), state.scores[-1]
+    best_step, best_loss, best_accuracy, _ = min(state.scores, key=lambda score: score[1])
+    if not loss_gain and training_gain:
+        return overfitting_note(step, (
+            f"held-out MLM loss {loss:.3f} has not improved on its best ({best_loss:.3f} at update {best_step}) "
+            f"in {STALL_EVALUATIONS} evaluations while the training loss has ({training:.3f}; held-out MLM "
+            f"accuracy now {accuracy:.3f}, {best_accuracy:.3f} at that update)"), passes)
     rate, peak = state.learning_rate, state.peak_learning_rate
-    if state.evaluations_without_improvement < STALL_EVALUATIONS or rate < STALL_RATE_SHARE * peak or peak == 0:
+    if loss_gain or accuracy_gain or rate < STALL_RATE_SHARE * peak or peak == 0:
         return None
-    return HealthEvent("stalled", int(row["step"]), (
-        f"update {row['step']}: held-out MLM loss has not improved by {STALL_MIN_IMPROVEMENT} over "
-        f"{state.evaluations_without_improvement} evaluations (best {state.best_eval_loss:.3f}, now {loss:.3f}) "
-        f"while the learning rate is still {rate:.2e} ({rate / peak:.0%} of its peak). Usual causes, in order: "
-        "too early to judge (a plateau that more updates end: the next evaluations tell), a small corpus seen "
-        "many times (more text helps, more --dupe_factor does not), a rate too high to settle (lower "
-        "--learning_rate); or stop earlier"))
+    return HealthEvent("stalled", step, (
+        f"update {step}: over {STALL_EVALUATIONS} evaluations nothing improved: held-out MLM loss (best "
+        f"{best_loss:.3f}, now {loss:.3f}), held-out MLM accuracy and the training loss ({training:.3f}), while "
+        f"the learning rate is still {rate:.2e} ({rate / peak:.0%} of its peak). Usual causes, in order: too "
+        "early to judge (a plateau that more updates end: the next evaluations tell), a rate too high to settle "
+        "(lower --learning_rate), a rate too low to move; or stop earlier"))
 
 
 def evaluation_row_events(
-    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, share: float
-) -> list[HealthEvent]:
-    """Plateau, NSP at chance and learning stopped, at an evaluation."""
+    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, budget: BudgetLimits
+) -> tuple[list[HealthEvent], set[str]]:
+    """Plateau, NSP at chance, learning stopped and the overfitting note at an evaluation, and the kinds
+    (`OUTGROWN_WHEN`) whose signature it shows no longer holds."""
     state.evaluations += 1
-    if not _finite(row.get("eval_mlm_loss")):
-        return []
-    found = [stall_event(row, state)]
+    loss, step = row.get("eval_mlm_loss"), int(row["step"])
+    if not _finite(loss):
+        state.window_losses, state.window_nsp_accuracies = [], []
+        return [], set()
+    share = budget.share_spent(step, float(row.get("train_seconds", 0.0)))
+    passes = None if budget.text_passes_per_update is None else step * budget.text_passes_per_update
+    accuracy = row.get("eval_mlm_accuracy")
+    state.scores.append((step, loss, accuracy if _finite(accuracy) else math.nan, _mean(state.window_losses)))
+    found = [learning_event(row, state, passes)]
+    gains = recent_gains(state.scores)
+    outgrown = {"stalled"} if gains is not None and any(gains) else set()
     if baselines is not None:
-        found += [plateau_event(row, baselines, share), nsp_event(row, state, baselines, share)]
+        found += [plateau_event(row, baselines, share), nsp_event(row, state, baselines, share, passes)]
+        if loss < baselines.unigram_mlm_loss - PLATEAU_MARGIN:
+            outgrown.add("unigram_plateau")
+        line, nsp = nsp_chance_line(baselines), row.get("eval_nsp_accuracy")
+        if line is not None and _finite(nsp) and nsp > line:
+            outgrown.add("nsp_at_chance")
     if state.first_eval_loss is None:
-        state.first_eval_loss = row["eval_mlm_loss"]
-    return [event for event in found if event is not None]
+        state.first_eval_loss = loss
+    state.window_losses, state.window_nsp_accuracies = [], []
+    return [event for event in found if event is not None], outgrown
 
 
 def observe_row(
-    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, budget: BudgetShare
+    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, budget: BudgetLimits
 ) -> list[HealthEvent]:
-    """The events `row` fires for the first time (each kind fires once in a run)."""
+    """The events `row` fires and those it shows outgrown (with their `resolved_at`); a kind fires again only
+    after it was outgrown."""
     if is_evaluation_row(row):
-        share = budget.share_spent(int(row["step"]), float(row.get("train_seconds", 0.0)))
-        found = evaluation_row_events(row, state, baselines, share)
+        found, outgrown = evaluation_row_events(row, state, baselines, budget)
     else:
-        found = training_row_events(row, state)
-    new = [event for event in found if event.kind not in state.fired]
-    state.fired.update(event.kind for event in new)
-    return new
+        found, outgrown = training_row_events(row, state), set()
+    changed = []
+    for index, event in enumerate(state.events):
+        if event.resolved_at is None and event.kind in outgrown:
+            state.events[index] = replace(event, resolved_at=int(row["step"]))
+            changed.append(state.events[index])
+    for event in found:
+        if not any(earlier.kind == event.kind and earlier.resolved_at is None for earlier in state.events):
+            state.events.append(event)
+            changed.append(event)
+    return changed
 
 
 def detect_events(
-    rows: Iterable[dict[str, Any]], baselines: Baselines | None, budget: BudgetShare
+    rows: Iterable[dict[str, Any]], baselines: Baselines | None, budget: BudgetLimits
 ) -> tuple[SignatureState, list[HealthEvent]]:
-    """Replay `rows` (a log_history) through the detectors: the state after them and every event fired."""
-    state, events = SignatureState(), []
+    """Replay `rows` (a log_history) through the detectors: the state after them and every event fired,
+    outgrown ones with their `resolved_at`."""
+    state = SignatureState()
     for row in rows:
-        events += observe_row(row, state, baselines, budget)
-    return state, events
+        observe_row(row, state, baselines, budget)
+    return state, state.events
 
 
 class RunHealth(Callback):
-    """Names the corpus warnings before the first update and each signature the first time it fires, one
-    line each on the main process; `events` holds them all (a resumed run replays its log history)."""
+    """Names the corpus warnings before the first update, each signature when it fires (a warning; the
+    overfitting note at INFO) and when it is outgrown (INFO), one line each on the main process; `events`
+    holds them all (a resumed run replays its log history)."""
 
-    def __init__(self, corpus: CorpusHealth | None, budget: BudgetShare, main_process: bool):
+    def __init__(self, corpus: CorpusHealth | None, budget: BudgetLimits, main_process: bool):
         self.corpus = corpus
         self.budget = budget
         self.main_process = main_process
         self.state = SignatureState()
         self.corpus_events = corpus.statistics.events() if corpus is not None else []
-        self.events: list[HealthEvent] = list(self.corpus_events)
 
     @property
     def baselines(self) -> Baselines | None:
         return None if self.corpus is None else self.corpus.baselines
 
-    def warn(self, event: HealthEvent) -> None:
-        if self.main_process:
+    @property
+    def events(self) -> list[HealthEvent]:
+        return [*self.corpus_events, *self.state.events]
+
+    def announce(self, event: HealthEvent) -> None:
+        if not self.main_process:
+            return
+        if event.resolved_at is not None:
+            logger.info(f"Run health, {event.kind} (update {event.update}): outgrown at update "
+                        f"{event.resolved_at}: {OUTGROWN_WHEN[event.kind]}")
+        elif event.kind in NOTE_KINDS:
+            logger.info(f"Run health, {event.kind}: {event.message}")
+        else:
             logger.warning(f"Run health, {event.kind}: {event.message}")
 
     def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
         self.state, replayed = detect_events(progress.log_history, self.baselines, self.budget)
-        self.events = [*self.corpus_events, *replayed]
         if not self.main_process:
             return
         if progress.completed_steps == 0 and self.corpus is not None:
             logger.info(f"Run health: {describe_statistics(self.corpus)}")
             for event in self.corpus_events:
-                self.warn(event)
+                self.announce(event)
         elif replayed:
-            logger.info(f"Run health: resumed with {len(replayed)} earlier warning(s): "
-                        + ", ".join(f"{event.kind} at update {event.update}" for event in replayed))
+            logger.info(f"Run health: resumed with the earlier events: {summary_line(replayed)}")
 
     def on_log(self, row: dict[str, Any], share: float) -> None:
         for event in observe_row(row, self.state, self.baselines, self.budget):
-            self.events.append(event)
-            self.warn(event)
+            self.announce(event)
 
     def on_evaluate(self, row: dict[str, Any], share: float) -> None:
         if self.state.evaluations == 0 and self.baselines is not None and self.main_process:
@@ -282,12 +383,6 @@ class RunHealth(Callback):
     def on_fit_end(self, progress: TrainingProgress) -> None:
         if self.main_process:
             logger.info(f"Run health: {summary_line(self.events)}")
-
-
-def summary_line(events: list[HealthEvent]) -> str:
-    if not events:
-        return "no warnings"
-    return f"{len(events)} warning(s): " + ", ".join(f"{event.kind} (update {event.update})" for event in events)
 
 
 def describe_statistics(corpus: CorpusHealth) -> str:
