@@ -10,7 +10,10 @@ learning rate, one after the other in one process:
   eager and `-- --torch_compile_mode reduce-overhead` (or max-autotune) with CUDA graphs;
 - transformers: `Trainer` + `BertForPreTraining` (sdpa) + `DataCollatorForLanguageModeling`, the same
   precision, `dataloader_num_workers` as hfbert's loader;
-- bare step: hfbert's `train_step` repeated on one batch already on the device (the loop with free batches).
+- bare step: hfbert's `train_step` repeated on one batch already on the device (the loop with free batches);
+- `--variant NAME=FLAGS` (repeatable): more hfbert loops in the same process, each with FLAGS added to the run's
+  (a lever on or off: `eager=--torch_compile false`, `varlen=--attention_padding varlen`), each with its bare
+  step, all against the one Trainer run (in the first loop's precision).
 
 Throughput is non-padding tokens/s over the updates after `--warmup_steps`, so without the compilation, whose
 seconds (the first update's minus the second's, as the run logs them) are reported apart (instances x their mean
@@ -23,6 +26,7 @@ bare step.
 
     python -m benchmarks.bench_loop --model_size base --batch_size 128 --steps 300 --warmup_steps 50
     python -m benchmarks.bench_loop --model_size mini --batch_size 32 --steps 60 --warmup_steps 20  # CPU
+    python -m benchmarks.bench_loop --variant "eager=--torch_compile false" --variant "compiled="  # GPU levers
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ class StepClock(TrainerCallback):
             self.times[state.global_step] = time.perf_counter()
 
 
-def run_flags(args: argparse.Namespace, output_dir: str) -> list[str]:
+def run_flags(args: argparse.Namespace, output_dir: str, variant_flags: list[str]) -> list[str]:
     # The model has BERT's vocabulary (as in bench_pretraining.py) even where the shipped sample trains a smaller
     # tokenizer: a user's WikiText tokenizer fills it, and the head's size decides what masked rows save.
     config_dir = Path(output_dir) / "model_config"
@@ -99,7 +103,7 @@ def run_flags(args: argparse.Namespace, output_dir: str) -> list[str]:
         "--dupe_factor", str(args.dupe_factor),
         "--output_dir", output_dir,
     ]  # fmt: skip
-    return flags + (["--torch_compile"] if args.compile else []) + args.run_flags
+    return flags + (["--torch_compile"] if args.compile else []) + args.run_flags + variant_flags
 
 
 @dataclass
@@ -115,10 +119,10 @@ class HfbertRun:
     compile_seconds: float | None  # None: not compiled
 
 
-def hfbert_loop(args: argparse.Namespace, output_dir: str):
+def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[str]):
     """Train with hfbert's loop (its stages as `hfbert.pretraining.run.train` composes them, without the final
     folder); returns (run, data, initial weights, mean length, tokens/s after warm-up, bare-step tokens/s)."""
-    settings = parse_run_flags(run_flags(args, output_dir))
+    settings = parse_run_flags(run_flags(args, output_dir, variant_flags))
     optimization = settings.optimization
     accelerator, precision = start_run(settings)
     data = prepare_run_data(settings, accelerator, checkpoint=None)
@@ -202,46 +206,67 @@ def trainer_loop(
     return args.steps * args.batch_size * mean_length / seconds, model
 
 
+def reset_accelerate() -> None:
+    """accelerate's state is a process-wide singleton: each loop (and the Trainer) starts its own."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
+    results: dict[str, float] = {}
+    flops: dict[str, float] = {}
+    compiled: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        run, data, initial, mean_length, loop, bare = hfbert_loop(args, str(Path(scratch) / "hfbert"))
-        device, precision = run.accelerator.device, run.precision
-        hfbert_flops = flops_per_token(run.model.config, mean_length, run.head_rows)
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        first = None
+        for index, (name, variant_flags) in enumerate(args.variant):
+            output_dir = str(Path(scratch) / f"hfbert-{index}")
+            run, data, initial, mean_length, loop, bare = hfbert_loop(args, output_dir, variant_flags)
+            first = first or (run, data, initial, mean_length, run.accelerator.device)
+            results[name], results[f"{name} bare step"] = loop, bare
+            flops[name] = flops[f"{name} bare step"] = flops_per_token(run.model.config, mean_length, run.head_rows)
+            compiled[name] = "eager" if run.compile_seconds is None else f"compiled in {run.compile_seconds:.1f} s"
+            reset_accelerate()
+        run, data, initial, mean_length, device = first  # read before its accelerate state was reset
+        precision = run.precision
         scratch_trainer = str(Path(scratch) / "trainer")
         trainer, reference = trainer_loop(args, run, data, initial, mean_length, device, scratch_trainer)
     measured_peak = measure_matmul_peak(device, DTYPES[precision])
     datasheet_peak, peak_line = device_peak_flops(device, precision)
-    reference_flops = flops_per_token(reference.config, mean_length)
-    results = {"hfbert loop": loop, "hfbert bare step": bare, "transformers Trainer": trainer}
-    flops = {
-        "hfbert loop": hfbert_flops,
-        "hfbert bare step": hfbert_flops,
-        "transformers Trainer": reference_flops,
-    }
+    results["transformers Trainer"] = trainer
+    flops["transformers Trainer"] = flops_per_token(reference.config, mean_length)
     print(
         f"\n{args.model_size}, model vocab {data.config.vocab_size} (tokenizer {len(data.tokenizer)}), batch "
         f"{args.batch_size}, precision {precision}, {len(data.train)} NSP instances "
         f"(mean length {mean_length:.1f}), updates {args.warmup_steps}-{args.warmup_steps + args.steps} timed; "
-        f"{describe_machine(device)}; FLOPs per token {hfbert_flops / 1e6:,.1f}M (hfbert, MLM head at "
-        f"{run.head_rows:.1f} rows an instance), {reference_flops / 1e6:,.1f}M (transformers); {peak_line}; "
-        f"matmul peak measured {measured_peak / 1e9:,.0f} GFLOP/s; hfbert's update "
-        + ("eager" if run.compile_seconds is None else f"compiled in {run.compile_seconds:.1f} s (not timed)")
+        f"{describe_machine(device)}; FLOPs per token {flops[args.variant[0][0]] / 1e6:,.1f}M (hfbert, MLM head at "
+        f"{run.head_rows:.1f} rows an instance), {flops['transformers Trainer'] / 1e6:,.1f}M (transformers); "
+        f"{peak_line}; matmul peak measured {measured_peak / 1e9:,.0f} GFLOP/s; hfbert's update: "
+        + ", ".join(f"{name} {how} (not timed)" if how != "eager" else f"{name} eager" for name, how in compiled.items())
         + "\n"
     )
-    print("| loop | non-padding tokens/s | model GFLOP/s | MFU | of the measured matmul peak | vs Trainer | "
+    print("| loop | flags | non-padding tokens/s | model GFLOP/s | MFU | of the measured matmul peak | vs Trainer | "
           "share of the bare step |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
+    variant_flags = {name: " ".join(flags) for name, flags in args.variant}
     for name, tokens in results.items():
         model_flops = tokens * flops[name]
         mfu = "n/a" if datasheet_peak is None else f"{model_flops / datasheet_peak:.1%}"
+        bare = results.get(f"{name} bare step")
         print(
-            f"| {name} | {tokens:,.0f} | {model_flops / 1e9:,.0f} | {mfu} | {model_flops / measured_peak:.1%} | "
-            f"{tokens / trainer:.2f}x | {tokens / bare:.0%} |"
+            f"| {name} | {variant_flags.get(name, '')} | {tokens:,.0f} | {model_flops / 1e9:,.0f} | {mfu} | "
+            f"{model_flops / measured_peak:.1%} | {tokens / trainer:.2f}x | "
+            f"{'' if bare is None else f'{tokens / bare:.0%}'} |"
         )
     return results
+
+
+def variant(text: str) -> tuple[str, list[str]]:
+    """`NAME=FLAGS` -> (NAME, the flags split as a shell would, without quotes)."""
+    name, separator, flags = text.partition("=")
+    if not separator or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=FLAGS; e.g. 'eager=--torch_compile false'")
+    return name, flags.split()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -266,9 +291,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="--torch_compile for hfbert (its default on CUDA), torch_compile for Trainer",
     )
     parser.add_argument(
+        "--variant",
+        type=variant,
+        action="append",
+        help="NAME=FLAGS: an hfbert loop with FLAGS added, in the same process (repeatable; default: one, 'hfbert loop')",
+    )
+    parser.add_argument(
         "run_flags", nargs="*", help="after --: more run_pretraining.py flags (corpus, precision)"
     )
     args = parser.parse_args(argv)
+    args.variant = args.variant or [("hfbert loop", [])]
+    names = [name for name, _ in args.variant]
+    if len(set(names)) < len(names):
+        parser.error(f"--variant names repeat ({', '.join(names)}): give each loop its own name")
     for name in ("batch_size", "steps", "warmup_steps", "dupe_factor"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} must be >= 1")

@@ -3,16 +3,17 @@
 Parts, in this order, each a subprocess under its own time limit (the report is rewritten after every part, so
 a call cut off still leaves the parts done so far):
 
-1. `--deterministic` resume: N steps straight against N/2 + resume + N/2, bit for bit
+1. the tests whose code takes a CUDA path (GPU_SUITE; `--suite tests` for all of them), first, so that every
+   failing test is named whatever else the call reaches: pytest prints each test's name as it ends, and the
+   report lists the failures seen even when the part is cut off;
+2. `--deterministic` resume: N steps straight against N/2 + resume + N/2, bit for bit
    (tests/test_training.py::test_half_then_resume_then_half_equals_straight_training, on the GPU);
-2. `bench_loop` (hfbert's loop against transformers' Trainer) for every --sizes x --seq_lens (default: base,
-   T=128), plain (hfbert's update eager: `--torch_compile false`) and with `--compile` (hfbert's update
-   compiled, CUDA's default, and the Trainer's model compiled too);
-3. the loop's cost under `--deterministic`: bench_loop at the first size and length with `--deterministic`,
-   against the plain row of part 2;
-4. the tests whose code takes a CUDA path (GPU_SUITE; `--suite tests` for all of them: on an H100 with 8
-   workers the whole suite needs over 210 s), last because it is the longest. pytest prints every test's
-   name as it ends, so the report names the failures seen even when the part is cut off.
+3. the levers: `bench_loop` at the first --sizes and --seq_lens (default BERT-base, T=128) in one process, the
+   Trainer against hfbert's loop eager, with each lever on in turn (LEVERS: the compiled update, CUDA graphs,
+   unpadded attention, bf16) and all together;
+4. every other size and length (`--sizes base large --seq_lens 128 512`): the loop eager and compiled (its
+   CUDA default) against the Trainer;
+5. the loop's cost under `--deterministic`, against the eager row of part 3.
 
 Every part's whole output goes to the report's name with `.log` (the report keeps the tables, or an output's
 last lines).
@@ -21,8 +22,8 @@ The whole call stays within --budget_seconds (default 600: one device call): a p
 what is left of the budget, whichever is less, and is skipped when nothing is left.
 
     python -m benchmarks.gpu_report --output benchmarks/results/gpu_report.md
-    python -m benchmarks.gpu_report --sizes base large --seq_lens 128 512 --suite tests \\
-        --budget_seconds 1500   # everything, over a 25-minute lease
+    python -m benchmarks.gpu_report --suite_seconds 1 --resume_seconds 1 --sizes base large --seq_lens 128 512 \\
+        --output benchmarks/results/gpu_report_sizes.md   # a second call: phase 2's length and BERT-large
     python -m benchmarks.gpu_report --sizes tiny --seq_lens 64 --steps 2 --warmup_steps 2 \\
         --batch_sizes 8 --suite tests/test_files.py --output /tmp/report.md   # a CPU rehearsal
 """
@@ -58,6 +59,7 @@ GPU_SUITE = [
         "test_modeling_hfbert", "test_hf_common", "test_speed_paths", "test_precision", "test_collator",
         "test_training", "test_loop", "test_checkpointing", "test_evaluation", "test_finetune", "test_stream",
         "test_recipes", "test_plan", "test_start_from_weights", "test_run_health_runs", "test_docs",
+        "test_update",
     )
 ]  # fmt: skip
 FAILED_TEST = re.compile(r"\b(?:FAILED|ERROR|SUBFAIL) (tests/\S+)")
@@ -158,23 +160,36 @@ def bench_loop_command(
     ]  # fmt: skip
 
 
+# Each lever alone on top of the eager loop, then all together (fp16 stays the CUDA default; bf16 is a lever).
+LEVERS = [
+    ("eager", "--torch_compile false"),
+    ("compiled", "--torch_compile true"),
+    ("compiled, CUDA graphs", "--torch_compile true --torch_compile_mode reduce-overhead"),
+    ("unpadded attention", "--torch_compile false --attention_padding varlen"),
+    ("bf16", "--torch_compile false --mixed_precision bf16"),
+    ("all", "--torch_compile true --torch_compile_mode reduce-overhead --attention_padding varlen"),
+]
+
+
 def plan_parts(args: argparse.Namespace) -> list[Part]:
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    parts = [Part("--deterministic resume (bit for bit)", [*pytest, RESUME_TEST], args.resume_seconds)]
-    for size in args.sizes:
-        for seq_len in args.seq_lens:
-            # Plain: eager, within its short limit (CUDA's default compiles, as --compile does, with its own).
-            command = bench_loop_command(args, size, seq_len, [], ["--torch_compile", "false"])
-            parts.append(Part(f"bench_loop {size}, T={seq_len}", command, args.bench_seconds))
-            command = bench_loop_command(args, size, seq_len, ["--compile"], [])
-            parts.append(Part(f"bench_loop {size}, T={seq_len}, --compile", command, args.compile_seconds))
-    size, seq_len = args.sizes[0], args.seq_lens[0]
-    command = bench_loop_command(args, size, seq_len, [], ["--deterministic"])
-    parts.append(Part(f"bench_loop {size}, T={seq_len}, --deterministic", command, args.bench_seconds))
-    workers = ["-n", str(args.workers)] if importlib.util.find_spec("xdist") is not None else []
+    workers = ["-n", str(args.workers)] if args.workers and importlib.util.find_spec("xdist") is not None else []
     # -v: each test's outcome and name as it ends (with -n, one line each); -rfE: the failures again at the end.
-    suite = [*pytest, "-v", "-rfE", *workers, *args.suite]
-    parts.append(Part("test suite", suite, args.suite_seconds))
+    parts = [Part("test suite", [*pytest, "-v", "-rfE", *workers, *args.suite], args.suite_seconds)]
+    parts.append(Part("--deterministic resume (bit for bit)", [*pytest, RESUME_TEST], args.resume_seconds))
+    size, seq_len = args.sizes[0], args.seq_lens[0]
+    levers = [flag for name, flags in LEVERS for flag in ("--variant", f"{name}={flags}")]
+    command = bench_loop_command(args, size, seq_len, levers, [])
+    parts.append(Part(f"bench_loop {size}, T={seq_len}, each lever", command, args.levers_seconds))
+    for other_size in args.sizes:
+        for other_len in args.seq_lens:
+            if (other_size, other_len) == (size, seq_len):
+                continue
+            variants = [flag for name, flags in LEVERS[:2] for flag in ("--variant", f"{name}={flags}")]
+            command = bench_loop_command(args, other_size, other_len, variants, [])
+            parts.append(Part(f"bench_loop {other_size}, T={other_len}", command, args.compile_seconds))
+    command = bench_loop_command(args, size, seq_len, [], ["--torch_compile", "false", "--deterministic"])
+    parts.append(Part(f"bench_loop {size}, T={seq_len}, --deterministic", command, args.bench_seconds))
     return parts
 
 
@@ -205,21 +220,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results" / "gpu_report.md")
     parser.add_argument("--budget_seconds", type=float, default=600.0, help="the whole call (default: 600)")
-    parser.add_argument("--suite_seconds", type=float, default=240.0, help="limit of the test suite")
+    parser.add_argument("--suite_seconds", type=float, default=200.0, help="limit of the test suite")
     parser.add_argument("--resume_seconds", type=float, default=45.0, help="limit of the resume test")
     parser.add_argument("--bench_seconds", type=float, default=60.0, help="limit of each plain bench_loop run")
-    parser.add_argument("--compile_seconds", type=float, default=180.0, help="limit of each --compile run")
+    parser.add_argument("--levers_seconds", type=float, default=300.0, help="limit of the levers' bench_loop")
+    parser.add_argument("--compile_seconds", type=float, default=180.0, help="limit of each other size's run")
     parser.add_argument(
         "--suite", nargs="+", default=GPU_SUITE, help="what pytest runs (default: the test files with CUDA paths)"
     )
-    parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers, where installed")
+    parser.add_argument("--workers", type=int, default=14, help="pytest-xdist workers, where installed (0: none)")
     parser.add_argument("--sizes", nargs="+", default=["base"], choices=list(PRESETS))
     parser.add_argument("--seq_lens", nargs="+", type=int, default=[128])
     parser.add_argument("--batch_sizes", nargs=1, type=int, help="one batch size for every run (default: by size)")
     parser.add_argument("--steps", type=int, default=30, help="timed updates of each bench_loop run")
     parser.add_argument("--warmup_steps", type=int, default=10, help="untimed updates first")
     args = parser.parse_args(argv)
-    limits = ("budget_seconds", "suite_seconds", "resume_seconds", "bench_seconds", "compile_seconds")
+    limits = ("budget_seconds", "suite_seconds", "resume_seconds", "bench_seconds", "levers_seconds", "compile_seconds")
     for name in (*limits, "steps", "warmup_steps"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} {getattr(args, name)} must be > 0")

@@ -118,11 +118,15 @@ def test_bench_batches_times_every_batch_builder_on_the_same_batches(capsys):
 
 def test_bench_loop_times_the_loop_its_bare_step_and_the_trainer_at_the_model_vocabulary(capsys):
     results = bench_loop.main(
-        ["--model_size", "tiny", "--batch_size", "8", "--steps", "2", "--warmup_steps", "2", "--vocab_size", "12000"]
-    )
-    assert set(results) == {"hfbert loop", "hfbert bare step", "transformers Trainer"}
+        ["--model_size", "tiny", "--batch_size", "8", "--steps", "2", "--warmup_steps", "2", "--vocab_size", "12000",
+         "--variant", "plain=", "--variant", "wwm=--whole_word_masking"]
+    )  # fmt: skip
+    assert set(results) == {
+        "plain", "plain bare step", "wwm", "wwm bare step", "transformers Trainer"
+    }  # fmt: skip
     assert all(tokens > 0 for tokens in results.values())
     report = capsys.readouterr().out
+    assert "| wwm | --whole_word_masking | " in report  # each loop's row names its flags
     # the model keeps the asked vocabulary although the sample trains a smaller tokenizer
     assert "tiny, model vocab 12000 (tokenizer " in report and "| transformers Trainer |" in report
     # the FLOPs counted and the peak each MFU is against are named (a CPU has no datasheet peak)
@@ -134,6 +138,12 @@ def test_bench_loop_times_the_loop_its_bare_step_and_the_trainer_at_the_model_vo
     with pytest.raises(SystemExit):
         bench_loop.main(["--model_size", "huge"])
     assert "invalid choice: 'huge'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_loop.main(["--variant", "a=", "--variant", "a=--torch_compile false"])
+    assert "--variant names repeat (a, a)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_loop.main(["--variant", "--torch_compile false"])
+    assert "is not NAME=FLAGS" in capsys.readouterr().err
 
 
 def test_time_to_quality_reports_fp32_runs_as_fp32_and_when_hfbert_reaches_the_reference(tmp_path, capsys):
@@ -258,26 +268,29 @@ def test_gpu_report_runs_every_part_into_one_report_and_keeps_what_a_cut_off_par
     parts = gpu_report.main(
         ["--output", str(report), "--sizes", "tiny", "--seq_lens", "64", "--batch_sizes", "8",
          "--steps", "2", "--warmup_steps", "2", "--suite", "tests/test_plotting.py", "--workers", "0",
-         "--resume_seconds", "1", "--compile_seconds", "1", "--bench_seconds", "300", "--budget_seconds", "900"]
+         "--resume_seconds", "1", "--levers_seconds", "1", "--bench_seconds", "300", "--budget_seconds", "900"]
     )  # fmt: skip
     titles = [part.title for part in parts]
     assert titles == [
+        "test suite",  # first: every failing test is named, whatever else the call reaches
         "--deterministic resume (bit for bit)",
-        "bench_loop tiny, T=64",
-        "bench_loop tiny, T=64, --compile",
+        "bench_loop tiny, T=64, each lever",
         "bench_loop tiny, T=64, --deterministic",
-        "test suite",
+    ]
+    levers = parts[2].command
+    assert [levers[i + 1].split("=")[0] for i, flag in enumerate(levers) if flag == "--variant"] == [
+        name for name, _ in gpu_report.LEVERS
     ]
     status = {part.title: part.status for part in parts}
-    assert status["test suite"] == "ok" and status["bench_loop tiny, T=64"] == "ok", status
+    assert status["test suite"] == "ok" and status["bench_loop tiny, T=64, --deterministic"] == "ok", status
     assert status["--deterministic resume (bit for bit)"].startswith("timed out after 1 s")
     text = report.read_text()
     assert text.startswith("# GPU report\n\ndevice: ")
     assert "| transformers Trainer |" in text and "| hfbert loop |" in text  # bench_loop's table, in full
-    assert "`" + " ".join(parts[1].command) + "`: ok" in text
-    assert "| bench_loop tiny, T=64, --compile | timed out after 1 s |" in text
+    assert "`" + " ".join(parts[3].command) + "`: ok" in text
+    assert "| bench_loop tiny, T=64, each lever | timed out after 1 s |" in text
     log = report.with_suffix(".log").read_text()  # every part's whole output
-    assert "## test suite: ok" in log and "passed" in log and "## bench_loop tiny, T=64: ok" in log
+    assert "## test suite: ok" in log and "passed" in log and "## bench_loop tiny, T=64, --deterministic: ok" in log
 
 
 def test_gpu_report_skips_parts_once_the_budget_is_spent():
