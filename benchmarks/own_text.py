@@ -1,5 +1,5 @@
-"""Your own text, measured: pretrain the quick-start recipe on a set's unlabelled in-domain text with
-`--train_file`, fine-tune the folder with `python -m hfbert.finetune`'s defaults at a fixed label count over
+"""Your own text, measured: pretrain the own-text recipe (the quick start's flags) on a set's unlabelled
+in-domain text with `--train_file`, fine-tune the folder with `python -m hfbert.finetune`'s defaults at a fixed label count over
 three seeds, and print it beside the same config from random weights, the WikiText-pretrained main job (the
 README quick start's folder, `--wikitext_folder`) and naive Bayes on word counts.
 
@@ -89,7 +89,7 @@ def write_corpus(name: str, paths: dict[str, Path], corpus_words: int, path: Pat
 def pretraining_command(corpus: Path, output_dir: Path, threads: int, extra: Sequence[str]) -> list[str]:
     return [
         "accelerate", "launch", "--num_cpu_threads_per_process", str(threads), "run_pretraining.py",
-        "--recipe", "quick-start", "--train_file", str(corpus), "--output_dir", str(output_dir), *extra,
+        "--recipe", "own-text", "--train_file", str(corpus), "--output_dir", str(output_dir), *extra,
     ]  # fmt: skip
 
 

@@ -48,7 +48,7 @@ def source_folder(tmp_path_factory, run_inputs, sample_tokenizer) -> Path:
 def test_the_recipes_are_shipped_and_each_has_a_header():
     assert set(shipped_recipes()) >= {
         "quick-start", "quality-10min", "bert-base-phase1", "bert-base-phase2", "bert-large-phase1",
-        "bert-large-phase2", "roberta-mlm", "continued-pretraining",
+        "bert-large-phase2", "roberta-mlm", "continued-pretraining", "own-text",
     }  # fmt: skip
     for name, path in shipped_recipes().items():
         header = [line for line in path.read_text().splitlines() if line.startswith("#")]
@@ -97,6 +97,12 @@ def test_the_readme_recipes_are_the_readmes_commands(recipe, marker):
     """The README's two commands are the quick-start and quality recipes, with an output folder only."""
     command = readme_command(marker)
     assert command[:2] == ["--recipe", recipe] and command[2] == "--output_dir" and len(command) == 4
+
+
+def test_the_own_text_recipe_is_the_quick_starts_flags():
+    """What benchmarks/results/own_text.md measured and the README says: the quick start's run on another corpus."""
+    own, quick = (yaml.safe_load((RECIPES_DIR / f"{name}.yaml").read_text()) for name in ("own-text", "quick-start"))
+    assert own == quick and "train_file" not in own  # the corpus is the user's --train_file
 
 
 def test_the_command_line_overrides_the_recipe():
