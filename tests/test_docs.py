@@ -120,6 +120,9 @@ def test_help_points_to_doc_sections_that_exist():
 #   <!-- doc-test: run -->            run as written, in a folder that holds the quick start's run folder
 #   <!-- doc-test: tiny (reason) -->  a long run: run with BUDGET_FLAGS cut to TINY_BUDGET and the install steps
 #                                     dropped (the test runs in its own venv, offline); the reason says so
+#   <!-- doc-test: files (reason) --> as tiny, in a folder where the test wrote a small corpus (my_texts/, a file
+#                                     a document, and my_texts.txt) and labelled rows (train.csv, test.csv), with
+#                                     hfbert.finetune cut to FINETUNE_BUDGET
 #   <!-- doc-test: parse (reason) -->  a long run_pretraining.py run: its flags are parsed and checked in process
 #   <!-- doc-test: hub -->            needs the Hub: with the Hub offline each command must end with one line that
 #                                     refuses and names the Hub, not with a traceback (run in process, see below)
@@ -129,7 +132,7 @@ def test_help_points_to_doc_sections_that_exist():
 # fence without a language (```text for what is not a command).
 
 COMMAND_LANGUAGES = {"bash", "sh", "shell", "console", "python", "py"}
-KINDS_WITH_REASON = {"tiny", "parse", "skip"}
+KINDS_WITH_REASON = {"tiny", "files", "parse", "skip"}
 DECISION = re.compile(r"<!--\s*doc-test:\s*(\w+)\s*(?:\((.+)\))?\s*-->")
 BUDGET_FLAGS = {"--max_train_steps": "2", "--max_train_seconds": None, "--eval_steps": "2", "--checkpointing_steps": "2"}
 INSTALL_STEPS = ("python3 -m venv ", ". .venv/bin/activate", "pip install ")
@@ -229,8 +232,9 @@ def test_a_block_without_a_decision_or_reason_is_caught(tmp_path):
 def test_every_decision_kind_is_used_and_every_block_is_counted():
     """The docs' blocks by decision, so that a block that silently dropped out of the run shows here."""
     kinds = collections.Counter(block.kind for block in ALL_BLOCKS)
-    assert set(kinds) == {"run", "tiny", "parse", "hub", "skip"}
+    assert set(kinds) == {"run", "tiny", "files", "parse", "hub", "skip"}
     assert len(blocks_of("tiny")) == 1  # the quick start, which the sandbox below trains
+    assert len(blocks_of("files")) == 1  # "Your own text", run on the files the test below writes
 
 
 def tiny_budget(command: str) -> str:
@@ -535,3 +539,42 @@ def test_every_results_page_is_reached_from_the_readme():
         queue.extend(pages_linked_from(page))
     unreached = [path.name for path in sorted((REPO / "benchmarks" / "results").glob("*.md")) if path.resolve() not in reached]
     assert not unreached, f"benchmarks/results pages linked from nowhere the README leads to: {unreached}"
+
+
+FINETUNE_BUDGET = "--learning_rate 1e-3 --num_train_epochs 1 --seeds 1 2"  # no rate search: 4 short fits
+
+
+def write_own_text_files(folder: Path) -> None:
+    """The shipped sample's articles as my_texts/ (a .txt file each, in two subfolders) and as my_texts.txt (a
+    blank line between them), and train.csv / test.csv of two classes that their words tell apart."""
+    from hfbert.corpus import load_documents
+
+    documents = load_documents(CorpusArguments())
+    articles = ["\n".join(row["paragraphs"]) for split in ("train", "validation") for row in documents[split]]
+    for number, article in enumerate(articles):
+        path = folder / "my_texts" / f"part{number % 2}" / f"article{number:03}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(article + "\n", encoding="utf-8")
+    (folder / "my_texts.txt").write_text("\n\n".join(articles) + "\n", encoding="utf-8")
+    for name, rows in (("train.csv", 12), ("test.csv", 6)):
+        lines = ["text,label"] + [f"the game was great and fun {i},good" for i in range(rows)]
+        lines += [f"the match was dull and poor {i},bad" for i in range(rows)]
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("corpus", ["my_texts/", "my_texts.txt"])
+def test_the_own_text_commands_run_on_a_small_corpus_the_test_makes(corpus, tmp_path):
+    """The README's "Your own text" as written (a tiny budget), on a folder and on one file of documents."""
+    (block,) = blocks_of("files")
+    cwd = working_folder(tmp_path / "root")
+    write_own_text_files(cwd)
+    commands = [tiny_budget(command) for command in block.commands()]
+    commands = [f"{command} {FINETUNE_BUDGET}" if "hfbert.finetune" in command else command for command in commands]
+    text = "\n".join(commands).replace("--train_file my_texts/", f"--train_file {corpus}") + "\n"
+    assert "--train_file my_texts/ " in block.text and "--compare random_init" in block.text
+    check_ran(block, run_block(block, cwd, text))
+    results = json.loads((cwd / "runs" / "my-bert" / "finetune_results.json").read_text())
+    assert set(results["models"]) == {"model", "comparison"} and "gain" in results
+    recorded = json.loads((cwd / "runs" / "my-bert" / "training_args.json").read_text())
+    assert recorded["recipe"] == "own-text" and recorded["train_file"] == corpus

@@ -48,7 +48,7 @@ def source_folder(tmp_path_factory, run_inputs, sample_tokenizer) -> Path:
 def test_the_recipes_are_shipped_and_each_has_a_header():
     assert set(shipped_recipes()) >= {
         "quick-start", "quality-10min", "bert-base-phase1", "bert-base-phase2", "bert-large-phase1",
-        "bert-large-phase2", "roberta-mlm", "continued-pretraining",
+        "bert-large-phase2", "roberta-mlm", "continued-pretraining", "own-text",
     }  # fmt: skip
     for name, path in shipped_recipes().items():
         header = [line for line in path.read_text().splitlines() if line.startswith("#")]
@@ -122,6 +122,12 @@ def test_every_recipe_header_command_is_the_recipe_itself(name):
             assert flat[key] == (str(value) if key == "checkpointing_steps" else value), f"{path.name}: {key}"
         else:
             assert key in {"train_file", "dataset_name"}, f"{path.name}: '# Command:' overrides the recipe's {key}"
+
+
+def test_the_own_text_recipe_is_the_quick_starts_flags():
+    """What benchmarks/results/own_text.md measured and the README says: the quick start's run on another corpus."""
+    own, quick = (yaml.safe_load((RECIPES_DIR / f"{name}.yaml").read_text()) for name in ("own-text", "quick-start"))
+    assert own == quick and "train_file" not in own  # the corpus is the user's --train_file
 
 
 def test_the_command_line_overrides_the_recipe():
