@@ -371,7 +371,7 @@ def write_on_every_process(
     here) and return what it returns; then every process learns whether any failed, and all raise the first
     failing one's refusal (`staged`, if given, is removed first by the main process). A writer that stopped
     alone left the others in the run's next collective, to stop there on a network error that named no cause
-    (the soak's trials 3532446025 and 425801368: two refusals, or a refusal and a traceback, for one full disk)."""
+    (one full disk told as two refusals, or as a refusal and a traceback)."""
     message, cause, written = None, None, None
     try:
         if write is not None:

@@ -44,7 +44,7 @@ RUST_IO_ERROR = re.compile(r"^(?P<strerror>.+) \(os error (?P<errno>\d+)\)$")
 
 def write_tokenizer(tokenizer: Any, folder: str | os.PathLike) -> None:
     """`tokenizer.save_pretrained(folder)`, whose failed writes raise the OSError they are (the tokenizers library
-    raises a plain Exception, which escaped every WRITE_ERRORS handler: the soak's trial 4002946220)."""
+    raises a plain Exception, which would escape every WRITE_ERRORS handler)."""
     try:
         tokenizer.save_pretrained(folder)
     except Exception as error:

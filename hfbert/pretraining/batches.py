@@ -552,8 +552,8 @@ def build_eval_loader(plan: BatchPlan, tokenizer: Any, evaluation: Any) -> DataL
 def kill_workers_at_exit() -> None:
     """At this process's exit, SIGKILL its daemonic children (its DataLoader workers). They ignore SIGTERM
     (`ignore_stop_signals`), and multiprocessing's exit handler ends them with SIGTERM and waits for them: a run
-    that stopped with its loader alive (held by a refusal's traceback) never exited (the soak's trial
-    3822092998). Registered after multiprocessing's handler, so it runs first."""
+    that stopped with its loader alive (held by a refusal's traceback) would never exit. Registered after
+    multiprocessing's handler, so it runs first."""
     atexit.register(_kill_daemonic_children)
 
 

@@ -123,10 +123,10 @@ def end_process_group(accelerator: Accelerator) -> bool:
 
     The barrier goes through the group's store: while a rank waits there its gloo worker threads can take the
     GIL to free the work of the last collective. gloo's destructor joins those threads; run while the main
-    thread holds the GIL and a worker still needs it, it deadlocked (issue 35: a rank hung after success).
+    thread holds the GIL and a worker still needs it, it deadlocks (a rank hangs after success).
     Where the store is gone (node 0's torchrun, its host, died: every worker then stops as on a preemption),
     the barrier fails, and any teardown of the group after that, even Python's own at exit, hangs in a torch
-    destructor (issue 44, the soak's finding 2)."""
+    destructor."""
     if accelerator.num_processes > 1 and dist.is_initialized():
         accelerator.wait_for_everyone()
         store = dist.distributed_c10d._get_default_store()  # no public accessor; the group's own store
@@ -209,7 +209,7 @@ def check_output_dir_shared(output_dir: Path, accelerator: Accelerator) -> None:
     def write_probe() -> None:
         try:
             write_json_atomic(probe, {"token": secrets.token_hex(16)})
-        except OSError as error:  # a resume onto a full disk (the soak's trial 1594818867)
+        except OSError as error:  # a resume onto a full disk
             raise Refusal(
                 f"--output_dir {output_dir}: {describe_write_failure(error, probe)}; free space on its disk "
                 f"(`df -h {output_dir}`) and run the same command again"

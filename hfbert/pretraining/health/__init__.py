@@ -1,4 +1,4 @@
-"""Run health (issue 41): whether a pretraining run is going somewhere, said while it happens.
+"""Run health: whether a pretraining run is going somewhere, said while it happens.
 
     corpus       statistics of the training text, from columns the data stage caches with the tokenized
                  documents, and the baselines a curve should beat (the unigram cross-entropy, NSP's chance)
