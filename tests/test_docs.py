@@ -578,3 +578,15 @@ def test_the_own_text_commands_run_on_a_small_corpus_the_test_makes(corpus, tmp_
     assert set(results["models"]) == {"model", "comparison"} and "gain" in results
     recorded = json.loads((cwd / "runs" / "my-bert" / "training_args.json").read_text())
     assert recorded["recipe"] == "own-text" and recorded["train_file"] == corpus
+
+
+def test_the_library_speaks_of_behaviour_not_of_its_history():
+    """Issue, soak-trial and finding numbers belong in commit messages and benchmarks/results/, not in hfbert/."""
+    history = re.compile(r"\b[Ii]ssues? \d+|\bsoak\b|\btrials? \d{5,}|\b[Ff]indings? \d+")
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sorted((REPO / "hfbert").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if history.search(line)
+    ]
+    assert not found, "history in the library:\n" + "\n".join(found)
