@@ -114,7 +114,7 @@ def test_an_update_never_reads_a_tensor_back_to_the_host(
 def gradients_then_updates(accelerator, state: TrainingState, step: StepSettings, batch, updates: int):
     """The gradients of one backward, then the losses and the largest gradient norm of `updates` updates and
     the weights after them."""
-    outputs = state.model(**batch, mlm_masked_rows_only=True)
+    outputs = state.model(**batch, mlm_masked_rows_only=True, attention_padding="mask")  # as train_step calls it
     (outputs.mlm_loss + outputs.nsp_loss).backward()
     gradients = {name: p.grad.clone() for name, p in state.model.named_parameters()}
     state.optimizer.zero_grad(set_to_none=True)
