@@ -424,19 +424,21 @@ def same_value(given: str, recipe_value) -> bool:
 
 
 def copied_recipe(flags: dict[str, str]) -> str | None:
-    """The shipped recipe whose values `flags` mostly repeat, when they do not name it."""
+    """The shipped recipe whose values `flags` repeat the most of, when that is most of them and they do not
+    name it (recipes share values: own-text is the quick start's)."""
     import yaml
 
     from hfbert.pretraining.recipes import shipped_recipes
 
     if "recipe" in flags:
         return None
+    shares = {}
     for name, path in shipped_recipes().items():
         values = yaml.safe_load(path.read_text())
         repeated = [key for key, value in values.items() if key in flags and same_value(flags[key], value)]
-        if len(repeated) >= COPIED_SHARE * len(values):
-            return name
-    return None
+        shares[name] = len(repeated) / len(values)
+    name = max(shares, key=shares.get, default=None)
+    return name if name is not None and shares[name] >= COPIED_SHARE else None
 
 
 def test_no_doc_command_spells_out_a_recipe_and_every_named_recipe_is_shipped():
