@@ -37,6 +37,7 @@ import os
 import statistics
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,16 +218,28 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     results: dict[str, float] = {}
     flops: dict[str, float] = {}
     compiled: dict[str, str] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as scratch:
         first = None
         for index, (name, variant_flags) in enumerate(args.variant):
             output_dir = str(Path(scratch) / f"hfbert-{index}")
-            run, data, initial, mean_length, loop, bare = hfbert_loop(args, output_dir, variant_flags)
+            try:
+                run, data, initial, mean_length, loop, bare = hfbert_loop(args, output_dir, variant_flags)
+            except Exception as error:  # one lever that breaks must not cost the other rows of a device call
+                failed[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]}"
+                print(f"variant {name}: FAILED, {failed[name]}", flush=True)
+                traceback.print_exc()
+                torch._dynamo.reset()
+                reset_accelerate()
+                continue
             first = first or (run, data, initial, mean_length, run.accelerator.device)
             results[name], results[f"{name} bare step"] = loop, bare
             flops[name] = flops[f"{name} bare step"] = flops_per_token(run.model.config, mean_length, run.head_rows)
             compiled[name] = "eager" if run.compile_seconds is None else f"compiled in {run.compile_seconds:.1f} s"
+            print(f"variant {name}: {loop:,.0f} tokens/s in the loop, {bare:,.0f} bare ({compiled[name]})", flush=True)
             reset_accelerate()
+        if first is None:
+            raise SystemExit(f"every hfbert loop failed: {failed}")
         run, data, initial, mean_length, device = first  # read before its accelerate state was reset
         precision = run.precision
         scratch_trainer = str(Path(scratch) / "trainer")
@@ -249,6 +262,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           "share of the bare step |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     variant_flags = {name: " ".join(flags) for name, flags in args.variant}
+    for name, reason in failed.items():
+        print(f"| {name} | {variant_flags[name]} | failed: {reason} |  |  |  |  |  |")
     for name, tokens in results.items():
         model_flops = tokens * flops[name]
         mfu = "n/a" if datasheet_peak is None else f"{model_flops / datasheet_peak:.1%}"
