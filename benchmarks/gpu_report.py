@@ -172,7 +172,8 @@ LEVERS = [
 
 
 def plan_parts(args: argparse.Namespace) -> list[Part]:
-    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    # no -q: with -v it cancels back to dots, and the H200 report of 2026-11-27 saw 4 failures it could not name
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:benchmark"]
     workers = ["-n", str(args.workers)] if args.workers and importlib.util.find_spec("xdist") is not None else []
     # -v: each test's outcome and name as it ends (with -n, one line each); -rfE: the failures again at the end.
     parts = [Part("test suite", [*pytest, "-v", "-rfE", *workers, *args.suite], args.suite_seconds)]
