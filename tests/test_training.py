@@ -20,6 +20,7 @@ from accelerate.state import AcceleratorState, GradientState
 from conftest import DAMAGES, damage, tiny_config
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+from torch.testing import assert_close
 
 from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
 from hfbert.errors import RunFailure
@@ -1222,3 +1223,36 @@ def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, mon
     train_in_process(run_args(run_inputs, output_dir, *extra))
     summary = json.loads((output_dir / "training_args.json").read_text())
     assert summary["precision"] == "fp16" and summary["static_masked_slots"] == 32
+
+
+def logged_losses(folder: Path) -> dict[tuple[int, str], float]:
+    """Training and held-out losses in log_history.json by (update, name)."""
+    rows = json.loads((folder / "log_history.json").read_text())
+    names = ("loss", "eval_mlm_loss", "eval_nsp_loss")
+    return {(row["step"], name): row[name] for row in rows for name in names if name in row}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_train_evaluate_checkpoint_and_resume_as_the_default_compile_does(tmp_path, run_inputs):
+    """--torch_compile_mode reduce-overhead replays CUDA graphs, which reuse their inputs' and outputs' memory:
+    a batch not copied in, a loss read after the next replay, or a graph kept across an evaluation would show
+    here as losses, evaluations or weights apart from the default compile's (fp16, the CUDA default). Its
+    resumed run ends where the straight one does, to the rounding two GPU runs differ by."""
+    default, graphs, resumed = tmp_path / "default", tmp_path / "graphs", tmp_path / "resumed"
+    common = ("--max_train_steps", "10", "--mixed_precision", "auto", "--torch_compile", "true",
+              "--eval_steps", "4", "--checkpointing_steps", "5")  # fmt: skip
+    train_in_process(run_args(run_inputs, default, *common))
+    graphed = (*common, "--torch_compile_mode", "reduce-overhead")
+    train_in_process(run_args(run_inputs, graphs, *graphed))
+    resumed.mkdir()
+    shutil.copytree(graphs / "checkpoint-5", resumed / "checkpoint-5")
+    train_in_process(run_args(run_inputs, resumed, *graphed, "--resume_from_checkpoint", "latest"))
+    expected, actual = logged_losses(default), logged_losses(graphs)
+    assert expected.keys() == actual.keys() and (8, "eval_mlm_loss") in expected
+    for key, loss in expected.items():
+        assert math.isclose(actual[key], loss, rel_tol=2e-3, abs_tol=2e-3), (key, actual[key], loss)
+    for other in (default, resumed):
+        weights = final_weights(other)
+        for name, tensor in final_weights(graphs).items():
+            assert_close(weights[name], tensor, rtol=2e-3, atol=2e-3, msg=f"{other.name}: {name}")
