@@ -277,8 +277,11 @@ def _finish_interrupted_replace(output_dir: Path) -> None:
 
 
 def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
+    """Remove the oldest checkpoints beyond `total_limit`, each renamed first so that a crash mid-delete leaves
+    a temp folder (ignored) rather than a damaged checkpoint. Not accelerate's `ProjectConfiguration(total_limit)`:
+    it prunes only with automatic naming (`checkpoint_<save count>`, not the step), before the new save is
+    written (a failed save leaves fewer than the limit), counting every folder there, and deletes in place."""
     for path in find_checkpoints(output_dir)[:-total_limit]:
-        # Rename first so a crash mid-delete leaves a temp folder (ignored) rather than a damaged checkpoint.
         doomed = path.with_name(f"{PRUNED_CHECKPOINT_PREFIX}{checkpoint_step(path)}")
         os.replace(path, doomed)
         shutil.rmtree(doomed)

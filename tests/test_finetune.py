@@ -1112,13 +1112,22 @@ def test_an_hfbert_folder_runs_the_installed_hfbert_not_the_copy_it_ships(tmp_pa
 # ------------------------------------------------------------------------------------------------ mutation testing
 
 
-def test_a_json_array_file_is_read_as_its_rows(tmp_path):
+def test_a_json_array_file_is_read_as_its_rows_with_each_value_as_written(tmp_path):
     from hfbert.finetune.data import read_labelled_file
 
+    rows = [{"text": "a ship", "label": "ships"}, {"text": "a goal", "label": 1}]  # a string beside a number
     path = tmp_path / "train.json"
-    path.write_text(json.dumps([{"text": "a ship", "label": "ships"}, {"text": "a goal", "label": "sport"}]))
+    path.write_text(json.dumps(rows))
+    assert read_labelled_file(path, "--train_file") == rows
+
+
+def test_a_csv_is_read_as_the_text_written_with_no_value_typed_or_taken_for_a_missing_one(tmp_path):
+    from hfbert.finetune.data import read_labelled_file
+
+    path = tmp_path / "train.csv"
+    path.write_bytes(b"\xef\xbb\xbftext,label\nNA,007\n12,1.0\n\"a ship\nat sea\",\n")  # a byte-order mark first
     assert read_labelled_file(path, "--train_file") == [
-        {"text": "a ship", "label": "ships"}, {"text": "a goal", "label": "sport"}
+        {"text": "NA", "label": "007"}, {"text": "12", "label": "1.0"}, {"text": "a ship\nat sea", "label": ""}
     ]  # fmt: skip
 
 

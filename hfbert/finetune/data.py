@@ -1,10 +1,12 @@
 """The labelled examples `python -m hfbert.finetune` trains and evaluates on, read and checked before any work.
 
 Local csv / jsonl / json / parquet files are read with Python's own readers, not type-inferred: a label column
-reads the same whether it holds 1, 1.0, "1" or "1.0", from any of the formats. A row whose text or label is
-missing (empty, null) is refused with the file, the column and the rows, never turned into a class "None" or
-handed to the tokenizer. Hub sets (`--dataset_name`, GLUE's columns and metrics known) go through the same
-checks. Every problem is a `Refusal` that names the file or flag and the fix.
+reads the same whether it holds 1, 1.0, "1" or "1.0", from any of the formats. Not `datasets.load_dataset`, whose
+csv builder types each column by its values ("NA" a missing value, "007" the number 7) and whose json builder
+re-encodes a column that mixes strings and numbers ("ships" beside 1 reads '"ships"' from a JSON array). A row
+whose text or label is missing (empty, null) is refused with the file, the column and the rows, never turned
+into a class "None" or handed to the tokenizer. Hub sets (`--dataset_name`, GLUE's columns and metrics known)
+go through the same checks. Every problem is a `Refusal` that names the file or flag and the fix.
 """
 
 from __future__ import annotations

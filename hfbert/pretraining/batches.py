@@ -111,6 +111,12 @@ class DataCollatorForPretraining:
     Randomness: features carrying a ``draw`` id (what :class:`InstanceDraws` adds) are masked from a
     generator seeded by ``seed`` and the batch's draw ids, so the same rows always get the same masks; without
     draw ids, masks come from torch's global RNG, as in transformers' collators.
+
+    Not transformers' `DataCollatorForLanguageModeling`: its masks come from one generator that advances batch
+    after batch (seeded by seed + worker id), not from the rows' draw ids, so they change with the worker and
+    process count and with where a resume starts; it also lacks the static form and ``pad_to_length`` /
+    ``pad_to_batch_size``, draws random replacements among special tokens, and finds whole words only from
+    offset mappings the instances do not keep.
     """
 
     tokenizer: Any
