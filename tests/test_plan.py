@@ -211,3 +211,24 @@ def test_a_corpus_folder_or_glob_that_the_dry_run_passes_is_trained_on(tmp_path,
     assert (tmp_path / "run" / "model.safetensors").is_file()
     statistics = json.loads((tmp_path / "run" / "run_health.json").read_text())["statistics"]
     assert statistics["documents"] == 120 - 6  # a file a document, 5% held out for validation
+
+
+@pytest.mark.slow
+def test_the_dry_run_refuses_nodes_that_disagree_with_the_line_of_the_run(tmp_path, run_inputs):
+    """The multi-process refusal (processes with other flags) replayed as REFUSALS_BEFORE_WORK replays the others:
+    two nodes of one process each, the second with another --learning_rate."""
+    from test_multinode import STEPS, cpu_env, launch_nodes
+
+    args = run_args(run_inputs, tmp_path / "run", *STEPS)
+    other = [*args, "--learning_rate", "3e-4"]  # the last occurrence of a flag wins
+
+    def refusal_lines(*flags: str) -> list[str]:
+        results = launch_nodes(tmp_path, [[*args, *flags], [*other, *flags]], [cpu_env(), cpu_env()])
+        assert all(code != 0 for code, _ in results), [output[-3000:] for _, output in results]
+        return [line for _, output in results for line in output.splitlines() if "error: The processes" in line]
+
+    before = sorted(str(path) for path in tmp_path.rglob("*") if not path.name.startswith("node"))  # not the logs
+    dry = refusal_lines("--dry_run")
+    assert sorted(str(path) for path in tmp_path.rglob("*") if not path.name.startswith("node")) == before
+    assert len(dry) == 2 and dry == refusal_lines()
+    assert "--learning_rate 0.0003 (rank 0: 0.001)" in dry[0]
