@@ -86,7 +86,7 @@ from hfbert.pretraining.loop import (
     fit,
 )
 from hfbert.pretraining.model import build_model
-from hfbert.pretraining.plan import plan_run
+from hfbert.pretraining.plan import plan_run, rehearse_data_stage
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import (
@@ -371,8 +371,11 @@ def pretrain(settings: PretrainingSettings) -> FinalFolder:
 
 def dry_run(settings: PretrainingSettings) -> str:
     """--dry_run: the checks `pretrain` makes before work (`check_before_work`; the run folder's lock is tested,
-    not taken, which would create the folder), then the plan, as text; nothing is written."""
+    not taken, which would create the folder), the refusals its data stage makes (`rehearse_data_stage`, in
+    memory), then the plan, as text; nothing is written."""
     accelerator, _ = start(settings)
     check_run_folder_free(settings.run.output_dir)
     checkpoint, source = check_before_work(settings, accelerator)
+    rehearsal = partial(rehearse_data_stage, settings, accelerator, checkpoint, source)
+    checked_on_main_process(accelerator, rehearsal)  # the main process's refusal ends every rank
     return "\n".join(plan_run(settings, accelerator, checkpoint, source).lines(settings))
