@@ -7,8 +7,17 @@ from functools import partial
 
 import pytest
 from conftest import DAMAGES, damage
+from datasets import Dataset
 from test_pretraining_settings import REFUSED_FLAGS
-from test_training import BAD_FLAGS, MISMATCHES, STREAM_REFUSALS, mismatch_args, run_args, train_in_process
+from test_training import (
+    BAD_FLAGS,
+    MISMATCHES,
+    STREAM_REFUSALS,
+    mismatch_args,
+    run_args,
+    train_in_process,
+    write_config,
+)
 
 from hfbert import HfBertConfig
 from hfbert.checkpointing import run_folder_lock
@@ -109,6 +118,27 @@ def without_tokenizer(args: list[str]) -> list[str]:
 
 
 GOOD_TEXT = b"A sentence of text. Another one follows here.\n"
+NO_TOKENS = "\u200b\n".encode()  # a zero-width space: text to the corpus, nothing to BERT's normalizer
+SEED = 7  # the run's --seed in the cases that hold documents out of the training corpus
+
+
+def texts(count: int) -> dict[str, bytes]:
+    """`count` files of a document each, every one other words."""
+    return {f"{i:02}.txt": f"Document {i} tells of river {i * 7} today. It flows on and on.\n".encode() for i in range(count)}
+
+
+def trained_tokenizer_run(tmp_path, run_inputs, *flags: str, **config) -> list[str]:
+    """A run that trains its tokenizer on 40 short documents, with a model config of `config`'s fields."""
+    args = without_tokenizer(corpus_args(run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, texts(40))))
+    args[args.index("--config_name") + 1] = str(write_config(tmp_path / "c", **config))
+    return [*args, *flags]
+
+
+def held_out_without_text(tmp_path, run_inputs) -> list[str]:
+    """40 documents, the 2 the run holds out for validation (as Dataset.train_test_split picks them) without text."""
+    held_out = Dataset.from_dict({"i": list(range(40))}).train_test_split(test_size=2, seed=SEED)["test"]["i"]
+    folder = a_corpus_folder(tmp_path, {**texts(40), **{f"{i:02}.txt": NO_TOKENS for i in held_out}})
+    return [*corpus_args(run_inputs, tmp_path / "run", folder), "--seed", str(SEED)]
 # Every refusal of the run that comes before training, built as its own test builds it (test_training.py).
 REFUSALS_BEFORE_WORK = {
     "an output dir that is a file": lambda tmp_path, run_inputs: (
@@ -164,6 +194,20 @@ REFUSALS_BEFORE_WORK = {
     "a corpus without text": lambda tmp_path, run_inputs: corpus_args(
         run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {"a.txt": b"\n\n", "b.txt": b" \n"})
     ),
+    # refused by the run's data stage, after its work: the dry run meets them in memory
+    "a --vocab_size below the corpus's characters": lambda tmp_path, run_inputs: trained_tokenizer_run(
+        tmp_path, run_inputs, "--vocab_size", "10"
+    ),
+    "a trained tokenizer larger than --config_name's vocab_size": partial(trained_tokenizer_run, vocab_size=20),
+    "a trained tokenizer with another pad id than --config_name's": partial(trained_tokenizer_run, pad_token_id=1),
+    "a training split with fewer than two documents of text after tokenizing": lambda tmp_path, run_inputs: corpus_args(
+        run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {**{f"{i:02}.txt": NO_TOKENS for i in range(40)}, "a.txt": GOOD_TEXT})
+    ),
+    "a validation corpus without text after tokenizing": lambda tmp_path, run_inputs: [
+        *corpus_args(run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, texts(40))),
+        *["--validation_file", str(a_corpus_folder(tmp_path / "v", {"a.txt": NO_TOKENS, "b.txt": NO_TOKENS}))],
+    ],
+    "a held-out split without text after tokenizing": held_out_without_text,
 }
 
 
@@ -211,3 +255,24 @@ def test_a_corpus_folder_or_glob_that_the_dry_run_passes_is_trained_on(tmp_path,
     assert (tmp_path / "run" / "model.safetensors").is_file()
     statistics = json.loads((tmp_path / "run" / "run_health.json").read_text())["statistics"]
     assert statistics["documents"] == 120 - 6  # a file a document, 5% held out for validation
+
+
+@pytest.mark.slow
+def test_the_dry_run_refuses_nodes_that_disagree_with_the_line_of_the_run(tmp_path, run_inputs):
+    """The multi-process refusal (processes with other flags) replayed as REFUSALS_BEFORE_WORK replays the others:
+    two nodes of one process each, the second with another --learning_rate."""
+    from test_multinode import STEPS, cpu_env, launch_nodes
+
+    args = run_args(run_inputs, tmp_path / "run", *STEPS)
+    other = [*args, "--learning_rate", "3e-4"]  # the last occurrence of a flag wins
+
+    def refusal_lines(*flags: str) -> list[str]:
+        results = launch_nodes(tmp_path, [[*args, *flags], [*other, *flags]], [cpu_env(), cpu_env()])
+        assert all(code != 0 for code, _ in results), [output[-3000:] for _, output in results]
+        return [line for _, output in results for line in output.splitlines() if "error: The processes" in line]
+
+    before = sorted(str(path) for path in tmp_path.rglob("*") if not path.name.startswith("node"))  # not the logs
+    dry = refusal_lines("--dry_run")
+    assert sorted(str(path) for path in tmp_path.rglob("*") if not path.name.startswith("node")) == before
+    assert len(dry) == 2 and dry == refusal_lines()
+    assert "--learning_rate 0.0003 (rank 0: 0.001)" in dry[0]

@@ -241,18 +241,21 @@ def where_am_i() -> str:
     return f"node {os.environ.get('GROUP_RANK', '0')}, host {socket.gethostname()}"
 
 
-def run_fingerprint(settings: PretrainingSettings, data: PretrainingData) -> dict[str, Any]:
+def run_fingerprint(settings: PretrainingSettings, data: PretrainingData | None) -> dict[str, Any]:
     """What must be equal on every rank for the replicas to train one model: the flags, the corpus (content
     of local files; a Hub dataset by name, config and the instances built from it), the tokenizer and the
-    versions of the code."""
-    return {
+    versions of the code. Without `data` (before the data stage): the flags, the corpus and the versions."""
+    fingerprint: dict[str, Any] = {
         "flags": settings.to_dict(),
         "corpus content": corpus_fingerprint(settings.corpus),
-        "training instances": count_training_instances(data.train),  # None for a stream
-        "evaluation instances": len(data.evaluation),
-        "tokenizer": tokenizer_fingerprint(data.tokenizer),
-        "versions": {package: version(package) for package in VERSIONED_PACKAGES},
     }
+    if data is not None:
+        fingerprint |= {
+            "training instances": count_training_instances(data.train),  # None for a stream
+            "evaluation instances": len(data.evaluation),
+            "tokenizer": tokenizer_fingerprint(data.tokenizer),
+        }
+    return fingerprint | {"versions": {package: version(package) for package in VERSIONED_PACKAGES}}
 
 
 def differences(reference: dict[str, Any], other: dict[str, Any]) -> list[str]:
@@ -274,10 +277,11 @@ def differences(reference: dict[str, Any], other: dict[str, Any]) -> list[str]:
 
 
 def check_processes_agree(
-    settings: PretrainingSettings, data: PretrainingData, accelerator: Accelerator
+    settings: PretrainingSettings, data: PretrainingData | None, accelerator: Accelerator
 ) -> None:
     """Refuse, on every rank and before the first update, a run whose ranks disagree on what they train (one
-    all_gather of every rank's `run_fingerprint`); the message names each rank, its node and what differs."""
+    all_gather of every rank's `run_fingerprint`); the message names each rank, its node and what differs.
+    Called twice: before work without `data` (what --dry_run sees too), and after the data stage with it."""
     if accelerator.num_processes == 1:
         return
     gathered = gather_object([(accelerator.process_index, where_am_i(), run_fingerprint(settings, data))])

@@ -201,6 +201,19 @@ def check_cached_corpus(corpus: CorpusArguments, data: DataSettings, num_process
     check_validation_split(counts["train"], counts.get("validation"), data.validation_split_percentage)
 
 
+def first_documents_with_text(
+    documents: datasets.IterableDataset, tokenizer: PreTrainedTokenizerBase, count: int
+) -> Dataset:
+    """The first `count` documents of `documents` that keep text after tokenizing (all there are, when fewer),
+    tokenized as `tokenize_documents` tokenizes them, in memory: nothing is written (--dry_run)."""
+    found: list[list[list[int]]] = []
+    for batch in documents.iter(batch_size=DOCUMENTS_PER_BATCH):
+        found += _tokenize_batch(batch, tokenizer)["sentences"]
+        if len(found) >= count:
+            break
+    return Dataset.from_dict({"sentences": found[:count]}, features=tokenized_features(len(tokenizer)))
+
+
 def split_sentences(paragraph: str) -> list[str]:
     """Split a paragraph into sentences with a small regex (see ``_SENTENCE_BOUNDARY``).
 

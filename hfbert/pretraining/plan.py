@@ -1,4 +1,5 @@
-"""--dry_run: every check that runs before work, then the run's plan printed, and nothing written.
+"""--dry_run: every check that runs before work, the refusals of the data stage met in memory, then the run's
+plan printed, and nothing written.
 
 What the plan counts before the data stage has run is estimated from the corpus's size in bytes, with ratios
 measured on the shipped WikiText sample (each named below); a Hub corpus's size is unknown until it is
@@ -11,16 +12,27 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import datasets
 import torch
 from accelerate import Accelerator
 
+from hfbert.checkpointing import TOKENIZER_FOLDER
 from hfbert.configuration_hfbert import HfBertConfig
+from hfbert.corpus import stream_documents
 from hfbert.corpus_source import is_file_collection, local_files
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import resolve_max_predictions
+from hfbert.pretraining.data import (
+    build_model_config,
+    first_documents_with_text,
+    load_run_tokenizer,
+    split_validation_documents,
+)
 from hfbert.pretraining.evaluation import flops_per_token
+from hfbert.pretraining.instances import MIN_NSP_DOCUMENTS, check_documents_for_nsp
 from hfbert.pretraining.settings import PretrainingSettings, read_config_file
 from hfbert.pretraining.source_model import SourceModel, source_run_config
+from hfbert.tokenization import train_tokenizer
 
 # WordPiece tokens per byte of English WikiText (8,192 tokens, the shipped sample: 148,266 tokens in 687,982
 # bytes); a larger vocabulary gives somewhat fewer.
@@ -188,3 +200,48 @@ def activation_bytes(config: HfBertConfig, batch: int, length: int) -> float:
     2022, no recomputation), doubled for fp32."""
     per_layer = 34 * length * batch * config.hidden_size + 5 * config.num_attention_heads * length**2 * batch
     return 2 * per_layer * config.num_hidden_layers
+
+
+def rehearse_data_stage(
+    settings: PretrainingSettings,
+    accelerator: Accelerator,
+    checkpoint: Path | None,
+    source: SourceModel | None,
+) -> None:
+    """The refusals the run's data stage (`hfbert.pretraining.data.prepare_data`) makes after
+    `check_before_work`, made by the same functions on the streamed corpus, in memory: the tokenizer the run
+    would use (one it would train, trained here: --vocab_size against the corpus's characters), the model
+    config against it, and documents with text in each split for NSP. A stream (--streaming) and a Hub corpus
+    are checked by the run."""
+    corpus, data = settings.corpus, settings.data
+    if corpus.streaming or (corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir()):
+        return
+    documents = streamed_splits(settings)
+    checkpoint_tokenizer = None if checkpoint is None else checkpoint / TOKENIZER_FOLDER
+    resumes_tokenizer = checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir()
+    if data.tokenizer_name is None and source is None and not resumes_tokenizer:  # the run trains and saves one
+        tokenizer = train_tokenizer(documents["train"], vocab_size=data.vocab_size, show_progress=False)
+    else:  # no tokenizer to train: nothing is written
+        output_dir = Path(settings.run.output_dir)
+        tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
+    build_model_config(settings.model, data.max_seq_length, tokenizer, source)
+    if data.objective == "mlm+nsp":
+        for split in ("train", "validation"):
+            check_documents_for_nsp(first_documents_with_text(documents[split], tokenizer, MIN_NSP_DOCUMENTS))
+
+
+def streamed_splits(settings: PretrainingSettings) -> datasets.IterableDatasetDict:
+    """The run's training and validation documents, streamed: the validation corpus, or the documents
+    `split_validation_documents` holds out of the training corpus, chosen by index as the run chooses them."""
+    documents = stream_documents(settings.corpus)
+    if "validation" in documents:
+        return documents
+    train = documents["train"]
+    indices = datasets.Dataset.from_dict({"index": list(range(sum(1 for _ in train)))})  # in memory
+    percentage, seed = settings.data.validation_split_percentage, settings.optimization.seed
+    split = split_validation_documents(datasets.DatasetDict(train=indices), percentage, seed)
+    held_out = set(split["validation"]["index"])
+    return datasets.IterableDatasetDict(
+        train=train.filter(lambda _, index: index not in held_out, with_indices=True),
+        validation=train.filter(lambda _, index: index in held_out, with_indices=True),
+    )

@@ -86,7 +86,7 @@ from hfbert.pretraining.loop import (
     fit,
 )
 from hfbert.pretraining.model import build_model
-from hfbert.pretraining.plan import plan_run
+from hfbert.pretraining.plan import plan_run, rehearse_data_stage
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import (
@@ -159,8 +159,9 @@ def check_before_work(
     """Everything that can refuse the run before data is prepared or a file written, the one check `pretrain`
     and --dry_run both make: the run folder, the --config_name and --tokenizer_name files, the corpus (its
     files, rows and enough documents, on the main process), Hub access for a push, the checkpoint to resume
-    (verified once, on the main process) and its settings, the source model, and a named tokenizer against the
-    model config. Returns the checkpoint to resume from and the source model, if any."""
+    (verified once, on the main process) and its settings, the source model, a named tokenizer against the model
+    config, and that every process runs the same flags on the same corpus. Returns the checkpoint to resume from
+    and the source model, if any."""
     run = settings.run
     check_run_folder(
         run.output_dir,
@@ -178,6 +179,7 @@ def check_before_work(
     checked_on_main_process(
         accelerator, partial(pipeline.check_corpus, settings.corpus, settings.data, accelerator.num_processes)
     )
+    check_processes_agree(settings, None, accelerator)  # the flags, corpus and versions, on every rank
     if run.push_to_hub:
         check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
     checkpoint = None
@@ -369,8 +371,11 @@ def pretrain(settings: PretrainingSettings) -> FinalFolder:
 
 def dry_run(settings: PretrainingSettings) -> str:
     """--dry_run: the checks `pretrain` makes before work (`check_before_work`; the run folder's lock is tested,
-    not taken, which would create the folder), then the plan, as text; nothing is written."""
+    not taken, which would create the folder), the refusals its data stage makes (`rehearse_data_stage`, in
+    memory), then the plan, as text; nothing is written."""
     accelerator, _ = start(settings)
     check_run_folder_free(settings.run.output_dir)
     checkpoint, source = check_before_work(settings, accelerator)
+    rehearsal = partial(rehearse_data_stage, settings, accelerator, checkpoint, source)
+    checked_on_main_process(accelerator, rehearsal)  # the main process's refusal ends every rank
     return "\n".join(plan_run(settings, accelerator, checkpoint, source).lines(settings))
