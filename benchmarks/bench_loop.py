@@ -65,11 +65,10 @@ from hfbert.pretraining.batches import build_loaders, plan_batches
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args as parse_run_flags
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, device_peak_flops, flops_per_token
-from hfbert.pretraining.loop import CheckpointWriter, LoopSchedule, ProgressBar, StepSettings, fit, train_step
-from hfbert.pretraining.model import start_fresh_model
-from hfbert.pretraining.run import prepare_run_data
+from hfbert.pretraining.loop import ProgressBar, fit, train_step
+from hfbert.pretraining.optimization import setup_training
+from hfbert.pretraining.run import prepare_run_data, start_fresh_model
 from hfbert.pretraining.run import start as start_run
-from hfbert.pretraining.setup import setup_training
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "no": torch.float32}
 BARE_STEPS = 20  # timed repetitions of the bare step
@@ -121,7 +120,7 @@ class HfbertRun:
 
 
 def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[str]):
-    """Train with hfbert's loop (its stages as `hfbert.pretraining.run.train` composes them, without the final
+    """Train with hfbert's loop (its stages as `hfbert.pretraining.run.pretrain` composes them, without the final
     folder); returns (run, data, initial weights, mean length, tokens/s after warm-up, bare-step tokens/s)."""
     settings = parse_run_flags(run_flags(args, output_dir, variant_flags))
     optimization = settings.optimization
@@ -134,12 +133,9 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     batches, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
     state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    checkpoints = CheckpointWriter(output_dir, None, settings.checkpoint_settings(), data.tokenizer)
     flops = ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops_per_process=None)
-    step = StepSettings.of(optimization, precision, output_dir, flops, accelerator.device)
-    schedule = LoopSchedule.of(budget, settings.run)
-    callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.train` has
-    fit(accelerator, state, eval_loader, schedule, step, checkpoints, callbacks)
+    callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.pretrain` has
+    fit(accelerator, state, budget, eval_loader, callbacks, settings, data, flops)
     mean_length = statistics.mean(len(ids) for ids in data.train.write()["input_ids"])
     head_rows = plan.max_predictions_per_seq or plan.mlm_probability * mean_length
     rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
@@ -151,13 +147,13 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     batch = next(iter(state.batches.loader))
     window, no_callbacks = TrainingWindow.start(accelerator.device, 0.0), Callbacks()  # as the loop's step has
     for _ in range(args.warmup_steps // 2):
-        train_step(accelerator, state, batch, step, window, no_callbacks)
+        train_step(accelerator, state, batch, optimization, window, no_callbacks)
     # Back to back, synchronised at the two ends only: on a GPU the host queues the next step while the device
     # runs this one, as in the loop (a synchronisation around each step measured it below the loop on an H100).
     synchronize(accelerator.device)
     start = time.perf_counter()
     for _ in range(BARE_STEPS):
-        train_step(accelerator, state, batch, step, window, no_callbacks)
+        train_step(accelerator, state, batch, optimization, window, no_callbacks)
     synchronize(accelerator.device)
     bare = BARE_STEPS * int(batch["attention_mask"].sum()) / (time.perf_counter() - start)
     return run, data, initial, mean_length, loop, bare

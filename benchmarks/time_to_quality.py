@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 import matplotlib
@@ -88,22 +87,14 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
 
 
 def train_one(model: str, run_dir: Path, recipe: list[str]) -> None:
-    """One run of run_pretraining.py's pipeline, composed from its public stages as `pretrain` composes them,
-    with `model` in place of HfBertForPreTraining (the seam `hfbert.pretraining.setup.setup_training` names), started as --attention_init says."""
+    """One run of run_pretraining.py's pipeline (`hfbert.pretraining.run.pretrain`) with `model` in place of
+    HfBertForPreTraining (its `model_class`), started as --attention_init says."""
     from hfbert import HfBertForPreTraining
-    from hfbert.checkpointing import run_folder_lock
     from hfbert.pretraining.cli import parse_args
-    from hfbert.pretraining.model import start_fresh_model
-    from hfbert.pretraining.run import check_before_work, prepare_run_data, start, train
+    from hfbert.pretraining.run import pretrain
 
     settings = parse_args([*recipe, "--output_dir", str(run_dir), "--overwrite_output_dir"])
-    accelerator, precision = start(settings)
-    with run_folder_lock(settings.run.output_dir) if accelerator.is_main_process else nullcontext():
-        checkpoint, _ = check_before_work(settings, accelerator)
-        data = prepare_run_data(settings, accelerator, checkpoint)
-        built = (HfBertForPreTraining if model == "hfbert" else stock_bert)(data.config)
-        start_callbacks = start_fresh_model(built, settings.model, settings.optimization.seed)  # the same start
-        train(settings, accelerator, precision, data, built, checkpoint, start_callbacks)
+    pretrain(settings, model_class=HfBertForPreTraining if model == "hfbert" else stock_bert)
 
 
 def eval_curve(run_dir: Path) -> list[dict]:

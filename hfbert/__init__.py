@@ -6,12 +6,6 @@ config.json and copies `configuration_hfbert.py` and `modeling_hfbert.py` beside
 without hfbert installed loads the folder with `trust_remote_code=True`.
 """
 
-import os
-
-# The process that started this one, read before the imports below (seconds): a worker whose launcher dies
-# meanwhile is reparented, and so still stops (hfbert.pretraining.cluster.stop_with_the_launcher).
-PARENT_PID_AT_IMPORT = os.getppid()
-
 from transformers import (
     AutoConfig,
     AutoModel,

@@ -1,6 +1,6 @@
 """One way to refuse bad input: raise `Refusal`; one way to stop a run on a condition outside the code (a full
-disk): raise `RunFailure`. Every entry point's `__main__` goes through `run_cli`, which prints either as one
-line and keeps tracebacks for real bugs.
+disk): raise `RunFailure`. Every entry point's `__main__` runs inside `stops_in_one_line` (`run_cli` for a
+function), which prints either as one line and keeps tracebacks for real bugs.
 
 A leaf module: everything in hfbert may import it, it imports nothing of hfbert's.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -55,14 +56,15 @@ def program_name() -> str:
     return Path(sys.argv[0]).name
 
 
-def run_cli(main: Callable[[], Any], prog: str | None = None) -> None:
-    """Run an entry point's `main()`; a `Refusal` ends the process with one line on stderr and exit code 2, a
+@contextmanager
+def stops_in_one_line(prog: str | None = None) -> Iterator[None]:
+    """Around an entry point's `main()`: a `Refusal` ends the process with one line on stderr and exit code 2, a
     `RunFailure` with one line and exit code 1.
 
     Any other exception is a bug and keeps its traceback. `HFBERT_DEBUG=1` shows the traceback of these too.
     """
     try:
-        main()
+        yield
     except (Refusal, RunFailure) as stop:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
@@ -73,3 +75,9 @@ def run_cli(main: Callable[[], Any], prog: str | None = None) -> None:
         sys.stderr.write(f"{name}: error: {message}\n")
         sys.stderr.flush()
         raise SystemExit(REFUSAL_EXIT_CODE if isinstance(stop, Refusal) else FAILURE_EXIT_CODE) from None
+
+
+def run_cli(main: Callable[[], Any], prog: str | None = None) -> None:
+    """Run an entry point's `main()` with its refusals and failures as one line (`stops_in_one_line`)."""
+    with stops_in_one_line(prog):
+        main()

@@ -7,9 +7,11 @@ import torch
 from conftest import tiny_config
 
 from hfbert import HfBertForPreTraining
-from hfbert.corpus_source import CorpusArguments
+from hfbert.checkpointing import TrainingProgress
 from hfbert.inspect import write_samples as write_samples_from_folder
-from hfbert.pretraining.finish import FinalContents, FinalFolder, write_final_folder
+from hfbert.pretraining.cli import parse_args
+from hfbert.pretraining.data import PretrainingData
+from hfbert.pretraining.finish import FinalFolder, write_final_folder
 
 SENTENCES = [
     "The game was released in Japan in 2011 and sold well .",
@@ -20,14 +22,14 @@ OTHER = "The band toured Europe in the summer ."
 
 
 def write(output_dir, model, tokenizer, sentences=(SENTENCES, OTHER)) -> FinalFolder:
-    contents = FinalContents(
-        tokenizer=tokenizer,
-        summary={"precision": "no", "corpus": "shipped WikiText-2 sample"},
-        eval_results={"step": 2, "eval_mlm_loss": 6.5, "eval_mlm_accuracy": 0.01},
-        log_history=[{"step": 1, "loss": 7.0, "learning_rate": 1e-4}, {"step": 2, "eval_mlm_loss": 6.5}],
-        sample_sentences=sentences,
-    )
-    return write_final_folder(output_dir, model, model.state_dict(), contents, CorpusArguments(), "hfbert-tiny")
+    data = PretrainingData(tokenizer, model.config, train=None, evaluation=None, sample_sentences=sentences[0],
+                           other_sentence=sentences[1])  # fmt: skip
+    history = [{"step": 1, "loss": 7.0, "learning_rate": 1e-4}, {"step": 2, "eval_mlm_loss": 6.5}]
+    progress = TrainingProgress(completed_steps=2, train_seconds=3.0, log_history=history)
+    metrics = {"eval_mlm_loss": 6.5, "eval_mlm_accuracy": 0.01}
+    summary = {"precision": "no", "corpus": "shipped WikiText-2 sample"}
+    settings = parse_args(["--output_dir", str(output_dir)])
+    return write_final_folder(model, model.state_dict(), data, progress, metrics, summary, None, settings)
 
 
 def test_the_final_folder_is_one_set_with_samples_from_the_weights_in_memory(tmp_path, sample_tokenizer):
@@ -38,7 +40,9 @@ def test_the_final_folder_is_one_set_with_samples_from_the_weights_in_memory(tmp
     for name in ("config.json", "model.safetensors", "README.md", "samples.md", "samples_attention.png",
                  "training_curves.png", "eval_results.json", "training_args.json", "log_history.json"):  # fmt: skip
         assert (folder / name).is_file(), name
-    assert json.loads((folder / "eval_results.json").read_text())["eval_mlm_loss"] == 6.5
+    assert json.loads((folder / "eval_results.json").read_text()) == {
+        "step": 2, "train_seconds": 3.0, "eval_mlm_loss": 6.5, "eval_mlm_accuracy": 0.01
+    }
     samples = (folder / "samples.md").read_text()
     # The section handed back is the one in samples.md, with the model's MLM head (not "no masked-LM head").
     assert final.fill_mask.startswith("## Fill-mask") and final.fill_mask in samples
@@ -47,7 +51,7 @@ def test_the_final_folder_is_one_set_with_samples_from_the_weights_in_memory(tmp
     # In memory or reloaded from the folder, the same weights give the same samples.
     reloaded = tmp_path / "reloaded"
     folder.rename(reloaded)
-    write_samples_from_folder(reloaded, SENTENCES, other_sentence=OTHER, model_name="hfbert-tiny")
+    write_samples_from_folder(reloaded, SENTENCES, other_sentence=OTHER, model_name="run")
     assert (reloaded / "samples.md").read_text().split("\n", 4)[4] == samples.split("\n", 4)[4]
 
 
@@ -80,10 +84,10 @@ def test_a_final_folder_that_fails_on_the_main_process_stops_every_process_with_
     from hfbert import checkpointing
     from hfbert.errors import RunFailure
     from hfbert.pretraining.finish import finish
-    from hfbert.pretraining.settings import RunSettings
 
     refusal = f"no space left writing {tmp_path}; the last complete checkpoint {tmp_path}/checkpoint-28 is intact"
     monkeypatch.setattr(checkpointing, "gather_object", lambda mine: [refusal, *mine])
     with pytest.raises(RunFailure) as stopped:
-        finish(OtherRankOfTwo(), None, None, RunSettings(output_dir=str(tmp_path)), CorpusArguments())
+        state = type("State", (), {"model": None, "progress": TrainingProgress()})()
+        finish(OtherRankOfTwo(), state, None, {}, {}, None, parse_args(["--output_dir", str(tmp_path)]))
     assert str(stopped.value) == refusal

@@ -5,7 +5,6 @@ what a run of several processes would need (issue 45: mutation testing maps only
 import json
 import signal
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 import torch
@@ -13,14 +12,9 @@ from test_training import run_args, train_in_process
 
 from hfbert.checkpointing import RUN_SETTINGS_NAME, TOKENIZER_FOLDER, TrainingProgress
 from hfbert.pretraining import loop
-from hfbert.pretraining.loop import (
-    LoopSchedule,
-    PreemptionSignals,
-    end_epoch,
-    out_of_budget,
-    synced_train_seconds,
-)
-from hfbert.pretraining.setup import Budget, LearningRateSchedule
+from hfbert.pretraining.loop import PreemptionSignals, end_epoch, out_of_budget, synced_train_seconds
+from hfbert.pretraining.optimization import Budget, LearningRateSchedule
+from hfbert.pretraining.settings import RunSettings
 
 
 @dataclass
@@ -109,40 +103,31 @@ def test_signal_handlers_are_recorded_while_active_and_given_back_after():
     assert {number: signal.getsignal(number) for number in PreemptionSignals.SIGNALS} == before
 
 
-@dataclass
-class Recorder:
-    """The stand-ins end_epoch calls: evaluations and checkpoints, recorded with what they were given."""
-
-    calls: list[tuple] = field(default_factory=list)
-
-    def save(self, accelerator: Any, state: Any) -> None:
-        self.calls.append(("checkpoint", accelerator, state))
-
-
 @pytest.mark.parametrize("eval_steps", [None, 5])
 @pytest.mark.parametrize("each_epoch", [True, False])
 def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_checkpointing_as_scheduled(
     monkeypatch, eval_steps, each_epoch
 ):
-    recorder = Recorder()
+    calls = []
 
     def evaluation(accelerator, state, eval_loader, callbacks, share):
-        recorder.calls.append(("evaluation", accelerator, state, eval_loader, callbacks, share))
+        calls.append(("evaluation", accelerator, state, eval_loader, callbacks, share))
         return {"eval_mlm_loss": 1.0}
 
     monkeypatch.setattr(loop, "run_evaluation", evaluation)
+    monkeypatch.setattr(loop, "write_checkpoint", lambda *given: calls.append(("checkpoint", *given)))
     progress = TrainingProgress(completed_steps=7, epoch=1, micro_batches_in_epoch=12)
     state = type("State", (), {"progress": progress})()
-    accelerator, eval_loader, callbacks = "accelerator", "eval_loader", "callbacks"  # passed on as given
-    schedule = LoopSchedule(budget(), logging_steps=2, eval_steps=eval_steps, checkpoint_steps=None,
-                            checkpoint_each_epoch=each_epoch)  # fmt: skip
-    metrics = end_epoch(accelerator, state, eval_loader, schedule, recorder, callbacks, share=0.5)
+    accelerator, eval_loader, callbacks, data = "accelerator", "eval_loader", "callbacks", "data"  # passed on
+    run = RunSettings(output_dir="run", eval_steps=eval_steps, checkpointing_steps="epoch" if each_epoch else "3")
+    settings = type("Settings", (), {"run": run})()
+    metrics = end_epoch(accelerator, state, eval_loader, callbacks, settings, data, share=0.5)
     assert (progress.epoch, progress.micro_batches_in_epoch, progress.completed_steps) == (2, 0, 7)
     evaluated = (
         [("evaluation", accelerator, state, eval_loader, callbacks, 0.5)] if eval_steps is None else []
     )
-    saved = [("checkpoint", accelerator, state)] if each_epoch else []
-    assert recorder.calls == evaluated + saved
+    saved = [("checkpoint", accelerator, state, settings, data)] if each_epoch else []
+    assert calls == evaluated + saved
     assert metrics == ({"eval_mlm_loss": 1.0} if eval_steps is None else None)
 
 

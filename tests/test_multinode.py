@@ -409,13 +409,14 @@ if sys.argv[1] == "launcher":  # stands in for torchrun: starts the worker in a 
     print(worker.pid, flush=True)
     time.sleep(600)
 else:
+    launcher = os.getppid()  # as run_pretraining.py reads it, before its imports
     import hfbert
     if sys.argv[1] == "late":  # the launcher is killed during the worker's imports
         open(sys.argv[2] + "-imported", "w").close()
         while not os.path.exists(sys.argv[2] + "-go"):
             time.sleep(0.05)
     from hfbert.pretraining.cluster import stop_with_the_launcher
-    stop_with_the_launcher()
+    stop_with_the_launcher(launcher)
     open(sys.argv[2], "w").close()
     time.sleep(600)
 """
@@ -452,10 +453,19 @@ def test_a_worker_of_torchrun_gets_sigterm_when_torchrun_is_killed(tmp_path):
             os.kill(worker, signal.SIGKILL)
 
 
+def test_run_pretraining_reads_its_launcher_before_importing_hfbert():
+    """The window the watch leaves is the interpreter's start: run_pretraining.py's first statement reads it."""
+    source = (REPO / "run_pretraining.py").read_text()
+    assert source.index("LAUNCHER_PID = os.getppid()") < source.index("from hfbert")
+    assert "main(launcher_pid=LAUNCHER_PID)" in source
+    assert "getppid" not in (REPO / "hfbert" / "__init__.py").read_text()  # importing hfbert registers classes
+
+
 def test_a_worker_whose_torchrun_died_during_its_imports_stops_saying_so(tmp_path):
     """The soak's trials 1891571895 and 3547280107 (issue 44): torchrun killed 7 s in, while its workers were
     still importing, before they asked the kernel for SIGTERM; they went on alone and waited minutes for the
-    store torchrun had hosted. A worker now compares its parent with the one it had when hfbert was imported."""
+    store torchrun had hosted. A worker now compares its parent with the one its entry point read before importing
+    hfbert."""
     ready, log = tmp_path / "ready", tmp_path / "worker.log"
     launcher = subprocess.Popen(
         [sys.executable, "-c", ORPHAN, "launcher", ORPHAN, "late", str(ready)], cwd=REPO, stdout=subprocess.PIPE,

@@ -54,7 +54,7 @@ def test_phase_2_starts_from_phase_1s_exact_weights_and_trains_the_longer_positi
     load_source_model = source_model.load_source_model
     output_dir = tmp_path / "phase2"
     args = source_args(run_inputs, output_dir, phase_1, "--max_seq_length", "64", "--max_train_steps", "4")
-    with mock.patch("hfbert.pretraining.model.load_source_model", side_effect=load_and_record):
+    with mock.patch("hfbert.pretraining.run.load_source_model", side_effect=load_and_record):
         train_in_process(args)
     for name, tensor in phase_1_weights.items():
         assert torch.equal(started[name], tensor), name

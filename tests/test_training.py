@@ -462,23 +462,25 @@ def test_push_to_hub_uploads_exactly_the_final_folder(tmp_path, run_inputs):
 
 
 def test_another_model_trains_through_the_public_stages(tmp_path, run_inputs):
-    """The seam benchmarks/time_to_quality.py uses: compose the stages as `pretrain` does, with another model."""
+    """The seam benchmarks/time_to_quality.py uses: `pretrain` with another model class (here a function of
+    the config, recording the model it builds) in place of HfBertForPreTraining."""
     from hfbert.pretraining.cli import parse_args
-    from hfbert.pretraining.model import start_fresh_model
-    from hfbert.pretraining.run import check_before_work, prepare_run_data, start, train
+    from hfbert.pretraining.run import pretrain
 
     output_dir = tmp_path / "run"
     settings = parse_args(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--gradient_accumulation_steps", "2"))
+    built = []
+
+    def another_model(config):
+        built.append(HfBertForPreTraining(config))
+        return built[-1]
+
     try:
-        accelerator, precision = start(settings)
-        checkpoint, _ = check_before_work(settings, accelerator)
-        data = prepare_run_data(settings, accelerator, checkpoint)
-        model = HfBertForPreTraining(data.config)
-        start_callbacks = start_fresh_model(model, settings.model, settings.optimization.seed)
-        assert train(settings, accelerator, precision, data, model, checkpoint, start_callbacks).path == output_dir
+        assert pretrain(settings, model_class=another_model).path == output_dir
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+    [model] = built
     train_rows = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "loss" in row]
     for key in ("train_mlm_loss", "train_mlm_accuracy", "train_nsp_loss", "train_nsp_accuracy"):
         assert all(math.isfinite(row[key]) for row in train_rows), key

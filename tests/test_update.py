@@ -17,10 +17,10 @@ from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.batches import plan_batches
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args
-from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow
-from hfbert.pretraining.loop import StepSettings, train_step
+from hfbert.pretraining.evaluation import TrainingWindow
+from hfbert.pretraining.loop import train_step
+from hfbert.pretraining.optimization import TrainingState, build_optimizer, compile_model
 from hfbert.pretraining.settings import DataSettings, OptimizationSettings
-from hfbert.pretraining.setup import TrainingState, build_optimizer, compile_model
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
 
@@ -64,13 +64,6 @@ def prepared_state(accelerator: Accelerator, optimization: OptimizationSettings)
     return TrainingState(model, optimizer, TrainingProgress(), batches=None)
 
 
-def step_settings(optimization: OptimizationSettings, state: TrainingState, tmp_path) -> StepSettings:
-    model = state.model
-    return StepSettings.of(
-        optimization, "no", str(tmp_path), ModelFlops(model.config, None, None), model.device
-    )
-
-
 def with_loss_scaler(accelerator: Accelerator, state: TrainingState, monkeypatch) -> torch.amp.GradScaler:
     """What accelerate sets up for fp16 on CUDA (it makes no scaler on a CPU), on the CPU."""
     scaler = torch.amp.GradScaler("cpu")
@@ -86,9 +79,7 @@ def with_loss_scaler(accelerator: Accelerator, state: TrainingState, monkeypatch
     [(False, False), (False, True), pytest.param(True, True, marks=pytest.mark.slow)],
     ids=["eager fp32", "eager fp16 loss scaler", "compiled fp16 loss scaler"],
 )
-def test_an_update_never_reads_a_tensor_back_to_the_host(
-    accelerator, tmp_path, monkeypatch, loss_scaler, compiled
-):
+def test_an_update_never_reads_a_tensor_back_to_the_host(accelerator, monkeypatch, loss_scaler, compiled):
     torch._dynamo.reset()
     optimization = OptimizationSettings(max_grad_norm=1.0, torch_compile=compiled)
     state = prepared_state(accelerator, optimization)
@@ -96,14 +87,13 @@ def test_an_update_never_reads_a_tensor_back_to_the_host(
     # The model's input checks read CPU tensors on purpose (nothing to wait for); on CUDA they assert on the
     # device instead (the GPU test in test_training.py runs them).
     monkeypatch.setattr(modeling_hfbert, "check_range", lambda *args: None)
-    step = step_settings(optimization, state, tmp_path)
     batch = static_batch(pretraining_batch())
     window = TrainingWindow.start(accelerator.device, 0.0)
-    train_step(accelerator, state, batch, step, window, Callbacks())  # compiles: tracing may read values
+    train_step(accelerator, state, batch, optimization, window, Callbacks())  # compiles: tracing may read values
     before = state.model.bert.embeddings.word_embeddings.weight.detach().clone()
     with host_reads_raise():
         for _ in range(2):
-            train_step(accelerator, state, batch, step, window, Callbacks())
+            train_step(accelerator, state, batch, optimization, window, Callbacks())
     assert not torch.equal(state.model.bert.embeddings.word_embeddings.weight, before)  # the updates ran
     assert window.batches == 3 and window.clipped_updates == 3 and window.grad_norm.item() > 0
     if loss_scaler:  # the scaler scaled the loss and let every (finite) update through
@@ -111,7 +101,9 @@ def test_an_update_never_reads_a_tensor_back_to_the_host(
         assert all(s["step"].item() == 3 for s in state.optimizer.optimizer.state.values())
 
 
-def gradients_then_updates(accelerator, state: TrainingState, step: StepSettings, batch, updates: int):
+def gradients_then_updates(
+    accelerator, state: TrainingState, optimization: OptimizationSettings, batch, updates: int
+):
     """The gradients of one backward, then the losses and the largest gradient norm of `updates` updates and
     the weights after them."""
     outputs = state.model(**batch, mlm_masked_rows_only=True, attention_padding="mask")  # as train_step calls it
@@ -120,16 +112,15 @@ def gradients_then_updates(accelerator, state: TrainingState, step: StepSettings
     state.optimizer.zero_grad(set_to_none=True)
     window = TrainingWindow.start(accelerator.device, 0.0)
     losses = [
-        train_step(accelerator, state, batch, step, window, Callbacks())[1].detach() for _ in range(updates)
+        train_step(accelerator, state, batch, optimization, window, Callbacks())[1].detach()
+        for _ in range(updates)
     ]
     weights = {name: p.detach().clone() for name, p in state.model.named_parameters()}
     return gradients, torch.stack(losses), window.grad_norm, weights
 
 
 @pytest.mark.slow
-def test_the_compiled_update_is_one_graph_per_part_and_gives_eagers_gradients_losses_and_weights(
-    accelerator, tmp_path
-):
+def test_the_compiled_update_is_one_graph_per_part_and_gives_eagers_gradients_losses_and_weights(accelerator):
     """Float32 on a CPU: inductor sums in other orders, so the results agree to rounding, 1e-5."""
     from torch._dynamo.utils import counters
 
@@ -140,9 +131,7 @@ def test_the_compiled_update_is_one_graph_per_part_and_gives_eagers_gradients_lo
     for compiled in (False, True):
         optimization = OptimizationSettings(learning_rate=1e-3, max_grad_norm=0.5, torch_compile=compiled)
         state = prepared_state(accelerator, optimization)
-        runs[compiled] = gradients_then_updates(
-            accelerator, state, step_settings(optimization, state, tmp_path), batch, 3
-        )
+        runs[compiled] = gradients_then_updates(accelerator, state, optimization, batch, 3)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])  # the model's and the clipping's
     (eager_gradients, *eager), (gradients, *compiled) = runs[False], runs[True]
@@ -157,7 +146,7 @@ def test_the_compiled_update_is_one_graph_per_part_and_gives_eagers_gradients_lo
         assert_close(weight, eager_weights[name], atol=1e-5, rtol=1e-5, msg=name)
 
 
-def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, tmp_path, monkeypatch):
+def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, monkeypatch):
     torch._dynamo.reset()
     check_inputs = modeling_hfbert.check_inputs
 
@@ -168,10 +157,9 @@ def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, tmp_p
     monkeypatch.setattr(modeling_hfbert, "check_inputs", breaking)
     optimization = OptimizationSettings(torch_compile=True)
     state = prepared_state(accelerator, optimization)
-    step = step_settings(optimization, state, tmp_path)
     window = TrainingWindow.start(accelerator.device, 0.0)
     with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
-        train_step(accelerator, state, static_batch(pretraining_batch()), step, window, Callbacks())
+        train_step(accelerator, state, static_batch(pretraining_batch()), optimization, window, Callbacks())
 
 
 @pytest.mark.parametrize(

@@ -7,13 +7,15 @@ each, in the order data flows through them:
     stream       --streaming: the fixed validation set, and training instances made from a stream of documents
                  in windows, by loader workers, with each worker's position for an exact resume
     precision    the precision and the Accelerator
-    setup        model, optimizer, schedule and budget, prepared by accelerate; the checkpointed TrainingState
+    optimization optimizer, schedule and budget, prepared by accelerate; the checkpointed TrainingState
     evaluation   held-out evaluation, the metrics' sums, model FLOPs and MFU (used by the loop)
-    loop         fit: step, log, evaluate, checkpoint; preemption
+    callbacks    the events the loop calls besides the step
+    loop         fit and train_step: step, log, evaluate, checkpoint; preemption
     finish       the final folder (model, tokenizer, card, curves, samples) and the push
     samples      the final folder's samples.md, from the weights in memory
-    run          pretrain(settings): the stages composed; cli: run_pretraining.py's flags -> pretrain (also
-                 `python -m hfbert.pretraining`, __main__, and the console script hfbert-pretrain)
+    run          pretrain(settings): the model built and every stage composed, in one function
+    cli          run_pretraining.py's flags -> main -> pretrain (also `python -m hfbert.pretraining`,
+                 __main__, and the console script hfbert-pretrain)
     recipes      --recipe: a file of run_pretraining.py's flags (hfbert/recipes/), read before the command line's
 
 No stage imports a later one. This file imports nothing, so that reading the settings (as

@@ -78,5 +78,3 @@ class Callbacks(Callback):
         for callback in self.callbacks:
             callback.on_fit_end(progress)
 
-
-__all__ = ["Callback", "Callbacks"]

@@ -7,8 +7,8 @@ import os
 import sys
 
 from hfbert.corpus_source import CorpusArguments
-from hfbert.errors import Refusal, run_cli
-from hfbert.pretraining.cluster import exit_now
+from hfbert.errors import Refusal, stops_in_one_line
+from hfbert.pretraining.cluster import exit_now, stop_with_the_launcher
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
 from hfbert.pretraining.run import dry_run, pretrain
@@ -51,9 +51,12 @@ def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
         raise naming_the_recipe(refusal, recipe, from_recipe) from None
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of run_pretraining.py. A run stopped by SIGTERM/SIGUSR1 exits with 128 + the signal's
-    number, as a process ended by it would."""
+def main(argv: list[str] | None = None, launcher_pid: int | None = None) -> None:
+    """Entry point of run_pretraining.py. A worker of torchrun stops (SIGTERM) when torchrun exits
+    (`stop_with_the_launcher`; `launcher_pid`: the parent the entry point read before its imports, None: the
+    parent now). A run stopped by SIGTERM/SIGUSR1 exits with 128 + the signal's number, as a process ended by
+    it would."""
+    stop_with_the_launcher(os.getppid() if launcher_pid is None else launcher_pid)
     settings = parse_args(argv)
     if settings.run.dry_run:
         print(dry_run(settings))
@@ -74,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
         exit_now(0)
 
 
-def command_line() -> None:
-    """The process entry point of run_pretraining.py, `python -m hfbert.pretraining` and hfbert-pretrain."""
-    run_cli(main)
+def command_line(launcher_pid: int | None = None) -> None:
+    """The process entry point of `python -m hfbert.pretraining` and hfbert-pretrain (run_pretraining.py's is
+    its own two lines)."""
+    with stops_in_one_line():
+        main(launcher_pid=launcher_pid)

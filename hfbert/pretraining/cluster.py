@@ -29,7 +29,6 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list, gather_object, parse_flag_from_env
 from torch.distributed.elastic.utils.store import barrier as store_barrier
 
-from hfbert import PARENT_PID_AT_IMPORT
 from hfbert.corpus_source import corpus_fingerprint
 from hfbert.errors import Refusal, RunFailure
 from hfbert.files import describe_write_failure, read_json, write_json_atomic
@@ -62,22 +61,22 @@ def attempt_of_launch() -> str:
     return os.environ.get(RESTART_COUNT_ENV, "0")
 
 
-def stop_with_the_launcher() -> None:
+def stop_with_the_launcher(launcher_pid: int) -> None:
     """Under torchrun, have the kernel send this worker SIGTERM when torchrun exits, whatever ended it.
 
     torchrun forwards SIGTERM and SIGINT to its workers, but a signal it does not handle ends it at once (SIGUSR1,
     which the README names as a preemption signal) and so does SIGKILL; its workers, in sessions of their own,
     then trained on alone to the end of the run, holding the folder's lock. With this they stop as on a
     preemption instead: a checkpoint and the resume command. A torchrun that died before this call (during the
-    imports, seconds) is noticed by the worker's parent, which is then no longer the one it had when hfbert was
-    imported: the worker stops with a refusal that says so.
+    imports, seconds) is noticed by the worker's parent, which is then no longer `launcher_pid`, the parent the
+    entry point read before its imports: the worker stops with a refusal that says so.
     """
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG, SIGTERM) failed")
-    if os.getppid() != PARENT_PID_AT_IMPORT:
+    if os.getppid() != launcher_pid:
         raise ProcessGroupError(
             "The launcher that started this worker (torchrun) exited before the worker could start: start every "
             "node's launcher again with the same command."
@@ -92,9 +91,7 @@ def form_process_group(timeout_seconds: int) -> None:
     read the killed group's gloo addresses ("Gloo connectFullMesh failed ... Connection refused") or its
     barrier counts (a hang). The keys of this group are prefixed with the restart number. A group that does not
     form within `timeout_seconds` (also the timeout of every later collective) stops naming address and port.
-    A worker of torchrun stops (SIGTERM) when torchrun exits (`stop_with_the_launcher`).
     """
-    stop_with_the_launcher()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size < 2 or dist.is_initialized():
         return

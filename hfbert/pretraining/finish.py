@@ -17,15 +17,16 @@ import torch
 from accelerate import Accelerator
 
 from hfbert.analysis import ModelAnalysis
-from hfbert.checkpointing import write_on_every_process
-from hfbert.corpus_source import CorpusArguments
+from hfbert.checkpointing import TrainingProgress, write_on_every_process
 from hfbert.files import staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.cluster import end_process_group
+from hfbert.pretraining.data import PretrainingData
 from hfbert.pretraining.health.report import health_card_section, report_reference_lines, write_run_health
+from hfbert.pretraining.optimization import TrainingState
 from hfbert.pretraining.samples import write_samples
-from hfbert.pretraining.settings import RunSettings
+from hfbert.pretraining.settings import PretrainingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -44,31 +45,24 @@ class FinalFolder:
     process_group_ended: bool = True  # False: the entry point leaves with cluster.exit_now
 
 
-@dataclass(frozen=True)
-class FinalContents:
-    """What the final folder holds besides the weights and their code."""
-
-    tokenizer: Any
-    summary: dict[str, Any]  # training_args.json: every setting and the facts of the run
-    eval_results: dict[str, float]
-    log_history: list[dict[str, Any]]
-    sample_sentences: tuple[list[str], str | None] = ([], None)  # validation sentences, one of another document
-    run_health: dict[str, Any] | None = None  # run_health.json (hfbert.pretraining.health.report.health_report)
-
-
 def write_final_folder(
-    output_dir: Path,
     model: torch.nn.Module,
     state_dict: dict[str, torch.Tensor],
-    contents: FinalContents,
-    corpus: CorpusArguments,
-    model_name: str,
+    data: PretrainingData,
+    progress: TrainingProgress,
+    metrics: dict[str, float],
+    summary: dict[str, Any],
+    health: dict[str, Any] | None,
+    settings: PretrainingSettings,
 ) -> FinalFolder:
-    """Write model (with its code), tokenizer, eval_results.json, training_args.json, log_history.json, the
-    curves, samples.md (fill-mask, NSP and similarity on the sample sentences) and the model card into
-    `output_dir` as one set. Main process only."""
-    sentences, other_sentence = contents.sample_sentences
-    tokenizer, summary, eval_results = contents.tokenizer, contents.summary, contents.eval_results
+    """Write model (with its code), `data`'s tokenizer, eval_results.json (the final evaluation's `metrics`),
+    training_args.json (`summary`: every setting and the facts of the run), log_history.json (`progress`'s),
+    run_health.json (`health`, if any), the curves, samples.md (fill-mask, NSP and similarity on `data`'s
+    sample sentences) and the model card into --output_dir as one set. Main process only."""
+    output_dir, run = Path(settings.run.output_dir), settings.run
+    model_name = (run.hub_model_id or output_dir.name).split("/")[-1]
+    eval_results = {"step": progress.completed_steps, "train_seconds": progress.train_seconds, **metrics}
+    sentences, tokenizer = data.sample_sentences, data.tokenizer
     # Before save_pretrained, which empties the state dict it is given.
     analysis = ModelAnalysis.of_weights(model.config, state_dict, tokenizer) if len(sentences) >= 2 else None
     with staged_files(output_dir) as staging:
@@ -76,25 +70,24 @@ def write_final_folder(
         write_tokenizer(tokenizer, staging)
         write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)
         write_json_atomic(staging / TRAINING_ARGS_NAME, summary)
-        write_json_atomic(staging / LOG_HISTORY_NAME, contents.log_history)
-        health = contents.run_health
+        write_json_atomic(staging / LOG_HISTORY_NAME, progress.log_history)
         if health is not None:
             write_run_health(staging, health)
         plot_training_curves(
-            contents.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining",
+            progress.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining",
             reference_lines=report_reference_lines(health),
         )
         samples = None
         if analysis is not None:  # computed on the weights in memory, on CPU copies of the model
             samples = write_samples(
-                staging, analysis, sentences, other_sentence=other_sentence, model_name=model_name
+                staging, analysis, sentences, other_sentence=data.other_sentence, model_name=model_name
             )
         card = build_model_card(
             model_name=model_name,
             training_config=summary,
             eval_results=eval_results,
-            dataset_name=corpus.dataset_name,
-            dataset_config_name=corpus.dataset_config_name,
+            dataset_name=settings.corpus.dataset_name,
+            dataset_config_name=settings.corpus.dataset_config_name,
             samples_name=None if samples is None else samples.path.name,
             health_section=None if health is None else health_card_section(health),
         )
@@ -104,21 +97,25 @@ def write_final_folder(
 
 def finish(
     accelerator: Accelerator,
-    model: torch.nn.Module,
-    contents: FinalContents,
-    run: RunSettings,
-    corpus: CorpusArguments,
+    state: TrainingState,
+    data: PretrainingData,
+    metrics: dict[str, float],
+    summary: dict[str, Any],
+    health: dict[str, Any] | None,
+    settings: PretrainingSettings,
 ) -> FinalFolder:
-    """Gather the weights, write the final folder (main process; a failure such as a full disk is explained on
-    every process: what is intact and how to finish) and push it if asked."""
+    """Gather the weights, write the final folder (`write_final_folder`, main process; a failure such as a full
+    disk is explained on every process: what is intact and how to finish) and push it if asked."""
     accelerator.wait_for_everyone()
+    run = settings.run
     output_dir = Path(run.output_dir)
-    state_dict = accelerator.get_state_dict(model)  # on every process: gathers FSDP shards
+    state_dict = accelerator.get_state_dict(state.model)  # on every process: gathers FSDP shards
     write = None
     if accelerator.is_main_process:
-        model_name = (run.hub_model_id or output_dir.name).split("/")[-1]
-        unwrapped = accelerator.unwrap_model(model)  # compiled in place: never a wrapper
-        write = partial(write_final_folder, output_dir, unwrapped, state_dict, contents, corpus, model_name)
+        unwrapped = accelerator.unwrap_model(state.model)  # compiled in place: never a wrapper
+        write = partial(
+            write_final_folder, unwrapped, state_dict, data, state.progress, metrics, summary, health, settings
+        )
     final = write_on_every_process(accelerator, write, output_dir, output_dir) or FinalFolder(output_dir)
     if accelerator.is_main_process and run.push_to_hub:  # after the agreement: not a write of the folder
         logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")

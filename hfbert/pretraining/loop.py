@@ -9,7 +9,6 @@ import math
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,92 +19,32 @@ from tqdm.auto import tqdm
 
 from hfbert.checkpointing import TrainingProgress, checkpoint_folder, save_checkpoint
 from hfbert.pretraining.callbacks import Callback
+from hfbert.pretraining.data import PretrainingData
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, check_loss_is_finite, evaluate
-from hfbert.pretraining.settings import OptimizationSettings, RunSettings
-from hfbert.pretraining.setup import Budget, TrainingState
+from hfbert.pretraining.optimization import Budget, TrainingState
+from hfbert.pretraining.settings import OptimizationSettings, PretrainingSettings
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class CheckpointWriter:
-    """Where checkpoints go and what they record besides the `TrainingState` (whose batches add their position
-    where `progress` does not hold it): the run's settings (compared on resume), its tokenizer (reused on
-    resume) and the model's config (so that a checkpoint folder is one a new run can start from with
-    --model_name_or_path)."""
-
-    output_dir: str
-    total_limit: int | None
-    run_settings: dict[str, Any]
-    tokenizer: Any
-    model_config: Any = None
-
-    def save(self, accelerator: Accelerator, state: TrainingState) -> Path:
-        """Call on every process (a stream's positions are gathered from each)."""
-        return save_checkpoint(
-            accelerator,
-            self.output_dir,
-            state.progress.completed_steps,
-            self.total_limit,
-            run_settings=self.run_settings,
-            tokenizer=self.tokenizer,
-            model_config=self.model_config,
-            extra_json=state.batches.checkpoint_files(accelerator) or None,
-        )
-
-    def folder(self, step: int) -> Path:
-        return checkpoint_folder(self.output_dir, step)
-
-
-@dataclass(frozen=True)
-class LoopSchedule:
-    """When the loop stops (the budget) and when it logs, evaluates and checkpoints."""
-
-    budget: Budget
-    logging_steps: int
-    eval_steps: int | None  # None: at the end of each epoch
-    checkpoint_steps: int | None
-    checkpoint_each_epoch: bool
-
-    @classmethod
-    def of(cls, budget: Budget, run: RunSettings) -> LoopSchedule:
-        return cls(budget, run.logging_steps, run.eval_steps, run.checkpoint_steps, run.checkpoint_each_epoch)
-
-    def log_due(self, step: int) -> bool:
-        return is_due(step, self.logging_steps) or step == self.budget.max_train_steps
-
-
-@dataclass(frozen=True)
-class StepSettings:
-    """What a training step needs besides the state and the batch."""
-
-    nsp_loss_weight: float
-    max_grad_norm: float  # 0: no clipping
-    precision: str
-    output_dir: str  # named, with its last checkpoint, should the loss stop being finite
-    flops: ModelFlops  # for the logged model FLOP/s and MFU
-    compiled: bool = False  # the update is compiled (`setup.compile_model`; clipping here)
-    attention_padding: str = "mask"  # --attention_padding, HfBertModel.forward's speed path
-
-    @classmethod
-    def of(
-        cls,
-        optimization: OptimizationSettings,
-        precision: str,
-        output_dir: str,
-        flops: ModelFlops,
-        device: torch.device,
-    ) -> StepSettings:
-        compiled = optimization.compiles_update(device.type)
-        return cls(
-            optimization.nsp_loss_weight,
-            optimization.max_grad_norm,
-            precision,
-            output_dir,
-            flops,
-            compiled,
-            optimization.attention_padding,
-        )
+def write_checkpoint(
+    accelerator: Accelerator, state: TrainingState, settings: PretrainingSettings, data: PretrainingData
+) -> Path:
+    """Write `state` as the checkpoint of its update (on every process: a stream's positions are gathered from
+    each; the batches add their position where `progress` does not hold it) with the run's settings (compared
+    on resume), its tokenizer (reused on resume) and the model's config (so that a checkpoint folder is one a
+    new run can start from with --model_name_or_path)."""
+    run = settings.run
+    return save_checkpoint(
+        accelerator,
+        run.output_dir,
+        state.progress.completed_steps,
+        run.checkpoints_total_limit,
+        run_settings=settings.checkpoint_settings(),
+        tokenizer=data.tokenizer,
+        model_config=data.config,
+        extra_json=state.batches.checkpoint_files(accelerator) or None,
+    )
 
 
 @functools.cache
@@ -184,26 +123,28 @@ def train_step(
     accelerator: Accelerator,
     state: TrainingState,
     batch: dict[str, torch.Tensor],
-    step: StepSettings,
+    optimization: OptimizationSettings,
     window: TrainingWindow,
     callbacks: Callback,
 ) -> tuple[Any, torch.Tensor]:
     """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch, its
-    statistics added to `window` on the device; `callbacks` may add to the loss."""
-    if step.compiled:  # a new iteration: CUDA graphs (reduce-overhead, max-autotune) may reuse the last one's memory
+    statistics added to `window` on the device; `callbacks` may add to the loss. The update is compiled where
+    `optimization.compiles_update` says (`optimization.compile_model` compiled the model; clipping here)."""
+    compiled = optimization.compiles_update(accelerator.device.type)
+    if compiled:  # a new iteration: CUDA graphs (reduce-overhead, max-autotune) may reuse the last one's memory
         torch.compiler.cudagraph_mark_step_begin()
     with accelerator.accumulate(state.model):
-        outputs = state.model(**batch, mlm_masked_rows_only=True, attention_padding=step.attention_padding)
+        outputs = state.model(**batch, mlm_masked_rows_only=True, attention_padding=optimization.attention_padding)
         loss = callbacks.loss(outputs.mlm_loss, batch)
         if outputs.nsp_loss is not None:  # None under --objective mlm
-            loss = loss + step.nsp_loss_weight * outputs.nsp_loss
+            loss = loss + optimization.nsp_loss_weight * outputs.nsp_loss
         accelerator.backward(loss)  # the loss is checked once per logging interval (a check waits for the device)
         grad_norm = None
-        if accelerator.sync_gradients and step.max_grad_norm > 0:  # the norm before clipping, for the log
+        if accelerator.sync_gradients and optimization.max_grad_norm > 0:  # the norm before clipping, for the log
             # What accelerator.clip_grad_norm_ does for one process or DDP, with the clipping compiled if the update is
             accelerator.unscale_gradients(state.optimizer)
-            clip = compiled_clipping() if step.compiled else torch.nn.utils.clip_grad_norm_
-            grad_norm = clip(list(state.model.parameters()), step.max_grad_norm)
+            clip = compiled_clipping() if compiled else torch.nn.utils.clip_grad_norm_
+            grad_norm = clip(list(state.model.parameters()), optimization.max_grad_norm)
         state.optimizer.step()  # under fp16 the scaler gives the fused step its inf flag on the device: no wait
         state.optimizer.zero_grad(set_to_none=True)
     window.add(outputs, loss, batch, grad_norm)
@@ -268,7 +209,8 @@ class PreemptionSignals:
 def stop_for_preemption(
     accelerator: Accelerator,
     state: TrainingState,
-    checkpoints: CheckpointWriter,
+    settings: PretrainingSettings,
+    data: PretrainingData,
     callbacks: Callback,
     signal_number: int,
     saved: bool,
@@ -276,9 +218,9 @@ def stop_for_preemption(
     """End the fit (`on_fit_end`), write a checkpoint at this update (unless one was `saved` at it: every
     process decides alike) and raise `Preempted`."""
     callbacks.on_fit_end(state.progress)
-    where = checkpoints.folder(state.progress.completed_steps)
+    where = checkpoint_folder(settings.run.output_dir, state.progress.completed_steps)
     if not saved:
-        where = checkpoints.save(accelerator, state)
+        where = write_checkpoint(accelerator, state, settings, data)
     name = signal.Signals(signal_number).name
     raise Preempted(
         f"Stopped by {name} after update {state.progress.completed_steps}; the training state is saved in "
@@ -325,15 +267,16 @@ def log_training_row(
     state: TrainingState,
     window: TrainingWindow,
     row_facts: tuple[int, float],
-    step: StepSettings,
-    extra: dict[str, float],
+    flops: ModelFlops,
+    output_dir: str,
 ) -> dict[str, Any]:
     """A training window's row (`TrainingWindow.row`: the one host synchronisation of a logging interval),
-    checked for a finite loss and appended to the run's history. `row_facts`: the epoch as logged, the rate;
-    `extra`: more columns (`CompileTime.row`)."""
+    checked for a finite loss (a non-finite one names `output_dir`'s last checkpoint) and appended to the run's
+    history. `row_facts`: the epoch as logged, the rate; `flops`: for the row's model FLOP/s and MFU."""
     epoch, learning_rate = row_facts
-    row = window.row(accelerator, state.progress, epoch, learning_rate, step.flops) | extra
-    check_loss_is_finite(torch.tensor(row["loss"]), step.precision, row["step"], learning_rate, step.output_dir)
+    row = window.row(accelerator, state.progress, epoch, learning_rate, flops)
+    precision = accelerator.mixed_precision
+    check_loss_is_finite(torch.tensor(row["loss"]), precision, row["step"], learning_rate, output_dir)
     state.progress.log_history.append(row)
     return row
 
@@ -341,16 +284,19 @@ def log_training_row(
 def fit(
     accelerator: Accelerator,
     state: TrainingState,
+    budget: Budget,
     eval_loader: DataLoader,
-    schedule: LoopSchedule,
-    step: StepSettings,
-    checkpoints: CheckpointWriter,
     callbacks: Callback,
+    settings: PretrainingSettings,
+    data: PretrainingData,
+    flops: ModelFlops,
 ) -> dict[str, float]:
-    """Train `state` on its batches until the budget runs out; log, evaluate and checkpoint as `schedule`
-    says, calling `callbacks` at each event. On SIGTERM/SIGUSR1, write a checkpoint and raise `Preempted`.
-    Returns the final evaluation metrics."""
-    progress, budget = state.progress, schedule.budget
+    """Train `state` on its batches until `budget` runs out; log, evaluate and checkpoint (with `data`'s
+    tokenizer and config) as `settings.run` says, calling `callbacks` at each event; `flops`: the logged model
+    FLOP/s and MFU. On SIGTERM/SIGUSR1, write a checkpoint and raise `Preempted`. Returns the final evaluation
+    metrics."""
+    run, progress = settings.run, state.progress
+    compiled = settings.optimization.compiles_update(accelerator.device.type)
     seconds = synced_train_seconds(accelerator, progress, budget)
     share = budget.share_spent(progress.completed_steps, seconds)
     callbacks.on_fit_start(progress, share)
@@ -366,7 +312,7 @@ def fit(
             for batch in state.batches.epoch(epoch, progress, accelerator):
                 learning_rate = budget.schedule(progress.completed_steps, seconds)
                 set_learning_rate(state.optimizer, learning_rate)
-                train_step(accelerator, state, batch, step, window, callbacks)
+                train_step(accelerator, state, batch, settings.optimization, window, callbacks)
                 progress.micro_batches_in_epoch += accelerator.num_processes  # global: any split continues it
                 if not accelerator.sync_gradients:
                     continue
@@ -374,34 +320,35 @@ def fit(
                 update = progress.completed_steps
                 update_seconds = time.perf_counter() - clock
                 progress.train_seconds += update_seconds
-                if step.compiled:
+                if compiled:
                     compile_time.add(update_seconds)
                 seconds = synced_train_seconds(accelerator, progress, budget)
                 share = budget.share_spent(update, seconds)
                 callbacks.on_update(update, share)
-                log_due = schedule.log_due(update)
+                log_due = is_due(update, run.logging_steps) or update == budget.max_train_steps
                 if log_due:
                     facts = (state.batches.logged_epoch(epoch), learning_rate)
-                    row = log_training_row(accelerator, state, window, facts, step, compile_time.row())
+                    row = log_training_row(accelerator, state, window, facts, flops, run.output_dir)
+                    row |= compile_time.row()
                     callbacks.on_log(row, share)
                     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
-                if is_due(update, schedule.eval_steps):
+                if is_due(update, run.eval_steps):
                     metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)
-                if is_due(update, schedule.checkpoint_steps):
-                    checkpoints.save(accelerator, state)
+                saved = is_due(update, run.checkpoint_steps)
+                if saved:
+                    write_checkpoint(accelerator, state, settings, data)
                 if preemption.agreed(accelerator, due=log_due):
-                    saved = is_due(update, schedule.checkpoint_steps)
-                    stop_for_preemption(accelerator, state, checkpoints, callbacks, preemption.signal_number, saved)
+                    stop_for_preemption(accelerator, state, settings, data, callbacks, preemption.signal_number, saved)
                 clock = time.perf_counter()  # evaluation and saving are not training time
                 if out_of_budget(progress, budget, seconds):
                     break
             else:  # the epoch ran to its end
-                metrics = end_epoch(accelerator, state, eval_loader, schedule, checkpoints, callbacks, share) or metrics
+                metrics = end_epoch(accelerator, state, eval_loader, callbacks, settings, data, share) or metrics
                 clock = time.perf_counter()
         metrics = final_metrics(accelerator, state, eval_loader, callbacks, metrics, share)
         if preemption.agreed(accelerator, due=True):  # a signal during the final evaluation still checkpoints
-            saved = checkpoints.folder(progress.completed_steps).is_dir()
-            stop_for_preemption(accelerator, state, checkpoints, callbacks, preemption.signal_number, saved)
+            saved = checkpoint_folder(run.output_dir, progress.completed_steps).is_dir()
+            stop_for_preemption(accelerator, state, settings, data, callbacks, preemption.signal_number, saved)
     callbacks.on_fit_end(progress)
     return metrics
 
@@ -415,9 +362,9 @@ def end_epoch(
     accelerator: Accelerator,
     state: TrainingState,
     eval_loader: DataLoader,
-    schedule: LoopSchedule,
-    checkpoints: CheckpointWriter,
     callbacks: Callback,
+    settings: PretrainingSettings,
+    data: PretrainingData,
     share: float,
 ) -> dict[str, float] | None:
     """At the end of an epoch: the next one starts at its first batch; evaluate (without --eval_steps) and
@@ -426,10 +373,10 @@ def end_epoch(
     progress.epoch += 1
     progress.micro_batches_in_epoch = 0
     metrics = None
-    if schedule.eval_steps is None:
+    if settings.run.eval_steps is None:
         metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)
-    if schedule.checkpoint_each_epoch:
-        checkpoints.save(accelerator, state)
+    if settings.run.checkpoint_each_epoch:
+        write_checkpoint(accelerator, state, settings, data)
     return metrics
 
 

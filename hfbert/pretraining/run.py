@@ -1,25 +1,26 @@
-"""The whole run: `pretrain(settings)` composes the stages in the order of the flow.
+"""The whole run: `pretrain(settings)` composes the stages in the order of the flow, in one function.
 
+    start               the precision and the Accelerator                                     (precision)
     check_before_work   the run folder, the checkpoint to resume and its settings, Hub access   (checkpointing)
-    precision           the precision and the Accelerator                                     (precision)
     data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data; stream)
-    model               the model and its start (--attention_init, or a source's weights)     (model)
+    model               the model and its start (--attention_init, or a source's weights)     (build_model)
     batches             the batch plan and the loaders                                         (batches; stream)
-    setup               optimizer, schedule, budget, prepared by accelerate                    (setup)
+    optimization        optimizer, schedule, budget, prepared by accelerate                    (optimization)
     fit                 the loop: step, log, evaluate, checkpoint, preemption; callbacks       (loop, callbacks)
     finish              final folder (model, tokenizer, card, curves, samples) and push         (finish)
 
 The cached and the streamed data (--streaming) differ only in the data stage and the training batches; which
-one a run uses is chosen once (`DataPipeline`). Every stage is public; to pretrain another model through the
-same pipeline, compose them as `pretrain` does with that model in place of `HfBertForPreTraining` (see
-`setup_training` for what its forward must return, and benchmarks/time_to_quality.py). Every process of a
-multi-process launch calls `pretrain`.
+one a run uses is chosen once (`DataPipeline`). To pretrain another model through the same pipeline, pass its
+class (or any function of the model config that builds it) as `pretrain`'s `model_class` (see `setup_training`
+for what its forward must return, and benchmarks/time_to_quality.py); the stages before it (`start`,
+`check_before_work`, `prepare_run_data`) are public too. Every process of a multi-process launch calls
+`pretrain`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -43,10 +44,13 @@ from hfbert.checkpointing import (
     run_folder_lock,
     starts_over_with_auto,
 )
+from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus_source import CorpusArguments
 from hfbert.files import check_local_files, publish_files
+from hfbert.initialization import init_structured_attention
 from hfbert.model_card import check_hub_access
-from hfbert.pretraining.attention_shaping import ClsAttentionSpread
+from hfbert.modeling_hfbert import HfBertForPreTraining
+from hfbert.pretraining.attention_shaping import ClsAttentionSpread, StructuredFade
 from hfbert.pretraining.batches import (
     BatchPlan,
     TrainingBatches,
@@ -71,32 +75,23 @@ from hfbert.pretraining.data import (
     prepare_data,
 )
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
-from hfbert.pretraining.finish import FinalContents, FinalFolder, finish
+from hfbert.pretraining.finish import FinalFolder, finish
 from hfbert.pretraining.health import RunHealth
 from hfbert.pretraining.health.report import health_report
 from hfbert.pretraining.health.signatures import BudgetLimits
-from hfbert.pretraining.loop import (
-    CheckpointWriter,
-    LoopSchedule,
-    Preempted,
-    PreemptionSignals,
-    ProgressBar,
-    StepSettings,
-    Tracker,
-    fit,
-)
-from hfbert.pretraining.model import build_model
+from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
+from hfbert.pretraining.optimization import Budget, TrainingState, count_parameters, setup_training
 from hfbert.pretraining.plan import plan_run, rehearse_data_stage
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import (
     DataSettings,
+    ModelSettings,
     PretrainingSettings,
     check_config_file,
     check_resume_settings,
 )
-from hfbert.pretraining.setup import Budget, TrainingState, count_parameters, setup_training
-from hfbert.pretraining.source_model import SourceModel, check_source_model
+from hfbert.pretraining.source_model import SourceModel, check_source_model, load_source_model
 from hfbert.pretraining.stream import (
     build_stream_loaders,
     check_stream_checkpoint,
@@ -107,6 +102,9 @@ from hfbert.pretraining.stream import (
 from hfbert.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
+
+# What `pretrain` trains: a model class, or any function of the model config that builds the model.
+ModelClass = Callable[[HfBertConfig], torch.nn.Module]
 
 
 @dataclass(frozen=True)
@@ -298,53 +296,34 @@ def loop_callbacks(
     return callbacks
 
 
-def train(
-    settings: PretrainingSettings,
-    accelerator: Accelerator,
-    precision: str,
-    data: PretrainingData,
-    model: torch.nn.Module,
-    checkpoint: Path | None,
-    start_callbacks: Sequence[Callback] = (),
-) -> FinalFolder:
-    """Batches -> setup -> resume -> fit -> finish for `model`, already started (`hfbert.pretraining.model`;
-    `start_callbacks`: what its start leaves for training to do); returns the final folder."""
-    optimization = settings.optimization
-    set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
-    plan = plan_batches(settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device)
-    batches, eval_loader = data_pipeline(settings).build_loaders(plan, data.tokenizer, data.train, data.evaluation)
-    state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
-    summary = run_summary(settings, model, data, precision, plan, budget, accelerator.num_processes)
-    log_plan(data, settings, budget, summary)
-    if checkpoint is not None:
-        resume_from(accelerator, state, checkpoint, optimization.seed)
-    if settings.run.with_tracking:
-        accelerator.init_trackers("hfbert-pretraining", config=summary)
-    run = settings.run
-    checkpoints = CheckpointWriter(
-        run.output_dir, run.checkpoints_total_limit, settings.checkpoint_settings(), data.tokenizer, data.config
-    )
+def start_fresh_model(model: torch.nn.Module, settings: ModelSettings, seed: int) -> list[Callback]:
+    """Initialise a freshly built `model` (HfBertForPreTraining, or another BERT through the same pipeline,
+    see benchmarks/time_to_quality.py) as --attention_init says; returns the callbacks its start needs (the
+    structured start's fade, under --structured_attention_fade). A resumed run then loads its checkpoint over
+    these weights, and the fade goes on from the checkpoint's progress."""
+    if settings.attention_init != "structured":
+        return []  # bert: the model's own initialisation, as built
+    fade = settings.structured_attention_fade or 0.0
+    components = init_structured_attention(model, seed=seed, keep_random_rows=fade > 0)
+    return [StructuredFade(model, components, fade)] if fade > 0 else []
+
+
+def build_model(
+    settings: PretrainingSettings, config: HfBertConfig, source: SourceModel | None, model_class: ModelClass
+) -> tuple[torch.nn.Module, list[Callback]]:
+    """The model to train, chosen once, here: `source`'s weights (--model_name_or_path, nothing initialised),
+    or `model_class(config)` started as --attention_init says; and the callbacks of its start (the fade)."""
+    if source is not None:
+        return load_source_model(source, config), []
+    model = model_class(config)
+    return model, start_fresh_model(model, settings.model, settings.optimization.seed)
+
+
+def model_flops(model: torch.nn.Module, plan: BatchPlan, accelerator: Accelerator, precision: str) -> ModelFlops:
+    """What the logged model FLOP/s and MFU are computed from (the peak that MFU is against is logged)."""
     peak_flops, peak_line = device_peak_flops(accelerator.device, precision)
     logger.info(peak_line)
-    flops = ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops)
-    # the budget as training_args.json records it: a replay of log_history.json judges as this run did
-    health = RunHealth(data.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
-    callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
-    step = StepSettings.of(optimization, precision, run.output_dir, flops, accelerator.device)
-    try:
-        metrics = fit(accelerator, state, eval_loader, LoopSchedule.of(budget, run), step, checkpoints, callbacks)
-    except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit
-        release_ddp_wrapper(accelerator, state)
-        stopped.process_group_ended = end_process_group(accelerator)
-        raise
-    release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
-    eval_results = {"step": state.progress.completed_steps, "train_seconds": state.progress.train_seconds, **metrics}
-    final = FinalContents(
-        data.tokenizer, summary, eval_results, state.progress.log_history, (data.sample_sentences, data.other_sentence),
-        run_health=health_report(data.health, health.events),
-    )
-    with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
-        return finish(accelerator, state.model, final, settings.run, settings.corpus)
+    return ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops)
 
 
 def resume_from(accelerator: Accelerator, state: TrainingState, checkpoint: Path, seed: int) -> None:
@@ -355,18 +334,43 @@ def resume_from(accelerator: Accelerator, state: TrainingState, checkpoint: Path
     state.batches.resume(checkpoint, accelerator)
 
 
-def pretrain(settings: PretrainingSettings) -> FinalFolder:
-    """Pretrain HfBertForPreTraining; returns the final folder (its path, and the fill-mask section of its
-    samples to print)."""
+def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForPreTraining) -> FinalFolder:
+    """Pretrain `model_class` (HfBertForPreTraining, or any model with its training outputs: see
+    `setup_training`), unless --model_name_or_path names the weights to start from; returns the final folder
+    (its path, and the fill-mask section of its samples to print). Every process of a launch calls it."""
     accelerator, precision = start(settings)
+    optimization = settings.optimization
     with ExitStack() as held:  # the run folder's lock, taken by the main process; its refusal ends every rank
         checked_on_main_process(accelerator, partial(held.enter_context, run_folder_lock(settings.run.output_dir)))
         check_output_dir_shared(Path(settings.run.output_dir), accelerator)
         checkpoint, source = check_before_work(settings, accelerator)
         data = prepare_run_data(settings, accelerator, checkpoint, source)
         check_processes_agree(settings, data, accelerator)  # before the first update, on every rank
-        model, start_callbacks = build_model(settings.model, data.config, source, settings.optimization.seed)
-        return train(settings, accelerator, precision, data, model, checkpoint, start_callbacks)
+        model, start_callbacks = build_model(settings, data.config, source, model_class)
+        set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
+        plan = plan_batches(settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device)
+        batches, eval_loader = data_pipeline(settings).build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+        state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
+        summary = run_summary(settings, model, data, precision, plan, budget, accelerator.num_processes)
+        log_plan(data, settings, budget, summary)
+        if checkpoint is not None:
+            resume_from(accelerator, state, checkpoint, optimization.seed)
+        if settings.run.with_tracking:
+            accelerator.init_trackers("hfbert-pretraining", config=summary)
+        flops = model_flops(model, plan, accelerator, precision)
+        # the budget as training_args.json records it: a replay of log_history.json judges as this run did
+        health = RunHealth(data.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
+        callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
+        try:
+            metrics = fit(accelerator, state, budget, eval_loader, callbacks, settings, data, flops)
+        except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit
+            release_ddp_wrapper(accelerator, state)
+            stopped.process_group_ended = end_process_group(accelerator)
+            raise
+        release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
+        run_health = health_report(data.health, health.events)
+        with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
+            return finish(accelerator, state, data, metrics, summary, run_health, settings)
 
 
 def dry_run(settings: PretrainingSettings) -> str:

@@ -76,7 +76,7 @@ OUTGROWN_WHEN = {
 
 @dataclass(frozen=True)
 class BudgetLimits:
-    """The run's budget as training_args.json records it (`hfbert.pretraining.setup.Budget.share_spent`
+    """The run's budget as training_args.json records it (`hfbert.pretraining.optimization.Budget.share_spent`
     without the schedule), and how many passes over the training text an update makes (None for a stream)."""
 
     max_train_steps: int | None

@@ -1,5 +1,5 @@
-"""Setup stage: the optimizer and learning-rate schedule of the model to train, the step budget, all prepared by
-accelerate. What a checkpoint holds is one explicit `TrainingState`."""
+"""The optimization of the model to train: its optimizer, learning-rate schedule and step budget, prepared by
+accelerate (`setup_training`). What a checkpoint holds is one explicit `TrainingState`."""
 
 from __future__ import annotations
 
@@ -166,8 +166,8 @@ def setup_training(
     optimization: OptimizationSettings,
     accelerator: Accelerator,
 ) -> tuple[TrainingState, DataLoader, Budget]:
-    """Optimizer, schedule and budget for `model` (already started: `hfbert.pretraining.model`), everything
-    prepared by accelerate (not yet resumed).
+    """Optimizer, schedule and budget for `model` (already started: `hfbert.pretraining.run.build_model`),
+    everything prepared by accelerate (not yet resumed).
 
     `model` is any module whose forward takes a batch plus `mlm_masked_rows_only=True` and returns `mlm_loss`,
     `nsp_loss`, `prediction_logits` at the masked rows (row-major order of labels != -100) and
@@ -189,15 +189,3 @@ def setup_training(
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
-
-__all__ = [
-    "UNBOUNDED_STEPS",
-    "Budget",
-    "LearningRateSchedule",
-    "TrainingState",
-    "build_optimizer",
-    "compile_model",
-    "optimizer_parameter_groups",
-    "plan_budget",
-    "setup_training",
-]
