@@ -210,7 +210,9 @@ class StreamCollator:
 class StreamLoader:
     """A process's training batches under --streaming (a `hfbert.pretraining.batches.TrainingBatches`): one
     endless epoch of unknown length, placed by its own position, which every checkpoint stores
-    (`stream_state.json`, every process's, gathered) and a resumed run restores before iterating."""
+    (`stream_state.json`, every process's, gathered) and a resumed run restores before iterating.
+    Kept beside `datasets`' `IterableDataset.state_dict()`, which each position holds: that places the documents
+    read, not the row within a window's shuffled instances nor which loader worker's batch comes next."""
 
     dataset: StreamedInstances
     loader: DataLoader
