@@ -11,7 +11,7 @@ from datasets import Dataset, DatasetDict, load_from_disk
 import hfbert.pretraining.batches as batches
 import hfbert.pretraining.instances as instances_module
 from hfbert.pretraining.batches import EpochDraws
-from hfbert.pretraining.data import build_instances, tokenize_documents, tokenized_features
+from hfbert.pretraining.data import cached_instances, tokenize_documents, tokenized_features
 from hfbert.pretraining.instances import (
     DrawnInstances,
     InstanceRecipe,
@@ -87,9 +87,9 @@ def test_the_cache_grows_with_the_corpus_not_with_the_passes(tmp_path, sample_do
         sample_documents[split].save_to_disk(tmp_path / split)
     documents = DatasetDict({split: load_from_disk(tmp_path / split) for split in ("train", "validation")})
     before = files_in(tmp_path)
-    train, _ = build_instances(documents, sample_tokenizer, DataSettings(dupe_factor=1), seed=5)
+    train, *_ = cached_instances(documents, sample_tokenizer, DataSettings(dupe_factor=1), seed=5)
     one_pass = files_in(tmp_path)
-    more_train, _ = build_instances(documents, sample_tokenizer, DataSettings(dupe_factor=6), seed=5)
+    more_train, *_ = cached_instances(documents, sample_tokenizer, DataSettings(dupe_factor=6), seed=5)
     six_passes = files_in(tmp_path)
     assert len(more_train) > 5.5 * len(train)
     tokens = sum(len(sentence) for document in documents["train"] for sentence in document["paragraphs"])

@@ -15,20 +15,11 @@ from datasets.distributed import split_dataset_by_node
 from hfbert.corpus import is_wikitext_article_heading, load_documents
 from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments
 from hfbert.errors import Refusal, RunFailure
-from hfbert.pretraining.batches import BatchPlan
-from hfbert.pretraining.data import tokenize_documents
-from hfbert.pretraining.instances import InstanceRecipe, TokenizedDocuments
+from hfbert.pretraining.batches import BatchPlan, build_loaders
+from hfbert.pretraining.data import check_documents_left_to_train, tokenize_documents, validation_documents
+from hfbert.pretraining.instances import InstanceRecipe, TokenizedDocuments, TrainingStream
 from hfbert.pretraining.settings import DataSettings
-from hfbert.pretraining.stream import (
-    STREAM_STATE_NAME,
-    TrainingStream,
-    WindowDocuments,
-    build_stream_loaders,
-    check_documents_left_to_train,
-    check_stream_checkpoint,
-    draw_id,
-    validation_documents,
-)
+from hfbert.pretraining.stream import STREAM_STATE_NAME, WindowDocuments, check_stream_checkpoint, draw_id
 
 ARTICLES = 6
 
@@ -66,7 +57,7 @@ def stream_loader(documents, tokenizer, workers: int, window: int = 2, objective
         seed=5,
     )
     stream = TrainingStream(documents, make_recipe(tokenizer, objective), tokenizer, window, rank)
-    loader, _ = build_stream_loaders(plan, tokenizer, stream, [])
+    loader, _ = build_loaders(plan, tokenizer, stream, [])
     return loader
 
 

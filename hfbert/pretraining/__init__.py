@@ -2,10 +2,11 @@
 each, in the order data flows through them:
 
     settings     the run's flags, in groups (corpus, data, model, optimization, run)
-    data         corpus -> documents -> tokenizer -> model config -> NSP instances (cached by datasets)
+    data         corpus -> documents -> tokenizer -> model config -> NSP instances (cached by datasets, or
+                 with --streaming a fixed validation set and each process's share of a stream)
+    stream       --streaming: training instances made from a stream of documents in windows, by loader
+                 workers, with each worker's position for an exact resume
     batches      the batch plan, the loaders and the one collator (padding, masking, the static form)
-    stream       --streaming: the fixed validation set, and training instances made from a stream of documents
-                 in windows, by loader workers, with each worker's position for an exact resume
     precision    the precision and the Accelerator
     optimization optimizer, schedule and budget, prepared by accelerate; the checkpointed TrainingState
     evaluation   held-out evaluation, the metrics' sums, model FLOPs and MFU (used by the loop)

@@ -31,14 +31,14 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from hfbert.checkpointing import TrainingProgress
 from hfbert.errors import Refusal
 from hfbert.modeling_hfbert import IGNORE_INDEX
-from hfbert.pretraining.instances import SHUFFLE_WINDOW, DrawnInstances
+from hfbert.pretraining.instances import DRAW_KEY, SHUFFLE_WINDOW, DrawnInstances, TrainingStream
 from hfbert.pretraining.reshard import micro_batches_to_skip
+from hfbert.pretraining.stream import StreamCollator, StreamedInstances, StreamLoader
 
 if TYPE_CHECKING:
     from hfbert.pretraining.settings import DataSettings, OptimizationSettings
 
 _SAMPLER_BLOCK = 65536  # draw ids converted to Python ints at a time by EpochDraws
-DRAW_KEY = "draw"  # a feature's draw id: epoch * num_instances + instance index (see InstanceDraws)
 FEATURE_KEYS = ("input_ids", "token_type_ids", "next_sentence_label")
 
 
@@ -509,30 +509,34 @@ class CachedBatches:
 
 
 def build_loaders(
-    plan: BatchPlan, tokenizer: Any, train: DrawnInstances, evaluation: Any
-) -> tuple[CachedBatches, DataLoader]:
+    plan: BatchPlan, tokenizer: Any, train: DrawnInstances | TrainingStream, evaluation: Any
+) -> tuple[TrainingBatches, DataLoader]:
     """Training batches and the evaluation loader, whose collate_fn builds finished batches (padded, masked,
     static form when planned) in worker processes, into pinned memory on CUDA; the training instances are made
-    there too. `evaluation`: written instances (a ``datasets.Dataset``)."""
-    seed = plan.seed
-    train_batch = plan.train_batch_size
-    train_loader = DataLoader(
-        InstanceDraws(train),
-        batch_size=train_batch,
-        sampler=EpochDraws(len(train), seed, unit_offsets=train.unit_offsets),
-        collate_fn=DataCollatorForPretraining(
-            tokenizer,
-            mlm_probability=plan.mlm_probability,
-            whole_word_masking=plan.whole_word_masking,
-            **_shape(plan),
-        ),
-        drop_last=plan.drop_last and len(train) >= train_batch,
-        # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG
-        # and shifts the training dropout stream (the evaluation loader's too, at every evaluation).
-        generator=torch.Generator().manual_seed(seed),
-        **loader_options(plan.num_workers, plan.pin_memory),
+    there too: drawn ones (`CachedBatches`) or a stream's (`StreamLoader`, masks seeded by each instance's draw
+    id). `evaluation`: written instances (a ``datasets.Dataset``)."""
+    collator = DataCollatorForPretraining(
+        tokenizer, mlm_probability=plan.mlm_probability, whole_word_masking=plan.whole_word_masking, **_shape(plan)
     )
-    return CachedBatches(train_loader), build_eval_loader(plan, tokenizer, evaluation)
+    # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG and shifts
+    # the training dropout stream (the evaluation loader's too, at every evaluation).
+    options = {"batch_size": plan.train_batch_size, "generator": torch.Generator().manual_seed(plan.seed)}
+    if isinstance(train, TrainingStream):  # split by process already; the streamed loader never kept its workers
+        instances = StreamedInstances(train)
+        workers = loader_options(plan.num_workers, plan.pin_memory, persistent=False)
+        loader = DataLoader(instances, collate_fn=StreamCollator(collator), **options, **workers)
+        batches: TrainingBatches = StreamLoader(instances, loader, plan.num_workers)
+    else:
+        loader = DataLoader(
+            InstanceDraws(train),
+            sampler=EpochDraws(len(train), plan.seed, unit_offsets=train.unit_offsets),
+            collate_fn=collator,
+            drop_last=plan.drop_last and len(train) >= plan.train_batch_size,
+            **options,
+            **loader_options(plan.num_workers, plan.pin_memory),
+        )
+        batches = CachedBatches(loader)
+    return batches, build_eval_loader(plan, tokenizer, evaluation)
 
 
 def build_eval_loader(plan: BatchPlan, tokenizer: Any, evaluation: Any) -> DataLoader:

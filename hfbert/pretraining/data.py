@@ -1,9 +1,13 @@
-"""Documents -> tokenized sentences, and the data stage of a run.
+"""Documents -> tokenized sentences, and the data stage of a run, cached or streamed.
 
 `tokenize_documents` splits paragraphs into sentences and stores their token ids once, in the narrowest
 integer type the vocabulary fits; :mod:`hfbert.pretraining.instances` makes NSP pairs and MLM segments from
-them while training. `prepare_data` is the data stage: corpus -> documents -> tokenizer -> model config ->
-tokenized documents -> instances.
+them while training. `prepare` is the data stage: corpus -> documents -> tokenizer -> model config ->
+evaluation instances and training instances. A cached corpus is tokenized and counted once in the datasets
+cache (`cached_instances`); a --streaming one is not read ahead of training: its validation documents (the
+source's validation split, or the first --stream_validation_documents of the training stream, which training
+then skips) are written to the datasets cache and made into instances there, and each process trains on its
+share of the stream (`streamed_instances`, made into instances by :mod:`hfbert.pretraining.stream`).
 """
 
 from __future__ import annotations
@@ -19,15 +23,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
 from accelerate import Accelerator
-from datasets import Dataset, DatasetDict, Features, List, Value
+from datasets import (
+    Dataset,
+    DatasetDict,
+    Features,
+    IterableDataset,
+    IterableDatasetDict,
+    List,
+    NamedSplit,
+    Value,
+)
+from datasets.distributed import split_dataset_by_node
 from datasets.fingerprint import Hasher
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.corpus import DOCUMENTS_PER_BATCH, load_documents, naming_cache_failures, stream_documents
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus import (
+    DOCUMENT_FEATURES,
+    DOCUMENTS_PER_BATCH,
+    load_documents,
+    naming_cache_failures,
+    resolve_document_boundary,
+    stream_documents,
+)
+from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.initialization import check_structured_attention_config
 from hfbert.pretraining.health.corpus import (
@@ -40,6 +60,7 @@ from hfbert.pretraining.instances import (
     MIN_NSP_DOCUMENTS,
     DrawnInstances,
     InstanceRecipe,
+    TrainingStream,
     draw_training_instances,
     write_instances,
 )
@@ -186,23 +207,8 @@ def check_validation_split(total: int, validation: int | None, percentage: int) 
     return validation_count
 
 
-def check_cached_corpus(corpus: CorpusArguments, data: DataSettings, num_processes: int) -> None:
-    """The data stage's refusals that need no tokenizer, before any work: every check of `load_documents`
-    (streamed: nothing is written), and enough documents to hold out validation documents, counted only as far
-    as the answer needs. A Hub dataset is checked when it is downloaded, the run's first work (the datasets cache
-    may hold it where streaming it cannot reach it)."""
-    if corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
-        return
-    documents = stream_documents(corpus)
-    counts = {
-        split: sum(1 for _ in itertools.islice(split_documents, DOCUMENTS_ANY_SPLIT_FITS))
-        for split, split_documents in documents.items()
-    }
-    check_validation_split(counts["train"], counts.get("validation"), data.validation_split_percentage)
-
-
 def first_documents_with_text(
-    documents: datasets.IterableDataset, tokenizer: PreTrainedTokenizerBase, count: int
+    documents: IterableDataset, tokenizer: PreTrainedTokenizerBase, count: int
 ) -> Dataset:
     """The first `count` documents of `documents` that keep text after tokenizing (all there are, when fewer),
     tokenized as `tokenize_documents` tokenizes them, in memory: nothing is written (--dry_run)."""
@@ -331,8 +337,8 @@ class PretrainingData:
 
     tokenizer: Any
     config: HfBertConfig
-    train: DrawnInstances  # or, with --streaming, a hfbert.pretraining.stream.TrainingStream
-    evaluation: datasets.Dataset
+    train: DrawnInstances | TrainingStream  # TrainingStream: --streaming
+    evaluation: Dataset
     sample_sentences: list[str]  # validation sentences for the final folder's samples.md
     other_sentence: str | None  # a sentence of another validation document (the random NSP pair)
     health: CorpusHealth | None = None  # the corpus statistics and baselines (hfbert.pretraining.health)
@@ -341,14 +347,16 @@ class PretrainingData:
 def load_run_tokenizer(
     data: DataSettings,
     output_dir: Path,
-    documents: datasets.DatasetDict,
+    documents: DatasetDict | IterableDatasetDict,
     accelerator: Accelerator,
     checkpoint_tokenizer: Path | None,
     source: SourceModel | None = None,
 ) -> Any:
     """The tokenizer of the run: a resumed run's own (`checkpoint_tokenizer`, the folder its checkpoint holds),
     --tokenizer_name, the source model's (--model_name_or_path), or one trained on the training corpus by the
-    main process into `output_dir/.tokenizer`."""
+    main process into `output_dir/.tokenizer` (never on a stream)."""
+    if isinstance(documents, IterableDatasetDict):
+        check_stream_tokenizer(data, checkpoint_tokenizer, source)
     if checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir():
         checkpoint = checkpoint_tokenizer.parent
         tokenizer = AutoTokenizer.from_pretrained(checkpoint_tokenizer)
@@ -409,39 +417,9 @@ def instance_recipe(data: DataSettings, tokenizer: Any, seed: int) -> InstanceRe
     )
 
 
-def build_instances(
-    documents: datasets.DatasetDict, tokenizer: Any, data: DataSettings, seed: int
-) -> tuple[DrawnInstances, datasets.Dataset]:
-    """The training instances (`dupe_factor` passes, counted now and made while training) and the evaluation
-    instances (one pass, written: every evaluation scores the same rows), cached by datasets."""
-    train, evaluation, _ = build_instances_and_health(documents, tokenizer, data, seed)
-    return train, evaluation
-
-
-def build_instances_and_health(
-    documents: datasets.DatasetDict, tokenizer: Any, data: DataSettings, seed: int
-) -> tuple[DrawnInstances, datasets.Dataset, CorpusHealth]:
-    """`build_instances`, and the training corpus's statistics and baselines from the same cached columns."""
-    recipe = instance_recipe(data, tokenizer, seed)
-    workers = data.preprocessing_num_workers
-    tokenized = {
-        split: tokenized_with_statistics(documents[split], tokenizer, num_proc=workers) for split in documents
-    }
-    sentences = {split: tokenized[split].select_columns(["sentences"]) for split in tokenized}
-    # --objective mlm cuts every document the same way in every pass: --dupe_factor is 1 (settings refuse more).
-    train = draw_training_instances(sentences["train"], recipe, data.dupe_factor, num_proc=workers)
-    evaluation = write_instances(sentences["validation"], recipe, num_proc=workers)
-    if data.max_eval_samples is not None:
-        evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
-    health = cached_corpus_health(
-        tokenized["train"], documents["train"], evaluation, tokenizer, data.max_seq_length, "the training split"
-    )
-    return train, evaluation, health
-
-
-def count_training_instances(train: Any) -> int | None:
+def count_training_instances(train: DrawnInstances | TrainingStream) -> int | None:
     """How many training instances a run has: None for a stream (--streaming), whose length is unknown."""
-    return len(train) if hasattr(train, "__len__") else None
+    return None if isinstance(train, TrainingStream) else len(train)
 
 
 @contextmanager
@@ -453,7 +431,7 @@ def cache_writers_first(accelerator: Accelerator) -> Iterator[None]:
         yield
 
 
-def prepare_data(
+def prepare(
     corpus: CorpusArguments,
     data: DataSettings,
     model: ModelSettings,
@@ -463,27 +441,192 @@ def prepare_data(
     checkpoint_tokenizer: Path | None = None,
     source: SourceModel | None = None,
 ) -> PretrainingData:
-    """Corpus -> tokenizer -> model config -> NSP instances (the main process first, the others from cache).
-    `checkpoint_tokenizer`: the tokenizer folder of the checkpoint a resumed run continues from; `source`: the
-    model a run starts from (--model_name_or_path), whose tokenizer and config it takes."""
-    with cache_writers_first(accelerator):
-        documents = load_documents(corpus, num_proc=data.preprocessing_num_workers)
-        documents = split_validation_documents(documents, data.validation_split_percentage, seed)
+    """The data stage: corpus -> tokenizer -> model config -> the evaluation instances and the training
+    instances, cached (`cached_instances`) or, with --streaming, a stream made into instances while training
+    (`streamed_instances`); what the datasets cache holds is written by one process and read by the others
+    (`cache_writers_first`). `checkpoint_tokenizer`: the tokenizer folder of the checkpoint a resumed run
+    continues from; `source`: the model a run starts from (--model_name_or_path), whose tokenizer and config it
+    takes."""
+    if corpus.streaming:
+        documents = load_documents(corpus)  # lazy: nothing is read but the first document of each split
+    else:
+        with cache_writers_first(accelerator):
+            documents = load_documents(corpus, num_proc=data.preprocessing_num_workers)
+            documents = split_validation_documents(documents, data.validation_split_percentage, seed)
     tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
     config = build_model_config(model, data.max_seq_length, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
     with cache_writers_first(accelerator), naming_cache_failures():
-        train, evaluation, health = build_instances_and_health(documents, tokenizer, data, seed)
-    sentences, other = sample_sentences(documents["validation"])
-    return PretrainingData(
-        tokenizer=tokenizer,
-        config=config,
-        train=train,
-        evaluation=evaluation,
-        sample_sentences=sentences,
-        other_sentence=other,
-        health=health,
+        if corpus.streaming:
+            instances = streamed_instances(documents, tokenizer, data, seed, corpus, accelerator)
+        else:
+            instances = cached_instances(documents, tokenizer, data, seed)
+    train, validation, evaluation, health = instances
+    sentences, other = sample_sentences(validation)
+    return PretrainingData(tokenizer, config, train, evaluation, sentences, other, health)
+
+
+def evaluation_instances(tokenized: Dataset, recipe: InstanceRecipe, data: DataSettings) -> Dataset:
+    """The evaluation instances: one pass over the tokenized validation documents, written (every evaluation
+    scores the same rows), at most --max_eval_samples."""
+    evaluation = write_instances(tokenized, recipe, num_proc=data.preprocessing_num_workers)
+    if data.max_eval_samples is not None:
+        evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
+    return evaluation
+
+
+def cached_instances(
+    documents: DatasetDict, tokenizer: Any, data: DataSettings, seed: int
+) -> tuple[DrawnInstances, Dataset, Dataset, CorpusHealth]:
+    """The training instances (`dupe_factor` passes, counted now and made while training), the validation
+    documents, their instances and the training corpus's statistics and baselines, from the same cached
+    columns."""
+    recipe = instance_recipe(data, tokenizer, seed)
+    workers = data.preprocessing_num_workers
+    tokenized = {
+        split: tokenized_with_statistics(documents[split], tokenizer, num_proc=workers) for split in documents
+    }
+    sentences = {split: tokenized[split].select_columns(["sentences"]) for split in tokenized}
+    # --objective mlm cuts every document the same way in every pass: --dupe_factor is 1 (settings refuse more).
+    train = draw_training_instances(sentences["train"], recipe, data.dupe_factor, num_proc=workers)
+    evaluation = evaluation_instances(sentences["validation"], recipe, data)
+    health = cached_corpus_health(
+        tokenized["train"], documents["train"], evaluation, tokenizer, data.max_seq_length, "the training split"
     )
+    return train, documents["validation"], evaluation, health
+
+
+def streamed_instances(
+    documents: IterableDatasetDict,
+    tokenizer: Any,
+    data: DataSettings,
+    seed: int,
+    corpus: CorpusArguments,
+    accelerator: Accelerator,
+) -> tuple[TrainingStream, Dataset, Dataset, CorpusHealth]:
+    """This process's share of the training stream (`split_dataset_by_node`), the validation documents (written
+    to the datasets cache, `validation_documents`), their instances, made as a cached run makes them, and the
+    statistics of the stream's first window."""
+    recipe = instance_recipe(data, tokenizer, seed)
+    validation = validation_documents(documents, corpus, data)
+    tokenized = tokenize_documents(validation, tokenizer, num_proc=data.preprocessing_num_workers)
+    if recipe.pairs and len(tokenized) < MIN_NSP_DOCUMENTS:
+        raise Refusal(
+            f"the validation documents of this stream give {len(tokenized)} document(s) with text; next-sentence "
+            f"prediction needs at least {MIN_NSP_DOCUMENTS} (B segments come from another document): pass a "
+            "larger --stream_validation_documents or --max_eval_samples, or a --validation_file with more "
+            "documents; check --document_boundary too"
+        )
+    evaluation = evaluation_instances(tokenized, recipe, data)
+    held_out = 0 if "validation" in documents else data.stream_validation_documents
+    # No skip(0): it would change the stream's state_dict(), which a checkpoint's positions hold.
+    train = documents["train"].skip(held_out) if held_out else documents["train"]
+    head = written_documents(train, data.stream_window_documents, corpus, "train", held_out)
+    scope = f"the first {len(head):,} training documents of the stream (--streaming reads no further ahead)"
+    tokenized_head = tokenized_with_statistics(head, tokenizer, num_proc=data.preprocessing_num_workers)
+    health = cached_corpus_health(tokenized_head, head, evaluation, tokenizer, data.max_seq_length, scope)
+    train = split_dataset_by_node(train, rank=accelerator.process_index, world_size=accelerator.num_processes)
+    stream = TrainingStream(train, recipe, tokenizer, data.stream_window_documents, accelerator.process_index)
+    return stream, validation, evaluation, health
+
+
+def validation_documents(
+    documents: IterableDatasetDict, corpus: CorpusArguments, data: DataSettings
+) -> Dataset:
+    """A stream's validation documents, written once to the datasets cache: the source's validation split (at
+    most --max_eval_samples documents, which give at least as many instances), else the first
+    --stream_validation_documents of the training stream."""
+    held_out = "validation" not in documents
+    count = data.stream_validation_documents if held_out else None
+    if data.max_eval_samples is not None:
+        count = data.max_eval_samples if count is None else min(count, data.max_eval_samples)
+    return written_documents(documents["train" if held_out else "validation"], count, corpus, "validation", held_out)
+
+
+def written_documents(
+    stream: IterableDataset, count: int | None, corpus: CorpusArguments, split: str, *key: Any
+) -> Dataset:
+    """The first `count` documents of `stream` (None: all of them), written once to the datasets cache under the
+    corpus (its content where it is local files), the count, `split` and `key`."""
+    source = [
+        getattr(corpus, name)
+        for name in ("dataset_name", "dataset_config_name", "train_file", "validation_file", "text_column")
+    ]
+    fingerprint = Hasher.hash(
+        [split, source, resolve_document_boundary(corpus), corpus_fingerprint(corpus), count, key, _SOURCE_FINGERPRINT]
+    )
+    return Dataset.from_generator(
+        _first_documents,
+        features=DOCUMENT_FEATURES,
+        gen_kwargs={"documents": stream, "count": count},
+        split=NamedSplit(split),
+        writer_batch_size=DOCUMENTS_PER_BATCH,
+        fingerprint=fingerprint,
+    )
+
+
+def _first_documents(documents: IterableDataset, count: int | None) -> Iterator[dict[str, Any]]:
+    yield from documents if count is None else documents.take(count)
+
+
+def check_corpus(corpus: CorpusArguments, data: DataSettings, num_processes: int) -> None:
+    """The data stage's refusals that need no tokenizer, before any work: every check of `load_documents`
+    (streamed: nothing is written), then enough documents: to hold out validation documents
+    (`check_validation_split`, counted only as far as the answer needs), or, for a stream without a validation
+    split, left to train on past its validation documents (`check_documents_left_to_train`). A Hub dataset not
+    streamed is checked when it is downloaded, the run's first work (the datasets cache may hold it where
+    streaming it cannot reach it)."""
+    if not corpus.streaming and corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
+        return
+    documents = stream_documents(corpus)
+    if corpus.streaming:
+        if "validation" not in documents:
+            check_documents_left_to_train(documents["train"], data, data.objective == "mlm+nsp", num_processes)
+        return
+    counts = {
+        split: sum(1 for _ in itertools.islice(split_documents, DOCUMENTS_ANY_SPLIT_FITS))
+        for split, split_documents in documents.items()
+    }
+    check_validation_split(counts["train"], counts.get("validation"), data.validation_split_percentage)
+
+
+def check_documents_left_to_train(train: IterableDataset, data: DataSettings, pairs: bool, num_processes: int) -> None:
+    """With the validation documents held out of the training stream (its first --stream_validation_documents):
+    refuse a stream that leaves too few documents to train on, each process needing one (two for NSP pairs, B
+    comes from another document), naming the flag, the counts and a value that fits; the run would otherwise
+    stop at its first batch, naming neither. Reads at most the held-out documents and the few needed after
+    them."""
+    held = data.stream_validation_documents
+    per_process = MIN_NSP_DOCUMENTS if pairs else 1
+    needed = per_process * num_processes
+    total = sum(1 for _ in itertools.islice(train, held + needed))
+    if total >= held + needed:
+        return
+    # The share a run without --streaming holds out (--validation_split_percentage), at least what validation needs.
+    fits = max(per_process, total * data.validation_split_percentage // 100)
+    fix = (
+        f"pass --stream_validation_documents {fits} (about the {data.validation_split_percentage}% a run without "
+        f"--streaming holds out, at least {per_process})"
+        if fits + needed <= total
+        else "pass a larger corpus"
+    )
+    raise Refusal(
+        f"the training stream has {total} documents and --stream_validation_documents {held} holds out the first "
+        f"{min(held, total)} for validation, leaving {max(total - held, 0)} to train on ({needed} needed: "
+        f"{per_process} for each of {num_processes} process(es){', NSP draws B from another document' if pairs else ''}); "
+        f"{fix}, or a separate validation corpus with --validation_file"
+    )
+
+
+def check_stream_tokenizer(data: DataSettings, checkpoint_tokenizer: Path | None, source: SourceModel | None) -> None:
+    """A stream trains no tokenizer: refuse a run that names none and resumes no checkpoint holding one."""
+    has_tokenizer = checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir()
+    if not (has_tokenizer or data.tokenizer_name is not None or source is not None):
+        raise Refusal(
+            "--streaming needs a trained tokenizer and --resume_from_checkpoint found no checkpoint to take one "
+            "from: train one first with `python train_tokenizer.py --streaming <the same corpus flags> "
+            "--output_dir tokenizer` and pass --tokenizer_name tokenizer"
+        )
 
 
 def sample_sentences(documents: Iterable[Sequence[str] | Mapping[str, Sequence[str]]], count: int = 4):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from datasets import Dataset, Features, List, Value, concatenate_datasets
+from datasets import Dataset, Features, IterableDataset, List, Value, concatenate_datasets
 from datasets.fingerprint import Hasher
 
 from hfbert.corpus import DOCUMENTS_PER_BATCH
@@ -42,6 +42,7 @@ INSTANCE_FEATURES = Features(
 MLM_INSTANCE_FEATURES = Features({"input_ids": List(Value("int32")), "token_type_ids": List(Value("int8"))})
 COUNT_FEATURES = Features({"instances": Value("int32")})
 MIN_NSP_DOCUMENTS = 2
+DRAW_KEY = "draw"  # an instance's draw id, which seeds its masks (see hfbert.pretraining.batches.InstanceDraws)
 
 # datasets hashes module-level functions by qualified name, not by code, so without this an edited hfbert
 # would silently reuse counts made by the old code. It is part of every cache key below.
@@ -498,3 +499,15 @@ def draw_training_instances(
     training."""
     counts = [count_instances(tokenized, recipe, pass_index, num_proc) for pass_index in range(passes)]
     return DrawnInstances(tokenized, recipe, counts)
+
+
+@dataclass
+class TrainingStream:
+    """The training instances of a --streaming run, made while training from a process's share of the
+    documents (split by node, not yet read) in windows of `window_documents` (`hfbert.pretraining.stream`)."""
+
+    documents: IterableDataset
+    recipe: InstanceRecipe
+    tokenizer: Any
+    window_documents: int
+    rank: int

@@ -208,7 +208,7 @@ def rehearse_data_stage(
     checkpoint: Path | None,
     source: SourceModel | None,
 ) -> None:
-    """The refusals the run's data stage (`hfbert.pretraining.data.prepare_data`) makes after
+    """The refusals the run's data stage (`hfbert.pretraining.data.prepare`) makes after
     `check_before_work`, made by the same functions on the streamed corpus, in memory: the tokenizer the run
     would use (one it would train, trained here: --vocab_size against the corpus's characters), the model
     config against it, and documents with text in each split for NSP. A stream (--streaming) and a Hub corpus

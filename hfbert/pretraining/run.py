@@ -2,15 +2,15 @@
 
     start               the precision and the Accelerator                                     (precision)
     check_before_work   the run folder, the checkpoint to resume and its settings, Hub access   (checkpointing)
-    data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data; stream)
+    data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data)
     model               the model and its start (--attention_init, or a source's weights)     (build_model)
     batches             the batch plan and the loaders                                         (batches; stream)
     optimization        optimizer, schedule, budget, prepared by accelerate                    (optimization)
     fit                 the loop: step, log, evaluate, checkpoint, preemption; callbacks       (loop, callbacks)
     finish              final folder (model, tokenizer, card, curves, samples) and push         (finish)
 
-The cached and the streamed data (--streaming) differ only in the data stage and the training batches; which
-one a run uses is chosen once (`DataPipeline`). To pretrain another model through the same pipeline, pass its
+The cached and the streamed data (--streaming) differ only inside the data stage (`data.prepare`) and the
+training batches it leads to (`batches.build_loaders`). To pretrain another model through the same pipeline, pass its
 class (or any function of the model config that builds it) as `pretrain`'s `model_class` (see `setup_training`
 for what its forward must return, and benchmarks/time_to_quality.py); the stages before it (`start`,
 `check_before_work`, `prepare_run_data`) are public too. Every process of a multi-process launch calls
@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from torch.utils.data import DataLoader
 
 from hfbert.checkpointing import (
     TOKENIZER_FOLDER,
@@ -45,7 +43,6 @@ from hfbert.checkpointing import (
     starts_over_with_auto,
 )
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.corpus_source import CorpusArguments
 from hfbert.files import check_local_files, publish_files
 from hfbert.initialization import init_structured_attention
 from hfbert.model_card import check_hub_access
@@ -53,7 +50,6 @@ from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.attention_shaping import ClsAttentionSpread, StructuredFade
 from hfbert.pretraining.batches import (
     BatchPlan,
-    TrainingBatches,
     build_loaders,
     plan_batches,
     resolve_num_workers,
@@ -70,9 +66,10 @@ from hfbert.pretraining.cluster import (
 from hfbert.pretraining.data import (
     PretrainingData,
     build_model_config,
-    check_cached_corpus,
+    check_corpus,
+    check_stream_tokenizer,
     count_training_instances,
-    prepare_data,
+    prepare,
 )
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.finish import FinalFolder, finish
@@ -85,20 +82,13 @@ from hfbert.pretraining.plan import plan_run, rehearse_data_stage
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import (
-    DataSettings,
     ModelSettings,
     PretrainingSettings,
     check_config_file,
     check_resume_settings,
 )
 from hfbert.pretraining.source_model import SourceModel, check_source_model, load_source_model
-from hfbert.pretraining.stream import (
-    build_stream_loaders,
-    check_stream_checkpoint,
-    check_stream_corpus,
-    check_stream_tokenizer,
-    prepare_stream_data,
-)
+from hfbert.pretraining.stream import check_stream_checkpoint
 from hfbert.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -107,48 +97,22 @@ logger = logging.getLogger(__name__)
 ModelClass = Callable[[HfBertConfig], torch.nn.Module]
 
 
-@dataclass(frozen=True)
-class DataPipeline:
-    """The cached or the streamed data (--streaming), chosen once: its corpus checks before work, its data
-    stage, its training batches and how its checkpoints resume on this launch (a cached run's on any process
-    count, a stream's on its own)."""
-
-    check_corpus: Callable[[CorpusArguments, DataSettings, int], None]
-    prepare: Callable[..., PretrainingData]
-    build_loaders: Callable[..., tuple[TrainingBatches, DataLoader]]
-    verify_resume: Callable[[PretrainingSettings, Accelerator, Path], None]
-
-
-def verify_cached_resume(settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path) -> None:
-    """On another number of processes, the accumulation that keeps the checkpoint's global batch is set in
-    `settings` (see `hfbert.pretraining.reshard`); then the flags are compared."""
-    saved = keep_global_batch(
-        read_run_settings(checkpoint),
-        int(read_manifest(checkpoint)["num_processes"]),
-        settings.optimization,
-        accelerator.num_processes,
-        str(checkpoint),
-        on_cpu=accelerator.device.type == "cpu",
-    )
+def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path) -> None:
+    """The checkpoint's place in the data continues on this launch, and the flags are compared. A cached run's
+    place is global: on another number of processes, the accumulation that keeps the checkpoint's global batch
+    is set in `settings` (see `hfbert.pretraining.reshard`). A stream's positions are per process and per loader
+    worker: only its own counts continue them."""
+    saved, on_cpu = read_run_settings(checkpoint), accelerator.device.type == "cpu"
+    if not settings.corpus.streaming:
+        saved_processes = int(read_manifest(checkpoint)["num_processes"])
+        saved = keep_global_batch(
+            saved, saved_processes, settings.optimization, accelerator.num_processes, str(checkpoint), on_cpu
+        )
     for note in check_resume_settings(saved, settings, str(checkpoint)):
         logger.warning(note)
-
-
-def verify_stream_resume(settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path) -> None:
-    """A stream's positions are per process and per loader worker: only its own counts continue them."""
-    for note in check_resume_settings(read_run_settings(checkpoint), settings, str(checkpoint)):
-        logger.warning(note)
-    workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
-    on_cpu = accelerator.device.type == "cpu"
-    check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu)
-
-
-CACHED = DataPipeline(check_cached_corpus, prepare_data, build_loaders, verify_cached_resume)
-STREAMED = DataPipeline(check_stream_corpus, prepare_stream_data, build_stream_loaders, verify_stream_resume)
-
-
-def data_pipeline(settings: PretrainingSettings) -> DataPipeline:
-    return STREAMED if settings.corpus.streaming else CACHED
+    if settings.corpus.streaming:
+        workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
+        check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu)
 
 
 def check_before_work(
@@ -173,9 +137,8 @@ def check_before_work(
         if value is not None:  # a truncated or garbled file is named now, not deep inside transformers later
             check_local_files(value, flag, f"write or copy it again, or pass another {flag}")
     check_config_file(settings)  # --max_seq_length against its position embeddings, before a tokenizer is trained
-    pipeline = data_pipeline(settings)
     checked_on_main_process(
-        accelerator, partial(pipeline.check_corpus, settings.corpus, settings.data, accelerator.num_processes)
+        accelerator, partial(check_corpus, settings.corpus, settings.data, accelerator.num_processes)
     )
     check_processes_agree(settings, None, accelerator)  # the flags, corpus and versions, on every rank
     if run.push_to_hub:
@@ -200,7 +163,7 @@ def verify_resume(settings: PretrainingSettings, accelerator: Accelerator) -> tu
     run's settings, and the gradient accumulation that continues its global batch on this number of processes."""
     checkpoint = resolve_resume_checkpoint(settings.run.output_dir, settings.run.resume_from_checkpoint)
     if checkpoint is not None:
-        data_pipeline(settings).verify_resume(settings, accelerator, checkpoint)
+        verify_data_resume(settings, accelerator, checkpoint)
     return (None if checkpoint is None else str(checkpoint)), settings.optimization.gradient_accumulation_steps
 
 
@@ -222,7 +185,7 @@ def prepare_run_data(
     """The data stage, then the run folder made ready (checkpoints of a replaced run removed, an interrupted
     final folder published). Seeds the run first, so the model built next starts from the same weights."""
     set_seed(settings.optimization.seed)
-    data = data_pipeline(settings).prepare(
+    data = prepare(
         settings.corpus,
         settings.data,
         settings.model,
@@ -349,7 +312,7 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         model, start_callbacks = build_model(settings, data.config, source, model_class)
         set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
         plan = plan_batches(settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device)
-        batches, eval_loader = data_pipeline(settings).build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+        batches, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
         state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
         summary = run_summary(settings, model, data, precision, plan, budget, accelerator.num_processes)
         log_plan(data, settings, budget, summary)

@@ -17,9 +17,8 @@ document); `StreamLoader` keeps each logical worker's last position and the chec
 already trained on; physical worker p plays logical worker (p + batches taken) % W, so that the batches come in
 the order of an uninterrupted run, whose DataLoader takes them from its workers in turn.
 
-The validation set is fixed and cached as in a run without --streaming: the source's validation split (or
-the first --stream_validation_documents documents of the training stream, which training then skips) is
-written once to the datasets cache and made into instances there.
+The data stage of a stream (its fixed validation set, the process's share of the documents) is
+`hfbert.pretraining.data.streamed_instances`; `hfbert.pretraining.batches.build_loaders` makes the loader.
 """
 
 from __future__ import annotations
@@ -27,256 +26,28 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
 import fsspec
 import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object, send_to_device
-from datasets.distributed import split_dataset_by_node
-from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 
 from hfbert.checkpointing import CheckpointError, relaunch_command
-from hfbert.corpus import (
-    DOCUMENT_FEATURES,
-    DOCUMENTS_PER_BATCH,
-    load_documents,
-    naming_cache_failures,
-    resolve_document_boundary,
-    stream_documents,
-)
-from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal, RunFailure
-from hfbert.pretraining.batches import (
-    DRAW_KEY,
-    BatchPlan,
-    DataCollatorForPretraining,
-    build_eval_loader,
-    loader_options,
-)
-from hfbert.pretraining.data import (
-    PretrainingData,
-    _tokenize_batch,
-    build_model_config,
-    cache_writers_first,
-    instance_recipe,
-    load_run_tokenizer,
-    sample_sentences,
-    tokenize_documents,
-    tokenized_with_statistics,
-)
-from hfbert.pretraining.health.corpus import CorpusHealth, cached_corpus_health
-from hfbert.pretraining.instances import MIN_NSP_DOCUMENTS, InstanceRecipe, Span, write_instances
-from hfbert.pretraining.settings import DataSettings, ModelSettings
-from hfbert.pretraining.source_model import SourceModel
+from hfbert.pretraining.data import _tokenize_batch
+from hfbert.pretraining.instances import DRAW_KEY, MIN_NSP_DOCUMENTS, Span, TrainingStream
 
 STREAM_STATE_NAME = "stream_state.json"  # in a checkpoint of a --streaming run: every process's position
 POSITION_KEY = "stream_position"
 _ERROR_KEY = "stream_error"
 # A draw id packs (pass, rank, window, row) into one integer (the collator seeds a batch's masks with them).
 _RANK_BITS, _WINDOW_BITS, _ROW_BITS = 20, 40, 32
-_SOURCE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The data stage of a --streaming run.
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrainingStream:
-    """What a process trains on under --streaming: its share of the training documents (split by node, not
-    yet read) and how they become instances."""
-
-    documents: datasets.IterableDataset
-    recipe: InstanceRecipe
-    tokenizer: Any
-    window_documents: int
-    rank: int
-
-
-def prepare_stream_data(
-    corpus: CorpusArguments,
-    data: DataSettings,
-    model: ModelSettings,
-    seed: int,
-    output_dir: Path,
-    accelerator: Accelerator,
-    checkpoint_tokenizer: Path | None = None,
-    source: SourceModel | None = None,
-) -> PretrainingData:
-    """`hfbert.pretraining.data.prepare_data` for a stream: the tokenizer (never trained here), the model
-    config, the fixed validation instances (written to the datasets cache, the main process first) and this
-    process's training stream."""
-    documents = load_documents(corpus)  # lazy: nothing is read but the first document of each split
-    check_stream_tokenizer(data, checkpoint_tokenizer, source)
-    tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
-    config = build_model_config(model, data.max_seq_length, tokenizer, source)
-    tokenizer.model_max_length = config.max_position_embeddings
-    recipe = instance_recipe(data, tokenizer, seed)
-    if "validation" not in documents:  # before the validation set is written: it may leave too few to train on
-        check_documents_left_to_train(documents["train"], data, recipe.pairs, accelerator.num_processes)
-    with cache_writers_first(accelerator), naming_cache_failures():
-        validation = validation_documents(documents, corpus, data)
-        evaluation = validation_instances(validation, tokenizer, recipe, data)
-        health = stream_corpus_health(documents, corpus, data, evaluation, tokenizer)
-    train = documents["train"]
-    if "validation" not in documents:
-        train = train.skip(data.stream_validation_documents)
-    train = split_dataset_by_node(train, rank=accelerator.process_index, world_size=accelerator.num_processes)
-    sentences, other = sample_sentences(validation)
-    return PretrainingData(
-        tokenizer=tokenizer,
-        config=config,
-        train=TrainingStream(train, recipe, tokenizer, data.stream_window_documents, accelerator.process_index),
-        evaluation=evaluation,
-        sample_sentences=sentences,
-        other_sentence=other,
-        health=health,
-    )
-
-
-def stream_corpus_health(
-    documents: datasets.IterableDatasetDict,
-    corpus: CorpusArguments,
-    data: DataSettings,
-    evaluation: datasets.Dataset,
-    tokenizer: Any,
-) -> CorpusHealth:
-    """The corpus statistics and baselines of a stream, over its first window of training documents (written
-    to the datasets cache once, as the validation documents are): a stream is not read ahead of training."""
-    held_out = data.stream_validation_documents if "validation" not in documents else 0
-    count = data.stream_window_documents
-    source = [getattr(corpus, name) for name in ("dataset_name", "dataset_config_name", "train_file", "text_column")]
-    fingerprint = Hasher.hash(
-        ["hfbert.stream.first_window", source, corpus_fingerprint(corpus), resolve_document_boundary(corpus),
-         held_out, count, _SOURCE_FINGERPRINT]
-    )
-    head = datasets.Dataset.from_generator(
-        _first_documents,
-        features=DOCUMENT_FEATURES,
-        gen_kwargs={"documents": documents["train"].skip(held_out), "count": count},
-        writer_batch_size=DOCUMENTS_PER_BATCH,
-        fingerprint=fingerprint,
-    )
-    tokenized = tokenized_with_statistics(head, tokenizer, num_proc=data.preprocessing_num_workers)
-    scope = f"the first {len(head):,} training documents of the stream (--streaming reads no further ahead)"
-    return cached_corpus_health(tokenized, head, evaluation, tokenizer, data.max_seq_length, scope)
-
-
-def _first_documents(documents: datasets.IterableDataset, count: int | None) -> Iterator[dict[str, Any]]:
-    yield from documents if count is None else documents.take(count)
-
-
-def validation_documents(
-    documents: datasets.IterableDatasetDict, corpus: CorpusArguments, data: DataSettings
-) -> datasets.Dataset:
-    """The validation documents, written once to the datasets cache (keyed by the corpus, its content where it
-    is local files, and the count): the source's validation split (at most --max_eval_samples documents, which
-    give at least as many instances), else the first --stream_validation_documents of the training stream."""
-    held_out = "validation" not in documents
-    count = data.stream_validation_documents if held_out else None
-    if data.max_eval_samples is not None:
-        count = data.max_eval_samples if count is None else min(count, data.max_eval_samples)
-    stream = documents["train" if held_out else "validation"]
-    source = {
-        name: getattr(corpus, name)
-        for name in ("dataset_name", "dataset_config_name", "train_file", "validation_file", "text_column")
-    }
-    fingerprint = Hasher.hash(
-        [
-            "hfbert.stream.validation_documents",
-            source,
-            resolve_document_boundary(corpus),
-            corpus_fingerprint(corpus),
-            held_out,
-            count,
-            _SOURCE_FINGERPRINT,
-        ]
-    )
-    validation = datasets.Dataset.from_generator(
-        _first_documents,
-        features=DOCUMENT_FEATURES,
-        gen_kwargs={"documents": stream, "count": count},
-        split=datasets.NamedSplit("validation"),
-        writer_batch_size=DOCUMENTS_PER_BATCH,
-        fingerprint=fingerprint,
-    )
-    return validation
-
-
-def check_stream_tokenizer(data: DataSettings, checkpoint_tokenizer: Path | None, source: SourceModel | None) -> None:
-    """A stream trains no tokenizer: refuse a run that names none and resumes no checkpoint holding one."""
-    has_tokenizer = checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir()
-    if not (has_tokenizer or data.tokenizer_name is not None or source is not None):
-        raise Refusal(
-            "--streaming needs a trained tokenizer and --resume_from_checkpoint found no checkpoint to take one "
-            "from: train one first with `python train_tokenizer.py --streaming <the same corpus flags> "
-            "--output_dir tokenizer` and pass --tokenizer_name tokenizer"
-        )
-
-
-def check_stream_corpus(corpus: CorpusArguments, data: DataSettings, num_processes: int) -> None:
-    """`hfbert.pretraining.data.check_cached_corpus` for a stream: every check of `load_documents`, then
-    enough documents left to train on (`check_documents_left_to_train`)."""
-    documents = stream_documents(corpus)
-    if "validation" not in documents:
-        check_documents_left_to_train(documents["train"], data, data.objective == "mlm+nsp", num_processes)
-
-
-def check_documents_left_to_train(
-    train: datasets.IterableDataset, data: DataSettings, pairs: bool, num_processes: int
-) -> None:
-    """With the validation documents held out of the training stream (its first --stream_validation_documents):
-    refuse a stream that leaves too few documents to train on, each process needing one (two for NSP pairs, B
-    comes from another document), naming the flag, the counts and a value that fits. Without this the run
-    started and stopped at its first batch for "process 0's share of the training stream gives no instances",
-    naming neither. Reads at most the held-out documents and the few needed after them."""
-    held = data.stream_validation_documents
-    per_process = MIN_NSP_DOCUMENTS if pairs else 1
-    needed = per_process * num_processes
-    total = sum(1 for _ in itertools.islice(train, held + needed))
-    if total >= held + needed:
-        return
-    # The share a run without --streaming holds out (--validation_split_percentage), at least what validation needs.
-    fits = max(per_process, total * data.validation_split_percentage // 100)
-    fix = (
-        f"pass --stream_validation_documents {fits} (about the {data.validation_split_percentage}% a run without "
-        f"--streaming holds out, at least {per_process})"
-        if fits + needed <= total
-        else "pass a larger corpus"
-    )
-    raise Refusal(
-        f"the training stream has {total} documents and --stream_validation_documents {held} holds out the first "
-        f"{min(held, total)} for validation, leaving {max(total - held, 0)} to train on ({needed} needed: "
-        f"{per_process} for each of {num_processes} process(es){', NSP draws B from another document' if pairs else ''}); "
-        f"{fix}, or a separate validation corpus with --validation_file"
-    )
-
-
-def validation_instances(
-    validation: datasets.Dataset, tokenizer: Any, recipe: InstanceRecipe, data: DataSettings
-) -> datasets.Dataset:
-    """The fixed evaluation instances: the validation documents tokenized and paired once, cached, as a run
-    without --streaming makes them."""
-    tokenized = tokenize_documents(validation, tokenizer, num_proc=data.preprocessing_num_workers)
-    if recipe.pairs and len(tokenized) < MIN_NSP_DOCUMENTS:
-        raise Refusal(
-            f"the validation documents of this stream give {len(tokenized)} document(s) with text; next-sentence "
-            f"prediction needs at least {MIN_NSP_DOCUMENTS} (B segments come from another document): pass a "
-            "larger --stream_validation_documents or --max_eval_samples, or a --validation_file with more "
-            "documents; check --document_boundary too"
-        )
-    evaluation = write_instances(tokenized, recipe, num_proc=data.preprocessing_num_workers)
-    if data.max_eval_samples is not None:
-        evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
-    return evaluation
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -425,7 +196,7 @@ class StreamCollator:
     """The loader's `collate_fn` for a stream: the batch as `DataCollatorForPretraining` builds it, and the
     position of its last row; (None, message) when a worker found no instances in a whole pass."""
 
-    collator: DataCollatorForPretraining
+    collator: Callable[[dict[str, list[Any]]], dict[str, torch.Tensor]]  # a DataCollatorForPretraining
 
     def __call__(self, rows: list[dict[str, Any]]) -> tuple[dict[str, torch.Tensor] | None, Any]:
         errors = [row[_ERROR_KEY] for row in rows if _ERROR_KEY in row]
@@ -439,7 +210,9 @@ class StreamCollator:
 class StreamLoader:
     """A process's training batches under --streaming (a `hfbert.pretraining.batches.TrainingBatches`): one
     endless epoch of unknown length, placed by its own position, which every checkpoint stores
-    (`stream_state.json`, every process's, gathered) and a resumed run restores before iterating."""
+    (`stream_state.json`, every process's, gathered) and a resumed run restores before iterating.
+    Kept beside `datasets`' `IterableDataset.state_dict()`, which each position holds: that places the documents
+    read, not the row within a window's shuffled instances nor which loader worker's batch comes next."""
 
     dataset: StreamedInstances
     loader: DataLoader
@@ -495,31 +268,6 @@ class StreamLoader:
         self.positions = {int(p["worker"]): StreamPosition(**p) for p in state["positions"]}
         self.dataset.positions = dict(self.positions)
         self.dataset.rotation = self.batches_taken % self.workers
-
-
-def build_stream_loaders(
-    plan: BatchPlan, tokenizer: Any, train: TrainingStream, evaluation: datasets.Dataset
-) -> tuple[StreamLoader, DataLoader]:
-    """`hfbert.pretraining.batches.build_loaders` for a stream: the training batches of this process's
-    stream (the same collator, masks seeded by each instance's draw id), the evaluation loader unchanged."""
-    collator = DataCollatorForPretraining(
-        tokenizer,
-        mlm_probability=plan.mlm_probability,
-        whole_word_masking=plan.whole_word_masking,
-        max_predictions_per_seq=plan.max_predictions_per_seq,
-        pad_to_length=plan.pad_to_length,
-        seed=plan.seed,
-    )
-    dataset = StreamedInstances(train)
-    workers = plan.num_workers
-    loader = DataLoader(
-        dataset,
-        batch_size=plan.train_batch_size,
-        collate_fn=StreamCollator(collator),
-        generator=torch.Generator().manual_seed(plan.seed),
-        **loader_options(workers, plan.pin_memory, persistent=False),  # the streamed loader never kept its workers
-    )
-    return StreamLoader(dataset, loader, workers), build_eval_loader(plan, tokenizer, evaluation)
 
 
 # ---------------------------------------------------------------------------------------------------------
