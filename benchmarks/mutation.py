@@ -34,15 +34,15 @@ TESTS_BY_MODULE = {
     "hfbert/pretraining/reshard.py": ["tests/test_reshard.py"],
     "hfbert/pretraining/settings.py": [
         "tests/test_pretraining_settings.py",
+        "tests/test_cli_help.py::test_pretraining_help_shows_the_value_a_run_gets_once_and_never_none",
         # the refusals of a streamed run and those through run_pretraining's main: before any work
         "tests/test_training.py::test_streaming_refuses_what_a_stream_cannot_do_before_any_work",
-        "tests/test_training.py::test_stream_flags_without_streaming_are_refused",
         "tests/test_training.py::test_bad_flags_are_refused",
     ],
     # the resume and preemption parts (the --only globs in benchmarks/results/mutation.md); the subprocess
     # tests of preemption are slow and mutmut maps only in-process calls: one in-process preemption test is fast
     "hfbert/pretraining/loop.py": ["tests/test_loop.py", "tests/test_training.py", "tests/test_cli.py"],
-    "hfbert/finetune/settings.py": ["tests/test_finetune.py"],
+    "hfbert/finetune/settings.py": ["tests/test_finetune.py", "tests/test_cli_help.py::test_finetune_help_shows_the_defaults"],
     "hfbert/finetune/models.py": ["tests/test_finetune.py"],
     "hfbert/finetune/data.py": ["tests/test_finetune.py"],
     "hfbert/finetune/selection.py": ["tests/test_finetune.py"],

@@ -1,4 +1,5 @@
-"""`--help` of run_pretraining.py and train_tokenizer.py: printed cleanly, and every flag it lists works."""
+"""`--help` of run_pretraining.py, train_tokenizer.py and hfbert.finetune: printed cleanly, with the defaults a run
+gets, and every flag it lists works."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from hfbert import tokenization
 from hfbert.pretraining import cli as pretraining_cli
+from hfbert.pretraining.cli import parse_args
 
 # A value each listed flag is given on its own (with --output_dir); flags with a default take that default.
 EXAMPLE_VALUES = {
@@ -105,3 +107,31 @@ def test_every_flag_in_pretraining_help_is_accepted(capsys, tmp_path):
             pretraining_cli.parse_args(argv)
         except (ValueError, SystemExit) as refused:
             pytest.fail(f"run_pretraining.py refused {argv}, a flag its --help lists: {refused!r}")
+
+
+def test_pretraining_help_shows_the_value_a_run_gets_once_and_never_none(capsys):
+    """The defaults a fresh run gets are the fields' defaults, as --help prints them (no "(default: None)")."""
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: None" not in text
+    for flag, shown in [("--model_size", "mini"), ("--vocab_size", "30522"), ("--attention_init", "bert"),
+                        ("--structured_attention_fade", "0.0"), ("--stream_window_documents", "1000")]:  # fmt: skip
+        entry = text.split(f" {flag} ", 1)[1]  # from the flag on: its help's first default is its own
+        assert entry.split("(default", 1)[1].startswith(f": {shown})"), flag
+    fresh = parse_args(["--output_dir", "x"])
+    assert (fresh.model.model_size, fresh.data.vocab_size, fresh.model.attention_init) == ("mini", 30522, "bert")
+    source = parse_args(["--output_dir", "x", "--model_name_or_path", "someone/bert"])
+    assert source.model.model_size is None  # the source's size, read from it
+
+
+def test_finetune_help_shows_the_defaults(capsys):
+    from hfbert.finetune.settings import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "'auto' (the default)" in text and "(default: label)" in text and "keeps (default: 0)" in text
+    assert "(default: 20 for a model of hidden size <= 256 (tiny, mini), 3 for larger" in text
+    assert "(default: 1e-4 3e-4 1e-3 for a model of hidden size <= 256 (tiny, mini), 2e-5 3e-5 5e-5" in text
+    assert "(default: None)" not in text

@@ -597,18 +597,6 @@ def test_a_folder_named_random_init_in_the_working_directory_is_ambiguous(
     )
 
 
-def test_help_shows_the_defaults_and_every_flag_has_help(capsys):
-    from hfbert.finetune.settings import parse_args
-
-    with pytest.raises(SystemExit):
-        parse_args(["--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "'auto' (the default)" in text and "(default: label)" in text and "keeps (default: 0)" in text
-    assert "(default: 20 for a model of hidden size <= 256 (tiny, mini), 3 for larger" in text
-    assert "(default: 1e-4 3e-4 1e-3 for a model of hidden size <= 256 (tiny, mini), 2e-5 3e-5 5e-5" in text
-    assert "(default: None)" not in text
-
-
 def finetune_command(*argv):
     return [sys.executable, "-m", "hfbert.finetune", *map(str, argv)]
 

@@ -177,3 +177,19 @@ def test_a_process_stopped_with_its_loader_workers_alive_exits():
 
     finished = subprocess.run([sys.executable, "-c", WORKER_ALIVE_AT_EXIT], capture_output=True, timeout=60)
     assert finished.returncode == 1 and b"Traceback" not in finished.stderr, finished.stderr.decode()[-2000:]
+
+
+def test_an_update_clips_the_gradient_to_the_norm_the_flags_ask_for(tmp_path, run_inputs):
+    """AdamW's first step barely depends on the gradient's scale (m / sqrt(v)), so the weights cannot tell the
+    clipping; its first moment can: after one update it is (1 - beta1) times the clipped gradient."""
+    output_dir = tmp_path / "run"
+    max_grad_norm = 0.01
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "1", "--checkpointing_steps", "1")
+    train_in_process([*args, "--max_grad_norm", str(max_grad_norm), "--eval_steps", "1000"])
+    optimizer = torch.load(output_dir / "checkpoint-1" / "optimizer.bin", weights_only=True)
+    ((beta1, _),) = {tuple(group["betas"]) for group in optimizer["param_groups"]}
+    first_moments = [state["exp_avg"] for state in optimizer["state"].values()]
+    clipped_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m) for m in first_moments]))
+    (logged,) = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "grad_norm" in row]
+    assert logged["grad_norm"] > 20 * max_grad_norm  # the norm before clipping: clipping had work to do
+    assert clipped_norm.item() / (1 - beta1) == pytest.approx(max_grad_norm, rel=1e-4)

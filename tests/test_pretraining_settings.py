@@ -164,22 +164,6 @@ def test_stream_flags_given_without_streaming_are_refused_even_at_their_default(
                                "--tokenizer_name", "t"]).data, flag[2:]) == 1000  # fmt: skip
 
 
-def test_help_shows_the_value_a_run_gets_once_and_never_none(capsys):
-    """The defaults a fresh run gets are the fields' defaults, as --help prints them (no "(default: None)")."""
-    with pytest.raises(SystemExit):
-        parse_args(["--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "default: None" not in text
-    for flag, shown in [("--model_size", "mini"), ("--vocab_size", "30522"), ("--attention_init", "bert"),
-                        ("--structured_attention_fade", "0.0"), ("--stream_window_documents", "1000")]:  # fmt: skip
-        entry = text.split(f" {flag} ", 1)[1]  # from the flag on: its help's first default is its own
-        assert entry.split("(default", 1)[1].startswith(f": {shown})"), flag
-    fresh = parse_args(["--output_dir", "x"])
-    assert (fresh.model.model_size, fresh.data.vocab_size, fresh.model.attention_init) == ("mini", 30522, "bert")
-    source = parse_args(["--output_dir", "x", "--model_name_or_path", "someone/bert"])
-    assert source.model.model_size is None  # the source's size, read from it
-
-
 def test_what_a_checkpoint_records_is_declared_on_the_fields():
     """The flags a resume must repeat are those annotated MUST_MATCH; budget flags are recorded, not compared."""
     recorded = parse_args(["--output_dir", "x"]).checkpoint_settings()

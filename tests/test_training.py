@@ -690,7 +690,6 @@ STREAM_REFUSALS = [
     (["--max_train_steps", "5"], "python train_tokenizer.py --streaming"),
     (["--max_train_steps", "5", "--tokenizer_name", "t", "--dupe_factor", "3"], "each pass over the stream pairs"),
     (["--max_train_steps", "5", "--tokenizer_name", "t", "--checkpointing_steps", "epoch"], "--checkpointing_steps N"),
-    (["--max_train_steps", "5", "--tokenizer_name", "t", "--stream_window_documents", "1"], "must be >= 2"),
 ]
 
 
@@ -702,17 +701,8 @@ def test_streaming_refuses_what_a_stream_cannot_do_before_any_work(tmp_path, fla
     assert not output_dir.exists()
 
 
-def test_stream_flags_without_streaming_are_refused():
-    with pytest.raises(ValueError, match="applies to --streaming runs only"):
-        train_in_process(["--output_dir", "unused", "--stream_window_documents", "10"])
-
-
 BAD_FLAGS = [
-    (["--checkpointing_steps", "often"], "must be a positive number of updates or 'epoch'"),
-    (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
-    (["--mlm_probability", "1.5"], "must be in (0, 1)"),
     (["--model_size", "huge"], "invalid choice"),
-    (["--objective", "mlm", "--dupe_factor", "3"], "--dupe_factor 3 with --objective mlm"),
     (["--objective", "nsp"], "invalid choice"),
 ]
 

@@ -30,7 +30,7 @@ from benchmarks import (
 from benchmarks.bench_pretraining import padding_fraction
 from hfbert import HfBertForPreTraining
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_auc_ranks_random_pairs_above_real_ones():

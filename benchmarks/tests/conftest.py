@@ -1,0 +1,12 @@
+"""The tooling's tests (benchmarks/: the chaos soak, gpu_report, the benchmarks): beside the tooling and out of
+the default run (pyproject.toml's testpaths is tests/), as many of them run a benchmark or a trial end to end.
+Run them with `python -m pytest benchmarks/tests -n 2 --dist loadfile`. The suite's fixtures serve them too."""
+
+from tests.conftest import (  # noqa: F401 (pytest finds fixtures among a conftest's names)
+    _fresh_accelerator_state,
+    _seed_everything,
+    run_inputs,
+    sample_documents,
+    sample_tokenizer,
+    tiny_config,
+)
