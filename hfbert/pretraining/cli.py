@@ -8,6 +8,7 @@ import sys
 
 from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal, run_cli
+from hfbert.flags import RefusingHfArgumentParser
 from hfbert.pretraining.cluster import exit_now
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
@@ -19,7 +20,6 @@ from hfbert.pretraining.settings import (
     PretrainingSettings,
     RunSettings,
 )
-from hfbert.tokenization import RefusingHfArgumentParser
 
 
 def build_parser() -> RefusingHfArgumentParser:
