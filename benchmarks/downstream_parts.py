@@ -25,7 +25,7 @@ from hfbert.finetune import settings as finetune_settings
 from hfbert.finetune.data import encode, load_task
 from hfbert.finetune.fit import finetune_once
 from hfbert.finetune.models import MODEL_ROLE, Candidate, build_model, check_model_folder, load_candidate
-from hfbert.finetune.settings import RANDOM_INIT, TrainingSettings
+from hfbert.finetune.settings import RANDOM_INIT, FinetuneTrainingArguments
 
 # Tensor groups by parameter name (BERT's layout, any head).
 GROUPS: dict[str, Callable[[str], bool]] = {
@@ -62,7 +62,7 @@ def mixed_state(
 
 
 def finetune_variant(
-    candidate: Candidate, groups: set[str], task, tokenized, training: TrainingSettings
+    candidate: Candidate, groups: set[str], task, tokenized, training: FinetuneTrainingArguments
 ) -> list[float]:
     """Tuning-split accuracy per seed of one variant."""
     accuracies = []

@@ -9,7 +9,6 @@ HfBertForMaskedLM, BertForPreTraining <-> HfBertForPreTraining, and so on.
     python -m hfbert.convert from-transformers path/to/bert-base-uncased converted/hfbert-base
 """
 
-import argparse
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -20,8 +19,9 @@ from transformers import AutoTokenizer, BertConfig, PreTrainedModel
 
 import hfbert
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.errors import Refusal, RefusingArgumentParser
+from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, check_local_path_exists, staged_folder
+from hfbert.flags import RefusingHfArgumentParser
 
 # Fields one config class has and the other lacks; they are dropped when crossing over.
 _HFBERT_ONLY_FIELDS = {f.name for f in dataclasses.fields(HfBertConfig)} - {
@@ -153,9 +153,7 @@ def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = RefusingArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = RefusingHfArgumentParser(description=__doc__)
     parser.add_argument("direction", choices=["to-transformers", "from-transformers"])
     parser.add_argument("source", help="checkpoint folder to read")
     parser.add_argument("output_dir", help="new folder to write (must not exist or be empty)")

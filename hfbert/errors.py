@@ -7,13 +7,12 @@ A leaf module: everything in hfbert may import it, it imports nothing of hfbert'
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 # Set to 1 to see a refusal's traceback (a bug's traceback is always shown).
 DEBUG_ENV = "HFBERT_DEBUG"
@@ -31,19 +30,6 @@ class Refusal(ValueError):
 class RunFailure(RuntimeError):
     """Work stopped on a condition outside the code (a full disk, a folder that became unwritable): the message
     names the cause, what is intact and how to go on. Entry points print it as one line, exit code 1."""
-
-
-class RefusesUsageErrors:
-    """Mix into an argparse parser class, first: a bad command line (an unknown flag, an invalid choice or
-    number, a missing argument) raises a `Refusal`, which `run_cli` prints as one line, instead of argparse
-    printing the whole usage before it (57 lines for run_pretraining.py). `--help` is unchanged."""
-
-    def error(self, message: str) -> NoReturn:
-        raise Refusal(f"{message} (see --help)")
-
-
-class RefusingArgumentParser(RefusesUsageErrors, argparse.ArgumentParser):
-    """argparse.ArgumentParser whose command-line errors are one-line refusals."""
 
 
 def program_name() -> str:

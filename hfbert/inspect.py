@@ -42,8 +42,9 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.convert import check_encoder_weights_loaded
-from hfbert.errors import Refusal, RefusingArgumentParser
+from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable
+from hfbert.flags import RefusingHfArgumentParser
 from hfbert.pretraining.samples import MASK, SamplesError, choose_masked_word
 from hfbert.pretraining.samples import write_samples as write_samples_of
 
@@ -318,10 +319,10 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = RefusingArgumentParser(
+    parser = RefusingHfArgumentParser(
         prog="python -m hfbert.inspect",
         description="Look inside a trained model folder: attention heatmap, fill-mask top-k, next-sentence "
-        "probability and sentence similarity. Writes PNGs and inspect.md, and prints the summary.",
+        "probability\nand sentence similarity. Writes PNGs and inspect.md, and prints the summary.",
     )
     parser.add_argument("checkpoint", help="model folder (model.safetensors, config.json, tokenizer files)")
     parser.add_argument(

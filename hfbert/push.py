@@ -7,16 +7,16 @@ Uploads the final model, tokenizer, model card and curves (never checkpoints), a
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from hfbert.errors import Refusal, RefusingArgumentParser
+from hfbert.errors import Refusal
 from hfbert.files import publish_files
+from hfbert.flags import RefusingHfArgumentParser
 from hfbert.model_card import push_to_hub
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = RefusingArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RefusingHfArgumentParser(description=__doc__)
     parser.add_argument("run_dir", type=Path, help="output folder of a finished run_pretraining.py run")
     parser.add_argument("--hub_model_id", required=True, help="Hub repo id, e.g. your-name/hfbert-mini")
     parser.add_argument("--hub_token", default=None, help="Hub token (default: the logged-in one)")

@@ -23,26 +23,25 @@ Two guards around the `tokenizers` trainer:
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import datasets
 import regex
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, BertTokenizer, HfArgumentParser, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
 
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.corpus import describe_documents, load_documents
 from hfbert.corpus_source import CorpusArguments
-from hfbert.errors import Refusal, RefusesUsageErrors, program_name, run_cli
+from hfbert.errors import Refusal, run_cli
 from hfbert.files import (
     WRITE_ERRORS,
     check_local_files,
@@ -51,6 +50,7 @@ from hfbert.files import (
     staged_files,
     write_tokenizer,
 )
+from hfbert.flags import RefusingHfArgumentParser
 
 if TYPE_CHECKING:
     from hfbert.configuration_hfbert import HfBertConfig
@@ -514,41 +514,6 @@ class TokenizerTrainingArguments:
             raise Refusal(f"--min_frequency {self.min_frequency} must be >= 0, e.g. 2")
         if self.model_max_length <= 0:
             raise Refusal(f"--model_max_length {self.model_max_length} must be > 0, e.g. 512")
-
-
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """HfArgumentParser's formatter, without "(default: None)": an unset flag's help says what unset means."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
-class RefusingHfArgumentParser(RefusesUsageErrors, HfArgumentParser):
-    """HfArgumentParser whose command-line errors, unknown flags included, are one-line refusals (the parser of
-    train_tokenizer.py and run_pretraining.py); --help shows each flag's default, where it has one."""
-
-    def __init__(self, dataclass_types: Any, **kwargs: Any):
-        super().__init__(
-            dataclass_types, **{"formatter_class": DefaultsHelpFormatter, "prog": program_name(), **kwargs}
-        )
-
-    def given_flags(self, argv: list[str]) -> frozenset[str]:
-        """The destinations of the flags `argv` names (as given, `--flag=value` or an abbreviation argparse
-        accepts): settings tell a flag given at its default value from one left unset."""
-        named = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
-        return frozenset(
-            action.dest
-            for action in self._actions
-            for option in action.option_strings
-            if any(option == token or (option.startswith(token) and self.allow_abbrev) for token in named)
-        )
-
-    def parse_flags(self, argv: list[str] | None) -> list[Any]:
-        """The dataclasses of `argv` (sys.argv's when None)."""
-        *groups, unknown = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-        if unknown:  # HfArgumentParser itself raises a bare ValueError for them
-            self.error(f"unrecognized arguments: {' '.join(unknown)}")
-        return groups
 
 
 def main(argv: list[str] | None = None) -> None:

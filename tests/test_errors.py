@@ -83,6 +83,7 @@ def test_a_bad_command_line_is_one_line_not_the_whole_usage(argv, message, capsy
         ("hfbert.convert", ["sideways", "a", "b"]),
         ("hfbert.push", ["folder"]),
         ("hfbert.inspect", ["folder", "--layer", "x"]),
+        ("hfbert.finetune.run", ["folder", "--train_file", "t.csv", "--learning_rate", "fast"]),
     ],
 )
 def test_every_tool_refuses_a_bad_command_line_in_one_line(module, argv, capsys):

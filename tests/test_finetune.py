@@ -26,7 +26,7 @@ from hfbert.finetune.data import few_labels, load_task
 from hfbert.finetune.fit import FitResult, classification_metrics
 from hfbert.finetune.models import MODEL_ROLE, build_model, load_candidate
 from hfbert.finetune.run import RESULTS_NAME, main
-from hfbert.finetune.settings import RANDOM_INIT, TrainingSettings
+from hfbert.finetune.settings import RANDOM_INIT, FinetuneTrainingArguments
 
 TOPICS = {
     "sport": ["the team won the match", "he scored in the game", "the club played the season"],
@@ -78,7 +78,7 @@ def args_for(folder, train, validation, output_dir, *extra):
 
 def candidate(folder, init="pretrained"):
     """The model `hfbert.finetune` fine-tunes from `folder` (its pretrained weights, or random init)."""
-    loaded = load_candidate(MODEL_ROLE, str(folder), "model_dir", TrainingSettings(), False, False)
+    loaded = load_candidate(MODEL_ROLE, str(folder), "model_dir", FinetuneTrainingArguments(), False, False)
     return dataclasses.replace(loaded, init=init)
 
 
@@ -172,7 +172,7 @@ def test_labels_unseen_in_training_and_folders_without_a_model_are_refused(tmp_p
     (tmp_path / "tokenizer-only" / "tokenizer.json").write_text("{}")
     with pytest.raises(ValueError, match="holds no model"):
         main(args_for(tmp_path / "tokenizer-only", train, train, tmp_path / "out"))
-    with pytest.raises(SystemExit):
+    with pytest.raises(Refusal, match="--train_file needs --validation_file"):
         main([str(folder), "--train_file", str(train)])  # no held-out file
 
 
@@ -523,12 +523,11 @@ def test_a_tokenizer_larger_than_the_models_embeddings_is_refused_naming_the_fix
     "flags", [("--dataset_name", "nyu-mll/glue", "--validation_file", "dev.csv"),
               ("--train_file", "a.csv", "--validation_file", "b.csv", "--dataset_config_name", "sst2")],
 )  # fmt: skip
-def test_data_flags_that_would_be_ignored_are_usage_errors(flags, capsys):
+def test_data_flags_that_would_be_ignored_are_refused(flags):
     from hfbert.finetune.settings import parse_args
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(Refusal, match="with --"):  # names the flag it goes with
         parse_args(["model", *flags])
-    assert "with --" in capsys.readouterr().err.splitlines()[-1]  # names the flag it goes with
 
 
 def test_labels_are_read_alike_from_csv_jsonl_and_parquet(tmp_path):
@@ -831,12 +830,12 @@ def test_a_config_without_hidden_size_needs_explicit_epochs_and_rate():
      (["--learning_rate", "1e-3", "--learning_rate_grid", "1e-4"], "--learning_rate_grid goes with"),
      (["--learning_rate_grid", "1e-4", "1e-4"], "distinct rates"), (["--learning_rate", "0"], "must be > 0")],
 )  # fmt: skip
-def test_learning_rate_flags_that_cannot_work_are_usage_errors(flags, message, capsys):
+def test_learning_rate_flags_that_cannot_work_are_refused(flags, message):
     from hfbert.finetune.settings import parse_args
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(Refusal) as refused:
         parse_args(["model", "--train_file", "t.csv", "--validation_file", "v.csv", *flags])
-    assert message in capsys.readouterr().err
+    assert message in str(refused.value)
 
 
 @pytest.mark.parametrize(
@@ -847,24 +846,24 @@ def test_learning_rate_flags_that_cannot_work_are_usage_errors(flags, message, c
      (["--max_eval_samples", "0"], "--max_eval_samples 0 must be >= 1"),
      (["--max_train_samples", "1"], "--max_train_samples 1 must be >= 2")],
 )  # fmt: skip
-def test_flags_at_the_edge_of_their_range_are_usage_errors_and_the_edge_itself_is_not(flags, message, capsys):
-    """Issue 45: mutation testing of check_flags left the boundaries untested (0 in the grid, a ratio of 1)."""
+def test_flags_at_the_edge_of_their_range_are_refused_and_the_edge_itself_is_not(flags, message):
+    """Issue 45: mutation testing of the flag checks left the boundaries untested (0 in the grid, a ratio of 1)."""
     from hfbert.finetune.settings import parse_args
 
     files = ["model", "--train_file", "t.csv", "--validation_file", "v.csv"]
-    with pytest.raises(SystemExit):
+    with pytest.raises(Refusal) as refused:
         parse_args([*files, *flags])
-    assert message in capsys.readouterr().err
+    assert message in str(refused.value)
     edges = ["--warmup_ratio", "0", "--max_eval_samples", "1", "--max_train_samples", "2"]
     assert parse_args([*files, *edges]).training.warmup_ratio == 0
 
 
-def test_local_training_rows_need_a_validation_file_and_the_refusal_says_why(capsys):
+def test_local_training_rows_need_a_validation_file_and_the_refusal_says_why():
     from hfbert.finetune.settings import parse_args
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(Refusal) as refused:
         parse_args(["model", "--train_file", "t.csv"])
-    assert "--train_file needs --validation_file: results are measured on held-out examples" in capsys.readouterr().err
+    assert str(refused.value) == "--train_file needs --validation_file: results are measured on held-out examples"
 
 
 @pytest.mark.slow

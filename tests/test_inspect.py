@@ -10,6 +10,7 @@ from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
 from hfbert.errors import REFUSAL_EXIT_CODE, run_cli
 from hfbert.inspect import (
     InspectError,
+    build_parser,
     choose_masked_word,
     inspect_checkpoint,
     main,
@@ -169,6 +170,12 @@ def test_cli_refusal_is_one_line(checkpoint, tmp_path, capsys):
     line = refused([str(checkpoint), "--text", TEXT, "--head", "9", "--output_dir", str(tmp_path / "out")], capsys)
     assert "--head 9 is out of range: this model has 4 attention heads per layer" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_help_states_each_default_once():
+    """The one help formatter adds a flag's default unless its help already says it ("default: ...")."""
+    text = " ".join(build_parser().format_help().split())
+    assert text.count("(default: 0)") == 1 and text.count("(default: cpu)") == 1 and "(default: None)" not in text
 
 
 def test_tokenizer_from_another_folder(checkpoint, no_tokenizer, tmp_path):

@@ -556,9 +556,9 @@ def test_downstream_reports_every_folder_on_every_set_and_checks_every_pool_firs
 def test_downstream_parts_groups_cover_the_encoder_once_and_variants_take_what_they_name(model_dir):
     from benchmarks import downstream_parts
     from hfbert.finetune.models import MODEL_ROLE, build_model, load_candidate
-    from hfbert.finetune.settings import RANDOM_INIT, TrainingSettings
+    from hfbert.finetune.settings import RANDOM_INIT, FinetuneTrainingArguments
 
-    candidate = load_candidate(MODEL_ROLE, str(model_dir), "model_dir", TrainingSettings(), False, False)
+    candidate = load_candidate(MODEL_ROLE, str(model_dir), "model_dir", FinetuneTrainingArguments(), False, False)
     pretrained = build_model(candidate, ["a", "b", "c"], seed=1)
     twin = build_model(dataclasses.replace(candidate, init=RANDOM_INIT), ["a", "b", "c"], seed=1)
     names = [name for name in pretrained.state_dict() if not name.startswith("classifier.")]

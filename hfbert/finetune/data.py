@@ -27,7 +27,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from hfbert.errors import Refusal
-from hfbert.finetune.settings import DataSettings
+from hfbert.finetune.settings import FinetuneDataArguments
 
 
 @dataclass(frozen=True)
@@ -256,7 +256,7 @@ def _is_fraction(value: str) -> bool:
 # ------------------------------------------------------------------------------------------------ loading
 
 
-def task_columns(data: DataSettings) -> tuple[str, str | None, str, tuple[str, ...]]:
+def task_columns(data: FinetuneDataArguments) -> tuple[str, str | None, str, tuple[str, ...]]:
     """(text column, pair column, label column, metrics) from the flags, with GLUE's defaults."""
     task = GLUE_TASKS.get(data.dataset_config_name or "") if data.dataset_name in GLUE_NAMES else None
     text = data.text_column or (task.text_column if task else "text")
@@ -265,7 +265,7 @@ def task_columns(data: DataSettings) -> tuple[str, str | None, str, tuple[str, .
     return text, pair, data.label_column, metrics
 
 
-def _load_hub(data: DataSettings) -> tuple[datasets.Dataset, datasets.Dataset, str]:
+def _load_hub(data: FinetuneDataArguments) -> tuple[datasets.Dataset, datasets.Dataset, str]:
     task = GLUE_TASKS.get(data.dataset_config_name or "") if data.dataset_name in GLUE_NAMES else None
     try:
         splits = datasets.load_dataset(data.dataset_name, data.dataset_config_name)
@@ -296,7 +296,7 @@ def _hub_split(
     return columns, _string_labels(columns[label], where, label)
 
 
-def _load_files(data: DataSettings, text_columns: list[str], label: str) -> list[tuple[dict, list[str], str]]:
+def _load_files(data: FinetuneDataArguments, text_columns: list[str], label: str) -> list[tuple[dict, list[str], str]]:
     """(columns, labels, where) of --train_file and --validation_file."""
     splits = []
     for flag, path in (("--train_file", data.train_file), ("--validation_file", data.validation_file)):
@@ -307,7 +307,7 @@ def _load_files(data: DataSettings, text_columns: list[str], label: str) -> list
 
 
 def _load_hub_splits(
-    data: DataSettings, text_columns: list[str], label: str
+    data: FinetuneDataArguments, text_columns: list[str], label: str
 ) -> tuple[list, str, list | None]:
     """([(columns, labels, where)] of the train and evaluation splits, the evaluation split's name, the
     ClassLabel's names if the label column is one)."""
@@ -322,7 +322,7 @@ def _load_hub_splits(
     return splits, split_name, list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
 
 
-def load_task(data: DataSettings) -> TaskData:
+def load_task(data: FinetuneDataArguments) -> TaskData:
     """The task's splits with integer labels 0..n-1, after every check on the files, columns, texts, labels
     and the sample-count flags."""
     text, pair, label, metrics = task_columns(data)
@@ -354,7 +354,7 @@ def load_task(data: DataSettings) -> TaskData:
     return TaskData(train_set, evaluation_set, text, pair, names, metrics, split_name)
 
 
-def check_sample_counts(data: DataSettings, train_rows: int, evaluation_rows: int, classes: int) -> None:
+def check_sample_counts(data: FinetuneDataArguments, train_rows: int, evaluation_rows: int, classes: int) -> None:
     """Refuse --max_train_samples / --max_eval_samples that the splits cannot honour."""
     if data.max_train_samples is not None:
         if data.max_train_samples > train_rows:

@@ -19,7 +19,7 @@ import torch
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, Trainer, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
-from hfbert.finetune.settings import TrainingSettings
+from hfbert.finetune.settings import FinetuneTrainingArguments
 
 # A fit whose training loss ended above this share of its first epoch's did not learn its training rows. At 60
 # labels a rate that small chose 3e-4 over 1e-3 for a random-init twin on three noisy folds and lost 18 points.
@@ -100,7 +100,7 @@ def finetune_once(
     tokenizer: PreTrainedTokenizerBase,
     train: datasets.Dataset,
     evaluation: datasets.Dataset,
-    training: TrainingSettings,
+    training: FinetuneTrainingArguments,
     seed: int,
     learning_rate: float,
     num_train_epochs: float,

@@ -34,7 +34,7 @@ from hfbert.finetune.settings import (
     SMALL_HIDDEN_SIZE,
     SMALL_MODEL_EPOCHS,
     SMALL_MODEL_RATES,
-    TrainingSettings,
+    FinetuneTrainingArguments,
 )
 from hfbert.model_card import pretrained_from_structured_start
 from hfbert.pretraining.finish import TRAINING_ARGS_NAME
@@ -150,7 +150,7 @@ def load_tokenizer(tokenizer_folder: Path, where: str, trust_remote_code: bool) 
 
 
 def load_candidate(
-    role: str, folder: str, flag: str, training: TrainingSettings, pair_task: bool, trust_remote_code: bool
+    role: str, folder: str, flag: str, training: FinetuneTrainingArguments, pair_task: bool, trust_remote_code: bool
 ) -> Candidate:
     """Check `folder` and the flags against its config and tokenizer; refuses what would fail mid-training."""
     tokenizer_folder = check_model_folder(folder, flag)
@@ -192,7 +192,7 @@ def size_defaults(hidden_size: int) -> tuple[float, tuple[float, ...]]:
     return LARGER_MODEL_EPOCHS, LARGER_MODEL_RATES
 
 
-def training_settings(config: Any, where: str, training: TrainingSettings) -> tuple[float, tuple[float, ...]]:
+def training_settings(config: Any, where: str, training: FinetuneTrainingArguments) -> tuple[float, tuple[float, ...]]:
     """(epochs, learning rates to try) from the flags, and where they are left to the default, from the model's
     hidden size; refuses a config without one in that case."""
     needs_size = training.num_train_epochs is None or (

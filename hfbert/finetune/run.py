@@ -40,7 +40,13 @@ from hfbert.finetune.report import (
     summarise,
 )
 from hfbert.finetune.selection import FoldFit, choose_rate, selection_plan
-from hfbert.finetune.settings import PROG, RANDOM_INIT, FinetuneSettings, TrainingSettings, parse_args
+from hfbert.finetune.settings import (
+    PROG,
+    RANDOM_INIT,
+    FinetuneSettings,
+    FinetuneTrainingArguments,
+    parse_args,
+)
 
 RESULTS_NAME = "finetune_results.json"
 PLOT_NAME = "finetune_results.png"
@@ -108,7 +114,7 @@ class FitProgress:
 def selection_fits(
     candidate: Candidate,
     task: TaskData,
-    training: TrainingSettings,
+    training: FinetuneTrainingArguments,
     data_seed: int,
     progress: FitProgress | None,
 ) -> dict[FoldFit, FitResult]:
@@ -141,7 +147,7 @@ def selection_fits(
 def seed_fits(
     candidate: Candidate,
     task: TaskData,
-    training: TrainingSettings,
+    training: FinetuneTrainingArguments,
     rate: float,
     progress: FitProgress | None,
 ) -> dict[int, FitResult]:
@@ -165,7 +171,7 @@ def seed_fits(
     return per_seed
 
 
-def fit_count(candidates: Sequence[Candidate], training: TrainingSettings) -> int:
+def fit_count(candidates: Sequence[Candidate], training: FinetuneTrainingArguments) -> int:
     per_model = [
         len(training.seeds)
         + (len(c.learning_rates) * training.learning_rate_folds if training.chooses_rate else 0)

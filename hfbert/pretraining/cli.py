@@ -8,6 +8,7 @@ import sys
 
 from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal, stops_in_one_line
+from hfbert.flags import RefusingHfArgumentParser
 from hfbert.pretraining.cluster import exit_now, stop_with_the_launcher
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
@@ -19,7 +20,6 @@ from hfbert.pretraining.settings import (
     PretrainingSettings,
     RunSettings,
 )
-from hfbert.tokenization import RefusingHfArgumentParser
 
 
 def build_parser() -> RefusingHfArgumentParser:

@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from hfbert.errors import Refusal, RefusingArgumentParser
+from hfbert.errors import Refusal
+from hfbert.flags import RefusingHfArgumentParser
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 RECIPE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -121,24 +122,19 @@ def _flag_text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def given_flags(argv: list[str]) -> set[str]:
-    """The flags named on the command line (`--name value`, `--name=value`, dashed or not)."""
-    return {word[2:].split("=")[0].replace("-", "_") for word in argv if word.startswith("--")}
-
-
 def recipe_from_argv(argv: list[str]) -> tuple[str | None, list[str]]:
     """The recipe the command line names (`--recipe X`, or a .yaml/.json file as the first argument, turned
     into `--recipe X`), and the command line with that positional file so turned."""
     if argv and not argv[0].startswith("-") and argv[0].endswith(RECIPE_SUFFIXES):
         argv = ["--recipe", argv[0], *argv[1:]]
     # parse_known_args also takes --recipe=X and the abbreviations the full parser would take.
-    scan = RefusingArgumentParser(add_help=False)
+    scan = RefusingHfArgumentParser(add_help=False)
     scan.add_argument(f"--{RECIPE_FLAG}")
     known, _ = scan.parse_known_args(argv)
     return known.recipe, argv
 
 
-def apply_recipe(argv: list[str], parser: Any) -> tuple[list[str], Path | None, set[str]]:
+def apply_recipe(argv: list[str], parser: RefusingHfArgumentParser) -> tuple[list[str], Path | None, set[str]]:
     """The command line with the recipe's flags in front (so the command line's win), the recipe's file, and
     the flags it set that the command line does not override."""
     name, argv = recipe_from_argv(argv)
@@ -146,7 +142,7 @@ def apply_recipe(argv: list[str], parser: Any) -> tuple[list[str], Path | None, 
         return argv, None, set()
     path = find_recipe(name)
     values = read_recipe(path, parser)
-    given = given_flags(argv)
+    given = parser.given_flags(argv)
     if given & set(CORPUS_SOURCE_FLAGS):
         values = {key: value for key, value in values.items() if key not in CORPUS_SOURCE_KEYS}
     flags = [word for key, value in values.items() for word in (f"--{key}", _flag_text(value))]
