@@ -12,7 +12,6 @@ from unittest import mock
 import datasets
 import pytest
 import torch
-from conftest import tiny_config
 
 from benchmarks import (
     bench_attention,
@@ -29,6 +28,7 @@ from benchmarks import (
 )
 from benchmarks.bench_pretraining import padding_fraction
 from hfbert import HfBertForPreTraining
+from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
