@@ -636,20 +636,24 @@ def test_sigterm_during_fine_tuning_says_so_and_leaves_no_temporary_folder(tmp_p
                          "--num_train_epochs", "1000", "--output_dir", tmp_path / "out", "--quiet"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
-    deadline = time.monotonic() + 240
-    while (
-        not list(scratch.glob("hfbert-finetune-*")) and time.monotonic() < deadline and process.poll() is None
-    ):
-        time.sleep(0.2)
-    assert list(scratch.glob("hfbert-finetune-*")), (
-        "the Trainer's scratch folder never appeared: nothing to clean up"
-    )
-    time.sleep(1)  # into trainer.train()
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 128 + signal.SIGTERM, stderr
-    assert stderr.strip().splitlines()[-1].startswith("python -m hfbert.finetune: stopped by SIGTERM")
-    assert not list(scratch.glob("hfbert-finetune-*"))
+    try:
+        deadline = time.monotonic() + 240
+        while (
+            not list(scratch.glob("hfbert-finetune-*")) and time.monotonic() < deadline and process.poll() is None
+        ):
+            time.sleep(0.2)
+        assert list(scratch.glob("hfbert-finetune-*")), (
+            "the Trainer's scratch folder never appeared: nothing to clean up"
+        )
+        time.sleep(1)  # into trainer.train()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 128 + signal.SIGTERM, stderr
+        assert stderr.strip().splitlines()[-1].startswith("python -m hfbert.finetune: stopped by SIGTERM")
+        assert not list(scratch.glob("hfbert-finetune-*"))
+    finally:  # a failed assertion must not leave a 1000-epoch fine-tuning running
+        process.kill()
+        process.wait()
     assert not (tmp_path / "out").exists()
 
 
