@@ -208,6 +208,14 @@ REFUSALS_BEFORE_WORK = {
         *["--validation_file", str(a_corpus_folder(tmp_path / "v", {"a.txt": NO_TOKENS, "b.txt": NO_TOKENS}))],
     ],
     "a held-out split without text after tokenizing": held_out_without_text,
+    "a validation corpus without text after tokenizing, for --objective mlm": lambda tmp_path, run_inputs: [
+        *corpus_args(run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, texts(40))),
+        *["--validation_file", str(a_corpus_folder(tmp_path / "v", {"a.txt": NO_TOKENS, "b.txt": NO_TOKENS})), "--objective", "mlm"],
+    ],
+    "a stream's validation documents without text after tokenizing": lambda tmp_path, run_inputs: [
+        *corpus_args(run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {**texts(40), "00.txt": NO_TOKENS})),
+        *["--streaming", "--stream_validation_documents", "2"],
+    ],
 }
 
 

@@ -61,6 +61,7 @@ from hfbert.pretraining.instances import (
     DrawnInstances,
     InstanceRecipe,
     TrainingStream,
+    check_validation_for_mlm,
     draw_training_instances,
     write_instances,
 )
@@ -469,6 +470,8 @@ def prepare(
 def evaluation_instances(tokenized: Dataset, recipe: InstanceRecipe, data: DataSettings) -> Dataset:
     """The evaluation instances: one pass over the tokenized validation documents, written (every evaluation
     scores the same rows), at most --max_eval_samples."""
+    if not recipe.pairs:  # NSP's own check (`check_documents_for_nsp`) refuses too few documents
+        check_validation_for_mlm(tokenized)
     evaluation = write_instances(tokenized, recipe, num_proc=data.preprocessing_num_workers)
     if data.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
@@ -510,13 +513,8 @@ def streamed_instances(
     recipe = instance_recipe(data, tokenizer, seed)
     validation = validation_documents(documents, corpus, data)
     tokenized = tokenize_documents(validation, tokenizer, num_proc=data.preprocessing_num_workers)
-    if recipe.pairs and len(tokenized) < MIN_NSP_DOCUMENTS:
-        raise Refusal(
-            f"the validation documents of this stream give {len(tokenized)} document(s) with text; next-sentence "
-            f"prediction needs at least {MIN_NSP_DOCUMENTS} (B segments come from another document): pass a "
-            "larger --stream_validation_documents or --max_eval_samples, or a --validation_file with more "
-            "documents; check --document_boundary too"
-        )
+    if recipe.pairs:
+        check_stream_validation_for_nsp(tokenized)
     evaluation = evaluation_instances(tokenized, recipe, data)
     held_out = 0 if "validation" in documents else data.stream_validation_documents
     # No skip(0): it would change the stream's state_dict(), which a checkpoint's positions hold.
@@ -530,17 +528,34 @@ def streamed_instances(
     return stream, validation, evaluation, health
 
 
-def validation_documents(
-    documents: IterableDatasetDict, corpus: CorpusArguments, data: DataSettings
-) -> Dataset:
-    """A stream's validation documents, written once to the datasets cache: the source's validation split (at
-    most --max_eval_samples documents, which give at least as many instances), else the first
-    --stream_validation_documents of the training stream."""
+def check_stream_validation_for_nsp(tokenized: Dataset) -> None:
+    """Refuse a stream's tokenized validation documents that hold too few documents with text for NSP."""
+    if len(tokenized) < MIN_NSP_DOCUMENTS:
+        raise Refusal(
+            f"the validation documents of this stream give {len(tokenized)} document(s) with text; next-sentence "
+            f"prediction needs at least {MIN_NSP_DOCUMENTS} (B segments come from another document): pass a "
+            "larger --stream_validation_documents or --max_eval_samples, or a --validation_file with more "
+            "documents; check --document_boundary too"
+        )
+
+
+def stream_validation_source(documents: IterableDatasetDict, data: DataSettings) -> tuple[IterableDataset, int | None]:
+    """Where a stream's validation documents come from and how many are taken (None: all): the source's
+    validation split (at most --max_eval_samples documents, which give at least as many instances), else the
+    first --stream_validation_documents of the training stream."""
     held_out = "validation" not in documents
     count = data.stream_validation_documents if held_out else None
     if data.max_eval_samples is not None:
         count = data.max_eval_samples if count is None else min(count, data.max_eval_samples)
-    return written_documents(documents["train" if held_out else "validation"], count, corpus, "validation", held_out)
+    return documents["train" if held_out else "validation"], count
+
+
+def validation_documents(
+    documents: IterableDatasetDict, corpus: CorpusArguments, data: DataSettings
+) -> Dataset:
+    """A stream's validation documents (`stream_validation_source`), written once to the datasets cache."""
+    stream, count = stream_validation_source(documents, data)
+    return written_documents(stream, count, corpus, "validation", "validation" not in documents)
 
 
 def written_documents(

@@ -352,6 +352,18 @@ def check_documents_for_nsp(tokenized: Dataset) -> None:
         )
 
 
+def check_validation_for_mlm(tokenized: Dataset) -> None:
+    """Refuse validation documents without text for --objective mlm: evaluation scores masked tokens, and a
+    split without text gives none to mask."""
+    if len(tokenized) == 0:
+        raise Refusal(
+            "the validation split has no document with text left after tokenizing, so evaluation has no token "
+            "to mask (--objective mlm); give it text: a --validation_file with text, a larger "
+            "--validation_split_percentage when the validation documents are held out of the training corpus, or "
+            "a larger --stream_validation_documents with --streaming; check --document_boundary too"
+        )
+
+
 def _count_batch(
     batch: dict[str, list],
     indices: list[int],

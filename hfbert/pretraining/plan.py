@@ -15,6 +15,7 @@ from pathlib import Path
 import datasets
 import torch
 from accelerate import Accelerator
+from transformers import PreTrainedTokenizerBase
 
 from hfbert.checkpointing import TOKENIZER_FOLDER
 from hfbert.configuration_hfbert import HfBertConfig
@@ -24,13 +25,15 @@ from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import resolve_max_predictions
 from hfbert.pretraining.data import (
     build_model_config,
+    check_stream_validation_for_nsp,
     first_documents_with_text,
     load_run_tokenizer,
     split_validation_documents,
+    stream_validation_source,
 )
 from hfbert.pretraining.evaluation import flops_per_token
-from hfbert.pretraining.instances import MIN_NSP_DOCUMENTS, check_documents_for_nsp
-from hfbert.pretraining.settings import PretrainingSettings, read_config_file
+from hfbert.pretraining.instances import MIN_NSP_DOCUMENTS, check_documents_for_nsp, check_validation_for_mlm
+from hfbert.pretraining.settings import DataSettings, PretrainingSettings, read_config_file
 from hfbert.pretraining.source_model import SourceModel, source_run_config
 from hfbert.tokenization import train_tokenizer
 
@@ -211,21 +214,40 @@ def rehearse_data_stage(
     """The refusals the run's data stage (`hfbert.pretraining.data.prepare`) makes after
     `check_before_work`, made by the same functions on the streamed corpus, in memory: the tokenizer the run
     would use (one it would train, trained here: --vocab_size against the corpus's characters), the model
-    config against it, and documents with text in each split for NSP. A stream (--streaming) and a Hub corpus
-    are checked by the run."""
+    config against it, and the documents with text each split needs (`rehearse_documents_with_text`). A Hub
+    corpus is checked by the run."""
     corpus, data = settings.corpus, settings.data
-    if corpus.streaming or (corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir()):
+    if corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
         return
-    documents = streamed_splits(settings)
+    documents = stream_documents(corpus) if corpus.streaming else streamed_splits(settings)
     checkpoint_tokenizer = None if checkpoint is None else checkpoint / TOKENIZER_FOLDER
     resumes_tokenizer = checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir()
-    if data.tokenizer_name is None and source is None and not resumes_tokenizer:  # the run trains and saves one
+    trains_tokenizer = data.tokenizer_name is None and source is None and not resumes_tokenizer
+    if trains_tokenizer and not corpus.streaming:  # the run trains and saves one
         tokenizer = train_tokenizer(documents["train"], vocab_size=data.vocab_size, show_progress=False)
-    else:  # no tokenizer to train: nothing is written
+    else:  # no tokenizer to train (a stream never trains one): nothing is written
         output_dir = Path(settings.run.output_dir)
         tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
     build_model_config(settings.model, data.max_seq_length, tokenizer, source)
-    if data.objective == "mlm+nsp":
+    rehearse_documents_with_text(documents, tokenizer, data, corpus.streaming)
+
+
+def rehearse_documents_with_text(
+    documents: datasets.IterableDatasetDict, tokenizer: PreTrainedTokenizerBase, data: DataSettings, streaming: bool
+) -> None:
+    """The run's refusals of splits with too few documents with text after tokenizing, in the run's order: for
+    NSP each split (a stream: its validation documents, `stream_validation_source`), for --objective mlm the
+    validation split."""
+    if streaming:
+        stream, count = stream_validation_source(documents, data)
+        validation = stream if count is None else stream.take(count)
+    else:
+        validation = documents["validation"]
+    if data.objective == "mlm":
+        check_validation_for_mlm(first_documents_with_text(validation, tokenizer, 1))
+    elif streaming:
+        check_stream_validation_for_nsp(first_documents_with_text(validation, tokenizer, MIN_NSP_DOCUMENTS))
+    else:
         for split in ("train", "validation"):
             check_documents_for_nsp(first_documents_with_text(documents[split], tokenizer, MIN_NSP_DOCUMENTS))
 
