@@ -281,6 +281,17 @@ def log_training_row(
     return row
 
 
+def count_update(progress: TrainingProgress, clock: float, compile_time: CompileTime | None) -> int:
+    """Count the update that just ended and its training time (since `clock`; into `compile_time` too, for a
+    compiled update); returns its number."""
+    progress.completed_steps += 1
+    update_seconds = time.perf_counter() - clock
+    progress.train_seconds += update_seconds
+    if compile_time is not None:
+        compile_time.add(update_seconds)
+    return progress.completed_steps
+
+
 def fit(
     accelerator: Accelerator,
     state: TrainingState,
@@ -316,12 +327,7 @@ def fit(
                 progress.micro_batches_in_epoch += accelerator.num_processes  # global: any split continues it
                 if not accelerator.sync_gradients:
                     continue
-                progress.completed_steps += 1
-                update = progress.completed_steps
-                update_seconds = time.perf_counter() - clock
-                progress.train_seconds += update_seconds
-                if compiled:
-                    compile_time.add(update_seconds)
+                update = count_update(progress, clock, compile_time if compiled else None)
                 seconds = synced_train_seconds(accelerator, progress, budget)
                 share = budget.share_spent(update, seconds)
                 callbacks.on_update(update, share)
@@ -329,7 +335,7 @@ def fit(
                 if log_due:
                     facts = (state.batches.logged_epoch(epoch), learning_rate)
                     row = log_training_row(accelerator, state, window, facts, flops, run.output_dir)
-                    row |= compile_time.row()
+                    row |= compile_time.row()  # into the logged history too
                     callbacks.on_log(row, share)
                     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
                 if is_due(update, run.eval_steps):
