@@ -115,17 +115,13 @@ def check_inputs(
     shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
     if len(shape) != 2:
         raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(shape)}")
-    for name, tensor in (
-        ("attention_mask", attention_mask),
-        ("token_type_ids", token_type_ids),
-        ("position_ids", position_ids),
-    ):
-        if (
-            tensor is not None
-            and tensor.shape != shape
-            and not (name == "position_ids" and tensor.shape[-1:] == shape[-1:])
-        ):
+    for name, tensor in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if tensor is not None and tensor.shape != shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has shape {tuple(shape)}")
+    if position_ids is not None and position_ids.shape[-1:] != shape[-1:]:  # (B, T), or (1, T) for every row
+        raise ValueError(
+            f"position_ids has shape {tuple(position_ids.shape)} but input_ids has shape {tuple(shape)}"
+        )
     if shape[1] > config.max_position_embeddings:
         raise ValueError(
             f"Sequence length {shape[1]} exceeds max_position_embeddings={config.max_position_embeddings}; "
@@ -170,8 +166,12 @@ def gather_positions(hidden_states: torch.Tensor, positions: torch.Tensor) -> to
     return hidden_states.gather(1, positions[..., None].expand(-1, -1, hidden_states.size(-1)))
 
 
-def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, T) with 1 = token, 0 = padding -> boolean (B, T), True where a key may be attended to.
+def attention_mask_for(
+    config: HfBertConfig, implementation: str, attention_mask: torch.Tensor | None, embeddings: torch.Tensor
+) -> torch.Tensor | None:
+    """(B, T) with 1 = token, 0 = padding -> the mask in the form the attention backend takes: boolean (B, 1,
+    1, T), True where a key may be attended to, for eager and sdpa (no host sync), otherwise whatever
+    transformers builds for that backend (2-D for flash, a BlockMask for flex).
 
     Boolean rather than an additive -inf/-1e4 mask: nothing can overflow in fp16/bf16. A row that is all
     padding attends to every position instead of none, so its (meaningless) output stays finite, never NaN.
@@ -179,17 +179,9 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     if attention_mask is None:
         return None
     keep = attention_mask.bool()
-    return keep | ~keep.any(dim=-1, keepdim=True)
-
-
-def attention_mask_for(
-    config: HfBertConfig, implementation: str, attention_mask: torch.Tensor | None, embeddings: torch.Tensor
-) -> torch.Tensor | None:
-    """The mask in the form the attention backend takes: boolean (B, 1, 1, T) for eager and sdpa (no
-    host sync), otherwise whatever transformers builds for that backend (2-D for flash, a BlockMask for flex)."""
-    keep = padding_mask(attention_mask)
-    if keep is None or implementation in ROW_SUBSET_BACKENDS:
-        return None if keep is None else keep[:, None, None, :]
+    keep = keep | ~keep.any(dim=-1, keepdim=True)
+    if implementation in ROW_SUBSET_BACKENDS:
+        return keep[:, None, None, :]
     return create_bidirectional_mask(config=config, inputs_embeds=embeddings, attention_mask=keep)
 
 
@@ -216,11 +208,8 @@ def check_attention_padding(
     if attention_padding == "mask" or attention_mask is None or torch.compiler.is_compiling():
         return
     keep = attention_mask.bool()
-    if attention_padding == "none":
-        promised = keep.all()
-    else:  # each row: tokens, then padding
-        positions = torch.arange(keep.size(-1), device=keep.device)
-        promised = (keep == (positions < keep.sum(dim=-1, keepdim=True))).all()
+    # "varlen": each row tokens, then padding, so no position is kept after one that is not
+    promised = keep.all() if attention_padding == "none" else (keep[:, 1:] <= keep[:, :-1]).all()
     message = (
         f"attention_padding={attention_padding!r} promises "
         + ("no padding" if attention_padding == "none" else "right-padded rows (tokens, then padding)")
@@ -244,17 +233,12 @@ def varlen_offsets(
     sequence, [0, Tq, Tq, 2Tq, 2Tq, ..., B*Tq], so a position that is padding attends to the row's tokens, as
     with the mask.
     """
-    batch = lengths.size(0)
-    row_starts = torch.arange(batch, device=lengths.device, dtype=torch.int32)
-    key_starts = row_starts * key_len
-    total = row_starts.new_full((1,), batch * key_len)
-    key_offsets = torch.cat([torch.stack([key_starts, key_starts + lengths], dim=1).flatten(), total])
+    sizes = torch.stack([lengths, key_len - lengths], dim=1).flatten()  # each row: tokens, then padding
+    key_offsets = F.pad(sizes.cumsum(0, dtype=torch.int32), (1, 0))
     if every_position:
         return key_offsets, key_offsets
-    query_starts = row_starts * query_len
-    query_ends = query_starts + query_len
-    total = row_starts.new_full((1,), batch * query_len)
-    return torch.cat([torch.stack([query_starts, query_ends], dim=1).flatten(), total]), key_offsets
+    sequence = torch.arange(2 * lengths.size(0) + 1, device=lengths.device, dtype=torch.int32)
+    return (sequence + 1) // 2 * query_len, key_offsets
 
 
 def varlen_attention(
@@ -302,22 +286,20 @@ def attention_per_sequence(
 ) -> torch.Tensor:
     """What the variable-length kernel computes, one sequence at a time: (Nq, nh, hs) packed queries, (N, nh,
     hs) keys and values -> (Nq, nh, hs); sequence i is queries [q_i, q_i+1) attending to keys [k_i, k_i+1)."""
+    query, key, value = (tensor.transpose(0, 1) for tensor in (query, key, value))  # (nh, N or Nq, hs)
     context = query.new_zeros(query.shape)
     bounds = zip(pairwise(query_offsets.tolist()), pairwise(key_offsets.tolist()), strict=True)
     for (query_start, query_end), (key_start, key_end) in bounds:
         if query_end == query_start:
             continue
-        heads_first = [
-            tensor[start:end].transpose(0, 1)
-            for tensor, start, end in (
-                (query, query_start, query_end),
-                (key, key_start, key_end),
-                (value, key_start, key_end),
-            )
-        ]
-        attended = F.scaled_dot_product_attention(*heads_first, dropout_p=dropout, scale=scaling)
-        context[query_start:query_end] = attended.transpose(0, 1)
-    return context
+        context[:, query_start:query_end] = F.scaled_dot_product_attention(
+            query[:, query_start:query_end],
+            key[:, key_start:key_end],
+            value[:, key_start:key_end],
+            dropout_p=dropout,
+            scale=scaling,
+        )
+    return context.transpose(0, 1)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -332,22 +314,18 @@ def eager_attention_forward(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
+    scaling: float,
     dropout: float = 0.0,
     **kwargs: Unpack[TransformersKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T / sqrt(hs)) v, written out so the attention probabilities can be returned.
+    """softmax(q k^T * scaling) v, written out so the attention probabilities can be returned.
 
     (B, nh, Tq, hs) queries, (B, nh, T, hs) keys and values -> (B, Tq, nh, hs) and (B, nh, Tq, T)
-    probabilities. The mask is boolean (True = attend) or additive.
+    probabilities. The mask is boolean, True = attend (see `attention_mask_for`).
     """
-    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     scores = query @ key.transpose(-2, -1) * scaling  # (B, nh, Tq, T)
     if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + attention_mask
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
     probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
     return (probs @ value).transpose(1, 2).contiguous(), probs
 
@@ -382,14 +360,12 @@ class HfBertEmbeddings(nn.Module):
         seq_len = inputs_embeds.size(1)
         if position_ids is None:
             position_ids = torch.arange(seq_len, device=inputs_embeds.device)[None, :]  # (1, T)
-        embeddings = inputs_embeds + self.position_embeddings(position_ids)
         if token_type_ids is None:
             # All segment A. Looked up through the module, not read as .weight[0]: with device_map offload the
             # weight lives on the meta device and only the module's own forward hook brings it in.
-            segment_a = torch.zeros((1, 1), dtype=torch.long, device=inputs_embeds.device)
-            embeddings = embeddings + self.token_type_embeddings(segment_a)
-        else:
-            embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+            token_type_ids = torch.zeros((1, 1), dtype=torch.long, device=inputs_embeds.device)
+        embeddings = inputs_embeds + self.position_embeddings(position_ids)
+        embeddings = embeddings + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(embeddings))
 
 
@@ -422,9 +398,8 @@ class HfBertSelfAttention(nn.Module):
         query, key, value = self.project(hidden_states, queries)  # (B, nh, Tq or T, hs)
         dropout = self.dropout.p if self.training else 0.0
         if isinstance(attention_mask, RightPaddedRows):
-            context = varlen_attention(
-                query, key, value, attention_mask, queries is None, self.scaling, dropout
-            )
+            every_position = queries is None
+            context = varlen_attention(query, key, value, attention_mask, every_position, self.scaling, dropout)
             return context.flatten(2), None
         # output_attentions=True runs eager for that call (HfBertModel.forward warns once).
         implementation = "eager" if kwargs.get("output_attentions") else self.config._attn_implementation
@@ -554,11 +529,9 @@ class HfBertEncoder(nn.Module):
         last_layer_positions: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
-        last = len(self.layer) - 1
-        for index, layer in enumerate(self.layer):
-            positions = last_layer_positions if index == last else None
-            hidden_states = layer(hidden_states, attention_mask, positions, **kwargs)
-        return hidden_states
+        for layer in self.layer[:-1]:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        return self.layer[-1](hidden_states, attention_mask, last_layer_positions, **kwargs)
 
 
 class HfBertPooler(nn.Module):
@@ -671,18 +644,14 @@ class HfBertForPreTrainingOutput(ModelOutput):
 class HfBertModel(HfBertPreTrainedModel):
     """The bare encoder: embeddings, L post-LN layers and (optionally) the [CLS] pooler."""
 
+    _input_embed_layer = "word_embeddings"  # get/set_input_embeddings find it in self.embeddings
+
     def __init__(self, config: HfBertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = HfBertEmbeddings(config)
         self.encoder = HfBertEncoder(config)
         self.pooler = HfBertPooler(config) if add_pooling_layer else None
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embeddings.word_embeddings = value
 
     @capture_outputs
     def forward(
@@ -779,8 +748,7 @@ class HfBertMaskedLMMixin:
         if every_position or self.config._attn_implementation not in ROW_SUBSET_BACKENDS:
             return None
         if masked_positions is not None:
-            cls_column = torch.zeros_like(masked_positions[:, :1])
-            return torch.cat([cls_column, masked_positions], dim=1)
+            return F.pad(masked_positions, (1, 0))  # [CLS] is position 0
         if labels is None or not mlm_masked_rows_only:
             return None
         needed = labels != IGNORE_INDEX
@@ -825,21 +793,16 @@ class HfBertMaskedLMMixin:
             return_dict=True,
             **kwargs,
         )
-        sequence_output = outputs.last_hidden_state
+        rows = outputs.last_hidden_state  # dense: (B, T, d) -> (B, T, V) logits
         if masked_positions is not None:  # static: (B, P, d) -> (B, P, V)
-            if positions is not None:
-                rows = sequence_output[:, 1:]  # the last layer ran at [CLS] + the P slots
-            else:
-                rows = gather_positions(sequence_output, masked_positions)
-            logits = self.cls.predictions(rows)
-        elif labels is None or not mlm_masked_rows_only:
-            logits = self.cls.predictions(sequence_output)  # (B, T, V)
-        else:  # dynamic masked rows: (M, d) -> (M, V)
+            # with positions, the last layer ran at [CLS] + the P slots
+            rows = rows[:, 1:] if positions is not None else gather_positions(rows, masked_positions)
+        elif labels is not None and mlm_masked_rows_only:  # dynamic masked rows: (M, d) -> (M, V)
             if positions is not None:
                 labels = labels.gather(1, positions)  # (B, m), the labels of the rows the last layer computed
             masked = labels != IGNORE_INDEX
-            sequence_output, labels = sequence_output[masked], labels[masked]  # (M, d), (M,)
-            logits = self.cls.predictions(sequence_output)
+            rows, labels = rows[masked], labels[masked]  # (M, d), (M,)
+        logits = self.cls.predictions(rows)
         loss = None
         if labels is not None:
             loss = masked_lm_loss(logits, labels, training_path=mlm_masked_rows_only or masked_positions is not None)
@@ -970,19 +933,18 @@ class HfBertForNextSentencePrediction(HfBertPreTrainedModel):
     ) -> NextSentencePredictorOutput | tuple:
         """`labels` (B,): 0 if segment B follows segment A, 1 if it is random."""
         outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         logits = self.cls.seq_relationship(outputs.pooler_output)  # (B, 2)
         loss = F.cross_entropy(logits.float(), labels.reshape(-1)) if labels is not None else None
         return NextSentencePredictorOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
+
+
+def classifier_dropout(config: HfBertConfig) -> float:
+    """Dropout before a classifier: `classifier_dropout`, or `hidden_dropout_prob` when that is None."""
+    return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
 
 
 def classification_loss(config: HfBertConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -1006,12 +968,8 @@ class HfBertForSequenceClassification(HfBertPreTrainedModel):
 
     def __init__(self, config: HfBertConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
         self.bert = HfBertModel(config)
-        dropout = (
-            config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
-        )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -1028,13 +986,7 @@ class HfBertForSequenceClassification(HfBertPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         """`labels` (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
         outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, num_labels)
         loss = classification_loss(self.config, logits, labels) if labels is not None else None
@@ -1048,12 +1000,8 @@ class HfBertForTokenClassification(HfBertPreTrainedModel):
 
     def __init__(self, config: HfBertConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
         self.bert = HfBertModel(config, add_pooling_layer=False)
-        dropout = (
-            config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
-        )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -1070,18 +1018,10 @@ class HfBertForTokenClassification(HfBertPreTrainedModel):
     ) -> TokenClassifierOutput | tuple:
         """`labels` (B, T) class ids, -100 where no loss is taken."""
         outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1))
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) if labels is not None else None
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1092,7 +1032,6 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
 
     def __init__(self, config: HfBertConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
         self.bert = HfBertModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -1111,13 +1050,7 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
     ) -> QuestionAnsweringModelOutput | tuple:
         """`start_positions` / `end_positions` (B,): token index of the answer span; out-of-range ones are ignored."""
         outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            return_dict=True,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
         start_logits, end_logits = (part.squeeze(-1).contiguous() for part in logits.split(1, dim=-1))
