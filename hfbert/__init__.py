@@ -6,19 +6,12 @@ config.json and copies `configuration_hfbert.py` and `modeling_hfbert.py` beside
 without hfbert installed loads the folder with `trust_remote_code=True`.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForNextSentencePrediction,
-    AutoModelForPreTraining,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+import transformers
 
+from . import modeling_hfbert
 from .configuration_hfbert import PRESETS, HfBertConfig
 from .modeling_hfbert import (
+    AUTO_MAP,
     HfBertForMaskedLM,
     HfBertForNextSentencePrediction,
     HfBertForPreTraining,
@@ -32,17 +25,14 @@ from .modeling_hfbert import (
 
 __version__ = "0.1.0"
 
+# Each Auto model class -> the hfbert class it builds, from AUTO_MAP (the list config.json gets).
 _AUTO_CLASSES = {
-    AutoModel: HfBertModel,
-    AutoModelForPreTraining: HfBertForPreTraining,
-    AutoModelForMaskedLM: HfBertForMaskedLM,
-    AutoModelForNextSentencePrediction: HfBertForNextSentencePrediction,
-    AutoModelForSequenceClassification: HfBertForSequenceClassification,
-    AutoModelForTokenClassification: HfBertForTokenClassification,
-    AutoModelForQuestionAnswering: HfBertForQuestionAnswering,
+    getattr(transformers, auto_name): getattr(modeling_hfbert, reference.rpartition(".")[2])
+    for auto_name, reference in AUTO_MAP.items()
+    if auto_name != "AutoConfig"
 }
 
-AutoConfig.register(HfBertConfig.model_type, HfBertConfig, exist_ok=True)
+transformers.AutoConfig.register(HfBertConfig.model_type, HfBertConfig, exist_ok=True)
 HfBertConfig.register_for_auto_class()
 for _auto_class, _model_class in _AUTO_CLASSES.items():
     _auto_class.register(HfBertConfig, _model_class, exist_ok=True)
