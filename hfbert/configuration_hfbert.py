@@ -5,7 +5,7 @@ two by changing `model_type` alone. This file is copied into every checkpoint fo
 it imports nothing from hfbert.
 """
 
-from typing import Any, ClassVar
+from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import PretrainedConfig
@@ -50,7 +50,6 @@ class HfBertConfig(PretrainedConfig):
     """
 
     model_type = "hfbert"
-    presets: ClassVar[dict[str, tuple[int, int, int]]] = PRESETS
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -68,12 +67,10 @@ class HfBertConfig(PretrainedConfig):
     classifier_dropout: float | int | None = None
     tie_word_embeddings: bool = True
 
-    # Fields of older hfbert versions, dropped quietly when an old config.json is loaded.
-    removed_fields: ClassVar[tuple[str, ...]] = ("mlm_masked_rows_only",)
-
     def __post_init__(self, **kwargs: Any) -> None:
-        for name in self.removed_fields:  # was a config field; now a forward argument of the MLM heads
-            kwargs.pop(name, None)
+        # A field of older hfbert versions, now a forward argument of the MLM heads: dropped quietly when an
+        # old config.json is loaded.
+        kwargs.pop("mlm_masked_rows_only", None)
         super().__post_init__(**kwargs)
 
     def validate_architecture(self) -> None:
