@@ -9,7 +9,6 @@ HfBertForMaskedLM, BertForPreTraining <-> HfBertForPreTraining, and so on.
     python -m hfbert.convert from-transformers path/to/bert-base-uncased converted/hfbert-base
 """
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,29 +22,23 @@ from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, check_local_path_exists, staged_folder
 from hfbert.flags import RefusingHfArgumentParser
 
-# Fields one config class has and the other lacks; they are dropped when crossing over.
-_HFBERT_ONLY_FIELDS = {f.name for f in dataclasses.fields(HfBertConfig)} - {
-    f.name for f in dataclasses.fields(BertConfig)
-}
 _BOOKKEEPING_KEYS = {"model_type", "architectures", "auto_map", "transformers_version", "dtype"}
 
 
 def _convert_config(config: transformers.PretrainedConfig, target: type) -> transformers.PretrainedConfig:
-    shared = {
-        key: value
-        for key, value in config.to_dict().items()
-        if key not in _BOOKKEEPING_KEYS and key not in _HFBERT_ONLY_FIELDS
-    }
+    """Every field but the bookkeeping ones, into `target`: HfBertConfig's fields are all BertConfig's."""
+    shared = {key: value for key, value in config.to_dict().items() if key not in _BOOKKEEPING_KEYS}
     return target(**shared, attn_implementation=config._attn_implementation)
 
 
 def bert_config_for(config: HfBertConfig) -> BertConfig:
-    """The stock `transformers.BertConfig` of the same architecture (hfbert-only fields dropped)."""
+    """The stock `transformers.BertConfig` of the same architecture."""
     return _convert_config(config, BertConfig)
 
 
 def hfbert_config_for(config: BertConfig) -> HfBertConfig:
-    """The `HfBertConfig` of a stock BERT config's architecture (BERT-only fields dropped)."""
+    """The `HfBertConfig` of a stock BERT config's architecture (BERT's decoder fields, such as is_decoder,
+    ride along as extra attributes, unused)."""
     return _convert_config(config, HfBertConfig)
 
 
