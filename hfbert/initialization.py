@@ -89,15 +89,6 @@ def offset_query_key(
     return query, key
 
 
-def word_match_query_key(head_size: int, hidden_size: int) -> torch.Tensor:
-    """(head_size, hidden_size) weight reading the first head_size dims of the second half (words, no
-    positions; head_size <= hidden_size / 2 with 2 or more heads), used for both queries and keys, so that
-    q_i . k_j is the words' similarity there."""
-    selection = torch.zeros(head_size, hidden_size, dtype=torch.float64)
-    selection[torch.arange(head_size), hidden_size // 2 + torch.arange(head_size)] = 1.0
-    return selection
-
-
 @torch.no_grad()
 def init_structured_attention(
     model: nn.Module, seed: int, keep_random_rows: bool = False
@@ -128,7 +119,10 @@ def init_structured_attention(
     )
     embeddings.position_embeddings.weight.copy_(code)
     embeddings.token_type_embeddings.weight[:, hidden // 2 :] = 0.0  # segments live beside the positions
-    match = word_match_query_key(head_size, hidden)
+    # The same-word head's queries and keys read the first head_size dims of the second half (words, no
+    # positions; head_size <= hidden / 2 with 2 or more heads), so that q_i . k_j is the words' similarity there.
+    match = torch.zeros(head_size, hidden, dtype=torch.float64)
+    match[torch.arange(head_size), hidden // 2 + torch.arange(head_size)] = 1.0
     heads_to_set = {  # (layer, head): (query, key, gain)
         (0, 0): (*offset_query_key(frequencies, -1, head_size, hidden), OFFSET_GAIN),
         (1, 0): (*offset_query_key(frequencies, +1, head_size, hidden), OFFSET_GAIN),
