@@ -78,15 +78,9 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
         )
     if (path / MANIFEST_NAME).is_file():  # a checkpoint: every file as it was saved
         verify_checkpoint(path)
-    tokenizer_folder = next(
-        (
-            place
-            for place in (path, path / CHECKPOINT_TOKENIZER)
-            if any((place / n).is_file() for n in TOKENIZER_FILES)
-        ),
-        None,
-    )
-    if tokenizer_folder is None:
+    at_top = any((path / name).is_file() for name in TOKENIZER_FILES)
+    tokenizer_folder = path if at_top else path / CHECKPOINT_TOKENIZER
+    if not any((tokenizer_folder / name).is_file() for name in TOKENIZER_FILES):
         raise Refusal(
             f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES)}, at its top or in {CHECKPOINT_TOKENIZER}/); "
             f"{FOLDER_FIX}, or save the tokenizer it was trained with into it (tokenizer.save_pretrained(folder))"
@@ -137,9 +131,7 @@ def load_config(folder: str, where: str, trust_remote_code: bool) -> Any:
 def load_tokenizer(tokenizer_folder: Path, where: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(tokenizer_folder, trust_remote_code=trust_remote_code)
-    except (
-        Exception
-    ) as error:  # tokenizers' Rust errors are plain Exceptions; transformers adds KeyError, OSError
+    except Exception as error:  # the Rust tokenizers raise plain Exceptions; transformers KeyError, OSError
         if REMOTE_CODE_MARK in str(error):
             raise remote_code_refusal(where, f"tokenizer (in {tokenizer_folder})") from None
         raise Refusal(
