@@ -111,9 +111,10 @@ class Candidate:
     learning_rates: tuple[float, ...]  # the one --learning_rate, or the rates `auto` chooses from
     trust_remote_code: bool = False
 
-    @property
-    def description(self) -> str:
-        return f"{self.folder}, random init" if self.init == RANDOM_INIT else self.folder
+
+def describe(folder: str, init: str) -> str:
+    """A model as 'folder' or 'folder, random init', in the lines and the table."""
+    return f"{folder}, random init" if init == RANDOM_INIT else folder
 
 
 def load_config(folder: str, where: str, trust_remote_code: bool) -> Any:

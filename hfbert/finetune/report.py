@@ -12,8 +12,7 @@ from typing import Any
 from hfbert.errors import Refusal
 from hfbert.files import atomic_path
 from hfbert.finetune.fit import FitResult
-from hfbert.finetune.models import COMPARISON_ROLE, MODEL_ROLE
-from hfbert.finetune.settings import RANDOM_INIT
+from hfbert.finetune.models import COMPARISON_ROLE, MODEL_ROLE, describe
 from hfbert.plotting import save_figure
 
 # Student's t at 97.5% for 1..30 degrees of freedom (a 95% interval of a mean of paired differences); written
@@ -78,15 +77,11 @@ def gain_verdict(mean: float, interval: list[float] | None, seeds: int) -> str:
     return "ahead beyond the seed-to-seed noise" if mean > 0 else "behind beyond the seed-to-seed noise"
 
 
-def describe(model: dict[str, Any]) -> str:
-    """A results entry as 'folder' or 'folder, random init'."""
-    return f"{model['folder']}, random init" if model["init"] == RANDOM_INIT else model["folder"]
-
-
 def report_table(results: dict[str, Any]) -> str:
     """Markdown: per model (by role) and metric, mean ± std over seeds and the per-seed values; each model's
     rate and how it was chosen; every collapsed fit by name; the paired gain with its interval and verdict."""
     lines = ["| role | weights | metric | mean ± std | per seed |", "|---|---|---|---|---|"]
+    weights = {role: describe(model["folder"], model["init"]) for role, model in results["models"].items()}
     for role, model in results["models"].items():
         collapsed = model.get("collapsed", {})
         for metric, stats in model["summary"].items():
@@ -95,24 +90,21 @@ def report_table(results: dict[str, Any]) -> str:
                 for seed, value in zip(results["seeds"], stats["per_seed"], strict=True)
             )
             lines.append(
-                f"| {role} | {describe(model)} | {metric} | {stats['mean']:.3f} ± {stats['std']:.3f} | {seeds} |"
+                f"| {role} | {weights[role]} | {metric} | {stats['mean']:.3f} ± {stats['std']:.3f} | {seeds} |"
             )
     for role, model in results["models"].items():
-        lines.append(f"\nLearning rate of the {role} ({describe(model)}): {rate_text(model)}")
+        lines.append(f"\nLearning rate of the {role} ({weights[role]}): {rate_text(model)}")
         for seed, why in model.get("collapsed", {}).items():
             lines.append(f"COLLAPSED: the {role}'s seed {seed}: {why}; its mean above counts it")
     for metric, gain in results.get("gain", {}).items():
-        comparison = describe(results["models"][COMPARISON_ROLE])
         seeds = len(gain["per_seed"])
-        interval = (
-            f", 95% interval [{gain['interval_95'][0]:+.3f}, {gain['interval_95'][1]:+.3f}]"
-            if gain["interval_95"]
-            else ""
-        )
+        low_high = gain["interval_95"]
+        interval = f", 95% interval [{low_high[0]:+.3f}, {low_high[1]:+.3f}]" if low_high else ""
         per_seed = ", ".join(f"{value:+.3f}" for value in gain["per_seed"].values())
         lines.append(
-            f"\nGain in {metric} of the model over the comparison ({comparison}), paired per seed: "
-            f"{gain['mean']:+.3f} ± {gain['std']:.3f} over {seeds} seed{'s' if seeds != 1 else ''} ({per_seed}){interval}; "
+            f"\nGain in {metric} of the model over the comparison ({weights[COMPARISON_ROLE]}), paired per "
+            f"seed: {gain['mean']:+.3f} ± {gain['std']:.3f} over {seeds} seed{'s' if seeds != 1 else ''} "
+            f"({per_seed}){interval}; "
             f"ahead at {gain['ahead_at']} of {seeds}: {gain['verdict']}"
         )
     return "\n".join(lines)
@@ -144,10 +136,7 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     for offset, (role, model) in enumerate(results["models"].items()):
         values = model["summary"]["accuracy"]["per_seed"]
         collapsed = [str(seed) in model.get("collapsed", {}) for seed in results["seeds"]]
-        labels.append(
-            f"{role}\n{Path(model['folder']).name}"
-            + (", random init" if model["init"] == RANDOM_INIT else "")
-        )
+        labels.append(f"{role}\n{describe(Path(model['folder']).name, model['init'])}")
         kept = [value for value, bad in zip(values, collapsed, strict=True) if not bad]
         failed = [value for value, bad in zip(values, collapsed, strict=True) if bad]
         if kept:

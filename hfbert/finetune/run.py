@@ -26,6 +26,7 @@ from hfbert.finetune.models import (
     MODEL_ROLE,
     Candidate,
     build_model,
+    describe,
     load_candidate,
     refusal_from,
     reinit_query_key_hint,
@@ -95,7 +96,7 @@ def show_fit(
     if progress is None:
         return
     scores = ", ".join(f"{metric} {fit.metrics[metric]:.3f}" for metric in metrics)
-    line = f"{candidate.role} ({candidate.description}), {where}: {scores} on {rows}"
+    line = f"{candidate.role} ({describe(candidate.folder, candidate.init)}), {where}: {scores} on {rows}"
     if fit.collapse:
         line += f"; COLLAPSED: {fit.collapse}"
     progress.write(line)
