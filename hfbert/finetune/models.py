@@ -65,13 +65,10 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
     or files that differ from a checkpoint's sha256 manifest) or one without a tokenizer; returns the folder
     that holds its tokenizer (the folder, or a checkpoint's tokenizer/)."""
     path, where = Path(folder), f"{flag} {folder}"
+    if path.is_file():
+        raise Refusal(f"{where}: is a file; pass the folder that holds it ({path.parent}), or {FOLDER_FIX}")
     if not path.is_dir():
-        problem = (
-            f"is a file; pass the folder that holds it ({path.parent}), or"
-            if path.is_file()
-            else "no such folder;"
-        )
-        raise Refusal(f"{where}: {problem} {FOLDER_FIX}")
+        raise Refusal(f"{where}: no such folder; {FOLDER_FIX}")
     if not (path / "config.json").is_file() or not any((path / name).is_file() for name in WEIGHT_FILES):
         raise Refusal(
             f"{where} holds no model (config.json and weights); {FOLDER_FIX}, not a tokenizer folder"

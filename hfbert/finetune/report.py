@@ -21,17 +21,15 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
 
 
+def spread(values: list[float]) -> dict[str, Any]:
+    """The mean and standard deviation (0 for one value) of per-seed `values`, and the values."""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": std, "per_seed": values}
+
+
 def summarise(per_seed: dict[int, FitResult], metrics: Sequence[str]) -> dict[str, Any]:
     """Per metric: mean and standard deviation over the seeds, and each seed's value (in --seeds' order)."""
-    summary = {}
-    for metric in metrics:
-        values = [fit.metrics[metric] for fit in per_seed.values()]
-        summary[metric] = {
-            "mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "per_seed": values,
-        }
-    return summary
+    return {metric: spread([fit.metrics[metric] for fit in per_seed.values()]) for metric in metrics}
 
 
 def collapsed_seeds(per_seed: dict[int, FitResult]) -> dict[str, str]:
@@ -48,20 +46,18 @@ def paired_gain(
     out = {}
     for metric, stats in first.items():
         differences = [a - b for a, b in zip(stats["per_seed"], second[metric]["per_seed"], strict=True)]
-        mean = statistics.fmean(differences)
-        std = statistics.stdev(differences) if len(differences) > 1 else 0.0
+        gain = spread(differences)
         degrees = len(differences) - 1
         t = T_975[degrees - 1] if degrees <= len(T_975) else 1.96
-        half_width = t * std / math.sqrt(len(differences))
-        interval = [mean - half_width, mean + half_width] if len(differences) > 1 else None
+        half_width = t * gain["std"] / math.sqrt(len(differences))
+        interval = [gain["mean"] - half_width, gain["mean"] + half_width] if len(differences) > 1 else None
         out[metric] = {
-            "mean": mean,
-            "std": std,
+            **gain,
             "per_seed": dict(zip(map(str, seeds), differences, strict=True)),
             "interval_95": interval,
             "ahead_at": sum(difference > 0 for difference in differences),
             "behind_at": sum(difference < 0 for difference in differences),
-            "verdict": gain_verdict(mean, interval, len(differences)),
+            "verdict": gain_verdict(gain["mean"], interval, len(differences)),
         }
     return out
 
