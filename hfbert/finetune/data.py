@@ -1,11 +1,12 @@
 """The labelled examples `python -m hfbert.finetune` trains and evaluates on, read and checked before any work.
 
 Local csv / jsonl / json / parquet files are read with Python's own readers, not type-inferred: a label column
-reads the same whether it holds 1, 1.0, "1" or "1.0", from any of the formats. Not `datasets.load_dataset`, whose
-csv builder types each column by its values ("NA" a missing value, "007" the number 7) and whose json builder
-re-encodes a column that mixes strings and numbers ("ships" beside 1 reads '"ships"' from a JSON array). A row
-whose text or label is missing (empty, null) is refused with the file, the column and the rows, never turned
-into a class "None" or handed to the tokenizer. Hub sets (`--dataset_name`, GLUE's columns and metrics known)
+reads the same whether it holds 1, 1.0, "1" or "1.0", from any of the formats. Not `datasets.load_dataset`
+(datasets 5.2): its csv builder types each column by its values ("NA" a missing value, "007" the number 7.0)
+unless told every column's type, and its csv and json errors name no line of the file (pyarrow's "JSON parse
+error ... in row 1" for a broken second line), where the refusals here name it. A row whose text or label is
+missing (empty, null) is refused with the file, the column and the rows, never turned into a class "None" or
+handed to the tokenizer. Hub sets (`--dataset_name`, GLUE's columns and metrics known)
 go through the same checks. Every problem is a `Refusal` that names the file or flag and the fix.
 """
 
@@ -16,7 +17,6 @@ import collections
 import csv
 import io
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,9 +158,7 @@ def read_labelled_file(path: str | Path, flag: str) -> list[dict[str, Any]]:
 def label_text(value: Any) -> str | None:
     """A label as the class name it stands for: 1, 1.0, "1" and "1.0" all give "1"; None for a missing one
     (None, NaN, empty)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer():  # None and NaN read "None" and "nan" below: missing
         return str(int(value))
     text = str(value).strip()
     match = _INTEGRAL_FLOAT.match(text)

@@ -174,15 +174,10 @@ def run_comparison(settings: FinetuneSettings) -> dict[str, Any]:
         "settings": settings.as_flags(),
         "models": {},
     }
-    progress = tqdm(
-        total=fit_count(candidates, training), desc="fine-tuning", unit="fit", disable=settings.output.quiet,
-        dynamic_ncols=True,
-    )
-    try:
+    quiet, total = settings.output.quiet, fit_count(candidates, training)
+    with tqdm(total=total, desc="fine-tuning", unit="fit", disable=quiet, dynamic_ncols=True) as bar:
         for candidate in candidates:
-            results["models"][candidate.role] = fit_candidate(candidate, task, settings, progress)
-    finally:
-        progress.close()
+            results["models"][candidate.role] = fit_candidate(candidate, task, settings, bar)
     if len(candidates) > 1:
         models = results["models"]
         results["gain"] = paired_gain(
