@@ -13,6 +13,7 @@ from hfbert.errors import Refusal
 from hfbert.files import atomic_path
 from hfbert.finetune.fit import FitResult
 from hfbert.finetune.models import COMPARISON_ROLE, MODEL_ROLE, describe
+from hfbert.finetune.settings import FinetuneDataArguments
 from hfbert.plotting import save_figure
 
 # Student's t at 97.5% for 1..30 degrees of freedom (a 95% interval of a mean of paired differences); written
@@ -165,20 +166,18 @@ def check_model_card(card_path: Path) -> None:
         ) from None
 
 
-def add_to_model_card(
-    folder: Path,
-    results: dict[str, Any],
-    dataset: str,
-    dataset_config: str | None,
-    dataset_name: str | None = None,
-) -> Path:
+def add_to_model_card(folder: Path, results: dict[str, Any], data: FinetuneDataArguments) -> Path:
     """Add the fine-tuned metrics of the model under test (never the comparison's) to its folder's model card
-    as `model-index` entries (Hub metadata) for `dataset` (a Hub id, or the evaluation file's name), shown as
-    `dataset_name` (default: `dataset`): the mean as the value, and the seeds, each seed's value, the rate
-    and how it was chosen as the metric's args; keeps the card's text and its other results; written
-    atomically."""
+    as `model-index` entries (Hub metadata) for the Hub set, or for the evaluation file by its name (shown
+    with the training file's): the mean as the value, and the seeds, each seed's value, the rate and how it
+    was chosen as the metric's args; keeps the card's text and its other results; written atomically."""
     from huggingface_hub import EvalResult, ModelCard
 
+    if data.dataset_name is not None:
+        dataset, dataset_config, dataset_name = data.dataset_name, data.dataset_config_name, data.dataset_name
+    else:  # local files: named after what was evaluated on and what was trained on
+        dataset, dataset_config = Path(data.validation_file).name, None
+        dataset_name = f"{dataset} (fine-tuned on {Path(data.train_file).name})"
     card_path = folder / "README.md"
     card = ModelCard.load(card_path) if card_path.is_file() else ModelCard("---\n---\n")
     data = card.data
@@ -196,7 +195,7 @@ def add_to_model_card(
             EvalResult(
                 task_type="text-classification",
                 dataset_type=dataset,
-                dataset_name=dataset_name or dataset,
+                dataset_name=dataset_name,
                 dataset_config=dataset_config,
                 dataset_split=results["evaluation_split"],
                 metric_type=metric,

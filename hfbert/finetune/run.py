@@ -247,12 +247,7 @@ def write_results(settings: FinetuneSettings, results: dict[str, Any]) -> Path:
     write_json_atomic(output_dir / RESULTS_NAME, results)
     plot_results(results, output_dir / PLOT_NAME)
     if settings.output.update_model_card:
-        data, model_dir = settings.data, Path(settings.models.model_dir)
-        if data.dataset_name is not None:
-            add_to_model_card(model_dir, results, data.dataset_name, data.dataset_config_name)
-        else:  # local files: named after what was evaluated on and what was trained on
-            train, validation = Path(data.train_file).name, Path(data.validation_file).name
-            add_to_model_card(model_dir, results, validation, None, f"{validation} (fine-tuned on {train})")
+        add_to_model_card(Path(settings.models.model_dir), results, settings.data)
     return output_dir
 
 
