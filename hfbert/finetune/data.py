@@ -1,11 +1,12 @@
 """The labelled examples `python -m hfbert.finetune` trains and evaluates on, read and checked before any work.
 
 Local csv / jsonl / json / parquet files are read with Python's own readers, not type-inferred: a label column
-reads the same whether it holds 1, 1.0, "1" or "1.0", from any of the formats. Not `datasets.load_dataset`, whose
-csv builder types each column by its values ("NA" a missing value, "007" the number 7) and whose json builder
-re-encodes a column that mixes strings and numbers ("ships" beside 1 reads '"ships"' from a JSON array). A row
-whose text or label is missing (empty, null) is refused with the file, the column and the rows, never turned
-into a class "None" or handed to the tokenizer. Hub sets (`--dataset_name`, GLUE's columns and metrics known)
+reads the same whether it holds 1, 1.0, "1" or "1.0", from any of the formats. Not `datasets.load_dataset`
+(datasets 5.2): its csv builder types each column by its values ("NA" a missing value, "007" the number 7.0)
+unless told every column's type, and its csv and json errors name no line of the file (pyarrow's "JSON parse
+error ... in row 1" for a broken second line), where the refusals here name it. A row whose text or label is
+missing (empty, null) is refused with the file, the column and the rows, never turned into a class "None" or
+handed to the tokenizer. Hub sets (`--dataset_name`, GLUE's columns and metrics known)
 go through the same checks. Every problem is a `Refusal` that names the file or flag and the fix.
 """
 
@@ -16,7 +17,6 @@ import collections
 import csv
 import io
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,9 +158,7 @@ def read_labelled_file(path: str | Path, flag: str) -> list[dict[str, Any]]:
 def label_text(value: Any) -> str | None:
     """A label as the class name it stands for: 1, 1.0, "1" and "1.0" all give "1"; None for a missing one
     (None, NaN, empty)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer():  # None and NaN read "None" and "nan" below: missing
         return str(int(value))
     text = str(value).strip()
     match = _INTEGRAL_FLOAT.match(text)
@@ -177,8 +175,17 @@ def _rows_have(numbers: list[int]) -> str:
     return f"{len(numbers)} rows ({shown}; data rows counted from 1) have"
 
 
-def _check_texts(columns: dict[str, list], where: str, text_columns: list[str]) -> None:
-    """Refuse missing/empty texts and values that are not text (the tokenizer would fail on them mid-run)."""
+def _checked_columns(
+    columns: dict[str, list], where: str, text_columns: list[str], label: str
+) -> dict[str, list]:
+    """`columns` after refusing a missing text or label column, and missing/empty texts or values that are not
+    text (the tokenizer would fail on them mid-run)."""
+    for column in (*text_columns, label):
+        if column not in columns:
+            raise Refusal(
+                f"{where} has no column {column!r}; its columns are {list(columns)} "
+                "(choose with --text_column, --text_pair_column, --label_column)"
+            )
     for column in text_columns:
         missing = [i for i, v in enumerate(columns[column], 1) if not isinstance(v, str) or not v.strip()]
         if missing:
@@ -186,27 +193,13 @@ def _check_texts(columns: dict[str, list], where: str, text_columns: list[str]) 
                 f"{where}: {_rows_have(missing)} an empty or missing {column!r} (or one that is not text); "
                 "remove or fill those rows"
             )
-
-
-def _checked_columns(
-    rows: list[dict[str, Any]] | datasets.Dataset, where: str, text_columns: list[str], label: str
-) -> dict[str, list]:
-    if isinstance(rows, datasets.Dataset):
-        names = list(rows.column_names)
-    else:  # every key of any row: a JSON line may leave out a key the others have
-        names = [name for name in dict.fromkeys(key for row in rows for key in row) if name is not None]
-    for column in (*text_columns, label):
-        if column not in names:
-            raise Refusal(
-                f"{where} has no column {column!r}; its columns are {names} "
-                "(choose with --text_column, --text_pair_column, --label_column)"
-            )
-    if isinstance(rows, datasets.Dataset):
-        columns = {column: list(rows[column]) for column in (*text_columns, label)}
-    else:
-        columns = {column: [row.get(column) for row in rows] for column in (*text_columns, label)}
-    _check_texts(columns, where, text_columns)
     return columns
+
+
+def _file_columns(rows: list[dict[str, Any]]) -> dict[str, list]:
+    """The rows as columns, one for every key of any row (a JSON line may leave out a key the others have)."""
+    names = [name for name in dict.fromkeys(key for row in rows for key in row) if name is not None]
+    return {name: [row.get(name) for row in rows] for name in names}
 
 
 def _string_labels(values: list, where: str, column: str) -> list[str]:
@@ -256,9 +249,13 @@ def _is_fraction(value: str) -> bool:
 # ------------------------------------------------------------------------------------------------ loading
 
 
+def _glue_task(data: FinetuneDataArguments) -> GlueTask | None:
+    return GLUE_TASKS.get(data.dataset_config_name or "") if data.dataset_name in GLUE_NAMES else None
+
+
 def task_columns(data: FinetuneDataArguments) -> tuple[str, str | None, str, tuple[str, ...]]:
     """(text column, pair column, label column, metrics) from the flags, with GLUE's defaults."""
-    task = GLUE_TASKS.get(data.dataset_config_name or "") if data.dataset_name in GLUE_NAMES else None
+    task = _glue_task(data)
     text = data.text_column or (task.text_column if task else "text")
     pair = data.text_pair_column or (task.text_pair_column if task else None)
     metrics = task.metrics if task else ("accuracy",)
@@ -266,7 +263,7 @@ def task_columns(data: FinetuneDataArguments) -> tuple[str, str | None, str, tup
 
 
 def _load_hub(data: FinetuneDataArguments) -> tuple[datasets.Dataset, datasets.Dataset, str]:
-    task = GLUE_TASKS.get(data.dataset_config_name or "") if data.dataset_name in GLUE_NAMES else None
+    task = _glue_task(data)
     try:
         splits = datasets.load_dataset(data.dataset_name, data.dataset_config_name)
     except Exception as error:  # datasets raises many types for offline / missing / typo
@@ -284,42 +281,37 @@ def _load_hub(data: FinetuneDataArguments) -> tuple[datasets.Dataset, datasets.D
 
 def _hub_split(
     split: datasets.Dataset, where: str, text_columns: list[str], label: str
-) -> tuple[dict, list[str]]:
-    """A Hub split's columns and its labels as class names (a ClassLabel's names; -1, GLUE's unlabelled test
-    rows, dropped)."""
+) -> tuple[dict, list[str], str]:
+    """(columns, labels as class names, where) of a Hub split: a ClassLabel's names, with -1 (GLUE's
+    unlabelled test rows) dropped."""
     feature = split.features.get(label)
-    if isinstance(feature, datasets.ClassLabel):
-        split = split.filter(lambda row: row[label] >= 0)
-        columns = _checked_columns(split, where, text_columns, label)
-        return columns, [feature.names[index] for index in columns[label]]
-    columns = _checked_columns(split, where, text_columns, label)
-    return columns, _string_labels(columns[label], where, label)
+    if not isinstance(feature, datasets.ClassLabel):
+        columns = _checked_columns(split.to_dict(), where, text_columns, label)
+        return columns, _string_labels(columns[label], where, label), where
+    labelled = split.filter(lambda row: row[label] >= 0)
+    columns = _checked_columns(labelled.to_dict(), where, text_columns, label)
+    return columns, [feature.names[index] for index in columns[label]], where
 
 
-def _load_files(data: FinetuneDataArguments, text_columns: list[str], label: str) -> list[tuple[dict, list[str], str]]:
-    """(columns, labels, where) of --train_file and --validation_file."""
-    splits = []
-    for flag, path in (("--train_file", data.train_file), ("--validation_file", data.validation_file)):
-        where = f"{flag} {path}"
-        columns = _checked_columns(read_labelled_file(path, flag), where, text_columns, label)
-        splits.append((columns, _string_labels(columns[label], where, label), where))
-    return splits
-
-
-def _load_hub_splits(
+def _load_splits(
     data: FinetuneDataArguments, text_columns: list[str], label: str
 ) -> tuple[list, str, list | None]:
     """([(columns, labels, where)] of the train and evaluation splits, the evaluation split's name, the
     ClassLabel's names if the label column is one)."""
-    train, evaluation, split_name = _load_hub(data)
+    if data.dataset_name is not None:
+        train, evaluation, split_name = _load_hub(data)
+        splits = [
+            _hub_split(train, f"--dataset_name {data.dataset_name} 'train'", text_columns, label),
+            _hub_split(evaluation, repr(split_name), text_columns, label),
+        ]
+        feature = train.features.get(label)
+        return splits, split_name, list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
     splits = []
-    for split, where in (
-        (train, f"--dataset_name {data.dataset_name} 'train'"),
-        (evaluation, repr(split_name)),
-    ):
-        splits.append((*_hub_split(split, where, text_columns, label), where))
-    feature = train.features.get(label)
-    return splits, split_name, list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+    for flag, path in (("--train_file", data.train_file), ("--validation_file", data.validation_file)):
+        where = f"{flag} {path}"
+        columns = _checked_columns(_file_columns(read_labelled_file(path, flag)), where, text_columns, label)
+        splits.append((columns, _string_labels(columns[label], where, label), where))
+    return splits, Path(data.validation_file).name, None
 
 
 def load_task(data: FinetuneDataArguments) -> TaskData:
@@ -329,14 +321,7 @@ def load_task(data: FinetuneDataArguments) -> TaskData:
     text_columns = [column for column in (text, pair) if column is not None]
     if label in text_columns:
         raise Refusal(f"--label_column {label} is also a text column; pass the column that holds the class")
-    if data.dataset_name is not None:
-        splits, split_name, names = _load_hub_splits(data, text_columns, label)
-    else:
-        splits, split_name, names = (
-            _load_files(data, text_columns, label),
-            Path(data.validation_file).name,
-            None,
-        )
+    splits, split_name, names = _load_splits(data, text_columns, label)
     (_, train_labels, train_where), (_, evaluation_labels, evaluation_where) = splits
     names = names or _label_names(train_labels, evaluation_labels, label, (train_where, evaluation_where))
     check_sample_counts(data, len(train_labels), len(evaluation_labels), len(set(train_labels)))
@@ -379,13 +364,11 @@ def few_labels(train: datasets.Dataset, count: int, seed: int) -> datasets.Datas
     generator = np.random.default_rng(seed)
     labels = np.asarray(train["labels"])
     by_class = [generator.permutation(np.flatnonzero(labels == label)) for label in np.unique(labels)]
-    chosen, round_index = [], 0
-    while len(chosen) < min(count, len(labels)):
-        for indices in by_class:
-            if round_index < len(indices) and len(chosen) < count:
-                chosen.append(int(indices[round_index]))
-        round_index += 1
-    return train.select(sorted(chosen))
+    # round by round, one row of each class that still has one: sort by (round, class)
+    rounds = sorted(
+        (turn, klass, int(row)) for klass, rows in enumerate(by_class) for turn, row in enumerate(rows)
+    )
+    return train.select(sorted(row for _, _, row in rounds[:count]))
 
 
 def stratified_folds(

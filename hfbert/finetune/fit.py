@@ -32,9 +32,8 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict[
     classes = np.union1d(np.unique(labels), np.unique(predictions))
     if len(classes) <= 2:
         tp = float(((predictions == 1) & (labels == 1)).sum())
-        fp = float(((predictions == 1) & (labels != 1)).sum())
-        fn = float(((predictions != 1) & (labels == 1)).sum())
-        metrics["f1"] = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+        predicted_and_true = float((predictions == 1).sum() + (labels == 1).sum())  # 2 tp + fp + fn
+        metrics["f1"] = 2 * tp / predicted_and_true if tp else 0.0
     metrics["matthews_correlation"] = _matthews(predictions, labels)
     return metrics
 

@@ -65,28 +65,19 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
     or files that differ from a checkpoint's sha256 manifest) or one without a tokenizer; returns the folder
     that holds its tokenizer (the folder, or a checkpoint's tokenizer/)."""
     path, where = Path(folder), f"{flag} {folder}"
+    if path.is_file():
+        raise Refusal(f"{where}: is a file; pass the folder that holds it ({path.parent}), or {FOLDER_FIX}")
     if not path.is_dir():
-        problem = (
-            f"is a file; pass the folder that holds it ({path.parent}), or"
-            if path.is_file()
-            else "no such folder;"
-        )
-        raise Refusal(f"{where}: {problem} {FOLDER_FIX}")
+        raise Refusal(f"{where}: no such folder; {FOLDER_FIX}")
     if not (path / "config.json").is_file() or not any((path / name).is_file() for name in WEIGHT_FILES):
         raise Refusal(
             f"{where} holds no model (config.json and weights); {FOLDER_FIX}, not a tokenizer folder"
         )
     if (path / MANIFEST_NAME).is_file():  # a checkpoint: every file as it was saved
         verify_checkpoint(path)
-    tokenizer_folder = next(
-        (
-            place
-            for place in (path, path / CHECKPOINT_TOKENIZER)
-            if any((place / n).is_file() for n in TOKENIZER_FILES)
-        ),
-        None,
-    )
-    if tokenizer_folder is None:
+    at_top = any((path / name).is_file() for name in TOKENIZER_FILES)
+    tokenizer_folder = path if at_top else path / CHECKPOINT_TOKENIZER
+    if not any((tokenizer_folder / name).is_file() for name in TOKENIZER_FILES):
         raise Refusal(
             f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES)}, at its top or in {CHECKPOINT_TOKENIZER}/); "
             f"{FOLDER_FIX}, or save the tokenizer it was trained with into it (tokenizer.save_pretrained(folder))"
@@ -117,9 +108,10 @@ class Candidate:
     learning_rates: tuple[float, ...]  # the one --learning_rate, or the rates `auto` chooses from
     trust_remote_code: bool = False
 
-    @property
-    def description(self) -> str:
-        return f"{self.folder}, random init" if self.init == RANDOM_INIT else self.folder
+
+def describe(folder: str, init: str) -> str:
+    """A model as 'folder' or 'folder, random init', in the lines and the table."""
+    return f"{folder}, random init" if init == RANDOM_INIT else folder
 
 
 def load_config(folder: str, where: str, trust_remote_code: bool) -> Any:
@@ -137,9 +129,7 @@ def load_config(folder: str, where: str, trust_remote_code: bool) -> Any:
 def load_tokenizer(tokenizer_folder: Path, where: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(tokenizer_folder, trust_remote_code=trust_remote_code)
-    except (
-        Exception
-    ) as error:  # tokenizers' Rust errors are plain Exceptions; transformers adds KeyError, OSError
+    except Exception as error:  # the Rust tokenizers raise plain Exceptions; transformers KeyError, OSError
         if REMOTE_CODE_MARK in str(error):
             raise remote_code_refusal(where, f"tokenizer (in {tokenizer_folder})") from None
         raise Refusal(

@@ -12,8 +12,8 @@ from typing import Any
 from hfbert.errors import Refusal
 from hfbert.files import atomic_path
 from hfbert.finetune.fit import FitResult
-from hfbert.finetune.models import COMPARISON_ROLE, MODEL_ROLE
-from hfbert.finetune.settings import RANDOM_INIT
+from hfbert.finetune.models import COMPARISON_ROLE, MODEL_ROLE, describe
+from hfbert.finetune.settings import FinetuneDataArguments
 from hfbert.plotting import save_figure
 
 # Student's t at 97.5% for 1..30 degrees of freedom (a 95% interval of a mean of paired differences); written
@@ -22,17 +22,15 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
 
 
+def spread(values: list[float]) -> dict[str, Any]:
+    """The mean and standard deviation (0 for one value) of per-seed `values`, and the values."""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": std, "per_seed": values}
+
+
 def summarise(per_seed: dict[int, FitResult], metrics: Sequence[str]) -> dict[str, Any]:
     """Per metric: mean and standard deviation over the seeds, and each seed's value (in --seeds' order)."""
-    summary = {}
-    for metric in metrics:
-        values = [fit.metrics[metric] for fit in per_seed.values()]
-        summary[metric] = {
-            "mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "per_seed": values,
-        }
-    return summary
+    return {metric: spread([fit.metrics[metric] for fit in per_seed.values()]) for metric in metrics}
 
 
 def collapsed_seeds(per_seed: dict[int, FitResult]) -> dict[str, str]:
@@ -49,20 +47,18 @@ def paired_gain(
     out = {}
     for metric, stats in first.items():
         differences = [a - b for a, b in zip(stats["per_seed"], second[metric]["per_seed"], strict=True)]
-        mean = statistics.fmean(differences)
-        std = statistics.stdev(differences) if len(differences) > 1 else 0.0
+        gain = spread(differences)
         degrees = len(differences) - 1
         t = T_975[degrees - 1] if degrees <= len(T_975) else 1.96
-        half_width = t * std / math.sqrt(len(differences))
-        interval = [mean - half_width, mean + half_width] if len(differences) > 1 else None
+        half_width = t * gain["std"] / math.sqrt(len(differences))
+        interval = [gain["mean"] - half_width, gain["mean"] + half_width] if len(differences) > 1 else None
         out[metric] = {
-            "mean": mean,
-            "std": std,
+            **gain,
             "per_seed": dict(zip(map(str, seeds), differences, strict=True)),
             "interval_95": interval,
             "ahead_at": sum(difference > 0 for difference in differences),
             "behind_at": sum(difference < 0 for difference in differences),
-            "verdict": gain_verdict(mean, interval, len(differences)),
+            "verdict": gain_verdict(gain["mean"], interval, len(differences)),
         }
     return out
 
@@ -78,15 +74,11 @@ def gain_verdict(mean: float, interval: list[float] | None, seeds: int) -> str:
     return "ahead beyond the seed-to-seed noise" if mean > 0 else "behind beyond the seed-to-seed noise"
 
 
-def describe(model: dict[str, Any]) -> str:
-    """A results entry as 'folder' or 'folder, random init'."""
-    return f"{model['folder']}, random init" if model["init"] == RANDOM_INIT else model["folder"]
-
-
 def report_table(results: dict[str, Any]) -> str:
     """Markdown: per model (by role) and metric, mean ± std over seeds and the per-seed values; each model's
     rate and how it was chosen; every collapsed fit by name; the paired gain with its interval and verdict."""
     lines = ["| role | weights | metric | mean ± std | per seed |", "|---|---|---|---|---|"]
+    weights = {role: describe(model["folder"], model["init"]) for role, model in results["models"].items()}
     for role, model in results["models"].items():
         collapsed = model.get("collapsed", {})
         for metric, stats in model["summary"].items():
@@ -95,24 +87,21 @@ def report_table(results: dict[str, Any]) -> str:
                 for seed, value in zip(results["seeds"], stats["per_seed"], strict=True)
             )
             lines.append(
-                f"| {role} | {describe(model)} | {metric} | {stats['mean']:.3f} ± {stats['std']:.3f} | {seeds} |"
+                f"| {role} | {weights[role]} | {metric} | {stats['mean']:.3f} ± {stats['std']:.3f} | {seeds} |"
             )
     for role, model in results["models"].items():
-        lines.append(f"\nLearning rate of the {role} ({describe(model)}): {rate_text(model)}")
+        lines.append(f"\nLearning rate of the {role} ({weights[role]}): {rate_text(model)}")
         for seed, why in model.get("collapsed", {}).items():
             lines.append(f"COLLAPSED: the {role}'s seed {seed}: {why}; its mean above counts it")
     for metric, gain in results.get("gain", {}).items():
-        comparison = describe(results["models"][COMPARISON_ROLE])
         seeds = len(gain["per_seed"])
-        interval = (
-            f", 95% interval [{gain['interval_95'][0]:+.3f}, {gain['interval_95'][1]:+.3f}]"
-            if gain["interval_95"]
-            else ""
-        )
+        low_high = gain["interval_95"]
+        interval = f", 95% interval [{low_high[0]:+.3f}, {low_high[1]:+.3f}]" if low_high else ""
         per_seed = ", ".join(f"{value:+.3f}" for value in gain["per_seed"].values())
         lines.append(
-            f"\nGain in {metric} of the model over the comparison ({comparison}), paired per seed: "
-            f"{gain['mean']:+.3f} ± {gain['std']:.3f} over {seeds} seed{'s' if seeds != 1 else ''} ({per_seed}){interval}; "
+            f"\nGain in {metric} of the model over the comparison ({weights[COMPARISON_ROLE]}), paired per "
+            f"seed: {gain['mean']:+.3f} ± {gain['std']:.3f} over {seeds} seed{'s' if seeds != 1 else ''} "
+            f"({per_seed}){interval}; "
             f"ahead at {gain['ahead_at']} of {seeds}: {gain['verdict']}"
         )
     return "\n".join(lines)
@@ -144,10 +133,7 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     for offset, (role, model) in enumerate(results["models"].items()):
         values = model["summary"]["accuracy"]["per_seed"]
         collapsed = [str(seed) in model.get("collapsed", {}) for seed in results["seeds"]]
-        labels.append(
-            f"{role}\n{Path(model['folder']).name}"
-            + (", random init" if model["init"] == RANDOM_INIT else "")
-        )
+        labels.append(f"{role}\n{describe(Path(model['folder']).name, model['init'])}")
         kept = [value for value, bad in zip(values, collapsed, strict=True) if not bad]
         failed = [value for value, bad in zip(values, collapsed, strict=True) if bad]
         if kept:
@@ -180,20 +166,18 @@ def check_model_card(card_path: Path) -> None:
         ) from None
 
 
-def add_to_model_card(
-    folder: Path,
-    results: dict[str, Any],
-    dataset: str,
-    dataset_config: str | None,
-    dataset_name: str | None = None,
-) -> Path:
+def add_to_model_card(folder: Path, results: dict[str, Any], data: FinetuneDataArguments) -> Path:
     """Add the fine-tuned metrics of the model under test (never the comparison's) to its folder's model card
-    as `model-index` entries (Hub metadata) for `dataset` (a Hub id, or the evaluation file's name), shown as
-    `dataset_name` (default: `dataset`): the mean as the value, and the seeds, each seed's value, the rate
-    and how it was chosen as the metric's args; keeps the card's text and its other results; written
-    atomically."""
+    as `model-index` entries (Hub metadata) for the Hub set, or for the evaluation file by its name (shown
+    with the training file's): the mean as the value, and the seeds, each seed's value, the rate and how it
+    was chosen as the metric's args; keeps the card's text and its other results; written atomically."""
     from huggingface_hub import EvalResult, ModelCard
 
+    if data.dataset_name is not None:
+        dataset, dataset_config, dataset_name = data.dataset_name, data.dataset_config_name, data.dataset_name
+    else:  # local files: named after what was evaluated on and what was trained on
+        dataset, dataset_config = Path(data.validation_file).name, None
+        dataset_name = f"{dataset} (fine-tuned on {Path(data.train_file).name})"
     card_path = folder / "README.md"
     card = ModelCard.load(card_path) if card_path.is_file() else ModelCard("---\n---\n")
     data = card.data
@@ -211,7 +195,7 @@ def add_to_model_card(
             EvalResult(
                 task_type="text-classification",
                 dataset_type=dataset,
-                dataset_name=dataset_name or dataset,
+                dataset_name=dataset_name,
                 dataset_config=dataset_config,
                 dataset_split=results["evaluation_split"],
                 metric_type=metric,

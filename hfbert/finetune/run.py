@@ -26,6 +26,7 @@ from hfbert.finetune.models import (
     MODEL_ROLE,
     Candidate,
     build_model,
+    describe,
     load_candidate,
     refusal_from,
     reinit_query_key_hint,
@@ -87,28 +88,20 @@ def check_before_work(settings: FinetuneSettings) -> tuple[list[Candidate], Task
     return candidates, task
 
 
-class FitProgress:
-    """One bar over every fit of the comparison (none with --quiet), and one line per finished fit above it."""
-
-    def __init__(self, total: int, quiet: bool) -> None:
-        self.quiet = quiet
-        self.bar = tqdm(total=total, desc="fine-tuning", unit="fit", disable=quiet, dynamic_ncols=True)
-
-    def done(
-        self, candidate: Candidate, where: str, result: FitResult, metrics: Sequence[str], rows: str
-    ) -> None:
-        scores = ", ".join(f"{metric} {result.metrics[metric]:.3f}" for metric in metrics)
-        line = f"{candidate.role} ({candidate.description}), {where}: {scores} on {rows}"
-        if result.collapse:
-            line += f"; COLLAPSED: {result.collapse}"
-        if self.quiet:
-            print(line, flush=True)
-        else:
-            self.bar.write(line)
-        self.bar.update()
-
-    def close(self) -> None:
-        self.bar.close()
+def show_fit(
+    progress: tqdm | None, candidate: Candidate, where: str, fit: FitResult, metrics: Sequence[str], rows: str
+) -> None:
+    """One line for a finished fit, above the bar over every fit (alone with --quiet: the bar is off), and the
+    bar one fit on. Nothing without a bar (`progress` None)."""
+    if progress is None:
+        return
+    scores = ", ".join(f"{metric} {fit.metrics[metric]:.3f}" for metric in metrics)
+    line = f"{candidate.role} ({describe(candidate.folder, candidate.init)}), {where}: {scores} on {rows}"
+    if fit.collapse:
+        line += f"; COLLAPSED: {fit.collapse}"
+    progress.write(line)
+    sys.stdout.flush()  # each line as its fit ends, also into a log file
+    progress.update()
 
 
 def selection_fits(
@@ -116,7 +109,7 @@ def selection_fits(
     task: TaskData,
     training: FinetuneTrainingArguments,
     data_seed: int,
-    progress: FitProgress | None,
+    progress: tqdm | None,
 ) -> dict[FoldFit, FitResult]:
     """`--learning_rate auto`'s fits: each rate of the candidate's grid on each fold of the training rows,
     scored on the fold's held-out rows. The evaluation split is never looked at."""
@@ -126,21 +119,13 @@ def selection_fits(
     for where in selection_plan(candidate.learning_rates, len(folds), training.seeds):
         held_in, held_out = folds[where.fold]
         model = build_model(candidate, task.label_names, where.seed, training.reinit_query_key)
+        epochs = candidate.num_train_epochs
         fits[where] = finetune_once(
-            model,
-            candidate.tokenizer,
-            held_in,
-            held_out,
-            training,
-            where.seed,
-            where.rate,
-            candidate.num_train_epochs,
+            model, candidate.tokenizer, held_in, held_out, training, where.seed, where.rate, epochs
         )
-        if progress:
-            progress.done(
-                candidate, f"rate {where.rate:g}, fold {where.fold + 1}/{len(folds)} (seed {where.seed})",
-                fits[where], task.metrics[:1], f"{len(held_out)} held-out training rows",
-            )  # fmt: skip
+        fold = f"rate {where.rate:g}, fold {where.fold + 1}/{len(folds)} (seed {where.seed})"
+        rows = f"{len(held_out)} held-out training rows"
+        show_fit(progress, candidate, fold, fits[where], task.metrics[:1], rows)
     return fits
 
 
@@ -149,7 +134,7 @@ def seed_fits(
     task: TaskData,
     training: FinetuneTrainingArguments,
     rate: float,
-    progress: FitProgress | None,
+    progress: tqdm | None,
 ) -> dict[int, FitResult]:
     """The candidate fine-tuned at `rate` on every training row once per seed, scored on the evaluation split."""
     train = encode(task, task.train, candidate.tokenizer, training.max_seq_length)
@@ -160,24 +145,14 @@ def seed_fits(
         per_seed[seed] = finetune_once(
             model, candidate.tokenizer, train, evaluation, training, seed, rate, candidate.num_train_epochs
         )
-        if progress:
-            progress.done(
-                candidate,
-                f"rate {rate:g}, seed {seed}",
-                per_seed[seed],
-                task.metrics,
-                f"{len(evaluation)} evaluation rows",
-            )
+        where, rows = f"rate {rate:g}, seed {seed}", f"{len(evaluation)} evaluation rows"
+        show_fit(progress, candidate, where, per_seed[seed], task.metrics, rows)
     return per_seed
 
 
 def fit_count(candidates: Sequence[Candidate], training: FinetuneTrainingArguments) -> int:
-    per_model = [
-        len(training.seeds)
-        + (len(c.learning_rates) * training.learning_rate_folds if training.chooses_rate else 0)
-        for c in candidates
-    ]
-    return sum(per_model)
+    folds = training.learning_rate_folds if training.chooses_rate else 0
+    return sum(len(training.seeds) + len(candidate.learning_rates) * folds for candidate in candidates)
 
 
 def run_comparison(settings: FinetuneSettings) -> dict[str, Any]:
@@ -199,12 +174,10 @@ def run_comparison(settings: FinetuneSettings) -> dict[str, Any]:
         "settings": settings.as_flags(),
         "models": {},
     }
-    progress = FitProgress(fit_count(candidates, training), settings.output.quiet)
-    try:
+    quiet, total = settings.output.quiet, fit_count(candidates, training)
+    with tqdm(total=total, desc="fine-tuning", unit="fit", disable=quiet, dynamic_ncols=True) as bar:
         for candidate in candidates:
-            results["models"][candidate.role] = fit_candidate(candidate, task, settings, progress)
-    finally:
-        progress.close()
+            results["models"][candidate.role] = fit_candidate(candidate, task, settings, bar)
     if len(candidates) > 1:
         models = results["models"]
         results["gain"] = paired_gain(
@@ -214,7 +187,7 @@ def run_comparison(settings: FinetuneSettings) -> dict[str, Any]:
 
 
 def fit_candidate(
-    candidate: Candidate, task: TaskData, settings: FinetuneSettings, progress: FitProgress
+    candidate: Candidate, task: TaskData, settings: FinetuneSettings, progress: tqdm
 ) -> dict[str, Any]:
     """One model's entry in the results: its rate (chosen, or as passed) and its fits under every seed."""
     training, data_seed = settings.training, settings.data.data_seed
@@ -274,12 +247,7 @@ def write_results(settings: FinetuneSettings, results: dict[str, Any]) -> Path:
     write_json_atomic(output_dir / RESULTS_NAME, results)
     plot_results(results, output_dir / PLOT_NAME)
     if settings.output.update_model_card:
-        data, model_dir = settings.data, Path(settings.models.model_dir)
-        if data.dataset_name is not None:
-            add_to_model_card(model_dir, results, data.dataset_name, data.dataset_config_name)
-        else:  # local files: named after what was evaluated on and what was trained on
-            train, validation = Path(data.train_file).name, Path(data.validation_file).name
-            add_to_model_card(model_dir, results, validation, None, f"{validation} (fine-tuned on {train})")
+        add_to_model_card(Path(settings.models.model_dir), results, settings.data)
     return output_dir
 
 

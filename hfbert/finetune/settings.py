@@ -233,10 +233,8 @@ class FinetuneSettings:
 
     def as_flags(self) -> dict[str, Any]:
         """Every flag by name (model_dir left out): what finetune_results.json records as its settings."""
-        flags: dict[str, Any] = {}
-        for group in (self.models, self.data, self.training, self.output):
-            flags.update(asdict(group))
-        flags.pop("model_dir")
+        flags = {**asdict(self.models), **asdict(self.data), **asdict(self.training), **asdict(self.output)}
+        del flags["model_dir"]
         return flags
 
 
