@@ -49,11 +49,11 @@ def test_the_fade_leaves_its_share_of_the_structure_and_then_only_what_is_not_st
     random_rows = query_key(model)
     components = init_structured_attention(model, seed=0, keep_random_rows=True)
     fade = StructuredFade(model, components, fraction=0.5)
-    fade.after_update(0.125)  # a quarter of the way through the fade: three quarters left
+    fade.on_update(1, 0.125)  # a quarter of the way through the fade: three quarters left
     for name, weight in query_key(model).items():
         torch.testing.assert_close(weight, random_rows[name] + 0.75 * components[name])
-    fade.after_update(0.5)
-    fade.after_update(0.9)  # past the fade: nothing more to take away
+    fade.on_update(4, 0.5)
+    fade.on_update(7, 0.9)  # past the fade: nothing more to take away
     for name, weight in query_key(model).items():
         torch.testing.assert_close(weight, random_rows[name], atol=1e-6, rtol=0)
 
@@ -62,8 +62,8 @@ def test_a_fade_resumed_from_a_checkpoint_equals_an_uninterrupted_one_bit_for_bi
     progresses = [step / 40 for step in range(1, 41)]
     straight = fresh_model()
     fade = StructuredFade(straight, init_structured_attention(straight, seed=0, keep_random_rows=True), 0.7)
-    for progress in progresses:
-        fade.after_update(progress)
+    for step, progress in enumerate(progresses, start=1):
+        fade.on_update(step, progress)
         if progress == progresses[16]:
             checkpoint = query_key(straight)
     resumed = fresh_model()

@@ -159,11 +159,11 @@ def test_the_peak_line_names_the_row_or_why_there_is_no_mfu():
 
 def test_non_finite_loss_is_an_error_except_under_fp16():
     with pytest.raises(FloatingPointError, match=r"loss became nan at step 7.*--learning_rate") as error:
-        check_loss_is_finite(torch.tensor(float("nan")), "no", 7, 1e-3)
+        check_loss_is_finite(float("nan"), "no", 7, 1e-3)
     assert "start a new run" in str(error.value) and "resume from" not in str(error.value)  # resume refuses a new rate
     assert isinstance(error.value, RunFailure)  # entry points print it as one line, exit 1
-    check_loss_is_finite(torch.tensor(float("inf")), "fp16", 7, 1e-3)  # the grad scaler skips it
-    check_loss_is_finite(torch.tensor(2.0), "bf16", 7, 1e-3)
+    check_loss_is_finite(float("inf"), "fp16", 7, 1e-3)  # the grad scaler skips it
+    check_loss_is_finite(2.0, "bf16", 7, 1e-3)
 
 
 def test_the_nan_stop_names_the_last_checkpoint_whose_weights_are_finite(tmp_path):
@@ -175,7 +175,7 @@ def test_the_nan_stop_names_the_last_checkpoint_whose_weights_are_finite(tmp_pat
         save_file({"w": torch.tensor([1.0, -value])}, checkpoint / "model.safetensors")
         (checkpoint / "checkpoint_manifest.json").write_text("{}")
     with pytest.raises(FloatingPointError) as error:
-        check_loss_is_finite(torch.tensor(float("inf")), "bf16", 7, 1e-3, str(tmp_path))
+        check_loss_is_finite(float("inf"), "bf16", 7, 1e-3, str(tmp_path))
     assert str(error.value).endswith(
         f"The last checkpoint whose weights are all finite is {tmp_path / 'checkpoint-4'} (largest |weight| 1e+06)."
     )

@@ -26,7 +26,7 @@ from hfbert.pretraining.health.corpus import (
 from hfbert.pretraining.health.report import (
     health_card_section,
     health_report,
-    reference_lines,
+    report_reference_lines,
     summary_line,
     write_run_health,
 )
@@ -407,7 +407,8 @@ def test_run_health_json_and_card_section(tmp_path):
 
 def test_curves_draw_the_baselines(tmp_path):
     history = [*training_rows([5.0, 4.0]), evaluation_row(20, 6.0, 0.6)]
-    lines = reference_lines(BASELINES)
+    assert report_reference_lines(None) == report_reference_lines({"baselines": None}) == []
+    lines = report_reference_lines(health_report(CorpusHealth(CorpusStatistics("x", 2, 4, 100, 0, 0, 0, 0, []), BASELINES), []))
     assert [line[0] for line in lines] == ["MLM loss", "NSP loss", "NSP accuracy"]
     assert plot_training_curves(history, tmp_path / "c.png", reference_lines=lines).stat().st_size > 0
     with pytest.raises(ValueError, match="unknown panels"):

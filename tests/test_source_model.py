@@ -12,6 +12,7 @@ from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.checkpointing import _write_manifest
 from hfbert.convert import bert_config_for
 from hfbert.errors import Refusal
+from hfbert.pretraining.settings import ModelSettings
 from hfbert.pretraining.source_model import (
     check_source_fits,
     find_source_model,
@@ -126,9 +127,9 @@ def test_encoder_weights_missing_are_refused(tmp_path, tokenizer):
         load_source_model(source, deeper)
 
 
-def fits(source, tokenizer, source_tokenizer=None, **flags):
-    settings = {"max_seq_length": 128, "model_size": None, "config_name": None, **flags}
-    check_source_fits(source, tokenizer, source_tokenizer, **settings)
+def fits(source, tokenizer, source_tokenizer=None, max_seq_length=128, model_size=None, config_name=None):
+    model = ModelSettings(model_size=model_size, config_name=config_name)
+    check_source_fits(source, tokenizer, source_tokenizer, model, max_seq_length)
 
 
 def test_flags_that_contradict_the_source_are_refused(tmp_path, tokenizer):

@@ -30,7 +30,7 @@ class StructuredFade(Callback):
     goes from 0 to `fraction`: after an update at share p the weights hold max(0, 1 - p / fraction) of them.
 
     The scale is a pure function of the checkpointed progress, so a resumed run, whose weights already carry
-    the scale of its checkpoint, continues the same subtraction (`resume_at`). Made with the model, before
+    the scale of its checkpoint, continues the same subtraction (`on_fit_start`). Made with the model, before
     it is moved to its device: the components follow the parameters there at the start of training."""
 
     def __init__(self, model: nn.Module, components: dict[str, torch.Tensor], fraction: float):
@@ -41,24 +41,18 @@ class StructuredFade(Callback):
         self.fraction = fraction
         self.applied_scale = 1.0
 
-    def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
-        self.pairs = [(parameter, component.to(parameter)) for parameter, component in self.pairs]
-        self.resume_at(share)
-
-    def on_update(self, step: int, share: float) -> None:
-        self.after_update(share)
-
     def scale(self, share: float) -> float:
         """The share of the components the weights hold once `share` (in [0, 1]) of the budget is spent."""
         return max(0.0, 1.0 - share / self.fraction)
 
-    def resume_at(self, share: float) -> None:
-        """The weights were loaded from a checkpoint written at `share` of the budget."""
+    def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
+        """The weights were started, or loaded from a checkpoint written at `share` of the budget."""
+        self.pairs = [(parameter, component.to(parameter)) for parameter, component in self.pairs]
         self.applied_scale = self.scale(share)
 
     @torch.no_grad()
-    def after_update(self, share: float) -> None:
-        """Bring the weights to the scale of `share` (called after each optimizer update; no host sync)."""
+    def on_update(self, step: int, share: float) -> None:
+        """Bring the weights to the scale of `share` (after each optimizer update; no host sync)."""
         scale = self.scale(share)
         if scale < self.applied_scale:  # the share spent never goes back; a scale is never added again
             for parameter, component in self.pairs:

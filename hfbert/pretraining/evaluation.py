@@ -128,10 +128,7 @@ class ModelFlops:
         self, tokens: float, totals: torch.Tensor, seconds: float, num_processes: int
     ) -> dict[str, float]:
         """model_flops_per_second (and mfu) for `tokens` non-padding tokens in `seconds` with window `totals`."""
-        instances, masked = (
-            totals[STATISTICS.index("instances")].item(),
-            totals[STATISTICS.index("masked_tokens")].item(),
-        )
+        _, _, masked, _, _, instances = totals.tolist()
         if tokens == 0 or instances == 0:
             return {}
         head_rows = masked / instances if self.static_slots is None else self.static_slots
@@ -210,18 +207,16 @@ class NonFiniteLoss(RunFailure, FloatingPointError):
 
 
 def check_loss_is_finite(
-    loss: torch.Tensor, precision: str, step: int, learning_rate: float, output_dir: str | None = None
+    loss: float, precision: str, step: int, learning_rate: float, output_dir: str | None = None
 ) -> None:
     """Stop with advice on a NaN/inf loss; under fp16 the grad scaler skips such steps, so only warn."""
-    if torch.isfinite(loss):
+    if math.isfinite(loss):
         return
     if precision == "fp16":
-        logger.warning(
-            f"Non-finite loss ({loss.item()}) at step {step}: the fp16 grad scaler skips this update."
-        )
+        logger.warning(f"Non-finite loss ({loss}) at step {step}: the fp16 grad scaler skips this update.")
         return
     raise NonFiniteLoss(
-        f"The training loss became {loss.item()} at step {step} (learning rate {learning_rate:.3g}, precision "
+        f"The training loss became {loss} at step {step} (learning rate {learning_rate:.3g}, precision "
         f"{precision}). Resuming would diverge again, as a resume keeps the learning rate, warmup and clipping: "
         "start a new run (a new --output_dir, or --overwrite_output_dir) with a lower --learning_rate, more "
         f"--num_warmup_steps or --max_grad_norm > 0.{'' if output_dir is None else last_finite_checkpoint_note(output_dir)}"

@@ -262,25 +262,6 @@ class ProgressBar(Callback):
         self.bar.close()
 
 
-def log_training_row(
-    accelerator: Accelerator,
-    state: TrainingState,
-    window: TrainingWindow,
-    row_facts: tuple[int, float],
-    flops: ModelFlops,
-    output_dir: str,
-) -> dict[str, Any]:
-    """A training window's row (`TrainingWindow.row`: the one host synchronisation of a logging interval),
-    checked for a finite loss (a non-finite one names `output_dir`'s last checkpoint) and appended to the run's
-    history. `row_facts`: the epoch as logged, the rate; `flops`: for the row's model FLOP/s and MFU."""
-    epoch, learning_rate = row_facts
-    row = window.row(accelerator, state.progress, epoch, learning_rate, flops)
-    precision = accelerator.mixed_precision
-    check_loss_is_finite(torch.tensor(row["loss"]), precision, row["step"], learning_rate, output_dir)
-    state.progress.log_history.append(row)
-    return row
-
-
 def count_update(progress: TrainingProgress, clock: float, compile_time: CompileTime | None) -> int:
     """Count the update that just ended and its training time (since `clock`; into `compile_time` too, for a
     compiled update); returns its number."""
@@ -332,11 +313,12 @@ def fit(
                 share = budget.share_spent(update, seconds)
                 callbacks.on_update(update, share)
                 log_due = is_due(update, run.logging_steps) or update == budget.max_train_steps
-                if log_due:
-                    facts = (state.batches.logged_epoch(epoch), learning_rate)
-                    row = log_training_row(accelerator, state, window, facts, flops, run.output_dir)
-                    row |= compile_time.row()  # into the logged history too
-                    callbacks.on_log(row, share)
+                if log_due:  # the window's row is the one host synchronisation of a logging interval
+                    row = window.row(accelerator, progress, state.batches.logged_epoch(epoch), learning_rate, flops)
+                    precision = accelerator.mixed_precision  # a non-finite loss names the last finite checkpoint
+                    check_loss_is_finite(row["loss"], precision, update, learning_rate, run.output_dir)
+                    progress.log_history.append(row | compile_time.row())
+                    callbacks.on_log(progress.log_history[-1], share)
                     window = TrainingWindow.start(accelerator.device, progress.train_seconds)
                 if is_due(update, run.eval_steps):
                     metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)

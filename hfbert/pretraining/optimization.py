@@ -133,21 +133,19 @@ def plan_budget(
     """The updates of the run (--max_train_steps, or the epochs', or unbounded under a time budget alone)
     and the schedule laid out over them. `batches_per_epoch` None: a stream (--streaming), whose length is
     unknown; it is one endless epoch, and settings refuse it without --max_train_steps or --max_train_seconds."""
-    if batches_per_epoch is None:
-        if optimization.max_train_steps is None and optimization.max_train_seconds is None:
-            raise ValueError("a stream needs --max_train_steps or --max_train_seconds (it has no epochs)")
-        updates_per_epoch = None
-        max_train_steps = optimization.max_train_steps or UNBOUNDED_STEPS
-    else:
+    updates_per_epoch = None
+    if batches_per_epoch is not None:
         updates_per_epoch = math.ceil(
             math.ceil(batches_per_epoch / num_processes) / optimization.gradient_accumulation_steps
         )
-        max_train_steps = optimization.max_train_steps or (
-            # A time budget alone runs as many epochs as fit in it; otherwise --num_train_epochs.
-            UNBOUNDED_STEPS
-            if optimization.max_train_seconds
-            else optimization.num_train_epochs * updates_per_epoch
-        )
+    elif optimization.max_train_steps is None and optimization.max_train_seconds is None:
+        raise ValueError("a stream needs --max_train_steps or --max_train_seconds (it has no epochs)")
+    max_train_steps = optimization.max_train_steps or (
+        # A time budget alone (a stream's only other bound) runs as many epochs as fit in it.
+        UNBOUNDED_STEPS
+        if optimization.max_train_seconds or updates_per_epoch is None
+        else optimization.num_train_epochs * updates_per_epoch
+    )
     schedule = LearningRateSchedule(
         peak=optimization.learning_rate,
         warmup_steps=optimization.num_warmup_steps,
@@ -184,8 +182,4 @@ def setup_training(
     progress = TrainingProgress()
     accelerator.register_for_checkpointing(progress)
     return TrainingState(model, optimizer, progress, batches), eval_loader, budget
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 

@@ -9,7 +9,6 @@ downloaded, and the plan says so rather than guess.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -52,28 +51,17 @@ MEASURED_UPDATES_PER_SECOND = {
 ADAM_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
 
 
-@dataclass(frozen=True)
-class CorpusSize:
-    """The training corpus's bytes and estimated tokens (None: a Hub corpus, unknown before download), and
-    its files when --train_file names a folder or a glob."""
-
-    bytes: int | None
-    files: int | None = None
-
-    @property
-    def tokens(self) -> int | None:
-        return None if self.bytes is None else round(self.bytes * TOKENS_PER_BYTE)
-
-
-def corpus_size(settings: PretrainingSettings) -> CorpusSize:
+def corpus_size(settings: PretrainingSettings) -> tuple[int | None, int | None]:
+    """The training corpus's bytes (None: a Hub corpus, unknown before download), and its files when
+    --train_file names a folder or a glob (else None)."""
     corpus = settings.corpus
     if corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
-        return CorpusSize(None)
+        return None, None
     if corpus.dataset_name is not None:  # a local folder laid out like a Hub dataset: every file counts
-        return CorpusSize(sum(p.stat().st_size for p in Path(corpus.dataset_name).rglob("*") if p.is_file()))
+        return sum(p.stat().st_size for p in Path(corpus.dataset_name).rglob("*") if p.is_file()), None
     files = local_files(corpus)["train"]
     size = sum(path.stat().st_size for path in files)
-    return CorpusSize(size, len(files) if corpus.train_file and is_file_collection(corpus.train_file) else None)
+    return size, len(files) if corpus.train_file and is_file_collection(corpus.train_file) else None
 
 
 def model_config(settings: PretrainingSettings, source: SourceModel | None) -> HfBertConfig:
@@ -96,106 +84,87 @@ def size_text(count: float) -> str:
     return f"{count / 1e9:.2f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
 
 
-@dataclass(frozen=True)
-class RunPlan:
-    """What a run would do, counted before it does it."""
-
-    config: HfBertConfig
-    parameters: int
-    processes: int
-    global_batch: int
-    instance_tokens: float  # the mean instance's tokens (estimated)
-    corpus: CorpusSize
-    updates: int | None  # None: as many as fit in a time budget on a device not measured
-    seconds_per_update: tuple[float, str] | None  # measured on this kind of device, and where
-    flops: float | None
-    peak_bytes: float
-    checkpoint: Path | None
-
-    @property
-    def tokens_seen(self) -> float | None:
-        return None if self.updates is None else self.updates * self.global_batch * self.instance_tokens
-
-    def lines(self, settings: PretrainingSettings) -> list[str]:
-        optimization, config = settings.optimization, self.config
-        corpus = "a Hub dataset: its size is unknown until it is downloaded"
-        if self.corpus.bytes is not None:
-            corpus = f"{size_text(self.corpus.bytes)}, ~{self.corpus.tokens:,} tokens"
-            if self.corpus.files is not None:
-                corpus = f"{self.corpus.files:,} files, {corpus}"
-        lines = [
-            f"model: {config.num_hidden_layers} layers x {config.hidden_size}, vocabulary {config.vocab_size}: "
-            f"{self.parameters / 1e6:.1f}M parameters",
-            f"batch: {optimization.per_device_train_batch_size} x {self.processes} processes x "
-            f"{optimization.gradient_accumulation_steps} accumulation = {self.global_batch} instances",
-            f"corpus: {corpus}",
-            *self.budget_lines(settings),
-            f"peak memory: ~{size_text(self.peak_bytes)} a process (fp32 weights, gradients, AdamW and "
-            "activations by Korthikanti et al. 2022's count)",
-            f"each checkpoint: ~{size_text(12 * self.parameters)}; the final folder: ~{size_text(4 * self.parameters)}",
-            self.data_stage_line(settings),
-            f"resume: from {self.checkpoint}" if self.checkpoint is not None else "resume: none, a fresh start",
-        ]
-        return ["Plan (--dry_run: every check passed, nothing was written; ~ marks an estimate):"] + [
-            f"  {line}" for line in lines
-        ]
-
-    def budget_lines(self, settings: PretrainingSettings) -> list[str]:
-        if self.updates is None:
-            seconds = settings.optimization.max_train_seconds
-            return [f"updates: as many as fit in {seconds:g} s (the step is not measured on this device)"]
-        lines = [f"updates: {self.updates:,}; ~{self.tokens_seen:,.0f} tokens seen"]
-        if self.corpus.tokens:
-            lines.append(f"passes over the corpus: ~{self.tokens_seen / self.corpus.tokens:.1f}")
-        if self.flops is not None:
-            lines.append(f"compute: ~{self.flops:.2e} FLOPs (the loop's own formula, forward and backward)")
-        if self.seconds_per_update is None:
-            lines.append("expected training time: not measured for this model, batch and device")
-        else:
-            rate, where = self.seconds_per_update
-            lines.append(f"expected training time: ~{self.updates / rate / 60:.0f} min ({rate} updates/s, {where})")
-        return lines
-
-    def data_stage_line(self, settings: PretrainingSettings) -> str:
-        if settings.corpus.streaming:
-            return "data stage: the validation set only, in the datasets cache (--streaming)"
-        if self.corpus.tokens is None:
-            return "data stage: unknown (a Hub corpus)"
-        # uint16 token ids, the sentence offsets beside them and the Arrow files' overhead: ~2.2 bytes a token
-        return f"data stage: ~{size_text(2.2 * self.corpus.tokens)} in the datasets cache"
-
-
-def plan_run(
+def plan_lines(
     settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path | None, source: SourceModel | None
-) -> RunPlan:
-    data, optimization = settings.data, settings.optimization
-    config = model_config(settings, source)
+) -> list[str]:
+    """What a run would do, counted before it does it: the --dry_run plan, a line each."""
+    optimization, config = settings.optimization, model_config(settings, source)
     with torch.device("meta"):  # counts parameters without allocating them
-        model = HfBertForPreTraining(config)
-    processes = accelerator.num_processes
-    global_batch = optimization.per_device_train_batch_size * processes * optimization.gradient_accumulation_steps
+        parameters = sum(p.numel() for p in HfBertForPreTraining(config).parameters())
+    batch, processes = optimization.per_device_train_batch_size, accelerator.num_processes
+    global_batch = batch * processes * optimization.gradient_accumulation_steps
+    corpus_bytes, files = corpus_size(settings)
+    corpus_tokens = None if corpus_bytes is None else round(corpus_bytes * TOKENS_PER_BYTE)
+    corpus = "a Hub dataset: its size is unknown until it is downloaded"
+    if corpus_bytes is not None:
+        corpus = f"{size_text(corpus_bytes)}, ~{corpus_tokens:,} tokens"
+        if files is not None:
+            corpus = f"{files:,} files, {corpus}"
+    peak = ADAM_BYTES_PER_PARAMETER * parameters + activation_bytes(config, batch, settings.data.max_seq_length)
+    lines = [
+        f"model: {config.num_hidden_layers} layers x {config.hidden_size}, vocabulary {config.vocab_size}: "
+        f"{parameters / 1e6:.1f}M parameters",
+        f"batch: {batch} x {processes} processes x {optimization.gradient_accumulation_steps} accumulation = "
+        f"{global_batch} instances",
+        f"corpus: {corpus}",
+        *budget_lines(settings, accelerator, config, global_batch, corpus_tokens),
+        f"peak memory: ~{size_text(peak)} a process (fp32 weights, gradients, AdamW and "
+        "activations by Korthikanti et al. 2022's count)",
+        f"each checkpoint: ~{size_text(12 * parameters)}; the final folder: ~{size_text(4 * parameters)}",
+        data_stage_line(settings, corpus_tokens),
+        f"resume: from {checkpoint}" if checkpoint is not None else "resume: none, a fresh start",
+    ]
+    return ["Plan (--dry_run: every check passed, nothing was written; ~ marks an estimate):"] + [
+        f"  {line}" for line in lines
+    ]
+
+
+def budget_lines(
+    settings: PretrainingSettings,
+    accelerator: Accelerator,
+    config: HfBertConfig,
+    global_batch: int,
+    corpus_tokens: int | None,
+) -> list[str]:
+    """The updates (--max_train_steps, or those of the epochs or of a time budget on a measured device), the
+    tokens and passes they take, their compute and their time."""
+    data, optimization = settings.data, settings.optimization
     instance_tokens = INSTANCE_FILL * data.max_seq_length
-    corpus = corpus_size(settings)
     key = (device_kind(accelerator.device), settings.model.model_size, optimization.per_device_train_batch_size,
            data.max_seq_length)  # fmt: skip
-    speed = MEASURED_UPDATES_PER_SECOND.get(key) if processes == 1 else None
+    speed = MEASURED_UPDATES_PER_SECOND.get(key) if accelerator.num_processes == 1 else None
     updates = optimization.max_train_steps
     if updates is None and optimization.max_train_seconds is not None:
         updates = None if speed is None else int(optimization.max_train_seconds * speed[0])
-    elif updates is None and corpus.tokens is not None:
-        instances = data.dupe_factor * corpus.tokens / instance_tokens
+    elif updates is None and corpus_tokens is not None:
+        instances = data.dupe_factor * corpus_tokens / instance_tokens
         updates = optimization.num_train_epochs * math.ceil(instances / global_batch)
-    flops = None
-    if updates is not None:
-        static_slots = resolve_max_predictions(data, optimization.torch_compile, accelerator.device)
-        head_rows = data.mlm_probability * instance_tokens if static_slots is None else static_slots
-        per_token = flops_per_token(model.config, instance_tokens, head_rows)
-        flops = per_token * updates * global_batch * instance_tokens
-    batch, length = optimization.per_device_train_batch_size, data.max_seq_length
-    parameters = sum(p.numel() for p in model.parameters())
-    peak = ADAM_BYTES_PER_PARAMETER * parameters + activation_bytes(config, batch, length)
-    return RunPlan(config, parameters, processes, global_batch, instance_tokens, corpus, updates, speed, flops, peak,
-                   checkpoint)  # fmt: skip
+    if updates is None:
+        seconds = optimization.max_train_seconds
+        return [f"updates: as many as fit in {seconds:g} s (the step is not measured on this device)"]
+    tokens_seen = updates * global_batch * instance_tokens
+    lines = [f"updates: {updates:,}; ~{tokens_seen:,.0f} tokens seen"]
+    if corpus_tokens:
+        lines.append(f"passes over the corpus: ~{tokens_seen / corpus_tokens:.1f}")
+    static_slots = resolve_max_predictions(data, optimization.torch_compile, accelerator.device)
+    head_rows = data.mlm_probability * instance_tokens if static_slots is None else static_slots
+    flops = flops_per_token(config, instance_tokens, head_rows) * tokens_seen
+    lines.append(f"compute: ~{flops:.2e} FLOPs (the loop's own formula, forward and backward)")
+    if speed is None:
+        lines.append("expected training time: not measured for this model, batch and device")
+    else:
+        rate, where = speed
+        lines.append(f"expected training time: ~{updates / rate / 60:.0f} min ({rate} updates/s, {where})")
+    return lines
+
+
+def data_stage_line(settings: PretrainingSettings, corpus_tokens: int | None) -> str:
+    if settings.corpus.streaming:
+        return "data stage: the validation set only, in the datasets cache (--streaming)"
+    if corpus_tokens is None:
+        return "data stage: unknown (a Hub corpus)"
+    # uint16 token ids, the sentence offsets beside them and the Arrow files' overhead: ~2.2 bytes a token
+    return f"data stage: ~{size_text(2.2 * corpus_tokens)} in the datasets cache"
 
 
 def activation_bytes(config: HfBertConfig, batch: int, length: int) -> float:

@@ -40,12 +40,11 @@ def resolve_mixed_precision(
     """The precision to train in and why. `launcher_choice` is ACCELERATE_MIXED_PRECISION, which accelerate
     launch sets to 'no' also when --mixed_precision was not given, so only fp16/bf16 there count as a choice.
     `cuda_capability`: the GPU's compute capability, None without CUDA. bf16 on a GPU below 8.0 is refused."""
+    reason = "--mixed_precision"
     if requested == "auto" and launcher_choice in ("fp16", "bf16"):
         requested, reason = launcher_choice, "accelerate launch --mixed_precision"
     elif requested == "auto":
         return auto_precision(cuda_capability)
-    else:
-        reason = "--mixed_precision"
     if requested == "bf16" and cuda_capability is not None and cuda_capability < BF16_CAPABILITY:
         major, minor = cuda_capability
         raise Refusal(

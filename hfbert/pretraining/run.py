@@ -77,8 +77,8 @@ from hfbert.pretraining.health import RunHealth
 from hfbert.pretraining.health.report import health_report
 from hfbert.pretraining.health.signatures import BudgetLimits
 from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
-from hfbert.pretraining.optimization import Budget, TrainingState, count_parameters, setup_training
-from hfbert.pretraining.plan import plan_run, rehearse_data_stage
+from hfbert.pretraining.optimization import Budget, TrainingState, setup_training
+from hfbert.pretraining.plan import plan_lines, rehearse_data_stage
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import (
@@ -97,11 +97,15 @@ logger = logging.getLogger(__name__)
 ModelClass = Callable[[HfBertConfig], torch.nn.Module]
 
 
-def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path) -> None:
-    """The checkpoint's place in the data continues on this launch, and the flags are compared. A cached run's
-    place is global: on another number of processes, the accumulation that keeps the checkpoint's global batch
-    is set in `settings` (see `hfbert.pretraining.reshard`). A stream's positions are per process and per loader
-    worker: only its own counts continue them."""
+def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator) -> tuple[str | None, int]:
+    """The checkpoint to resume (None: 'auto' found none, a fresh start), verified against its manifest, its
+    place in the data checked to continue on this launch and the flags compared; and the gradient accumulation
+    that continues its global batch on this number of processes. A cached run's place is global: on another
+    number of processes, that accumulation is set in `settings` (see `hfbert.pretraining.reshard`). A stream's
+    positions are per process and per loader worker: only its own counts continue them."""
+    checkpoint = resolve_resume_checkpoint(settings.run.output_dir, settings.run.resume_from_checkpoint)
+    if checkpoint is None:
+        return None, settings.optimization.gradient_accumulation_steps
     saved, on_cpu = read_run_settings(checkpoint), accelerator.device.type == "cpu"
     if not settings.corpus.streaming:
         saved_processes = int(read_manifest(checkpoint)["num_processes"])
@@ -113,6 +117,7 @@ def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator, 
     if settings.corpus.streaming:
         workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
         check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu)
+    return str(checkpoint), settings.optimization.gradient_accumulation_steps
 
 
 def check_before_work(
@@ -146,7 +151,7 @@ def check_before_work(
     checkpoint = None
     if run.resume_from_checkpoint is not None:
         # Every process resumes the folder the main process verified, with the accumulation it chose.
-        resumed, accumulation = checked_on_main_process(accelerator, partial(verify_resume, settings, accelerator))
+        resumed, accumulation = checked_on_main_process(accelerator, partial(verify_data_resume, settings, accelerator))
         set_accumulation(accelerator, settings.optimization, accumulation)
         checkpoint = None if resumed is None else Path(resumed)
     source = check_source_model(settings.model, settings.data)
@@ -156,15 +161,6 @@ def check_before_work(
         tokenizer = load_tokenizer(settings.data.tokenizer_name)
         build_model_config(settings.model, settings.data.max_seq_length, tokenizer, source)
     return checkpoint, source
-
-
-def verify_resume(settings: PretrainingSettings, accelerator: Accelerator) -> tuple[str | None, int]:
-    """The checkpoint to resume (None: 'auto' found none, a fresh start), verified against its manifest and the
-    run's settings, and the gradient accumulation that continues its global batch on this number of processes."""
-    checkpoint = resolve_resume_checkpoint(settings.run.output_dir, settings.run.resume_from_checkpoint)
-    if checkpoint is not None:
-        verify_data_resume(settings, accelerator, checkpoint)
-    return (None if checkpoint is None else str(checkpoint)), settings.optimization.gradient_accumulation_steps
 
 
 def start(settings: PretrainingSettings) -> tuple[Accelerator, str]:
@@ -219,7 +215,7 @@ def run_summary(
     return {
         **settings.to_dict(),
         "model_class": type(model).__name__,
-        "num_parameters": count_parameters(model),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
         "model_vocab_size": data.config.vocab_size,
         "precision": precision,
         "static_masked_slots": plan.max_predictions_per_seq,
@@ -345,4 +341,4 @@ def dry_run(settings: PretrainingSettings) -> str:
     checkpoint, source = check_before_work(settings, accelerator)
     rehearsal = partial(rehearse_data_stage, settings, accelerator, checkpoint, source)
     checked_on_main_process(accelerator, rehearsal)  # the main process's refusal ends every rank
-    return "\n".join(plan_run(settings, accelerator, checkpoint, source).lines(settings))
+    return "\n".join(plan_lines(settings, accelerator, checkpoint, source))

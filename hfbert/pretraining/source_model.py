@@ -118,33 +118,22 @@ def find_source_model(name: str) -> SourceModel:
         except HFValidationError:
             raise Refusal(f"{FLAG} {name}: no such folder ({path.absolute()}); {_FIX}") from None
         location, tokenizer_location = name, name  # a Hub model carries its tokenizer
-    config = _read_config(location, name)
-    if config.model_type == "hfbert":
-        hfbert_config = HfBertConfig.from_pretrained(location)
-    elif config.model_type == "bert":
-        hfbert_config = hfbert_config_for(config)
-    else:
+    config = _read_config(location, name)  # an HfBertConfig where model_type is "hfbert" (registered)
+    if config.model_type not in ("hfbert", "bert"):
         raise Refusal(f"{FLAG} {name} holds a {config.model_type!r} model, not BERT; {_FIX}")
-    return SourceModel(
-        name=name,
-        location=location,
-        model_type=config.model_type,
-        config=hfbert_config,
-        tokenizer_location=tokenizer_location,
-    )
+    hfbert_config = config if config.model_type == "hfbert" else hfbert_config_for(config)
+    return SourceModel(name, location, config.model_type, hfbert_config, tokenizer_location)
 
 
 def check_source_fits(
     source: SourceModel,
     tokenizer: PreTrainedTokenizerBase,
     source_tokenizer: PreTrainedTokenizerBase | None,
-    *,
+    model: ModelSettings,
     max_seq_length: int,
-    model_size: str | None,
-    config_name: str | None,
 ) -> None:
     """Refuse, naming the value and the fix, a run whose flags contradict its source model."""
-    where = f"{FLAG} {source.name}"
+    where, config_name, model_size = f"{FLAG} {source.name}", model.config_name, model.model_size
     if config_name is not None:
         raise Refusal(
             f"--config_name {config_name} and {where} both set the architecture; drop --config_name "
@@ -192,14 +181,7 @@ def check_source_model(model: ModelSettings, data: DataSettings) -> SourceModel 
         raise Refusal(
             f"{FLAG} {source.name} holds no tokenizer; pass the tokenizer it was trained with as --tokenizer_name"
         )
-    check_source_fits(
-        source,
-        tokenizer,
-        source_tokenizer,
-        max_seq_length=data.max_seq_length,
-        model_size=model.model_size,
-        config_name=model.config_name,
-    )
+    check_source_fits(source, tokenizer, source_tokenizer, model, data.max_seq_length)
     return source
 
 
@@ -209,14 +191,6 @@ def source_run_config(source: SourceModel, dropout: float | None) -> HfBertConfi
     if dropout is not None:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
     return config
-
-
-def _check_loading_info(source: SourceModel, missing: list[str], unexpected: list[str]) -> None:
-    check_encoder_weights_loaded(f"{FLAG} {source.name}", missing, _FIX)
-    if missing:
-        logger.warning(f"{FLAG} {source.name} has no weights for {', '.join(missing)}: initialised fresh.")
-    if unexpected:
-        logger.warning(f"{FLAG} {source.name}: weights not used by BertForPreTraining: {', '.join(unexpected)}")
 
 
 def load_source_model(source: SourceModel, config: HfBertConfig) -> HfBertForPreTraining:
@@ -230,7 +204,12 @@ def load_source_model(source: SourceModel, config: HfBertConfig) -> HfBertForPre
         )
         model = HfBertForPreTraining(config)
         model.load_state_dict(bert.state_dict(), strict=True)
-    _check_loading_info(source, list(info["missing_keys"]), list(info["unexpected_keys"]))
+    missing, unexpected = list(info["missing_keys"]), list(info["unexpected_keys"])
+    check_encoder_weights_loaded(f"{FLAG} {source.name}", missing, _FIX)
+    if missing:
+        logger.warning(f"{FLAG} {source.name} has no weights for {', '.join(missing)}: initialised fresh.")
+    if unexpected:
+        logger.warning(f"{FLAG} {source.name}: weights not used by BertForPreTraining: {', '.join(unexpected)}")
     check_weights_usable(f"{FLAG} {source.name}", model)
     return model
 

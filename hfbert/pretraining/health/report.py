@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hfbert.files import write_json_atomic
-from hfbert.pretraining.health.corpus import EVENT_KINDS, NOTE_KINDS, Baselines, CorpusHealth, HealthEvent
+from hfbert.pretraining.health.corpus import EVENT_KINDS, NOTE_KINDS, CorpusHealth, HealthEvent
 
 RUN_HEALTH_NAME = "run_health.json"
 
@@ -49,24 +49,19 @@ def write_run_health(folder: str | Path, report: dict[str, Any]) -> Path:
     return write_json_atomic(Path(folder) / RUN_HEALTH_NAME, report)
 
 
-def reference_lines(baselines: Baselines | None) -> list[tuple[str, float, str]]:
-    """(panel title of `hfbert.plotting.PANELS`, value, label) for each baseline a curve should beat."""
+def report_reference_lines(report: dict[str, Any] | None) -> list[tuple[str, float, str]]:
+    """(panel title of `hfbert.plotting.PANELS`, value, label) for each baseline of a `health_report` a curve
+    should beat (none for a run without baselines)."""
+    baselines = None if report is None else report.get("baselines")
     if baselines is None:
         return []
-    lines = [("MLM loss", baselines.unigram_mlm_loss, "unigram baseline")]
-    if baselines.nsp_chance_accuracy is not None:
+    lines = [("MLM loss", baselines["unigram_mlm_loss"], "unigram baseline")]
+    if baselines["nsp_chance_accuracy"] is not None:
         lines += [
-            ("NSP loss", baselines.nsp_chance_loss, "chance"),
-            ("NSP accuracy", baselines.nsp_chance_accuracy, "chance"),
+            ("NSP loss", baselines["nsp_chance_loss"], "chance"),
+            ("NSP accuracy", baselines["nsp_chance_accuracy"], "chance"),
         ]
     return lines
-
-
-def report_reference_lines(report: dict[str, Any] | None) -> list[tuple[str, float, str]]:
-    """`reference_lines` of a `health_report` (none for a run without baselines)."""
-    if report is None or report.get("baselines") is None:
-        return []
-    return reference_lines(Baselines(**report["baselines"]))
 
 
 def card_line(event: dict[str, Any]) -> str:

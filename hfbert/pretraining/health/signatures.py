@@ -336,14 +336,11 @@ class RunHealth(Callback):
 
     def __init__(self, corpus: CorpusHealth | None, budget: BudgetLimits, main_process: bool):
         self.corpus = corpus
+        self.baselines = None if corpus is None else corpus.baselines
         self.budget = budget
         self.main_process = main_process
         self.state = SignatureState()
         self.corpus_events = corpus.statistics.events() if corpus is not None else []
-
-    @property
-    def baselines(self) -> Baselines | None:
-        return None if self.corpus is None else self.corpus.baselines
 
     @property
     def events(self) -> list[HealthEvent]:
