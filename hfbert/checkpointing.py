@@ -19,7 +19,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -134,16 +134,21 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     return int(match.group(1))
 
 
-def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints (`checkpoint-<step>` with a manifest) in `output_dir`, oldest step first."""
+def _checkpoint_folders(output_dir: str | os.PathLike, prefixes: tuple[str, ...] = ()) -> list[Path]:
+    """The folders in `output_dir` named `checkpoint-<step>` or starting with one of `prefixes`, by name."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
-    complete = [
+    return sorted(
         path
         for path in output_dir.iterdir()
-        if path.is_dir() and _CHECKPOINT_NAME.match(path.name) and (path / MANIFEST_NAME).is_file()
-    ]
+        if path.is_dir() and (_CHECKPOINT_NAME.match(path.name) or path.name.startswith(prefixes))
+    )
+
+
+def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints (`checkpoint-<step>` with a manifest) in `output_dir`, oldest step first."""
+    complete = [path for path in _checkpoint_folders(output_dir) if (path / MANIFEST_NAME).is_file()]
     return sorted(complete, key=checkpoint_step)
 
 
@@ -187,10 +192,7 @@ def read_manifest(checkpoint: str | os.PathLike) -> dict[str, Any]:
             f"Checkpoint {checkpoint} is incomplete: {MANIFEST_NAME} is missing (the save was interrupted or "
             f"the folder was not written by this script); {_earlier_checkpoints_hint(checkpoint)}"
         )
-    try:
-        manifest = read_json(manifest_path, _earlier_checkpoints_hint(checkpoint))
-    except ValueError as error:
-        raise CheckpointError(f"Checkpoint {checkpoint} is corrupted: {error}") from None
+    manifest = _read_checkpoint_json(checkpoint, manifest_path)
     try:
         files = manifest["files"]
         int(manifest["num_processes"])
@@ -399,18 +401,12 @@ def write_failure_message(
     """What a failed write of a checkpoint or the final folder `path` means for the run in `output_dir`: the
     cause (a full disk named as such), the last complete checkpoint (intact: writes are staged) and the fix."""
     disk_full = is_disk_full(error, output_dir)
-    what = describe_write_failure(error, path, disk_full)
-    checkpoints = find_checkpoints(output_dir)
-    if not checkpoints:
-        return (
-            f"{what}; no complete checkpoint exists yet. Free space (`df -h {output_dir}`) or fix the cause, then "
-            "start the run again (the same command with --resume_from_checkpoint auto, or --overwrite_output_dir)"
-        )
     full = f"free space (`df -h {output_dir}`, or lower --checkpoints_total_limit)"
-    return (
-        f"{what}; the last complete checkpoint {checkpoints[-1]} is intact; "
-        f"{full if disk_full else 'fix the cause'} and resume with the same command plus "
-        "--resume_from_checkpoint latest"
+    return _how_to_go_on(
+        describe_write_failure(error, path, disk_full),
+        output_dir,
+        f"; no complete checkpoint exists yet. Free space (`df -h {output_dir}`) or fix the cause, then ",
+        f"{full if disk_full else 'fix the cause'} and ",
     )
 
 
@@ -420,14 +416,20 @@ def peer_failure_message(error: RuntimeError, path: str | os.PathLike, output_di
     other process's log names."""
     reason = re.sub(r"^\[[^\]]*\]\s*", "", str(error)).split(". ")[0].strip()
     what = f"another process of the run stopped while {path} was being written ({reason}); its log names the cause"
+    return _how_to_go_on(what, output_dir, ". No complete checkpoint exists yet: ", "")
+
+
+def _how_to_go_on(what: str, output_dir: str | os.PathLike, no_checkpoint: str, fix: str) -> str:
+    """`what` failed, then how to go on: `fix`, then resume from the last complete checkpoint (intact: writes
+    are staged); where there is none, `no_checkpoint`, then start over."""
     checkpoints = find_checkpoints(output_dir)
     if not checkpoints:
         return (
-            f"{what}. No complete checkpoint exists yet: start the run again (the same command with "
-            "--resume_from_checkpoint auto, or --overwrite_output_dir)"
+            f"{what}{no_checkpoint}start the run again (the same command with --resume_from_checkpoint auto, or "
+            "--overwrite_output_dir)"
         )
     return (
-        f"{what}; the last complete checkpoint {checkpoints[-1]} is intact; resume with the same command plus "
+        f"{what}; the last complete checkpoint {checkpoints[-1]} is intact; {fix}resume with the same command plus "
         "--resume_from_checkpoint latest"
     )
 
@@ -475,21 +477,6 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> 
     return saved_processes
 
 
-def _incomplete_checkpoints(output_dir: Path) -> list[str]:
-    """Names of checkpoint folders that no reader may use: interrupted saves and folders without a manifest."""
-    if not output_dir.is_dir():
-        return []
-    return sorted(
-        path.name
-        for path in output_dir.iterdir()
-        if path.is_dir()
-        and (
-            path.name.startswith(TEMP_CHECKPOINT_PREFIX)
-            or (_CHECKPOINT_NAME.match(path.name) and not (path / MANIFEST_NAME).is_file())
-        )
-    )
-
-
 def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpoint: str) -> Path | None:
     """The verified checkpoint folder meant by `--resume_from_checkpoint` ('latest' = newest complete
     checkpoint in `output_dir`; 'auto' = the same, or None when there is none: a fresh start; else a folder
@@ -500,7 +487,11 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
         return None
     if resume_from_checkpoint in ("latest", "auto"):
         checkpoints = find_checkpoints(output_dir)
-        incomplete = _incomplete_checkpoints(output_dir)
+        incomplete = [  # what no reader may use: interrupted saves and folders without a manifest
+            path.name
+            for path in _checkpoint_folders(output_dir, (TEMP_CHECKPOINT_PREFIX,))
+            if path.name.startswith(TEMP_CHECKPOINT_PREFIX) or not (path / MANIFEST_NAME).is_file()
+        ]
         if not checkpoints:
             interrupted = f" (only interrupted saves: {', '.join(incomplete)})" if incomplete else ""
             raise CheckpointError(
@@ -525,10 +516,12 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
 
 def read_run_settings(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
     """The run settings saved with a checkpoint, or None for a checkpoint written before they were saved."""
-    checkpoint = Path(checkpoint)
-    path = checkpoint / RUN_SETTINGS_NAME
-    if not path.is_file():
-        return None
+    path = Path(checkpoint) / RUN_SETTINGS_NAME
+    return _read_checkpoint_json(Path(checkpoint), path) if path.is_file() else None
+
+
+def _read_checkpoint_json(checkpoint: Path, path: Path) -> Any:
+    """The parsed JSON file `path` of `checkpoint`; a `CheckpointError` naming the damage and an earlier one."""
     try:
         return read_json(path, _earlier_checkpoints_hint(checkpoint))
     except ValueError as error:
@@ -638,35 +631,35 @@ def check_run_folder(
 def remove_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """Delete every checkpoint and leftover temporary folder of an earlier run in `output_dir` (for
     `--overwrite_output_dir`; main process only). Returns what was removed."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        return []
-    removed = sorted(
-        path
-        for path in output_dir.iterdir()
-        if path.is_dir() and (_CHECKPOINT_NAME.match(path.name) or path.name.startswith(_LEFTOVER_PREFIXES))
-    )
+    removed = _checkpoint_folders(output_dir, _LEFTOVER_PREFIXES)
     for path in removed:
         shutil.rmtree(path)
     return removed
 
 
-def _lock_holder(lock_path: Path) -> str:
+def _folder_in_use(lock_path: Path) -> CheckpointError:
+    """The refusal of a second run, naming the holder as far as its lock file tells."""
     try:
         holder = json.loads(lock_path.read_text(encoding="utf-8"))
-        return f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
+        holder = f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
     except FileNotFoundError:
-        return f"a run whose {lock_path.name} was deleted"
+        holder = f"a run whose {lock_path.name} was deleted"
     except (OSError, ValueError, KeyError, TypeError):  # the holder is still writing it
-        return "a process that is still starting"
-
-
-def _folder_in_use(lock_path: Path) -> CheckpointError:
+        holder = "a process that is still starting"
     return CheckpointError(
-        f"--output_dir {lock_path.parent} is in use by another training run ({_lock_holder(lock_path)}); "
+        f"--output_dir {lock_path.parent} is in use by another training run ({holder}); "
         "wait for it to finish or stop it, or pass another --output_dir. Two runs in one folder would "
         "overwrite each other's checkpoints"
     )
+
+
+def _flock(fd: int, lock_path: Path) -> None:
+    """Take `fd`'s exclusive flock; if another run holds it, close `fd` and refuse naming that run."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _folder_in_use(lock_path) from None
 
 
 def _lock_folder_itself(output_dir: Path) -> int | None:
@@ -675,10 +668,7 @@ def _lock_folder_itself(output_dir: Path) -> int | None:
     descriptor): the lock file alone holds the folder there."""
     fd = os.open(output_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise _folder_in_use(output_dir / RUN_LOCK_NAME) from None
+        _flock(fd, output_dir / RUN_LOCK_NAME)
     except OSError:
         os.close(fd)
         return None
@@ -699,11 +689,7 @@ def _open_locked(lock_path: Path) -> int:
     """A descriptor of `lock_path` holding its exclusive flock; raises `CheckpointError` if another run holds it."""
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise _folder_in_use(lock_path) from None
+        _flock(fd, lock_path)
         try:
             same_file = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
         except FileNotFoundError:
@@ -752,24 +738,18 @@ def run_folder_lock(output_dir: str | os.PathLike) -> Iterator[None]:
     created = _missing_folders(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     lock_path = output_dir / RUN_LOCK_NAME
-    folder_fd = _lock_folder_itself(output_dir)
-    try:
-        fd = _open_locked(lock_path)
-    except BaseException:
+    with ExitStack() as release:  # undone last to first, also where taking the lock file's flock fails
+        folder_fd = _lock_folder_itself(output_dir)
         if folder_fd is not None:
-            os.close(folder_fd)
-        raise
-    try:
+            release.callback(os.close, folder_fd)
+        fd = _open_locked(lock_path)
+        release.callback(_remove_if_empty, created)
+        release.callback(os.close, fd)
+        # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.
+        release.callback(lock_path.unlink, missing_ok=True)
         # Written in place, not via a renamed temporary file: the flock belongs to this file's inode.
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(fd, 0)
         os.write(fd, (json.dumps(holder) + "\n").encode("utf-8"))
         _finish_interrupted_replace(output_dir)  # the holder's first act: a crashed holder may have left one
         yield
-    finally:
-        # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.
-        lock_path.unlink(missing_ok=True)
-        os.close(fd)
-        if folder_fd is not None:
-            os.close(folder_fd)
-        _remove_if_empty(created)

@@ -267,17 +267,11 @@ def check_safetensors(path: str | os.PathLike, fix: str) -> None:
         raise _unreadable(path, f"is not a valid safetensors file ({error})", fix) from None
 
 
-def check_torch_file(path: str | os.PathLike, fix: str) -> None:
-    """Raise a Refusal naming `path` and `fix` unless it ends like a `torch.save` file (a zip archive whose
-    central directory is intact: a cut-short copy loses it). Only for files torch >= 1.6 wrote."""
-    path = Path(path)
-    if not zipfile.is_zipfile(path):
-        raise _unreadable(path, "is truncated or not a torch.save file (no zip directory at its end)", fix)
-
-
 def check_readable(paths: Iterable[str | os.PathLike], fix: str, *, torch_files: bool = False) -> None:
     """`read_json` every existing *.json and `check_safetensors` every existing *.safetensors in `paths`
-    (missing files are the caller's to report); with `torch_files`, `check_torch_file` every *.bin / *.pkl."""
+    (missing files are the caller's to report); with `torch_files`, refuse every *.bin / *.pkl that does not
+    end like a `torch.save` file (a zip archive whose central directory is intact: a cut-short copy loses it;
+    torch >= 1.6 writes them so)."""
     for path in map(Path, paths):
         if not path.is_file():
             continue
@@ -285,8 +279,8 @@ def check_readable(paths: Iterable[str | os.PathLike], fix: str, *, torch_files:
             read_json(path, fix)
         elif path.suffix == ".safetensors":
             check_safetensors(path, fix)
-        elif torch_files and path.suffix in (".bin", ".pkl"):
-            check_torch_file(path, fix)
+        elif torch_files and path.suffix in (".bin", ".pkl") and not zipfile.is_zipfile(path):
+            raise _unreadable(path, "is truncated or not a torch.save file (no zip directory at its end)", fix)
 
 
 def check_folder_readable(folder: str | os.PathLike, fix: str) -> None:

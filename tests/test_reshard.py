@@ -24,7 +24,6 @@ from hfbert.pretraining.reshard import (
     continue_on_this_split,
     keep_global_batch,
     micro_batches_to_skip,
-    seed_new_ranks,
     set_accumulation,
 )
 from hfbert.pretraining.settings import OptimizationSettings
@@ -140,7 +139,7 @@ def test_the_chosen_accumulation_is_set_on_the_settings_and_the_accelerator():
 
 def dropout_draw(accelerator, checkpoint, seed=42, step=30):
     torch.manual_seed(0)  # what a fresh start on every rank leaves
-    seed_new_ranks(accelerator, checkpoint, seed, step)
+    continue_on_this_split(accelerator, TrainingProgress(completed_steps=step), checkpoint, 1, seed)
     return torch.rand(4)
 
 

@@ -296,15 +296,3 @@ def check_processes_agree(
             "hfbert, transformers and torch versions."
         )
 
-
-__all__ = [
-    "ProcessGroupError",
-    "check_output_dir_shared",
-    "check_processes_agree",
-    "checked_on_main_process",
-    "end_process_group",
-    "form_process_group",
-    "release_ddp_wrapper",
-    "run_fingerprint",
-    "stop_with_the_launcher",
-]

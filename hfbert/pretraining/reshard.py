@@ -12,7 +12,7 @@ What keeps the run the same across the change:
 
 What cannot be kept: each process's RNG stream (dropout) is its own; a process whose rank had no
 `random_states_<rank>.pkl` in the checkpoint starts a stream derived from (seed, rank, step)
-(`seed_new_ranks`), and the streams of ranks that no longer exist end. The all-reduce sums gradients in
+(`continue_on_this_split`), and the streams of ranks that no longer exist end. The all-reduce sums gradients in
 another order, so weights agree to float rounding, not bit for bit.
 """
 
@@ -91,17 +91,12 @@ def set_accumulation(accelerator: Accelerator, optimization: OptimizationSetting
 def continue_on_this_split(
     accelerator: Accelerator, progress: TrainingProgress, checkpoint: Path, saved_processes: int, seed: int
 ) -> None:
-    """After `load_checkpoint` (written by `saved_processes`): the position global and RNG streams for ranks
-    the checkpoint has none for (`micro_batches_to_skip` then places each process in the epoch)."""
+    """After `load_checkpoint` (written by `saved_processes`): the position global (`micro_batches_to_skip`
+    then places each process in the epoch), and RNG streams for a process whose rank wrote no RNG file (the
+    checkpoint came from fewer processes): seeded by (seed, rank, step), not the fresh-start seed it had, which
+    would replay step 0's dropout. Its dropout is then not what any uninterrupted run draws; nothing else is."""
     progress.adopt_per_process_position(saved_processes)
-    seed_new_ranks(accelerator, checkpoint, seed, progress.completed_steps)
-
-
-def seed_new_ranks(accelerator: Accelerator, checkpoint: Path, seed: int, step: int) -> None:
-    """After `load_checkpoint`: a process whose rank wrote no RNG file (the checkpoint came from fewer
-    processes) gets streams seeded by (seed, rank, step), not the fresh-start seed it had, which would
-    replay step 0's dropout. Its dropout is then not what any uninterrupted run draws; nothing else is."""
-    rank = accelerator.process_index
+    rank, step = accelerator.process_index, progress.completed_steps
     if (checkpoint / RNG_FILE.format(rank=rank)).is_file():
         return
     derived = int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
