@@ -19,7 +19,7 @@ from hfbert.pretraining.batches import BatchPlan, build_loaders
 from hfbert.pretraining.data import check_documents_left_to_train, tokenize_documents, validation_documents
 from hfbert.pretraining.instances import InstanceRecipe, TokenizedDocuments, TrainingStream
 from hfbert.pretraining.settings import DataSettings
-from hfbert.pretraining.stream import STREAM_STATE_NAME, WindowDocuments, check_stream_checkpoint, draw_id
+from hfbert.pretraining.stream import STREAM_STATE_NAME, check_stream_checkpoint, draw_id
 
 ARTICLES = 6
 
@@ -82,11 +82,12 @@ def assert_same_batches(expected, actual) -> None:
 
 
 def test_window_documents_give_the_cached_documents_instances(sample_documents, sample_tokenizer, tmp_path):
-    """The same documents in memory (a window) and in the cache pair the same way (without a stream key)."""
+    """The same documents in memory (a window, as `StreamedInstances.window_spans` holds them) and in the cache
+    pair the same way (without a stream key)."""
     sample_documents["train"].select(range(5)).save_to_disk(tmp_path / "documents")
     tokenized = tokenize_documents(load_from_disk(tmp_path / "documents"), sample_tokenizer)
     cached = TokenizedDocuments(tokenized)
-    window = WindowDocuments(tokenized["sentences"])
+    window = TokenizedDocuments(datasets.Dataset.from_dict({"sentences": tokenized["sentences"]}, features=tokenized.features))
     recipe = make_recipe(sample_tokenizer)
     assert len(window) == len(cached) == 5
     for document in range(5):

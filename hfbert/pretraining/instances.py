@@ -54,8 +54,9 @@ SHUFFLE_WINDOW = 1 << 16  # instances shuffled together (see hfbert.pretraining.
 
 
 class TokenizedDocuments:
-    """The output of :func:`hfbert.pretraining.data.tokenize_documents` read as numpy views of its
-    memory-mapped Arrow files: a document's sentence offsets and tokens without converting rows to Python lists.
+    """The output of :func:`hfbert.pretraining.data.tokenize_documents` read as numpy views of its Arrow
+    table (memory-mapped, or in memory for a stream's window): a document's sentence offsets and tokens without
+    converting rows to Python lists.
 
     Pickles as its dataset (which pickles as its file paths), so loader and ``datasets.map`` workers map the
     same files instead of copying the corpus.
