@@ -466,10 +466,6 @@ class DrawnInstances:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_spans": OrderedDict(), "_cached_spans": 0}
 
-    @property
-    def features(self) -> Features:
-        return self.recipe.features()
-
     def __len__(self) -> int:
         return int(self.unit_offsets[-1])
 
@@ -477,7 +473,7 @@ class DrawnInstances:
         if isinstance(index, int | np.integer):
             return self.recipe.row(self.documents, self.span(int(index)))
         rows = [self.recipe.row(self.documents, self.span(int(i))) for i in index]
-        return {name: [row[name] for row in rows] for name in self.features}
+        return {name: [row[name] for row in rows] for name in self.recipe.features()}
 
     def write(self, num_proc: int | None = None) -> Dataset:
         """Every instance written as one dataset, in index order: for tools that want rows on disk (a

@@ -206,10 +206,6 @@ class StreamLoader:
     stream_pass: int = 0  # the pass of the last batch taken (for the log)
     batches_per_epoch: None = None  # a stream's length is unknown
 
-    @property
-    def workers(self) -> int:
-        return max(1, self.num_workers)
-
     def prepare(self, accelerator: Accelerator) -> None:
         pass  # split by process already (split_dataset_by_node); `batches` moves each batch to the device
 
@@ -251,7 +247,7 @@ class StreamLoader:
         self.batches_taken = int(state["batches_taken"])
         self.positions = {int(p["worker"]): StreamPosition(**p) for p in state["positions"]}
         self.dataset.positions = dict(self.positions)
-        self.dataset.rotation = self.batches_taken % self.workers
+        self.dataset.rotation = self.batches_taken % max(1, self.num_workers)
 
 
 # ---------------------------------------------------------------------------------------------------------
