@@ -168,10 +168,11 @@ def test_held_out_validation_documents_are_the_streams_first_ones(small_corpus):
     assert validation["paragraphs"] == every[:2]
     assert validation_documents(documents, corpus, data)._fingerprint == validation._fingerprint  # cached
     with pytest.raises(Refusal, match=f"the training stream has {ARTICLES} documents and --stream_validation_documents 50"):
-        check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=50), True, 1)
-    check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=ARTICLES - 2), True, 1)
+        check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=50), 1)
+    check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=ARTICLES - 2), 1)
     with pytest.raises(Refusal, match="leaving 1 to train on"):  # two processes: one document each is too few
-        check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=ARTICLES - 1), False, 2)
+        mlm = DataSettings(objective="mlm", stream_validation_documents=ARTICLES - 1)
+        check_documents_left_to_train(documents["train"], mlm, 2)
 
 
 def test_a_streaming_checkpoint_resumes_on_its_own_process_and_worker_counts_only(tmp_path):

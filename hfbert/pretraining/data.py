@@ -611,7 +611,7 @@ def check_corpus(corpus: CorpusArguments, data: DataSettings, num_processes: int
     documents = stream_documents(corpus)
     if corpus.streaming:
         if "validation" not in documents:
-            check_documents_left_to_train(documents["train"], data, data.objective == "mlm+nsp", num_processes)
+            check_documents_left_to_train(documents["train"], data, num_processes)
         return
     counts = {
         split: sum(1 for _ in itertools.islice(split_documents, DOCUMENTS_ANY_SPLIT_FITS))
@@ -621,14 +621,14 @@ def check_corpus(corpus: CorpusArguments, data: DataSettings, num_processes: int
     check_validation_split(counts["train"], counts.get("validation"), percentage, split_needs(data.objective))
 
 
-def check_documents_left_to_train(train: IterableDataset, data: DataSettings, pairs: bool, num_processes: int) -> None:
+def check_documents_left_to_train(train: IterableDataset, data: DataSettings, num_processes: int) -> None:
     """With the validation documents held out of the training stream (its first --stream_validation_documents):
     refuse a stream that leaves too few documents to train on, each process needing one (two for NSP pairs, B
     comes from another document), naming the flag, the counts and a value that fits; the run would otherwise
     stop at its first batch, naming neither. Reads at most the held-out documents and the few needed after
     them."""
     held = data.stream_validation_documents
-    per_process = MIN_NSP_DOCUMENTS if pairs else 1
+    per_process = split_needs(data.objective)
     needed = per_process * num_processes
     total = sum(1 for _ in itertools.islice(train, held + needed))
     if total >= held + needed:
@@ -644,7 +644,7 @@ def check_documents_left_to_train(train: IterableDataset, data: DataSettings, pa
     raise Refusal(
         f"the training stream has {total} documents and --stream_validation_documents {held} holds out the first "
         f"{min(held, total)} for validation, leaving {max(total - held, 0)} to train on ({needed} needed: "
-        f"{per_process} for each of {num_processes} process(es){', NSP draws B from another document' if pairs else ''}); "
+        f"{per_process} for each of {num_processes} process(es){', NSP draws B from another document' if per_process > 1 else ''}); "
         f"{fix}, or a separate validation corpus with --validation_file"
     )
 

@@ -58,8 +58,8 @@ class TokenizedDocuments:
     table (memory-mapped, or in memory for a stream's window): a document's sentence offsets and tokens without
     converting rows to Python lists.
 
-    Pickles as its dataset (which pickles as its file paths), so loader and ``datasets.map`` workers map the
-    same files instead of copying the corpus.
+    Pickles as its dataset (which pickles as its file paths) without its views, so loader and ``datasets.map``
+    workers map the same files instead of copying the corpus.
     """
 
     def __init__(self, dataset: Dataset):
@@ -74,10 +74,7 @@ class TokenizedDocuments:
         self._chunk_starts: list[int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"dataset": self.dataset}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["dataset"])
+        return {**self.__dict__, "_chunks": {}, "_chunk_starts": None}
 
     def __len__(self) -> int:
         return len(self.dataset)
