@@ -139,22 +139,11 @@ def resolve_document_boundary(args: CorpusArguments) -> DocumentBoundary:
     return "row"
 
 
-def _iter_texts(rows: datasets.Dataset | datasets.IterableDataset, text_column: str) -> Iterator[str]:
-    for batch in rows.iter(batch_size=_ROWS_PER_READ):
-        yield from batch[text_column]
-
-
 def _clean_paragraphs(lines: Iterable[str], boundary: DocumentBoundary) -> Iterator[str]:
     for line in lines:
         paragraph = clean_wikitext_line(line) if boundary == "heading" else line.strip()
         if paragraph:
             yield paragraph
-
-
-def _starts_document(line: str, boundary: DocumentBoundary) -> bool:
-    if boundary == "heading":
-        return is_wikitext_article_heading(line)
-    return not line.strip()
 
 
 def iter_documents(
@@ -169,7 +158,7 @@ def iter_documents(
     Sequential on purpose: a document may span any number of rows, so grouping cannot be split into
     independent `map` batches. Documents without any paragraph are dropped.
     """
-    texts = _iter_texts(rows, text_column)
+    texts = (text for batch in rows.iter(batch_size=_ROWS_PER_READ) for text in batch[text_column])
     if boundary == "row":
         for text in texts:
             paragraphs = list(_clean_paragraphs(text.splitlines(), boundary))
@@ -187,7 +176,8 @@ def _group_lines(texts: Iterable[str], boundary: DocumentBoundary) -> Iterator[d
     for text in texts:
         # An empty row is a blank line; a row may also hold several lines.
         for line in text.splitlines() or [""]:
-            if _starts_document(line, boundary) and paragraphs:
+            starts = is_wikitext_article_heading(line) if boundary == "heading" else not line.strip()
+            if starts and paragraphs:
                 yield {"paragraphs": paragraphs}
                 paragraphs = []
             paragraphs.extend(_clean_paragraphs([line], boundary))
@@ -243,10 +233,6 @@ def _load_hub_dataset(
         ) from error
     except FileNotFoundError as error:
         raise CorpusError(f"--dataset_name {args.dataset_name}: {error}") from error
-
-
-def _flag_of(split: str) -> str:
-    return "--train_file" if split == "train" else "--validation_file"
 
 
 def find_invalid_utf8(path: str | os.PathLike) -> tuple[int, int, bytes] | None:
@@ -308,25 +294,26 @@ def check_corpus_files(args: CorpusArguments) -> dict[str, list[Path]]:
             f"--train_file {args.train_file} and --validation_file {args.validation_file} are read alike, and one "
             "is a folder or a glob, the other one file; pass two files, or two folders or globs"
         )
+    flags = {"train": ("--train_file", args.train_file), "validation": ("--validation_file", args.validation_file)}
     extensions = {format_suffix(path) for paths in files.values() for path in paths}
     if len({_BUILDER_BY_EXTENSION.get(extension, "text") for extension in extensions}) > 1:
-        where = " and ".join(f"{_flag_of(split)} {_given(args, split)}" for split in files)
+        where = " and ".join(f"{flags[split][0]} {flags[split][1]}" for split in files)
         raise CorpusError(
             f"{where} {'has' if len(files) == 1 else 'have'} files of different formats "
             f"({', '.join(sorted(extensions))}); pass files of one format"
         )
     for split, paths in files.items():
-        given = _given(args, split)
+        flag, given = flags[split]
         collection = given is not None and is_file_collection(given)
         if collection and not paths:
             raise CorpusError(
-                f"{_flag_of(split)} {given} holds no file (hidden files are skipped); pass a folder of text files"
+                f"{flag} {given} holds no file (hidden files are skipped); pass a folder of text files"
                 if Path(given).is_dir()
-                else f"{_flag_of(split)} {given} matches no file; check the pattern, and quote it so that the "
+                else f"{flag} {given} matches no file; check the pattern, and quote it so that the "
                 "shell passes it as it is"
             )
         for path in paths:
-            name = f"{_flag_of(split)} {given}: {path}" if collection else f"{_flag_of(split)} {path}"
+            name = f"{flag} {given}: {path}" if collection else f"{flag} {path}"
             if not path.is_file():
                 raise CorpusError(
                     f"{name} does not exist or is not a file; pass a text file, a folder of text files or a glob "
@@ -339,10 +326,6 @@ def check_corpus_files(args: CorpusArguments) -> dict[str, list[Path]]:
             if reason is not None:
                 raise CorpusError(f"{name} {reason}")
     return files
-
-
-def _given(args: CorpusArguments, split: str) -> str | None:
-    return args.train_file if split == "train" else args.validation_file
 
 
 @functools.lru_cache(maxsize=4096)

@@ -180,6 +180,9 @@ REFUSALS_BEFORE_WORK = {
     "a corpus too small to hold out validation documents": lambda tmp_path, run_inputs: corpus_args(
         run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {f"{i}.txt": GOOD_TEXT for i in range(20)})
     ),
+    "a corpus of one document, for --objective mlm": lambda tmp_path, run_inputs: [
+        *corpus_args(run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, texts(1))), "--objective", "mlm"
+    ],
     "a missing corpus file": lambda tmp_path, run_inputs: corpus_args(run_inputs, tmp_path / "run", tmp_path / "no.txt"),
     "a glob matching nothing": lambda tmp_path, run_inputs: corpus_args(run_inputs, tmp_path / "run", tmp_path / "*.txt"),
     "an empty corpus folder": lambda tmp_path, run_inputs: corpus_args(
@@ -263,6 +266,15 @@ def test_a_corpus_folder_or_glob_that_the_dry_run_passes_is_trained_on(tmp_path,
     assert (tmp_path / "run" / "model.safetensors").is_file()
     statistics = json.loads((tmp_path / "run" / "run_health.json").read_text())["statistics"]
     assert statistics["documents"] == 120 - 6  # a file a document, 5% held out for validation
+
+
+def test_an_mlm_run_holds_out_one_document_where_nsp_needs_two(tmp_path, run_inputs, capsys):
+    """20 documents, 5% held out: one validation document, refused for NSP (REFUSALS_BEFORE_WORK) and enough for
+    --objective mlm, which draws no B segment from another document; the dry run and the run agree."""
+    args = [*corpus_args(run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, texts(20))), "--objective", "mlm"]
+    assert "updates: 2;" in plan_of(args, capsys)
+    train_in_process(args)
+    assert json.loads((tmp_path / "run" / "run_health.json").read_text())["statistics"]["documents"] == 19
 
 
 @pytest.mark.slow

@@ -11,7 +11,12 @@ from transformers import AutoTokenizer
 import hfbert.pretraining.data as pretraining_data
 import hfbert.pretraining.instances as pretraining_instances
 from hfbert.corpus import DOCUMENTS_PER_BATCH
-from hfbert.pretraining.data import split_sentences, split_validation_documents, tokenize_documents
+from hfbert.pretraining.data import (
+    check_validation_split,
+    split_sentences,
+    split_validation_documents,
+    tokenize_documents,
+)
 from hfbert.pretraining.instances import InstanceRecipe, truncation, write_instances
 
 MAX_SEQ_LENGTH = 128
@@ -389,13 +394,13 @@ def files_under(folder) -> list:
 
 def test_validation_share_is_split_off_like_train_test_split(tmp_path):
     train = saved_documents(tmp_path, 40)
-    split = split_validation_documents(DatasetDict(train=train), 5, seed=42)
+    split = split_validation_documents(DatasetDict(train=train), 5, seed=42, min_documents=2)
     expected = train.train_test_split(test_size=0.05, seed=42)
     assert (len(split["train"]), len(split["validation"])) == (38, 2)
     assert split["train"]["paragraphs"] == expected["train"]["paragraphs"]
     assert split["validation"]["paragraphs"] == expected["test"]["paragraphs"]
     given = DatasetDict(train=train, validation=saved_documents(tmp_path, 2, "validation"))
-    assert split_validation_documents(given, 5, seed=42) is given
+    assert split_validation_documents(given, 5, seed=42, min_documents=2) is given
 
 
 @pytest.mark.parametrize(
@@ -433,7 +438,7 @@ def test_a_split_without_two_documents_is_refused_with_the_fix(tmp_path, count, 
     train = saved_documents(tmp_path, count)
     before = files_under(tmp_path)
     with pytest.raises(ValueError) as error:
-        split_validation_documents(DatasetDict(train=train), percentage, seed=42)
+        split_validation_documents(DatasetDict(train=train), percentage, seed=42, min_documents=2)
     for part in expected:
         assert part in str(error.value)
     assert files_under(tmp_path) == before
@@ -442,17 +447,31 @@ def test_a_split_without_two_documents_is_refused_with_the_fix(tmp_path, count, 
 def test_a_validation_file_with_one_document_is_refused_with_the_fix(tmp_path):
     documents = DatasetDict(train=saved_documents(tmp_path, 10), validation=saved_documents(tmp_path, 1, "v"))
     with pytest.raises(ValueError, match=r"the validation split has 1 document;.*--validation_file"):
-        split_validation_documents(documents, 5, seed=42)
+        split_validation_documents(documents, 5, seed=42, min_documents=2)
     documents = DatasetDict(
         train=saved_documents(tmp_path, 1, "t"), validation=saved_documents(tmp_path, 5, "w")
     )
     with pytest.raises(ValueError, match=r"the training split has 1 document;"):
-        split_validation_documents(documents, 5, seed=42)
+        split_validation_documents(documents, 5, seed=42, min_documents=2)
+
+
+def test_mlm_splits_need_one_document_each_not_nsp_two(tmp_path):
+    """--objective mlm draws no B segment from another document: a split of one document is enough, none is not."""
+    train = saved_documents(tmp_path, 20)
+    split = split_validation_documents(DatasetDict(train=train), 5, seed=42, min_documents=1)
+    assert (len(split["train"]), len(split["validation"])) == (19, 1)
+    given = DatasetDict(train=train, validation=saved_documents(tmp_path, 1, "v"))
+    assert split_validation_documents(given, 5, seed=42, min_documents=1) is given
+    one = DatasetDict(train=saved_documents(tmp_path, 1, "one"))
+    with pytest.raises(ValueError, match=r"the training corpus has 1 document .*--objective mlm needs at least 1 "):
+        split_validation_documents(one, 5, seed=42, min_documents=1)
+    with pytest.raises(ValueError, match=r"the validation split has 0 documents; --objective mlm needs at least 1"):
+        check_validation_split(20, 0, 5, min_documents=1)
 
 
 def test_validation_split_percentage_out_of_range_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"--validation_split_percentage 0 .*between 1 and 99"):
-        split_validation_documents(DatasetDict(train=saved_documents(tmp_path, 40)), 0, seed=42)
+        split_validation_documents(DatasetDict(train=saved_documents(tmp_path, 40)), 0, seed=42, min_documents=2)
 
 
 def test_max_seq_length_too_small_is_an_error():

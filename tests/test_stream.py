@@ -19,7 +19,7 @@ from hfbert.pretraining.batches import BatchPlan, build_loaders
 from hfbert.pretraining.data import check_documents_left_to_train, tokenize_documents, validation_documents
 from hfbert.pretraining.instances import InstanceRecipe, TokenizedDocuments, TrainingStream
 from hfbert.pretraining.settings import DataSettings
-from hfbert.pretraining.stream import STREAM_STATE_NAME, WindowDocuments, check_stream_checkpoint, draw_id
+from hfbert.pretraining.stream import STREAM_STATE_NAME, check_stream_checkpoint, draw_id
 
 ARTICLES = 6
 
@@ -82,11 +82,12 @@ def assert_same_batches(expected, actual) -> None:
 
 
 def test_window_documents_give_the_cached_documents_instances(sample_documents, sample_tokenizer, tmp_path):
-    """The same documents in memory (a window) and in the cache pair the same way (without a stream key)."""
+    """The same documents in memory (a window, as `StreamedInstances.window_spans` holds them) and in the cache
+    pair the same way (without a stream key)."""
     sample_documents["train"].select(range(5)).save_to_disk(tmp_path / "documents")
     tokenized = tokenize_documents(load_from_disk(tmp_path / "documents"), sample_tokenizer)
     cached = TokenizedDocuments(tokenized)
-    window = WindowDocuments(tokenized["sentences"])
+    window = TokenizedDocuments(datasets.Dataset.from_dict({"sentences": tokenized["sentences"]}, features=tokenized.features))
     recipe = make_recipe(sample_tokenizer)
     assert len(window) == len(cached) == 5
     for document in range(5):
@@ -167,10 +168,11 @@ def test_held_out_validation_documents_are_the_streams_first_ones(small_corpus):
     assert validation["paragraphs"] == every[:2]
     assert validation_documents(documents, corpus, data)._fingerprint == validation._fingerprint  # cached
     with pytest.raises(Refusal, match=f"the training stream has {ARTICLES} documents and --stream_validation_documents 50"):
-        check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=50), True, 1)
-    check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=ARTICLES - 2), True, 1)
+        check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=50), 1)
+    check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=ARTICLES - 2), 1)
     with pytest.raises(Refusal, match="leaving 1 to train on"):  # two processes: one document each is too few
-        check_documents_left_to_train(documents["train"], DataSettings(stream_validation_documents=ARTICLES - 1), False, 2)
+        mlm = DataSettings(objective="mlm", stream_validation_documents=ARTICLES - 1)
+        check_documents_left_to_train(documents["train"], mlm, 2)
 
 
 def test_a_streaming_checkpoint_resumes_on_its_own_process_and_worker_counts_only(tmp_path):

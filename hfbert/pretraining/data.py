@@ -135,15 +135,16 @@ def _documents(count: int) -> str:
     return f"{count} document" if count == 1 else f"{count} documents"
 
 
-def split_validation_documents(documents: DatasetDict, percentage: int, seed: int) -> DatasetDict:
-    """Splits ``train`` and ``validation`` for pretraining, each with enough documents for NSP instances.
+def split_validation_documents(documents: DatasetDict, percentage: int, seed: int, min_documents: int) -> DatasetDict:
+    """Splits ``train`` and ``validation`` for pretraining, each with at least ``min_documents`` documents
+    (`split_needs`).
 
     Without a ``validation`` split, ``percentage`` percent of the training documents (rounded up) are held out
     with ``Dataset.train_test_split(seed=seed)``; `check_validation_split` refuses what cannot be split first.
     ``documents`` is returned as it is when it already has a validation split.
     """
     validation = len(documents["validation"]) if "validation" in documents else None
-    held_out = check_validation_split(len(documents["train"]), validation, percentage)
+    held_out = check_validation_split(len(documents["train"]), validation, percentage, min_documents)
     if validation is not None:
         return documents
     # An int test_size holds out the same documents as percentage / 100 and cannot round differently.
@@ -156,19 +157,32 @@ def split_validation_documents(documents: DatasetDict, percentage: int, seed: in
 DOCUMENTS_ANY_SPLIT_FITS = 100 * MIN_NSP_DOCUMENTS
 
 
-def check_validation_split(total: int, validation: int | None, percentage: int) -> int:
+def split_needs(objective: str) -> int:
+    """The documents each split needs: next-sentence prediction draws the random B segment from another
+    document of the same split, so 2 for NSP; 1 for --objective mlm."""
+    return MIN_NSP_DOCUMENTS if objective == "mlm+nsp" else 1
+
+
+def _why_documents(min_documents: int, splits: str = "each split") -> str:
+    if min_documents == 1:
+        return f"--objective mlm needs at least 1 document in {splits}"
+    return (
+        f"next-sentence prediction needs at least {min_documents} documents in {splits} (B segments come from "
+        "another document)"
+    )
+
+
+def check_validation_split(total: int, validation: int | None, percentage: int, min_documents: int) -> int:
     """The documents `split_validation_documents` holds out of ``total`` training documents (``validation``:
-    the documents of a validation split, None without one). Next-sentence prediction draws the random B segment
-    from another document of the same split, so each split needs at least 2 documents: refused otherwise,
-    saying how many documents each split would get and which flag fixes it (--validation_split_percentage,
-    --validation_file, --document_boundary)."""
+    the documents of a validation split, None without one). Each split needs ``min_documents`` (`split_needs`):
+    refused otherwise, saying how many documents each split would get and which flag fixes it
+    (--validation_split_percentage, --validation_file, --document_boundary)."""
     if validation is not None:
         splits = (("training", total, "the training corpus"), ("validation", validation, "--validation_file"))
         for split, count, source in splits:
-            if count < MIN_NSP_DOCUMENTS:
+            if count < min_documents:
                 raise Refusal(
-                    f"the {split} split has {_documents(count)}; next-sentence prediction needs at least "
-                    f"{MIN_NSP_DOCUMENTS} documents in each split (B segments come from another document). "
+                    f"the {split} split has {_documents(count)}; {_why_documents(min_documents)}. "
                     f"Give {source} more documents, or {_BOUNDARY_HINT}; --validation_file is the "
                     "validation corpus"
                 )
@@ -185,23 +199,22 @@ def check_validation_split(total: int, validation: int | None, percentage: int) 
     workable = [
         share
         for share in range(1, 100)
-        if held_out(share) >= MIN_NSP_DOCUMENTS and total - held_out(share) >= MIN_NSP_DOCUMENTS
+        if held_out(share) >= min_documents and total - held_out(share) >= min_documents
     ]
     if not workable:
+        both = _why_documents(min_documents, "each of the training and validation splits")
         raise Refusal(
-            f"the training corpus has {_documents(total)} and there is no validation split; next-sentence "
-            f"prediction needs at least {MIN_NSP_DOCUMENTS} documents in each of the training and validation "
-            f"splits (B segments come from another document), so {_documents(total)} cannot be split. Pass a "
-            f"separate validation corpus with --validation_file (and at least {MIN_NSP_DOCUMENTS} training "
-            f"documents), or {_BOUNDARY_HINT}"
+            f"the training corpus has {_documents(total)} and there is no validation split; {both}, so "
+            f"{_documents(total)} cannot be split. Pass a separate validation corpus with --validation_file (and "
+            f"at least {min_documents} training {'document' if min_documents == 1 else 'documents'}), or "
+            f"{_BOUNDARY_HINT}"
         )
     validation_count = held_out(percentage)
     if percentage not in workable:
         suggestion = min(workable, key=lambda share: abs(share - percentage))
         raise Refusal(
             f"--validation_split_percentage {percentage} holds out {validation_count} of the {total} documents "
-            f"for validation and leaves {total - validation_count} for training; next-sentence prediction needs "
-            f"at least {MIN_NSP_DOCUMENTS} documents in each split (B segments come from another document). "
+            f"for validation and leaves {total - validation_count} for training; {_why_documents(min_documents)}. "
             f"Pass --validation_split_percentage {suggestion} (anything from {workable[0]} to {workable[-1]} "
             f"works for {total} documents), or a separate validation corpus with --validation_file"
         )
@@ -453,7 +466,9 @@ def prepare(
     else:
         with cache_writers_first(accelerator):
             documents = load_documents(corpus, num_proc=data.preprocessing_num_workers)
-            documents = split_validation_documents(documents, data.validation_split_percentage, seed)
+            documents = split_validation_documents(
+                documents, data.validation_split_percentage, seed, split_needs(data.objective)
+            )
     tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
     config = build_model_config(model, data.max_seq_length, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
@@ -596,23 +611,24 @@ def check_corpus(corpus: CorpusArguments, data: DataSettings, num_processes: int
     documents = stream_documents(corpus)
     if corpus.streaming:
         if "validation" not in documents:
-            check_documents_left_to_train(documents["train"], data, data.objective == "mlm+nsp", num_processes)
+            check_documents_left_to_train(documents["train"], data, num_processes)
         return
     counts = {
         split: sum(1 for _ in itertools.islice(split_documents, DOCUMENTS_ANY_SPLIT_FITS))
         for split, split_documents in documents.items()
     }
-    check_validation_split(counts["train"], counts.get("validation"), data.validation_split_percentage)
+    percentage = data.validation_split_percentage
+    check_validation_split(counts["train"], counts.get("validation"), percentage, split_needs(data.objective))
 
 
-def check_documents_left_to_train(train: IterableDataset, data: DataSettings, pairs: bool, num_processes: int) -> None:
+def check_documents_left_to_train(train: IterableDataset, data: DataSettings, num_processes: int) -> None:
     """With the validation documents held out of the training stream (its first --stream_validation_documents):
     refuse a stream that leaves too few documents to train on, each process needing one (two for NSP pairs, B
     comes from another document), naming the flag, the counts and a value that fits; the run would otherwise
     stop at its first batch, naming neither. Reads at most the held-out documents and the few needed after
     them."""
     held = data.stream_validation_documents
-    per_process = MIN_NSP_DOCUMENTS if pairs else 1
+    per_process = split_needs(data.objective)
     needed = per_process * num_processes
     total = sum(1 for _ in itertools.islice(train, held + needed))
     if total >= held + needed:
@@ -628,7 +644,7 @@ def check_documents_left_to_train(train: IterableDataset, data: DataSettings, pa
     raise Refusal(
         f"the training stream has {total} documents and --stream_validation_documents {held} holds out the first "
         f"{min(held, total)} for validation, leaving {max(total - held, 0)} to train on ({needed} needed: "
-        f"{per_process} for each of {num_processes} process(es){', NSP draws B from another document' if pairs else ''}); "
+        f"{per_process} for each of {num_processes} process(es){', NSP draws B from another document' if per_process > 1 else ''}); "
         f"{fix}, or a separate validation corpus with --validation_file"
     )
 

@@ -54,11 +54,12 @@ SHUFFLE_WINDOW = 1 << 16  # instances shuffled together (see hfbert.pretraining.
 
 
 class TokenizedDocuments:
-    """The output of :func:`hfbert.pretraining.data.tokenize_documents` read as numpy views of its
-    memory-mapped Arrow files: a document's sentence offsets and tokens without converting rows to Python lists.
+    """The output of :func:`hfbert.pretraining.data.tokenize_documents` read as numpy views of its Arrow
+    table (memory-mapped, or in memory for a stream's window): a document's sentence offsets and tokens without
+    converting rows to Python lists.
 
-    Pickles as its dataset (which pickles as its file paths), so loader and ``datasets.map`` workers map the
-    same files instead of copying the corpus.
+    Pickles as its dataset (which pickles as its file paths) without its views, so loader and ``datasets.map``
+    workers map the same files instead of copying the corpus.
     """
 
     def __init__(self, dataset: Dataset):
@@ -73,10 +74,7 @@ class TokenizedDocuments:
         self._chunk_starts: list[int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"dataset": self.dataset}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["dataset"])
+        return {**self.__dict__, "_chunks": {}, "_chunk_starts": None}
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -465,10 +463,6 @@ class DrawnInstances:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_spans": OrderedDict(), "_cached_spans": 0}
 
-    @property
-    def features(self) -> Features:
-        return self.recipe.features()
-
     def __len__(self) -> int:
         return int(self.unit_offsets[-1])
 
@@ -476,7 +470,7 @@ class DrawnInstances:
         if isinstance(index, int | np.integer):
             return self.recipe.row(self.documents, self.span(int(index)))
         rows = [self.recipe.row(self.documents, self.span(int(i))) for i in index]
-        return {name: [row[name] for row in rows] for name in self.features}
+        return {name: [row[name] for row in rows] for name in self.recipe.features()}
 
     def write(self, num_proc: int | None = None) -> Dataset:
         """Every instance written as one dataset, in index order: for tools that want rows on disk (a

@@ -27,6 +27,7 @@ from hfbert.pretraining.data import (
     check_stream_validation_for_nsp,
     first_documents_with_text,
     load_run_tokenizer,
+    split_needs,
     split_validation_documents,
     stream_validation_source,
 )
@@ -230,7 +231,8 @@ def streamed_splits(settings: PretrainingSettings) -> datasets.IterableDatasetDi
     train = documents["train"]
     indices = datasets.Dataset.from_dict({"index": list(range(sum(1 for _ in train)))})  # in memory
     percentage, seed = settings.data.validation_split_percentage, settings.optimization.seed
-    split = split_validation_documents(datasets.DatasetDict(train=indices), percentage, seed)
+    needs = split_needs(settings.data.objective)
+    split = split_validation_documents(datasets.DatasetDict(train=indices), percentage, seed, needs)
     held_out = set(split["validation"]["index"])
     return datasets.IterableDatasetDict(
         train=train.filter(lambda _, index: index not in held_out, with_indices=True),

@@ -24,9 +24,8 @@ The data stage of a stream (its fixed validation set, the process's share of the
 from __future__ import annotations
 
 import copy
-import itertools
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +35,13 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object, send_to_device
+from datasets import Dataset
 from torch.utils.data import DataLoader
 
 from hfbert.checkpointing import CheckpointError, relaunch_command
 from hfbert.errors import Refusal, RunFailure
-from hfbert.pretraining.data import _tokenize_batch
-from hfbert.pretraining.instances import DRAW_KEY, MIN_NSP_DOCUMENTS, Span, TrainingStream
+from hfbert.pretraining.data import _tokenize_batch, tokenized_features
+from hfbert.pretraining.instances import DRAW_KEY, MIN_NSP_DOCUMENTS, Span, TokenizedDocuments, TrainingStream
 
 STREAM_STATE_NAME = "stream_state.json"  # in a checkpoint of a --streaming run: every process's position
 POSITION_KEY = "stream_position"
@@ -53,27 +53,6 @@ _RANK_BITS, _WINDOW_BITS, _ROW_BITS = 20, 40, 32
 # ---------------------------------------------------------------------------------------------------------
 # Windows of documents -> instances, in the loader's workers.
 # ---------------------------------------------------------------------------------------------------------
-
-
-class WindowDocuments:
-    """A window's tokenized documents in memory, read as `TokenizedDocuments` reads the cache (what
-    `InstanceRecipe.spans` and `InstanceRecipe.row` take)."""
-
-    def __init__(self, sentences: Sequence[Sequence[Sequence[int]]]):
-        self._offsets = [np.cumsum([0, *map(len, document)]) for document in sentences]
-        self._tokens = [
-            np.fromiter(itertools.chain.from_iterable(document), dtype=np.int32, count=int(offsets[-1]))
-            for document, offsets in zip(sentences, self._offsets, strict=True)
-        ]
-
-    def __len__(self) -> int:
-        return len(self._tokens)
-
-    def sentence_offsets(self, document: int) -> np.ndarray:
-        return self._offsets[document]
-
-    def tokens(self, document: int) -> np.ndarray:
-        return self._tokens[document]
 
 
 @dataclass(frozen=True)
@@ -176,11 +155,16 @@ class StreamedInstances(torch.utils.data.IterableDataset):
         if paragraphs:
             yield window, window_state, paragraphs
 
-    def window_spans(self, epoch: int, window: int, paragraphs: list[list[str]]) -> tuple[WindowDocuments, list[Span]]:
-        """A window's documents tokenized, and their instances in the window's shuffled order. A window of a
-        single document (a pass's last) gives no NSP instances: B would have no other document to come from."""
+    def window_spans(
+        self, epoch: int, window: int, paragraphs: list[list[str]]
+    ) -> tuple[TokenizedDocuments, list[Span]]:
+        """A window's documents tokenized (in memory, read as the cache is read), and their instances in the
+        window's shuffled order. A window of a single document (a pass's last) gives no NSP instances: B would
+        have no other document to come from."""
         stream = self.stream
-        documents = WindowDocuments(_tokenize_batch({"paragraphs": paragraphs}, stream.tokenizer)["sentences"])
+        sentences = _tokenize_batch({"paragraphs": paragraphs}, stream.tokenizer)
+        features = tokenized_features(len(stream.tokenizer))
+        documents = TokenizedDocuments(Dataset.from_dict(sentences, features=features))
         if stream.recipe.pairs and len(documents) < MIN_NSP_DOCUMENTS:
             return documents, []
         key = f"-stream-{stream.rank}-{window}"
@@ -221,10 +205,6 @@ class StreamLoader:
     positions: dict[int, StreamPosition] = field(default_factory=dict)  # by logical worker
     stream_pass: int = 0  # the pass of the last batch taken (for the log)
     batches_per_epoch: None = None  # a stream's length is unknown
-
-    @property
-    def workers(self) -> int:
-        return max(1, self.num_workers)
 
     def prepare(self, accelerator: Accelerator) -> None:
         pass  # split by process already (split_dataset_by_node); `batches` moves each batch to the device
@@ -267,7 +247,7 @@ class StreamLoader:
         self.batches_taken = int(state["batches_taken"])
         self.positions = {int(p["worker"]): StreamPosition(**p) for p in state["positions"]}
         self.dataset.positions = dict(self.positions)
-        self.dataset.rotation = self.batches_taken % self.workers
+        self.dataset.rotation = self.batches_taken % max(1, self.num_workers)
 
 
 # ---------------------------------------------------------------------------------------------------------
