@@ -9,7 +9,7 @@ from accelerate import Accelerator
 from conftest import tiny_config
 
 from hfbert import HfBertConfig, HfBertForPreTraining
-from hfbert.checkpointing import _write_manifest
+from hfbert.checkpointing import MANIFEST_NAME, _write_manifest
 from hfbert.convert import bert_config_for
 from hfbert.errors import Refusal
 from hfbert.pretraining.settings import ModelSettings
@@ -98,9 +98,14 @@ def test_folders_that_hold_no_model_are_refused(tmp_path, tokenizer):
         find_source_model(str(tmp_path / "empty"))
     old = tmp_path / "run" / "checkpoint-20"
     old.mkdir(parents=True)
-    (old / "manifest.json").write_text("{}")
+    (old / MANIFEST_NAME).write_text("{}")
     with pytest.raises(ValueError, match="checkpoint written before checkpoints carried"):
         find_source_model(str(old))
+    renamed = tmp_path / "run" / "kept-step-20"  # a checkpoint the user renamed is told by its manifest
+    renamed.mkdir()
+    (renamed / MANIFEST_NAME).write_text("{}")
+    with pytest.raises(ValueError, match="checkpoint written before checkpoints carried"):
+        find_source_model(str(renamed))
     model_config(tokenizer).save_pretrained(tmp_path / "config-only")
     with pytest.raises(ValueError, match="no model weights"):
         find_source_model(str(tmp_path / "config-only"))

@@ -76,7 +76,7 @@ def _local_location(name: str, path: Path) -> tuple[str, str | None]:
         raise Refusal(f"{FLAG} {name} is a file; pass the folder that holds it ({path.parent}), or {_FIX}")
     check_local_files(path, FLAG, f"copy or write it again, or {_FIX}")
     if not (path / "config.json").is_file():
-        checkpoint = (path / "manifest.json").is_file() or path.name.startswith("checkpoint-")
+        checkpoint = (path / MANIFEST_NAME).is_file() or path.name.startswith("checkpoint-")
         reason = (
             "is a checkpoint written before checkpoints carried the model's config.json; resume that run to "
             "its end and start from its output folder"
