@@ -15,7 +15,7 @@ from hfbert.analysis import (
     nsp_lines,
     plot_attention,
     plot_similarity,
-    similarity_tables,
+    similarity_section,
     write_text,
 )
 from hfbert.errors import Refusal
@@ -110,8 +110,7 @@ def write_samples(
     last_layer = analysis.config.num_hidden_layers - 1
     shortest = min(range(len(sentences)), key=lambda i: (len(tokenizer(sentences[i])["input_ids"]), i))
     attention = analysis.attention(sentences[shortest], last_layer, 0)
-    lines += ["## Sentence similarity", "", *similarity_tables(similarity), ""]
-    lines += ["![cosine similarity](samples_similarity.png)", ""]
+    lines += similarity_section(similarity, "samples_similarity.png")
     lines += [f"## Attention, layer {last_layer}, head 0, on s{shortest + 1} (the shortest sentence)", ""]
     lines += ["![attention](samples_attention.png)"]
 
