@@ -44,7 +44,7 @@ from hfbert.convert import check_encoder_weights_loaded
 from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.pretraining.samples import MASK, SamplesError, choose_masked_word
+from hfbert.pretraining.samples import MASK, SAMPLES_NAME, SamplesError
 from hfbert.pretraining.samples import write_samples as write_samples_of
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
@@ -346,7 +346,7 @@ def write_samples(
     (`hfbert.pretraining.samples.write_samples`, which documents the contents). Returns its path."""
     folder, tokenizer_folder = check_model_folder(model_dir)
     try:
-        samples = write_samples_of(
+        write_samples_of(
             folder,
             load_analysis(folder, tokenizer_folder, device),
             sentences,
@@ -357,7 +357,7 @@ def write_samples(
         )
     except SamplesError as error:
         raise InspectError(str(error)) from None
-    return samples.path
+    return folder / SAMPLES_NAME
 
 
 if __name__ == "__main__":
@@ -365,16 +365,3 @@ if __name__ == "__main__":
 
     run_cli(main, prog="python -m hfbert.inspect")
 
-
-__all__ = [
-    "AttentionResult",
-    "FillMaskResult",
-    "InspectError",
-    "Inspection",
-    "NspResult",
-    "SimilarityResult",
-    "choose_masked_word",
-    "inspect_checkpoint",
-    "main",
-    "write_samples",
-]

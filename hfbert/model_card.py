@@ -13,7 +13,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from hfbert.corpus_source import is_file_collection
 from hfbert.errors import Refusal
-from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, atomic_path, check_readable
+from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, check_readable
 
 MODEL_CARD_NAME = "README.md"
 CURVES_NAME = "training_curves.png"
@@ -21,8 +21,6 @@ CARD_TAGS = ["hfbert", "bert", "fill-mask", "pretraining"]
 # Without these the uploaded folder is not a loadable model; checked before anything touches the network.
 REQUIRED_UPLOAD_FILES = ("config.json", "model.safetensors", MODEL_CARD_NAME)
 
-_EVAL_PREFIX = "eval_"
-_HUB_PROBE_TIMEOUT_S = 10
 logger = logging.getLogger(__name__)
 
 
@@ -40,7 +38,7 @@ def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
 
 def _metric_values(eval_results: dict[str, Any]) -> dict[str, float]:
     return {
-        key.removeprefix(_EVAL_PREFIX): float(value)
+        key.removeprefix("eval_"): float(value)
         for key, value in eval_results.items()
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "epoch")
     }
@@ -237,14 +235,6 @@ Measured on the validation split at the end of training (`eval_results.json`):
 
 {_table(training_config, ("parameter", "value"))}
 """
-
-
-def write_model_card(output_dir: str | os.PathLike, card: ModelCard) -> Path:
-    """Write `card` (see `build_model_card`) to `output_dir/README.md` atomically and return its path."""
-    path = Path(output_dir) / MODEL_CARD_NAME
-    with atomic_path(path) as temp_path:
-        temp_path.write_text(str(card), encoding="utf-8")
-    return path
 
 
 def _is_uploaded(relative: Path) -> bool:
