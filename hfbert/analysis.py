@@ -15,8 +15,13 @@ import transformers
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
+from hfbert.errors import Refusal
 from hfbert.files import atomic_path
 from hfbert.plotting import plt, save_figure  # pyplot, with the headless backend chosen
+
+
+class InspectError(Refusal):
+    """A bad checkpoint or input for `hfbert.inspect` or samples.md; the message names the fix."""
 
 
 @dataclass

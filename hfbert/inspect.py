@@ -28,6 +28,7 @@ import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classe
 from hfbert.analysis import (
     AttentionResult,
     FillMaskResult,
+    InspectError,
     ModelAnalysis,
     NspResult,
     SimilarityResult,
@@ -41,20 +42,15 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.convert import check_encoder_weights_loaded
-from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.pretraining.samples import MASK, SAMPLES_NAME, SamplesError
+from hfbert.pretraining.samples import MASK, SAMPLES_NAME
 from hfbert.pretraining.samples import write_samples as write_samples_of
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 REPORT_NAME = "inspect.md"
-
-
-class InspectError(Refusal):
-    """A bad checkpoint or input for `inspect_checkpoint` / `write_samples`; the message names the fix."""
 
 
 @dataclass
@@ -345,18 +341,15 @@ def write_samples(
     """Write ``samples.md`` (and its PNGs) into a saved model folder, as a run writes it into its final folder
     (`hfbert.pretraining.samples.write_samples`, which documents the contents). Returns its path."""
     folder, tokenizer_folder = check_model_folder(model_dir)
-    try:
-        write_samples_of(
-            folder,
-            load_analysis(folder, tokenizer_folder, device),
-            sentences,
-            other_sentence=other_sentence,
-            model_name=model_name,
-            top_k=top_k,
-            max_fill_mask=max_fill_mask,
-        )
-    except SamplesError as error:
-        raise InspectError(str(error)) from None
+    write_samples_of(
+        folder,
+        load_analysis(folder, tokenizer_folder, device),
+        sentences,
+        other_sentence=other_sentence,
+        model_name=model_name,
+        top_k=top_k,
+        max_fill_mask=max_fill_mask,
+    )
     return folder / SAMPLES_NAME
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, constants
 from huggingface_hub.errors import HFValidationError
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
 from hfbert.corpus_source import is_file_collection
 from hfbert.errors import Refusal
@@ -20,6 +20,8 @@ CURVES_NAME = "training_curves.png"
 CARD_TAGS = ["hfbert", "bert", "fill-mask", "pretraining"]
 # Without these the uploaded folder is not a loadable model; checked before anything touches the network.
 REQUIRED_UPLOAD_FILES = ("config.json", "model.safetensors", MODEL_CARD_NAME)
+# Checkpoints, hidden files (temporary files, .tmp-checkpoint-*, caches) and bytecode, at any depth.
+NOT_UPLOADED = [f"{CHECKPOINT_PREFIX}*", ".*", "*/.*", "__pycache__/", "*/__pycache__/"]
 
 logger = logging.getLogger(__name__)
 
@@ -237,22 +239,12 @@ Measured on the validation split at the end of training (`eval_results.json`):
 """
 
 
-def _is_uploaded(relative: Path) -> bool:
-    hidden = any(part.startswith(".") for part in relative.parts)  # temp files, .tmp-checkpoint-*, caches
-    checkpoint = relative.parts[0].startswith(CHECKPOINT_PREFIX)
-    bytecode = "__pycache__" in relative.parts
-    return not (hidden or checkpoint or bytecode)
-
-
 def upload_file_set(folder: str | os.PathLike) -> list[str]:
     """The files of a run folder that `push_to_hub` uploads (relative POSIX paths, sorted): the final model,
     tokenizer, model card, eval results and curves; never checkpoints, temporary or hidden files."""
     folder = Path(folder)
-    return sorted(
-        path.relative_to(folder).as_posix()
-        for path in folder.rglob("*")
-        if path.is_file() and _is_uploaded(path.relative_to(folder))
-    )
+    files = (path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
+    return sorted(filter_repo_objects(files, ignore_patterns=NOT_UPLOADED))
 
 
 def push_to_hub(

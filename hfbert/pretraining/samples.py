@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hfbert.analysis import (
+    InspectError,
     ModelAnalysis,
     code,
     nsp_lines,
@@ -17,7 +18,6 @@ from hfbert.analysis import (
     similarity_section,
     write_text,
 )
-from hfbert.errors import Refusal
 
 MASK = "[MASK]"
 SAMPLES_NAME = "samples.md"
@@ -29,10 +29,6 @@ FREQUENT_WORDS = (
     "the", "of", "and", "in", "to", "a", "was", "on", "as", "that", "with", "by", "for", "at", "he", "his",
     "were", "from", "it", "had", "is", "an", "which", "be", "first", "this", "two", "their", "its", "but",
 )  # fmt: skip
-
-
-class SamplesError(Refusal):
-    """Too few usable sentences for samples.md."""
 
 
 def choose_masked_word(tokenizer: Any, sentence: str, used: set[str]) -> tuple[str, str] | None:
@@ -83,7 +79,7 @@ def write_samples(
     # Only sentences the model takes whole (sample_sentences never picks longer ones).
     sentences = [s for s in sentences if s.strip() and len(tokenizer(s)["input_ids"]) <= limit]
     if len(sentences) < 2 or (other_sentence is None and len(sentences) < 3):
-        raise SamplesError(
+        raise InspectError(
             f"write_samples needs three or more sentences (two with other_sentence) of at most "
             f"{limit} tokens; got {len(sentences)} usable ones"
         )
