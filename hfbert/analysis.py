@@ -168,8 +168,9 @@ def _short(text: str, limit: int = 48) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def plot_attention(result: AttentionResult, path: Path, title: str) -> Path:
-    """Heatmap of one head's attention: queries down, keys across, every token labelled on both axes."""
+def plot_attention(result: AttentionResult, path: Path, model_name: str) -> Path:
+    """Heatmap of one head's attention: queries down, keys across, every token labelled on both axes; titled
+    with `model_name`, the layer and the head."""
     n = len(result.tokens)
     side = min(max(4.0, 0.32 * n + 2.0), 40.0)
     font = min(9.0, 0.6 * 72 * (side - 2.0) / n)  # 60% of a cell's height, in points
@@ -184,7 +185,7 @@ def plot_attention(result: AttentionResult, path: Path, title: str) -> Path:
     axis.set_xlabel("attended to (key)")
     axis.set_ylabel("attending token (query)")
     figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02, label="attention weight")
-    axis.set_title(title, fontsize=10)
+    axis.set_title(f"{model_name}: attention, layer {result.layer}, head {result.head}", fontsize=10)
     return save_figure(figure, path, **SAVEFIG)
 
 

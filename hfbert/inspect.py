@@ -272,8 +272,7 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
     if inspection.attention is not None:
         a = inspection.attention
         name = f"attention_layer{a.layer}_head{a.head}.png"
-        title = f"{folder.name}: attention, layer {a.layer}, head {a.head}"
-        inspection.files.append(plot_attention(a, out / name, title))
+        inspection.files.append(plot_attention(a, out / name, folder.name))
         lines += [
             f"## Attention, layer {a.layer}, head {a.head}",
             "",

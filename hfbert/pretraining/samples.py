@@ -103,9 +103,7 @@ def write_samples(
     lines += ["![attention](samples_attention.png)"]
 
     plot_similarity(similarity, folder / "samples_similarity.png", f"{name}: validation sentences")
-    plot_attention(
-        attention, folder / "samples_attention.png", f"{name}: attention, layer {last_layer}, head 0"
-    )
+    plot_attention(attention, folder / "samples_attention.png", name)
     write_text(folder / SAMPLES_NAME, "\n".join(lines) + "\n")
     return fill_mask
 
