@@ -253,7 +253,6 @@ def push_to_hub(
     *,
     token: str | None = None,
     private: bool = False,
-    commit_message: str = "Upload hfbert model",
 ) -> str:
     """Create `repo_id` on the Hub if needed and upload exactly `upload_file_set(folder)` in one commit.
 
@@ -284,7 +283,7 @@ def push_to_hub(
     # create_commit with our own list (rather than upload_folder's patterns) keeps upload_file_set the single
     # definition of what is uploaded.
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=folder / name) for name in files]
-    commit = api.create_commit(repo_url.repo_id, operations=operations, commit_message=commit_message)
+    commit = api.create_commit(repo_url.repo_id, operations=operations, commit_message="Upload hfbert model")
     return commit.commit_url
 
 
