@@ -5,23 +5,23 @@ of pretraining (`hfbert.pretraining.samples`) on the run's final weights."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: runs on servers without a display
-
-import matplotlib.pyplot as plt  # after matplotlib.use: the backend is chosen before pyplot loads
 import torch
 import transformers
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
+from hfbert.errors import Refusal
 from hfbert.files import atomic_path
+from hfbert.plotting import plt, save_figure  # pyplot, with the headless backend chosen
+
+
+class InspectError(Refusal):
+    """A bad checkpoint or input for `hfbert.inspect` or samples.md; the message names the fix."""
 
 
 @dataclass
@@ -67,14 +67,6 @@ def quiet_transformers() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def masked_lm_of_weights(config: Any, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A masked-LM model holding the encoder and MLM head of `state_dict` (an NSP head in it is left out)."""
-    with quiet_transformers():
-        model = AutoModelForMaskedLM.from_config(config)
-    model.load_state_dict(state_dict, strict=False)
-    return model.eval()
-
-
 # -------------------------------------------------------------------------------------------- computing
 
 
@@ -82,30 +74,21 @@ class ModelAnalysis:
     """A pretraining model (eager attention) and its tokenizer, for every analysis (eval mode, no gradients).
 
     `missing_keys`: the weights the model did not receive (from_pretrained's or load_state_dict's report), which
-    tell whether it has its MLM and NSP heads; `masked_lm` builds the masked-LM model the fill-mask pipeline
-    runs (on first use)."""
+    tell whether it has its MLM and NSP heads. The fill-mask pipeline runs a masked-LM copy of the model's
+    encoder and MLM head (built on first use)."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: Any,
-        missing_keys: Sequence[str],
-        masked_lm: Callable[[], torch.nn.Module],
-        device: str = "cpu",
-    ):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, missing_keys: Sequence[str], device: str = "cpu"):
         self.device = torch.device(device)
         self.tokenizer = tokenizer
         self.model = model.to(self.device).eval()
         self.config = self.model.config
         self.has_nsp_head = not any("seq_relationship" in key for key in missing_keys)
         self.has_mlm_head = not any("predictions" in key for key in missing_keys)
-        self._masked_lm = masked_lm
         self._fill_mask = None
 
     @classmethod
     def of_weights(cls, config: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> ModelAnalysis:
         """The analysis of weights in memory (e.g. a run's final state dict), on CPU copies of the model."""
-        state_dict = dict(state_dict)  # its own key set: save_pretrained empties the dict it is given
         with quiet_transformers():
             model = AutoModelForPreTraining.from_config(config, attn_implementation="eager")
         # A state dict read from a folder lacks tied weights (the decoder's); tied, they load anyway.
@@ -113,7 +96,7 @@ class ModelAnalysis:
         missing = [
             key for key in model.load_state_dict(state_dict, strict=False).missing_keys if key not in tied
         ]
-        return cls(model, tokenizer, missing, masked_lm=partial(masked_lm_of_weights, config, state_dict))
+        return cls(model, tokenizer, missing)
 
     @property
     def max_length(self) -> int:
@@ -149,9 +132,11 @@ class ModelAnalysis:
     def fill_mask_pipeline(self) -> Any:
         if self._fill_mask is None:
             with quiet_transformers():
-                model = self._masked_lm()
+                masked_lm = AutoModelForMaskedLM.from_config(self.config, dtype=self.model.dtype)
+                # The same names as the pretraining model's: its NSP head is the one key left over.
+                masked_lm.load_state_dict(self.model.state_dict(), strict=False)
                 self._fill_mask = transformers.pipeline(
-                    "fill-mask", model=model, tokenizer=self.tokenizer, device=self.device
+                    "fill-mask", model=masked_lm.eval(), tokenizer=self.tokenizer, device=self.device
                 )
         return self._fill_mask
 
@@ -176,12 +161,16 @@ class ModelAnalysis:
         return SimilarityResult(sentences=list(sentences), cls=cosine(hidden[:, 0]), mean=cosine(mean))
 
 
+SAVEFIG = {"dpi": 110, "bbox_inches": "tight", "pad_inches": 0.15}  # the labels in full, a little margin
+
+
 def _short(text: str, limit: int = 48) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def plot_attention(result: AttentionResult, path: Path, title: str) -> Path:
-    """Heatmap of one head's attention: queries down, keys across, every token labelled on both axes."""
+def plot_attention(result: AttentionResult, path: Path, model_name: str) -> Path:
+    """Heatmap of one head's attention: queries down, keys across, every token labelled on both axes; titled
+    with `model_name`, the layer and the head."""
     n = len(result.tokens)
     side = min(max(4.0, 0.32 * n + 2.0), 40.0)
     font = min(9.0, 0.6 * 72 * (side - 2.0) / n)  # 60% of a cell's height, in points
@@ -196,8 +185,8 @@ def plot_attention(result: AttentionResult, path: Path, title: str) -> Path:
     axis.set_xlabel("attended to (key)")
     axis.set_ylabel("attending token (query)")
     figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02, label="attention weight")
-    axis.set_title(title, fontsize=10)
-    return save_figure(figure, path)
+    axis.set_title(f"{model_name}: attention, layer {result.layer}, head {result.head}", fontsize=10)
+    return save_figure(figure, path, **SAVEFIG)
 
 
 def plot_similarity(result: SimilarityResult, path: Path, title: str) -> Path:
@@ -226,16 +215,7 @@ def plot_similarity(result: SimilarityResult, path: Path, title: str) -> Path:
         axis.set_title(f"cosine similarity, {name}", fontsize=10)
     figure.colorbar(image, ax=axes, fraction=0.03, pad=0.02, label="cosine similarity")
     figure.suptitle(title, fontsize=10)
-    return save_figure(figure, path)
-
-
-def save_figure(figure: Any, path: Path) -> Path:
-    try:
-        with atomic_path(path) as temp_path:
-            figure.savefig(temp_path, format="png", dpi=110, bbox_inches="tight", pad_inches=0.15)
-    finally:
-        plt.close(figure)
-    return path
+    return save_figure(figure, path, **SAVEFIG)
 
 
 def cell(text: str) -> str:
@@ -246,9 +226,10 @@ def code(text: str) -> str:
     return f"`{text}`" if "`" not in text else f"`` {text} ``"
 
 
-def similarity_tables(result: SimilarityResult) -> list[str]:
+def similarity_section(result: SimilarityResult, image: str) -> list[str]:
+    """The markdown section of a similarity result: the sentences, both tables and the plot saved as `image`."""
     n = len(result.sentences)
-    lines = [f"- s{i + 1}: {cell(s)}" for i, s in enumerate(result.sentences)]
+    lines = ["## Sentence similarity", "", *(f"- s{i + 1}: {cell(s)}" for i, s in enumerate(result.sentences))]
     for name, matrix in (("[CLS] vector", result.cls), ("mean-pooled (non-padding tokens)", result.mean)):
         lines += ["", f"Cosine similarity, {name}:", ""]
         lines.append("| | " + " | ".join(f"s{j + 1}" for j in range(n)) + " |")
@@ -256,7 +237,7 @@ def similarity_tables(result: SimilarityResult) -> list[str]:
         lines += [
             f"| s{i + 1} | " + " | ".join(f"{v:.3f}" for v in row) + " |" for i, row in enumerate(matrix)
         ]
-    return lines
+    return [*lines, "", f"![cosine similarity]({image})", ""]
 
 
 def fill_mask_lines(result: FillMaskResult) -> list[str]:

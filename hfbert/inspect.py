@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer
+from transformers import AutoConfig, AutoModelForPreTraining, AutoTokenizer
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
 from hfbert.analysis import (
     AttentionResult,
     FillMaskResult,
+    InspectError,
     ModelAnalysis,
     NspResult,
     SimilarityResult,
@@ -38,24 +38,19 @@ from hfbert.analysis import (
     plot_attention,
     plot_similarity,
     quiet_transformers,
-    similarity_tables,
+    similarity_section,
     write_text,
 )
 from hfbert.convert import check_encoder_weights_loaded
-from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.pretraining.samples import MASK, SamplesError, choose_masked_word
+from hfbert.pretraining.samples import MASK, SAMPLES_NAME
 from hfbert.pretraining.samples import write_samples as write_samples_of
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 REPORT_NAME = "inspect.md"
-
-
-class InspectError(Refusal):
-    """A bad checkpoint or input for `inspect_checkpoint` / `write_samples`; the message names the fix."""
 
 
 @dataclass
@@ -138,51 +133,22 @@ def check_length(tokenizer: Any, what: str, text: str, text_pair: str | None, li
         )
 
 
-# -------------------------------------------------------------------------------------------- computing
+# -------------------------------------------------------------------------------------------- loading
 
 
-class Inspector(ModelAnalysis):
+def load_analysis(checkpoint: Path, tokenizer_folder: Path, device: str = "cpu") -> ModelAnalysis:
     """A model folder loaded once for every analysis (eager attention, eval mode, no gradients)."""
-
-    def __init__(self, checkpoint: Path, tokenizer_folder: Path, device: str = "cpu"):
-        self.checkpoint = checkpoint
-        check_device(device)
-        with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
-            model, info = AutoModelForPreTraining.from_pretrained(
-                checkpoint, attn_implementation="eager", output_loading_info=True
-            )
-        try:
-            check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
-        except ValueError as error:
-            raise InspectError(str(error)) from None
-        masked_lm = partial(AutoModelForMaskedLM.from_pretrained, checkpoint)
-        super().__init__(model, tokenizer, info["missing_keys"], masked_lm, device)
-
-
-# ------------------------------------------------------------------------------------------- markdown
-
-
-def render_report(inspection: Inspection, images: Mapping[str, str]) -> str:
-    lines = [f"# Inside {inspection.checkpoint}", "", f"Model: {inspection.model_summary}.", ""]
-    if inspection.fill_mask is not None:
-        lines += ["## Fill-mask", "", *fill_mask_lines(inspection.fill_mask)]
-    if inspection.attention is not None:
-        a = inspection.attention
-        lines += [
-            f"## Attention, layer {a.layer}, head {a.head}",
-            "",
-            f"Row i shows where token i attends (each row sums to 1); tokens: {code(' '.join(a.tokens))}",
-            "",
-            f"![attention, layer {a.layer}, head {a.head}]({images['attention']})",
-            "",
-        ]
-    if inspection.nsp:
-        lines += ["## Next sentence prediction", "", *nsp_lines(inspection.nsp), ""]
-    if inspection.similarity is not None:
-        lines += ["## Sentence similarity", "", *similarity_tables(inspection.similarity), ""]
-        lines += [f"![cosine similarity]({images['similarity']})", ""]
-    return "\n".join(lines).rstrip() + "\n"
+    check_device(device)
+    with quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+        model, info = AutoModelForPreTraining.from_pretrained(
+            checkpoint, attn_implementation="eager", output_loading_info=True
+        )
+    try:
+        check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
+    except ValueError as error:
+        raise InspectError(str(error)) from None
+    return ModelAnalysis(model, tokenizer, info["missing_keys"], device)
 
 
 # ---------------------------------------------------------------------------------------- inspect (CLI)
@@ -218,19 +184,19 @@ def inspect_checkpoint(
     if "fill-mask" in tasks and not 1 <= top_k <= config.vocab_size:
         raise InspectError(f"--top_k {top_k} is out of range; pass a value between 1 and {config.vocab_size}")
 
-    inspector = Inspector(folder, tokenizer_folder, device)
-    text = None if text is None else text.replace(MASK, inspector.tokenizer.mask_token)
-    check_inputs_fit(inspector, folder, tasks, text, pair, sentences)
+    analysis = load_analysis(folder, tokenizer_folder, device)
+    text = None if text is None else text.replace(MASK, analysis.tokenizer.mask_token)
+    check_inputs_fit(analysis, folder, tasks, text, pair, sentences)
 
-    inspection = Inspection(checkpoint=folder, model_summary=inspector.summary())
+    inspection = Inspection(checkpoint=folder, model_summary=analysis.summary())
     if "attention" in tasks:
-        inspection.attention = inspector.attention(text, layer, head)
+        inspection.attention = analysis.attention(text, layer, head)
     if "fill-mask" in tasks:
-        inspection.fill_mask = inspector.fill_mask(text, top_k)
+        inspection.fill_mask = analysis.fill_mask(text, top_k)
     if "nsp" in tasks:
-        inspection.nsp = [inspector.nsp(pair[0], pair[1])]
+        inspection.nsp = [analysis.nsp(pair[0], pair[1])]
     if "similarity" in tasks:
-        inspection.similarity = inspector.similarity(sentences)
+        inspection.similarity = analysis.similarity(sentences)
     # Everything is computed: only now touch the disk.
     write_inspection(inspection, folder / "inspect" if output_dir is None else Path(output_dir))
     return inspection
@@ -240,12 +206,10 @@ def choose_tasks(
     tasks: Sequence[str] | None, text: str | None, pair: Sequence[str] | None, sentences: Sequence[str] | None
 ) -> Sequence[str]:
     """The tasks to run (default: every task whose input is given), each checked against its input."""
+    needs = {"attention": ("text", text), "fill-mask": ("text", text), "nsp": ("pair", pair)}
+    needs["similarity"] = ("sentences", sentences)
     if tasks is None:
-        tasks = [
-            task
-            for task, given in zip(TASKS, (text, text, pair, sentences), strict=True)
-            if given is not None
-        ]
+        tasks = [task for task, (_, given) in needs.items() if given is not None]
         if not tasks:
             raise InspectError(
                 "nothing to inspect: give --text (with [MASK] for fill-mask), --pair A B or --sentences S1 S2 ..."
@@ -253,8 +217,6 @@ def choose_tasks(
     for task in tasks:
         if task not in TASKS:
             raise InspectError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
-    needs = {"attention": ("text", text), "fill-mask": ("text", text), "nsp": ("pair", pair)}
-    needs["similarity"] = ("sentences", sentences)
     for task in tasks:
         name, value = needs[task]
         if value is None:
@@ -273,7 +235,7 @@ def choose_tasks(
 
 
 def check_inputs_fit(
-    inspector: Inspector,
+    analysis: ModelAnalysis,
     folder: Path,
     tasks: Sequence[str],
     text: str | None,
@@ -281,41 +243,50 @@ def check_inputs_fit(
     sentences: Sequence[str] | None,
 ) -> None:
     """Every input fits the model (length) and the model has the heads its tasks need."""
-    limit = inspector.max_length
+    limit = analysis.max_length
     if text is not None and {"attention", "fill-mask"} & set(tasks):
-        check_length(inspector.tokenizer, "--text", text, None, limit)
+        check_length(analysis.tokenizer, "--text", text, None, limit)
     if "nsp" in tasks:
-        check_length(inspector.tokenizer, "--pair", pair[0], pair[1], limit)
-        if not inspector.has_nsp_head:
+        check_length(analysis.tokenizer, "--pair", pair[0], pair[1], limit)
+        if not analysis.has_nsp_head:
             raise InspectError(
                 f"{str(folder)!r} has no next-sentence head (it was saved from a model without one, e.g. "
                 "HfBertForMaskedLM); NSP needs a folder saved from HfBertForPreTraining, so leave out --pair"
             )
-    if "fill-mask" in tasks and not inspector.has_mlm_head:
+    if "fill-mask" in tasks and not analysis.has_mlm_head:
         raise InspectError(
             f"{str(folder)!r} has no masked-LM head (it was saved from the bare encoder); fill-mask needs "
             "a folder saved from HfBertForPreTraining or HfBertForMaskedLM, so leave out [MASK] / fill-mask"
         )
     for index, sentence in enumerate(sentences if "similarity" in tasks else []):
-        check_length(inspector.tokenizer, f"--sentences item {index + 1}", sentence, None, limit)
+        check_length(analysis.tokenizer, f"--sentences item {index + 1}", sentence, None, limit)
 
 
 def write_inspection(inspection: Inspection, out: Path) -> None:
     """The plots and ``inspect.md`` of a computed inspection, into `out` (their paths into `inspection.files`)."""
     folder = inspection.checkpoint
     out.mkdir(parents=True, exist_ok=True)
-    images: dict[str, str] = {}
+    lines = [f"# Inside {folder}", "", f"Model: {inspection.model_summary}.", ""]
+    if inspection.fill_mask is not None:
+        lines += ["## Fill-mask", "", *fill_mask_lines(inspection.fill_mask)]
     if inspection.attention is not None:
-        layer, head = inspection.attention.layer, inspection.attention.head
-        name = f"attention_layer{layer}_head{head}.png"
-        title = f"{folder.name}: attention, layer {layer}, head {head}"
-        inspection.files.append(plot_attention(inspection.attention, out / name, title))
-        images["attention"] = name
+        a = inspection.attention
+        name = f"attention_layer{a.layer}_head{a.head}.png"
+        inspection.files.append(plot_attention(a, out / name, folder.name))
+        lines += [
+            f"## Attention, layer {a.layer}, head {a.head}",
+            "",
+            f"Row i shows where token i attends (each row sums to 1); tokens: {code(' '.join(a.tokens))}",
+            "",
+            f"![attention, layer {a.layer}, head {a.head}]({name})",
+            "",
+        ]
+    if inspection.nsp:
+        lines += ["## Next sentence prediction", "", *nsp_lines(inspection.nsp), ""]
     if inspection.similarity is not None:
         inspection.files.append(plot_similarity(inspection.similarity, out / "similarity.png", folder.name))
-        images["similarity"] = "similarity.png"
-    report = render_report(inspection, images)
-    inspection.files.append(write_text(out / REPORT_NAME, report))
+        lines += similarity_section(inspection.similarity, "similarity.png")
+    inspection.files.append(write_text(out / REPORT_NAME, "\n".join(lines).rstrip() + "\n"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -346,19 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> Inspection:
     args = build_parser().parse_args(argv)  # a refusal (InspectError) is one line through run_cli
-    inspection = inspect_checkpoint(
-        args.checkpoint,
-        text=args.text,
-        pair=args.pair,
-        sentences=args.sentences,
-        tasks=args.tasks,
-        layer=args.layer,
-        head=args.head,
-        top_k=args.top_k,
-        output_dir=args.output_dir,
-        tokenizer_name=args.tokenizer_name,
-        device=args.device,
-    )
+    inspection = inspect_checkpoint(**vars(args))  # the flags are inspect_checkpoint's parameters
     report = next(path for path in inspection.files if path.name == REPORT_NAME)
     sys.stdout.write(report.read_text(encoding="utf-8"))
     print(f"\nWrote {', '.join(str(path) for path in inspection.files)}")
@@ -381,19 +340,16 @@ def write_samples(
     """Write ``samples.md`` (and its PNGs) into a saved model folder, as a run writes it into its final folder
     (`hfbert.pretraining.samples.write_samples`, which documents the contents). Returns its path."""
     folder, tokenizer_folder = check_model_folder(model_dir)
-    try:
-        samples = write_samples_of(
-            folder,
-            Inspector(folder, tokenizer_folder, device),
-            sentences,
-            other_sentence=other_sentence,
-            model_name=model_name,
-            top_k=top_k,
-            max_fill_mask=max_fill_mask,
-        )
-    except SamplesError as error:
-        raise InspectError(str(error)) from None
-    return samples.path
+    write_samples_of(
+        folder,
+        load_analysis(folder, tokenizer_folder, device),
+        sentences,
+        other_sentence=other_sentence,
+        model_name=model_name,
+        top_k=top_k,
+        max_fill_mask=max_fill_mask,
+    )
+    return folder / SAMPLES_NAME
 
 
 if __name__ == "__main__":
@@ -401,16 +357,3 @@ if __name__ == "__main__":
 
     run_cli(main, prog="python -m hfbert.inspect")
 
-
-__all__ = [
-    "AttentionResult",
-    "FillMaskResult",
-    "InspectError",
-    "Inspection",
-    "NspResult",
-    "SimilarityResult",
-    "choose_masked_word",
-    "inspect_checkpoint",
-    "main",
-    "write_samples",
-]

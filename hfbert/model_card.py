@@ -9,20 +9,20 @@ from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData, constants
 from huggingface_hub.errors import HFValidationError
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
 from hfbert.corpus_source import is_file_collection
 from hfbert.errors import Refusal
-from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, atomic_path, check_readable
+from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, check_readable
 
 MODEL_CARD_NAME = "README.md"
 CURVES_NAME = "training_curves.png"
 CARD_TAGS = ["hfbert", "bert", "fill-mask", "pretraining"]
 # Without these the uploaded folder is not a loadable model; checked before anything touches the network.
 REQUIRED_UPLOAD_FILES = ("config.json", "model.safetensors", MODEL_CARD_NAME)
+# Checkpoints, hidden files (temporary files, .tmp-checkpoint-*, caches) and bytecode, at any depth.
+NOT_UPLOADED = [f"{CHECKPOINT_PREFIX}*", ".*", "*/.*", "__pycache__/", "*/__pycache__/"]
 
-_EVAL_PREFIX = "eval_"
-_HUB_PROBE_TIMEOUT_S = 10
 logger = logging.getLogger(__name__)
 
 
@@ -40,7 +40,7 @@ def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
 
 def _metric_values(eval_results: dict[str, Any]) -> dict[str, float]:
     return {
-        key.removeprefix(_EVAL_PREFIX): float(value)
+        key.removeprefix("eval_"): float(value)
         for key, value in eval_results.items()
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "epoch")
     }
@@ -239,30 +239,12 @@ Measured on the validation split at the end of training (`eval_results.json`):
 """
 
 
-def write_model_card(output_dir: str | os.PathLike, card: ModelCard) -> Path:
-    """Write `card` (see `build_model_card`) to `output_dir/README.md` atomically and return its path."""
-    path = Path(output_dir) / MODEL_CARD_NAME
-    with atomic_path(path) as temp_path:
-        temp_path.write_text(str(card), encoding="utf-8")
-    return path
-
-
-def _is_uploaded(relative: Path) -> bool:
-    hidden = any(part.startswith(".") for part in relative.parts)  # temp files, .tmp-checkpoint-*, caches
-    checkpoint = relative.parts[0].startswith(CHECKPOINT_PREFIX)
-    bytecode = "__pycache__" in relative.parts
-    return not (hidden or checkpoint or bytecode)
-
-
 def upload_file_set(folder: str | os.PathLike) -> list[str]:
     """The files of a run folder that `push_to_hub` uploads (relative POSIX paths, sorted): the final model,
     tokenizer, model card, eval results and curves; never checkpoints, temporary or hidden files."""
     folder = Path(folder)
-    return sorted(
-        path.relative_to(folder).as_posix()
-        for path in folder.rglob("*")
-        if path.is_file() and _is_uploaded(path.relative_to(folder))
-    )
+    files = (path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
+    return sorted(filter_repo_objects(files, ignore_patterns=NOT_UPLOADED))
 
 
 def push_to_hub(
@@ -271,7 +253,6 @@ def push_to_hub(
     *,
     token: str | None = None,
     private: bool = False,
-    commit_message: str = "Upload hfbert model",
 ) -> str:
     """Create `repo_id` on the Hub if needed and upload exactly `upload_file_set(folder)` in one commit.
 
@@ -302,7 +283,7 @@ def push_to_hub(
     # create_commit with our own list (rather than upload_folder's patterns) keeps upload_file_set the single
     # definition of what is uploaded.
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=folder / name) for name in files]
-    commit = api.create_commit(repo_url.repo_id, operations=operations, commit_message=commit_message)
+    commit = api.create_commit(repo_url.repo_id, operations=operations, commit_message="Upload hfbert model")
     return commit.commit_url
 
 

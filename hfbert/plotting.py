@@ -81,12 +81,13 @@ def plot_training_curves(
     return save_figure(figure, path)
 
 
-def save_figure(figure: plt.Figure, path: str | os.PathLike) -> Path:
-    """Save `figure` as a PNG at `path` atomically (a crash leaves the previous file), then close it."""
+def save_figure(figure: plt.Figure, path: str | os.PathLike, dpi: int = 100, **savefig: Any) -> Path:
+    """Save `figure` as a PNG at `path` atomically (a crash leaves the previous file), then close it; `savefig`:
+    more of matplotlib's savefig options (e.g. bbox_inches)."""
     path = Path(path)
     try:
         with atomic_path(path) as temp_path:
-            figure.savefig(temp_path, format="png", dpi=100)
+            figure.savefig(temp_path, format="png", dpi=dpi, **savefig)
     finally:
         plt.close(figure)
     return path

@@ -11,13 +11,12 @@ from hfbert.errors import REFUSAL_EXIT_CODE, run_cli
 from hfbert.inspect import (
     InspectError,
     build_parser,
-    choose_masked_word,
     inspect_checkpoint,
     main,
     write_samples,
 )
 from hfbert.pretraining.data import sample_sentences
-from hfbert.pretraining.samples import FREQUENT_WORDS
+from hfbert.pretraining.samples import FREQUENT_WORDS, choose_masked_word
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TEXT = "The game was released in [MASK] and sold well ."

@@ -12,7 +12,6 @@ from hfbert.model_card import (
     check_hub_access,
     push_to_hub,
     upload_file_set,
-    write_model_card,
 )
 
 TRAINING_CONFIG = {"preset": "tiny", "learning_rate": 1e-4, "max_seq_length": 128, "train_file": None}
@@ -45,7 +44,8 @@ def write_card(folder, **overrides):
         "dataset_name": "Salesforce/wikitext",
         "dataset_config_name": "wikitext-2-raw-v1",
     } | overrides
-    return write_model_card(folder, build_model_card(**arguments))
+    build_model_card(**arguments).save(folder / "README.md")
+    return folder / "README.md"
 
 
 def test_card_metadata_parses_back(tmp_path):

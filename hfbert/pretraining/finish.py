@@ -19,13 +19,13 @@ from accelerate import Accelerator
 from hfbert.analysis import ModelAnalysis
 from hfbert.checkpointing import TrainingProgress, write_on_every_process
 from hfbert.files import staged_files, write_json_atomic, write_tokenizer
-from hfbert.model_card import CURVES_NAME, build_model_card, push_to_hub, write_model_card
+from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.cluster import end_process_group
 from hfbert.pretraining.data import PretrainingData
 from hfbert.pretraining.health.report import health_card_section, report_reference_lines, write_run_health
 from hfbert.pretraining.optimization import TrainingState
-from hfbert.pretraining.samples import write_samples
+from hfbert.pretraining.samples import SAMPLES_NAME, write_samples
 from hfbert.pretraining.settings import PretrainingSettings
 
 logger = logging.getLogger(__name__)
@@ -77,9 +77,9 @@ def write_final_folder(
             progress.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining",
             reference_lines=report_reference_lines(health),
         )
-        samples = None
+        fill_mask = None
         if analysis is not None:  # computed on the weights in memory, on CPU copies of the model
-            samples = write_samples(
+            fill_mask = write_samples(
                 staging, analysis, sentences, other_sentence=data.other_sentence, model_name=model_name
             )
         card = build_model_card(
@@ -88,11 +88,11 @@ def write_final_folder(
             eval_results=eval_results,
             dataset_name=settings.corpus.dataset_name,
             dataset_config_name=settings.corpus.dataset_config_name,
-            samples_name=None if samples is None else samples.path.name,
+            samples_name=None if fill_mask is None else SAMPLES_NAME,
             health_section=None if health is None else health_card_section(health),
         )
-        write_model_card(staging, card)
-    return FinalFolder(output_dir, None if samples is None else samples.fill_mask)
+        card.save(staging / MODEL_CARD_NAME)  # staged: published with the rest of the folder
+    return FinalFolder(output_dir, fill_mask)
 
 
 def finish(

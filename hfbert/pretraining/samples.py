@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hfbert.analysis import (
+    InspectError,
     ModelAnalysis,
     code,
     nsp_lines,
     plot_attention,
     plot_similarity,
-    similarity_tables,
+    similarity_section,
     write_text,
 )
-from hfbert.errors import Refusal
 
 MASK = "[MASK]"
 SAMPLES_NAME = "samples.md"
@@ -30,10 +29,6 @@ FREQUENT_WORDS = (
     "the", "of", "and", "in", "to", "a", "was", "on", "as", "that", "with", "by", "for", "at", "he", "his",
     "were", "from", "it", "had", "is", "an", "which", "be", "first", "this", "two", "their", "its", "but",
 )  # fmt: skip
-
-
-class SamplesError(Refusal):
-    """Too few usable sentences for samples.md."""
 
 
 def choose_masked_word(tokenizer: Any, sentence: str, used: set[str]) -> tuple[str, str] | None:
@@ -57,14 +52,6 @@ def choose_masked_word(tokenizer: Any, sentence: str, used: set[str]) -> tuple[s
     return " ".join(words), token
 
 
-@dataclass
-class Samples:
-    """What `write_samples` wrote: samples.md, and its fill-mask section (for the end-of-run summary)."""
-
-    path: Path
-    fill_mask: str
-
-
 def write_samples(
     folder: Path,
     analysis: ModelAnalysis,
@@ -74,8 +61,9 @@ def write_samples(
     model_name: str | None = None,
     top_k: int = 5,
     max_fill_mask: int = 4,
-) -> Samples:
-    """Write ``samples.md`` (with ``samples_similarity.png`` and ``samples_attention.png``) into `folder`.
+) -> str:
+    """Write ``samples.md`` (with ``samples_similarity.png`` and ``samples_attention.png``) into `folder`; returns
+    its fill-mask section (for the end-of-run summary).
 
     `sentences`: three or more consecutive validation sentences (see `hfbert.pretraining.data.sample_sentences`).
     ``samples.md`` holds fill-mask top-`top_k` for up to `max_fill_mask` of them, each with one frequent word
@@ -91,7 +79,7 @@ def write_samples(
     # Only sentences the model takes whole (sample_sentences never picks longer ones).
     sentences = [s for s in sentences if s.strip() and len(tokenizer(s)["input_ids"]) <= limit]
     if len(sentences) < 2 or (other_sentence is None and len(sentences) < 3):
-        raise SamplesError(
+        raise InspectError(
             f"write_samples needs three or more sentences (two with other_sentence) of at most "
             f"{limit} tokens; got {len(sentences)} usable ones"
         )
@@ -110,16 +98,14 @@ def write_samples(
     last_layer = analysis.config.num_hidden_layers - 1
     shortest = min(range(len(sentences)), key=lambda i: (len(tokenizer(sentences[i])["input_ids"]), i))
     attention = analysis.attention(sentences[shortest], last_layer, 0)
-    lines += ["## Sentence similarity", "", *similarity_tables(similarity), ""]
-    lines += ["![cosine similarity](samples_similarity.png)", ""]
+    lines += similarity_section(similarity, "samples_similarity.png")
     lines += [f"## Attention, layer {last_layer}, head 0, on s{shortest + 1} (the shortest sentence)", ""]
     lines += ["![attention](samples_attention.png)"]
 
     plot_similarity(similarity, folder / "samples_similarity.png", f"{name}: validation sentences")
-    plot_attention(
-        attention, folder / "samples_attention.png", f"{name}: attention, layer {last_layer}, head 0"
-    )
-    return Samples(write_text(folder / SAMPLES_NAME, "\n".join(lines) + "\n"), fill_mask)
+    plot_attention(attention, folder / "samples_attention.png", name)
+    write_text(folder / SAMPLES_NAME, "\n".join(lines) + "\n")
+    return fill_mask
 
 
 def fill_mask_section(analysis: ModelAnalysis, sentences: Sequence[str], top_k: int, limit: int) -> str:
@@ -132,30 +118,9 @@ def fill_mask_section(analysis: ModelAnalysis, sentences: Sequence[str], top_k: 
         "earlier sentence. **Bold** marks the true word.",
         "",
     ]
-    if analysis.has_mlm_head:
-        lines += fill_mask_samples(analysis, sentences, top_k, limit)
-    else:
-        lines += ["This folder has no masked-LM head.", ""]
-    return "\n".join(lines).strip()
-
-
-def nsp_section(analysis: ModelAnalysis, sentences: Sequence[str], other_sentence: str | None) -> list[str]:
-    """samples.md's NSP section: a real pair (sentences 1 and 2) against a random one."""
-    lines = ["## Next sentence prediction", ""]
-    if not analysis.has_nsp_head:
-        return [*lines, "This folder has no next-sentence head.", ""]
-    random_b, where = (other_sentence, "another document")
-    if other_sentence is None:
-        random_b, where = sentences[-1], f"sentence {len(sentences)} of the same text, not adjacent"
-    results = [analysis.nsp(sentences[0], sentences[1]), analysis.nsp(sentences[0], random_b)]
-    lines += nsp_lines(results, names=["real (B is the next sentence)", f"random (B is {where})"])
-    return [*lines, "", "A model that learned NSP gives the real pair the higher probability.", ""]
-
-
-def fill_mask_samples(analysis: ModelAnalysis, sentences: Sequence[str], top_k: int, limit: int) -> list[str]:
-    """Markdown for `fill_mask_section`: each sentence with its word masked, the top-k, the true word marked."""
+    if not analysis.has_mlm_head:
+        return "\n".join([*lines, "This folder has no masked-LM head."])
     tokenizer = analysis.tokenizer
-    lines: list[str] = []
     used: list[str] = []
     for sentence in sentences:
         choice = choose_masked_word(tokenizer, sentence, set(used))
@@ -180,4 +145,19 @@ def fill_mask_samples(analysis: ModelAnalysis, sentences: Sequence[str], top_k: 
         lines += [f"{len(used)}. {code(masked)}: {verdict}", "", f"   top {top_k}: " + " · ".join(cells), ""]
         if len(used) == limit:
             break
-    return lines or ["No sentence contains one of the frequent words.", ""]
+    if not used:
+        lines += ["No sentence contains one of the frequent words.", ""]
+    return "\n".join(lines).strip()
+
+
+def nsp_section(analysis: ModelAnalysis, sentences: Sequence[str], other_sentence: str | None) -> list[str]:
+    """samples.md's NSP section: a real pair (sentences 1 and 2) against a random one."""
+    lines = ["## Next sentence prediction", ""]
+    if not analysis.has_nsp_head:
+        return [*lines, "This folder has no next-sentence head.", ""]
+    random_b, where = (other_sentence, "another document")
+    if other_sentence is None:
+        random_b, where = sentences[-1], f"sentence {len(sentences)} of the same text, not adjacent"
+    results = [analysis.nsp(sentences[0], sentences[1]), analysis.nsp(sentences[0], random_b)]
+    lines += nsp_lines(results, names=["real (B is the next sentence)", f"random (B is {where})"])
+    return [*lines, "", "A model that learned NSP gives the real pair the higher probability.", ""]
