@@ -427,8 +427,7 @@ class PretrainingSettings:
 
     def was_given(self, group: Any, name: str) -> bool:
         """Whether a flag was given: named (`given`), or, in settings built in code, other than its default."""
-        default = next(f.default for f in fields(group) if f.name == name)
-        return name in self.given or getattr(group, name) != default
+        return name in self.given or getattr(group, name) != _default(group, name)
 
     def validate(self) -> None:
         """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
@@ -439,7 +438,6 @@ class PretrainingSettings:
         _check_optimization(self.optimization)
         _check_run(self.run)
         check_output_apart_from_source(self.model, self.run)
-        check_objective(self.data)
         if self.corpus.streaming:
             check_streaming(self)
 
@@ -462,32 +460,31 @@ class PretrainingSettings:
         return flat
 
 
+def _default(group: Any, name: str) -> Any:
+    return next(f.default for f in fields(group) if f.name == name)
+
+
 def _check_finite(group: Any) -> None:
     # nan passes every comparison below (nan <= 0 is False): --max_grad_norm nan would disable clipping.
     for name, value in asdict(group).items():
         if isinstance(value, float) and not math.isfinite(value):
-            default = next(f.default for f in fields(group) if f.name == name)
+            default = _default(group, name)
             example = f", e.g. {default}" if isinstance(default, float) else ""
             raise Refusal(f"--{name} {value} must be a finite number{example}")
 
 
-def _check_positive(values: dict[str, float | int | None], optional: bool) -> None:
-    for name, value in values.items():
+def _check_positive(group: Any, names: tuple[str, ...], optional: bool) -> None:
+    """Refuse a flag of `group` given <= 0; `optional`: the flag may be left unset (None)."""
+    for name in names:
+        value = getattr(group, name)
         if value is not None and value <= 0:
             raise Refusal(f"--{name} {value} must be > 0{' (or leave it unset)' if optional else ''}")
 
 
 def _check_data(data: DataSettings) -> None:
-    _check_positive({"max_seq_length": data.max_seq_length, "dupe_factor": data.dupe_factor}, optional=False)
-    _check_positive(
-        {
-            "vocab_size": data.vocab_size,
-            "max_eval_samples": data.max_eval_samples,
-            "max_predictions_per_seq": data.max_predictions_per_seq,
-            "preprocessing_num_workers": data.preprocessing_num_workers,
-        },
-        optional=True,
-    )
+    _check_positive(data, ("max_seq_length", "dupe_factor"), optional=False)
+    optional = ("vocab_size", "max_eval_samples", "max_predictions_per_seq", "preprocessing_num_workers")
+    _check_positive(data, optional, optional=True)
     if data.dataloader_num_workers is not None and data.dataloader_num_workers < 0:
         raise Refusal(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
     if data.max_seq_length < 8:
@@ -499,6 +496,13 @@ def _check_data(data: DataSettings) -> None:
         raise Refusal(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
     if not 0 < data.validation_split_percentage < 100:
         raise Refusal(f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)")
+    # --objective mlm builds its segments without randomness, so more passes would only repeat them.
+    if data.objective == "mlm" and data.dupe_factor != 1:
+        raise Refusal(
+            f"--dupe_factor {data.dupe_factor} with --objective mlm would repeat the same segments (they are cut "
+            "without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
+            "--num_train_epochs or --max_train_steps instead"
+        )
 
 
 def _check_model(model: ModelSettings, data: DataSettings) -> None:
@@ -519,20 +523,9 @@ def _check_model(model: ModelSettings, data: DataSettings) -> None:
 
 
 def _check_optimization(optimization: OptimizationSettings) -> None:
-    _check_positive(
-        {
-            "per_device_train_batch_size": optimization.per_device_train_batch_size,
-            "gradient_accumulation_steps": optimization.gradient_accumulation_steps,
-            "num_train_epochs": optimization.num_train_epochs,
-            "learning_rate": optimization.learning_rate,
-            "adam_epsilon": optimization.adam_epsilon,
-        },
-        optional=False,
-    )
-    _check_positive(
-        {"max_train_steps": optimization.max_train_steps, "max_train_seconds": optimization.max_train_seconds},
-        optional=True,
-    )
+    sizes = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs")
+    _check_positive(optimization, (*sizes, "learning_rate", "adam_epsilon"), optional=False)
+    _check_positive(optimization, ("max_train_steps", "max_train_seconds"), optional=True)
     for name in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(optimization, name) < 1.0:
             raise Refusal(f"--{name} {getattr(optimization, name)} must be in [0, 1), e.g. 0.9 or 0.999")
@@ -547,11 +540,8 @@ def _check_optimization(optimization: OptimizationSettings) -> None:
 
 
 def _check_run(run: RunSettings) -> None:
-    _check_positive(
-        {"per_device_eval_batch_size": run.per_device_eval_batch_size, "logging_steps": run.logging_steps},
-        optional=False,
-    )
-    _check_positive({"eval_steps": run.eval_steps, "checkpoints_total_limit": run.checkpoints_total_limit}, optional=True)
+    _check_positive(run, ("per_device_eval_batch_size", "logging_steps"), optional=False)
+    _check_positive(run, ("eval_steps", "checkpoints_total_limit"), optional=True)
     steps = run.checkpointing_steps
     if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
         raise Refusal(f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'")
@@ -562,7 +552,7 @@ def _check_run(run: RunSettings) -> None:
         )
     if run.push_to_hub and not run.hub_model_id:
         raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
-    _check_positive({"ddp_timeout": run.ddp_timeout}, optional=False)
+    _check_positive(run, ("ddp_timeout",), optional=False)
 
 
 def _path_relation(output_dir: Path, source: Path) -> str | None:
@@ -622,16 +612,6 @@ def read_config_file(config_name: str) -> HfBertConfig:
         refused = error.__cause__ if isinstance(error, StrictDataclassClassValidationError) else error
         reason = str(refused).splitlines()[0] if str(refused) else type(refused).__name__
         raise Refusal(f"--config_name {config_name}: {reason}; {fix}") from None
-
-
-def check_objective(data: DataSettings) -> None:
-    """--objective mlm builds its segments without randomness, so more passes would only repeat them."""
-    if data.objective == "mlm" and data.dupe_factor != 1:
-        raise Refusal(
-            f"--dupe_factor {data.dupe_factor} with --objective mlm would repeat the same segments (they are cut "
-            "without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
-            "--num_train_epochs or --max_train_steps instead"
-        )
 
 
 STREAM_FLAGS = ("stream_window_documents", "stream_validation_documents")
