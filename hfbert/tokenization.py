@@ -27,7 +27,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
+from transformers.hf_argparser import HfArg
 
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.corpus import describe_documents, load_documents
@@ -469,26 +470,18 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.Path
 class TokenizerTrainingArguments:
     """Tokenizer training options (command-line flags of train_tokenizer.py)."""
 
-    output_dir: str = field(
-        metadata={"help": "Folder to save the tokenizer in (AutoTokenizer.from_pretrained loads it)."}
+    output_dir: str = HfArg(help="Folder to save the tokenizer in (AutoTokenizer.from_pretrained loads it).")
+    vocab_size: int = HfArg(default=30522, help="Vocabulary size, special tokens included.")
+    min_frequency: int = HfArg(default=2, help="Minimum count for a merge to enter the vocabulary.")
+    lowercase: bool = HfArg(
+        default=True, help="Lower-case and strip accents (uncased BERT); --no_lowercase keeps case."
     )
-    vocab_size: int = field(default=30522, metadata={"help": "Vocabulary size, special tokens included."})
-    min_frequency: int = field(
-        default=2, metadata={"help": "Minimum count for a merge to enter the vocabulary."}
+    model_max_length: int = HfArg(
+        default=512, help="Longest sequence the model will take, saved as tokenizer.model_max_length."
     )
-    lowercase: bool = field(
-        default=True,
-        metadata={"help": "Lower-case and strip accents (uncased BERT); --no_lowercase keeps case."},
-    )
-    model_max_length: int = field(
-        default=512,
-        metadata={"help": "Longest sequence the model will take, saved as tokenizer.model_max_length."},
-    )
-    overwrite_output_dir: bool = field(
+    overwrite_output_dir: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Write into a non-empty --output_dir that does not hold a tokenizer (its files are kept)."
-        },
+        help="Write into a non-empty --output_dir that does not hold a tokenizer (its files are kept).",
     )
 
     def __post_init__(self) -> None:
