@@ -9,24 +9,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from enum import Enum
 from typing import Any, NoReturn
 
 from transformers import HfArgumentParser
 
 from hfbert.errors import Refusal, program_name
 
-
-class Resume(Enum):
-    MUST_MATCH = "a resumed run must repeat the checkpoint's value"
-    BUDGET = "recorded; a resume may change it where the learning rate does not depend on it"
-
-
-MUST_MATCH = Resume.MUST_MATCH
-BUDGET = Resume.BUDGET
+# What a field may declare in its Annotated extras: how a resumed run treats the flag.
+MUST_MATCH = "a resumed run must repeat the checkpoint's value"
+BUDGET = "recorded; a resume may change it where the learning rate does not depend on it"
 
 
-def declared(group: object, rule: Resume) -> list[str]:
+def declared(group: object, rule: str) -> list[str]:
     """The names of the dataclass `group`'s fields declared `rule`, in field order."""
     hints = typing.get_type_hints(type(group), include_extras=True)
     return [f.name for f in dataclasses.fields(group) if rule in getattr(hints[f.name], "__metadata__", ())]

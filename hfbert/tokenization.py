@@ -27,7 +27,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
+from transformers.hf_argparser import HfArg
 
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.corpus import describe_documents, load_documents
@@ -81,7 +82,7 @@ _BREAKS_AND_WORD_STARTS = re.compile(f"(?:^|[{_SURE_BREAKS}]+)[^{_SURE_BREAKS}]?
 
 
 class ParagraphBatches:
-    """Iterates over lists of paragraphs of ``documents``, counting the UTF-8 bytes it has handed out.
+    """Iterates over lists of paragraphs of ``documents``, counting the UTF-8 bytes it has read.
 
     A re-iterable object rather than a generator so `train_tokenizer` callers can read ``bytes_read``
     (input throughput) after training.
@@ -110,14 +111,13 @@ class ParagraphBatches:
             for rows in self.documents.iter(batch_size=_DOCUMENTS_PER_READ):
                 for paragraphs in rows["paragraphs"]:
                     batch.extend(paragraphs)
+                    self.bytes_read += sum(len(paragraph.encode()) for paragraph in paragraphs)
                 if len(batch) >= self.batch_size:
-                    self.bytes_read += sum(len(paragraph.encode()) for paragraph in batch)
                     yield batch
                     batch = []
                 progress.update(len(rows["paragraphs"]))
                 progress.set_postfix_str(f"{self.bytes_read / 1e6:.1f} MB", refresh=False)
         if batch:
-            self.bytes_read += sum(len(paragraph.encode()) for paragraph in batch)
             yield batch
 
 
@@ -153,18 +153,6 @@ def bound_paragraphs(paragraphs: list[str], max_chars: int = MAX_PIECE_CHARS) ->
             start = cut + 1
         bounded.append(paragraph[start:])
     return bounded
-
-
-class _BoundedBatches:
-    """`bound_paragraphs` applied to every batch of a `ParagraphBatches` (one pass, with its own label)."""
-
-    def __init__(self, batches: ParagraphBatches, description: str) -> None:
-        self.batches = batches
-        self.description = description
-
-    def __iter__(self) -> Iterator[list[str]]:
-        for batch in self.batches.iter_batches(self.description):
-            yield bound_paragraphs(batch)
 
 
 def possible_continuation_forms(
@@ -231,6 +219,15 @@ def _untrained_bert_tokenizer(lowercase: bool, model_max_length: int) -> BertTok
     )
 
 
+def check_vocab_size(vocab_size: int) -> None:
+    """Raise Refusal for a --vocab_size that leaves no room beside `SPECIAL_TOKENS` (before any reading)."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise Refusal(
+            f"--vocab_size {vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
+            "pass a larger --vocab_size (e.g. 30522)"
+        )
+
+
 def check_special_token_ids(tokenizer: PreTrainedTokenizerBase) -> None:
     """Raise Refusal unless ``tokenizer`` maps `SPECIAL_TOKENS` to ids 0, 1, 2, ... in that order."""
     ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
@@ -257,7 +254,7 @@ def train_vocabulary(
     # scan have missed one, the trainer adds it in HashMap order: train again with it (still deterministic).
     for _attempt in range(2):
         trained = untrained.train_new_from_iterator(
-            _BoundedBatches(batches, "Reading documents (2/2: training)"),
+            map(bound_paragraphs, batches.iter_batches("Reading documents (2/2: training)")),
             vocab_size=vocab_size,
             min_frequency=min_frequency,
             continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
@@ -301,11 +298,7 @@ def train_tokenizer(
     the trainer.
     Words longer than `MAX_WORD_CHARS` characters are left out (see `bound_paragraphs`).
     """
-    if vocab_size <= len(SPECIAL_TOKENS):
-        raise Refusal(
-            f"--vocab_size {vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
-            "pass a larger --vocab_size (e.g. 30522)"
-        )
+    check_vocab_size(vocab_size)
     batches = (
         documents
         if isinstance(documents, ParagraphBatches)
@@ -435,10 +428,6 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
         ) from error
 
 
-def _is_saved_tokenizer(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in _TOKENIZER_FILES)
-
-
 def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) -> None:
     """Refuse a run folder (its model goes with its tokenizer) always, and a non-empty ``output_dir`` that is
     not a saved tokenizer unless ``overwrite_output_dir``."""
@@ -455,7 +444,7 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
     if (
         folder.is_dir()
         and any(path.name != RUN_LOCK_NAME for path in folder.iterdir())
-        and not _is_saved_tokenizer(folder)
+        and not any((folder / name).is_file() for name in _TOKENIZER_FILES)
         and not overwrite_output_dir
     ):
         raise Refusal(
@@ -481,35 +470,23 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.Path
 class TokenizerTrainingArguments:
     """Tokenizer training options (command-line flags of train_tokenizer.py)."""
 
-    output_dir: str = field(
-        metadata={"help": "Folder to save the tokenizer in (AutoTokenizer.from_pretrained loads it)."}
+    output_dir: str = HfArg(help="Folder to save the tokenizer in (AutoTokenizer.from_pretrained loads it).")
+    vocab_size: int = HfArg(default=30522, help="Vocabulary size, special tokens included.")
+    min_frequency: int = HfArg(default=2, help="Minimum count for a merge to enter the vocabulary.")
+    lowercase: bool = HfArg(
+        default=True, help="Lower-case and strip accents (uncased BERT); --no_lowercase keeps case."
     )
-    vocab_size: int = field(default=30522, metadata={"help": "Vocabulary size, special tokens included."})
-    min_frequency: int = field(
-        default=2, metadata={"help": "Minimum count for a merge to enter the vocabulary."}
+    model_max_length: int = HfArg(
+        default=512, help="Longest sequence the model will take, saved as tokenizer.model_max_length."
     )
-    lowercase: bool = field(
-        default=True,
-        metadata={"help": "Lower-case and strip accents (uncased BERT); --no_lowercase keeps case."},
-    )
-    model_max_length: int = field(
-        default=512,
-        metadata={"help": "Longest sequence the model will take, saved as tokenizer.model_max_length."},
-    )
-    overwrite_output_dir: bool = field(
+    overwrite_output_dir: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Write into a non-empty --output_dir that does not hold a tokenizer (its files are kept)."
-        },
+        help="Write into a non-empty --output_dir that does not hold a tokenizer (its files are kept).",
     )
 
     def __post_init__(self) -> None:
         # Refused at parse time, before the corpus is read (the trainer would raise OverflowError on -3).
-        if self.vocab_size <= len(SPECIAL_TOKENS):
-            raise Refusal(
-                f"--vocab_size {self.vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
-                "pass a larger --vocab_size (e.g. 30522)"
-            )
+        check_vocab_size(self.vocab_size)
         if self.min_frequency < 0:
             raise Refusal(f"--min_frequency {self.min_frequency} must be >= 0, e.g. 2")
         if self.model_max_length <= 0:

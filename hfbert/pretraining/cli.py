@@ -42,9 +42,7 @@ def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
     parser = build_parser()
     argv, recipe, from_recipe = apply_recipe(sys.argv[1:] if argv is None else list(argv), parser)
     try:
-        corpus, data, model, optimization, run = parser.parse_flags(argv)
-        given = parser.given_flags(argv)
-        return PretrainingSettings(corpus, data, model, optimization, run, given=given)
+        return PretrainingSettings(*parser.parse_flags(argv), given=parser.given_flags(argv))
     except Refusal as refusal:
         if recipe is None:
             raise

@@ -5,10 +5,11 @@ A recipe is a YAML (or JSON) mapping of flag names to values, with a header comm
 reproduces, its source, and what it gave where it was measured (or "not run here"); its first comment line
 is what `--list_recipes` prints. The shipped ones are `hfbert/recipes/*.yaml`, named by their stem.
 
-Its keys are checked by `HfArgumentParser.parse_dict(..., allow_extra_keys=False)`; its values then go
-through argparse as flags placed before the command line's, so they get exactly the command line's type and
-choice checks (parse_dict hands values to the dataclasses unchecked) and a flag given on the command line wins
-(argparse keeps the last value). A refusal about a flag the recipe set names the recipe file and the key.
+Its keys must be fields of the parser's dataclasses (as `HfArgumentParser.parse_dict(...,
+allow_extra_keys=False)` asks); its values go through the same parser as flags placed before the command
+line's, so they get exactly the command line's type and choice checks (parse_dict would hand them to the
+dataclasses unchecked) and a flag given on the command line wins (argparse keeps the last value). A refusal
+about a flag the recipe set names the recipe file and the key.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def find_recipe(name_or_path: str) -> Path:
     )
 
 
-def read_recipe(path: Path, parser: Any) -> dict[str, Any]:
-    """The recipe's flags (name -> value), its keys checked against `parser`'s dataclasses."""
+def read_recipe(path: Path, parser: RefusingHfArgumentParser) -> dict[str, Any]:
+    """The recipe's flags (name -> value), its keys checked against the fields of `parser`'s dataclasses."""
     text = path.read_text(encoding="utf-8")
     try:  # as HfArgumentParser.parse_json_file / parse_yaml_file read them
         values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -94,28 +95,18 @@ def read_recipe(path: Path, parser: Any) -> dict[str, Any]:
         raise Refusal(f"recipe {path}: holds no mapping of flag names to values (e.g. `learning_rate: 1.0e-3`)")
     if RECIPE_FLAG in values:
         raise Refusal(f"recipe {path}: key {RECIPE_FLAG}: a recipe cannot name another recipe")
-    try:
-        parser.parse_dict({"output_dir": "unused", **values}, allow_extra_keys=False)
-    except ValueError as error:
-        unknown = sorted(set(values) - flag_names(parser))
-        if not unknown:
-            raise Refusal(f"recipe {path}: {error}") from None
+    defaults = {field.name: field.default for dtype in parser.dataclass_types for field in dataclasses.fields(dtype)}
+    unknown = sorted(set(values) - defaults.keys())
+    if unknown:
         raise Refusal(
             f"recipe {path}: key {', '.join(map(str, unknown))} is not a run_pretraining.py flag (see --help)"
-        ) from None
-    except TypeError as error:  # a dataclass given what it cannot take
-        raise Refusal(f"recipe {path}: {error}") from None
-    defaults = {field.name: field.default for dtype in parser.dataclass_types for field in dataclasses.fields(dtype)}
+        )
     for key, value in values.items():
         if isinstance(value, (list, dict)):
             raise Refusal(f"recipe {path}: key {key}: {value!r} is not a single value")
         if value is None and defaults[key] is not None:
             raise Refusal(f"recipe {path}: key {key}: null, and --{key} cannot be unset (its default is {defaults[key]!r})")
     return {key: value for key, value in values.items() if value is not None}
-
-
-def flag_names(parser: Any) -> set[str]:
-    return {field.name for dtype in parser.dataclass_types for field in dataclasses.fields(dtype)}
 
 
 def _flag_text(value: Any) -> str:

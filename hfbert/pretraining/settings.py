@@ -1,7 +1,9 @@
 """The settings of a pretraining run, grouped as litgpt groups them, and checked in one place.
 
-Each group is a dataclass whose fields are also run_pretraining.py's flags (`transformers.HfArgumentParser`
-reads the `help` metadata; the corpus group, `CorpusArguments`, is `hfbert.corpus_source`'s); each stage of `hfbert.pretraining` takes the group(s) it needs; `pretrain` takes the bundle.
+Each group is a dataclass whose fields are also run_pretraining.py's flags, declared with transformers'
+`HfArg` (default and `--help` text) for `HfArgumentParser`; the corpus group, `CorpusArguments`, is
+`hfbert.corpus_source`'s. Each stage of `hfbert.pretraining` takes the group(s) it needs; `pretrain` takes the
+bundle.
 `PretrainingSettings.__post_init__` is the only place flags are validated, so every bad flag is refused
 before any data is read or any file is written. Flag names follow transformers' run_mlm_no_trainer.py.
 """
@@ -10,11 +12,12 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from huggingface_hub.errors import StrictDataclassClassValidationError
+from transformers.hf_argparser import HfArg
 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
@@ -34,101 +37,77 @@ FRESH_MODEL_FLAGS = {
 class DataSettings:
     """Tokenizer, NSP instances and masking."""
 
-    tokenizer_name: str | None = field(
+    tokenizer_name: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "A trained tokenizer folder (train_tokenizer.py). Without it, a WordPiece tokenizer of "
-            "--vocab_size is trained on the training corpus first and saved with the model."
-        },
+        help="A trained tokenizer folder (train_tokenizer.py). Without it, a WordPiece tokenizer of "
+        "--vocab_size is trained on the training corpus first and saved with the model.",
     )
-    vocab_size: Annotated[int | None, MUST_MATCH] = field(
+    vocab_size: Annotated[int | None, MUST_MATCH] = HfArg(
         default=30522,
-        metadata={
-            "help": "Vocabulary of the tokenizer trained when --tokenizer_name is not given. Not with "
-            "--model_name_or_path: the source's tokenizer is the run's."
-        },
+        help="Vocabulary of the tokenizer trained when --tokenizer_name is not given. Not with "
+        "--model_name_or_path: the source's tokenizer is the run's.",
     )
-    max_seq_length: Annotated[int, MUST_MATCH] = field(
-        default=128, metadata={"help": "Longest instance, [CLS] A [SEP] B [SEP] included."}
+    max_seq_length: Annotated[int, MUST_MATCH] = HfArg(
+        default=128, help="Longest instance, [CLS] A [SEP] B [SEP] included."
     )
-    short_seq_prob: Annotated[float, MUST_MATCH] = field(
-        default=0.1, metadata={"help": "Share of instances with a shorter random target."}
+    short_seq_prob: Annotated[float, MUST_MATCH] = HfArg(
+        default=0.1, help="Share of instances with a shorter random target."
     )
-    dupe_factor: Annotated[int, MUST_MATCH] = field(
+    dupe_factor: Annotated[int, MUST_MATCH] = HfArg(
         default=1,
-        metadata={
-            "help": "Passes over the corpus with fresh NSP pairings (google-research/bert). 1 (default) suits a "
-            "corpus larger than the run; on a small one (the shipped sample) use 10-40, so NSP sees fresh pairs "
-            "instead of memorising repeated ones."
-        },
+        help="Passes over the corpus with fresh NSP pairings (google-research/bert). 1 (default) suits a "
+        "corpus larger than the run; on a small one (the shipped sample) use 10-40, so NSP sees fresh pairs "
+        "instead of memorising repeated ones.",
     )
-    mlm_probability: Annotated[float, MUST_MATCH] = field(
-        default=0.15, metadata={"help": "Share of tokens chosen for the MLM loss during training."}
+    mlm_probability: Annotated[float, MUST_MATCH] = HfArg(
+        default=0.15, help="Share of tokens chosen for the MLM loss during training."
     )
-    max_predictions_per_seq: Annotated[int | None, MUST_MATCH] = field(
+    max_predictions_per_seq: Annotated[int | None, MUST_MATCH] = HfArg(
         default=None,
-        metadata={
-            "help": "Static shapes (google-research/bert): at most this many masked tokens per row, padded to "
-            "exactly this many, so every step has the same shapes (for torch.compile / CUDA graphs); extra "
-            "masked tokens are unmasked. Unset: the mean plus three standard deviations, rounded up to a "
-            "multiple of 8 (32 at length 128), on CUDA and under --torch_compile; on a CPU every masked token "
-            "counts (dynamic shapes, faster there)."
-        },
+        help="Static shapes (google-research/bert): at most this many masked tokens per row, padded to "
+        "exactly this many, so every step has the same shapes (for torch.compile / CUDA graphs); extra "
+        "masked tokens are unmasked. Unset: the mean plus three standard deviations, rounded up to a "
+        "multiple of 8 (32 at length 128), on CUDA and under --torch_compile; on a CPU every masked token "
+        "counts (dynamic shapes, faster there).",
     )
-    objective: Annotated[Literal["mlm+nsp", "mlm"], MUST_MATCH] = field(
+    objective: Annotated[Literal["mlm+nsp", "mlm"], MUST_MATCH] = HfArg(
         default="mlm+nsp",
-        metadata={
-            "help": "mlm+nsp (BERT): [CLS] A [SEP] B [SEP] pairs, masked LM plus next sentence prediction. mlm "
-            "(RoBERTa): [CLS] segment [SEP] instances, each document's tokens cut into full-length segments "
-            "(within the document), masked LM alone; the NSP head is still saved, untrained."
-        },
+        help="mlm+nsp (BERT): [CLS] A [SEP] B [SEP] pairs, masked LM plus next sentence prediction. mlm "
+        "(RoBERTa): [CLS] segment [SEP] instances, each document's tokens cut into full-length segments "
+        "(within the document), masked LM alone; the NSP head is still saved, untrained.",
     )
-    whole_word_masking: Annotated[bool, MUST_MATCH] = field(
+    whole_word_masking: Annotated[bool, MUST_MATCH] = HfArg(
         default=False,
-        metadata={
-            "help": "Choose whole words for the MLM loss (a token and its '##' continuations, each word with "
-            "--mlm_probability), google-research/bert's --do_whole_word_mask; the 80/10/10 replacement is still "
-            "per token, and static slots (--max_predictions_per_seq) drop whole words. Training only: evaluation "
-            "keeps token-level masks, so that its figures compare across runs."
-        },
+        help="Choose whole words for the MLM loss (a token and its '##' continuations, each word with "
+        "--mlm_probability), google-research/bert's --do_whole_word_mask; the 80/10/10 replacement is still "
+        "per token, and static slots (--max_predictions_per_seq) drop whole words. Training only: evaluation "
+        "keeps token-level masks, so that its figures compare across runs.",
     )
-    dataloader_num_workers: int | None = field(
+    dataloader_num_workers: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Processes that build batches (pad, mask) while the model steps. Unset: 4 on CUDA, 0 on a "
-            "CPU (a worker would take a core from the step). Batches and masks do not depend on it."
-        },
+        help="Processes that build batches (pad, mask) while the model steps. Unset: 4 on CUDA, 0 on a "
+        "CPU (a worker would take a core from the step). Batches and masks do not depend on it.",
     )
-    eval_mlm_probability: float = field(
-        default=0.15,
-        metadata={"help": "Share of tokens masked at evaluation (kept at BERT's 15%% so runs compare)."},
+    eval_mlm_probability: float = HfArg(
+        default=0.15, help="Share of tokens masked at evaluation (kept at BERT's 15%% so runs compare)."
     )
-    validation_split_percentage: Annotated[int, MUST_MATCH] = field(
-        default=5,
-        metadata={"help": "Documents held out for evaluation when the corpus has no validation split."},
+    validation_split_percentage: Annotated[int, MUST_MATCH] = HfArg(
+        default=5, help="Documents held out for evaluation when the corpus has no validation split."
     )
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Evaluate on at most this many instances."}
-    )
-    preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Processes for datasets.map."}
-    )
-    stream_window_documents: Annotated[int | None, MUST_MATCH] = field(
+    max_eval_samples: int | None = HfArg(default=None, help="Evaluate on at most this many instances.")
+    preprocessing_num_workers: int | None = HfArg(default=None, help="Processes for datasets.map.")
+    stream_window_documents: Annotated[int | None, MUST_MATCH] = HfArg(
         default=1000,
-        metadata={
-            "help": "With --streaming: consecutive documents of the stream made into instances together: a window is tokenized and paired in a loader worker, an NSP pair's random "
-            "B comes from another document of its window (google draws it from the whole corpus), and its "
-            "instances are shuffled together: the window is the span instances are shuffled over, so give it "
-            "as many documents as memory allows (benchmarks/results/streaming.md)."
-        },
+        help="With --streaming: consecutive documents of the stream made into instances together: a window is tokenized and paired in a loader worker, an NSP pair's random "
+        "B comes from another document of its window (google draws it from the whole corpus), and its "
+        "instances are shuffled together: the window is the span instances are shuffled over, so give it "
+        "as many documents as memory allows (benchmarks/results/streaming.md).",
     )
-    stream_validation_documents: Annotated[int | None, MUST_MATCH] = field(
+    stream_validation_documents: Annotated[int | None, MUST_MATCH] = HfArg(
         default=1000,
-        metadata={
-            "help": "With --streaming and a source without a validation split: the first N documents of the "
-            "training stream are the fixed validation set, written once to the datasets cache; training skips "
-            "them."
-        },
+        help="With --streaming and a source without a validation split: the first N documents of the "
+        "training stream are the fixed validation set, written once to the datasets cache; training skips "
+        "them.",
     )
 
 
@@ -136,56 +115,45 @@ class DataSettings:
 class ModelSettings:
     """Which BERT to build."""
 
-    model_name_or_path: Annotated[str | None, MUST_MATCH] = field(
+    model_name_or_path: Annotated[str | None, MUST_MATCH] = HfArg(
         default=None,
-        metadata={
-            "help": "Start from these weights instead of a fresh initialisation (a new run: new optimizer, "
-            "schedule and step count): an hfbert run's output folder or one of its checkpoint-<step> folders, "
-            "or a transformers BERT folder or Hub id (converted, MLM and NSP heads kept). Its tokenizer is used "
-            "unless --tokenizer_name is given. For BERT's phase 2 at length 512 and continued pretraining."
-        },
+        help="Start from these weights instead of a fresh initialisation (a new run: new optimizer, "
+        "schedule and step count): an hfbert run's output folder or one of its checkpoint-<step> folders, "
+        "or a transformers BERT folder or Hub id (converted, MLM and NSP heads kept). Its tokenizer is used "
+        "unless --tokenizer_name is given. For BERT's phase 2 at length 512 and continued pretraining.",
     )
-    config_name: Annotated[str | None, MUST_MATCH] = field(
-        default=None,
-        metadata={"help": "A config.json (or its folder) for the model; overrides --model_size."},
+    config_name: Annotated[str | None, MUST_MATCH] = HfArg(
+        default=None, help="A config.json (or its folder) for the model; overrides --model_size."
     )
-    model_size: Annotated[Literal["tiny", "mini", "small", "medium", "base", "large"] | None, MUST_MATCH] = field(
+    model_size: Annotated[Literal["tiny", "mini", "small", "medium", "base", "large"] | None, MUST_MATCH] = HfArg(
         default="mini",
-        metadata={
-            "help": f"BERT size preset: {', '.join(PRESETS)}. With --model_name_or_path the source's size is the "
-            "run's (given, it must agree)."
-        },
+        help=f"BERT size preset: {', '.join(PRESETS)}. With --model_name_or_path the source's size is the "
+        "run's (given, it must agree).",
     )
-    dropout: Annotated[float | None, MUST_MATCH] = field(
+    dropout: Annotated[float | None, MUST_MATCH] = HfArg(
         default=None,
-        metadata={
-            "help": "Hidden and attention dropout of the model (default: the config's, 0.1 for the presets)."
-        },
+        help="Hidden and attention dropout of the model (default: the config's, 0.1 for the presets).",
     )
     # not MUST_MATCH: a resume loads its weights over the start (the fade goes on subtracting from them)
-    attention_init: Literal["structured", "bert"] | None = field(
+    attention_init: Literal["structured", "bert"] | None = HfArg(
         default="bert",
-        metadata={
-            "help": "bert: transformers' initialisation throughout; the default, as the one start whose folders "
-            "hfbert's model card does not send to --reinit_query_key before fine-tuning. On a small model and "
-            "budget it learns far less: tiny on the shipped sample, 0.14 held-out MLM accuracy at 6,000 updates "
-            "against the structured start's 0.22 (benchmarks/results/attention_start.md). structured: BERT's "
-            "initialisation, except that position embeddings start as a cos/sin code and three attention heads "
-            "start looking at the previous token, the next token and the same word in the other segment "
-            "(hfbert.initialization); on a short budget it is what lifts held-out MLM accuracy off the unigram "
-            "plateau and lets NSP generalise (docs/quality.md, 'Where the gain comes from'; the quick-start and "
-            "quality-10min recipes use it). Not with --model_name_or_path (its weights are the start)."
-        },
+        help="bert: transformers' initialisation throughout; the default, as the one start whose folders "
+        "hfbert's model card does not send to --reinit_query_key before fine-tuning. On a small model and "
+        "budget it learns far less: tiny on the shipped sample, 0.14 held-out MLM accuracy at 6,000 updates "
+        "against the structured start's 0.22 (benchmarks/results/attention_start.md). structured: BERT's "
+        "initialisation, except that position embeddings start as a cos/sin code and three attention heads "
+        "start looking at the previous token, the next token and the same word in the other segment "
+        "(hfbert.initialization); on a short budget it is what lifts held-out MLM accuracy off the unigram "
+        "plateau and lets NSP generalise (docs/quality.md, 'Where the gain comes from'; the quick-start and "
+        "quality-10min recipes use it). Not with --model_name_or_path (its weights are the start).",
     )
-    structured_attention_fade: Annotated[float | None, MUST_MATCH] = field(
+    structured_attention_fade: Annotated[float | None, MUST_MATCH] = HfArg(
         default=0.0,
-        metadata={
-            "help": "With the structured start: the fraction of the budget (updates or seconds, whichever is "
-            "further along) over which its three heads' query/key patterns fade linearly to nothing, "
-            "leaving BERT's random rows and what training learned. 0: they stay. The folder of a "
-            "short run then fine-tunes better on few labels (benchmarks/results/downstream.md, 'Pretraining "
-            "levers'); held-out MLM accuracy ends lower."
-        },
+        help="With the structured start: the fraction of the budget (updates or seconds, whichever is "
+        "further along) over which its three heads' query/key patterns fade linearly to nothing, "
+        "leaving BERT's random rows and what training learned. 0: they stay. The folder of a "
+        "short run then fine-tunes better on few labels (benchmarks/results/downstream.md, 'Pretraining "
+        "levers'); held-out MLM accuracy ends lower.",
     )
 
 
@@ -193,95 +161,85 @@ class ModelSettings:
 class OptimizationSettings:
     """Batches, optimizer, learning-rate schedule, budget and precision."""
 
-    per_device_train_batch_size: Annotated[int, MUST_MATCH] = field(default=32, metadata={"help": "Batch size per process."})
-    gradient_accumulation_steps: Annotated[int, MUST_MATCH] = field(default=1, metadata={"help": "Batches per optimizer update."})
-    learning_rate: Annotated[float, MUST_MATCH] = field(default=1e-4, metadata={"help": "Peak AdamW learning rate."})
-    weight_decay: Annotated[float, MUST_MATCH] = field(
-        default=0.01, metadata={"help": "AdamW weight decay (none on biases, LayerNorm)."}
+    per_device_train_batch_size: Annotated[int, MUST_MATCH] = HfArg(
+        default=32, help="Batch size per process."
     )
-    adam_beta1: Annotated[float, MUST_MATCH] = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: Annotated[float, MUST_MATCH] = field(default=0.999, metadata={"help": "AdamW beta2."})
-    adam_epsilon: Annotated[float, MUST_MATCH] = field(default=1e-6, metadata={"help": "AdamW epsilon (BERT used 1e-6)."})
-    max_grad_norm: Annotated[float, MUST_MATCH] = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
-    lr_scheduler_type: Annotated[Literal["linear", "cosine", "constant"], MUST_MATCH] = field(
+    gradient_accumulation_steps: Annotated[int, MUST_MATCH] = HfArg(
+        default=1, help="Batches per optimizer update."
+    )
+    learning_rate: Annotated[float, MUST_MATCH] = HfArg(default=1e-4, help="Peak AdamW learning rate.")
+    weight_decay: Annotated[float, MUST_MATCH] = HfArg(
+        default=0.01, help="AdamW weight decay (none on biases, LayerNorm)."
+    )
+    adam_beta1: Annotated[float, MUST_MATCH] = HfArg(default=0.9, help="AdamW beta1.")
+    adam_beta2: Annotated[float, MUST_MATCH] = HfArg(default=0.999, help="AdamW beta2.")
+    adam_epsilon: Annotated[float, MUST_MATCH] = HfArg(default=1e-6, help="AdamW epsilon (BERT used 1e-6).")
+    max_grad_norm: Annotated[float, MUST_MATCH] = HfArg(
+        default=1.0, help="Gradient clipping norm (0 disables)."
+    )
+    lr_scheduler_type: Annotated[Literal["linear", "cosine", "constant"], MUST_MATCH] = HfArg(
         default="linear",
-        metadata={
-            "help": "After --num_warmup_steps of linear warmup: linear or cosine decay to zero at the end of "
-            "the budget (--max_train_steps or --max_train_seconds, whichever comes first), or constant."
-        },
+        help="After --num_warmup_steps of linear warmup: linear or cosine decay to zero at the end of "
+        "the budget (--max_train_steps or --max_train_seconds, whichever comes first), or constant.",
     )
-    num_warmup_steps: Annotated[int, MUST_MATCH] = field(default=0, metadata={"help": "Linear warmup updates."})
-    nsp_loss_weight: Annotated[float, MUST_MATCH] = field(
-        default=1.0, metadata={"help": "Weight of the NSP loss in the training loss (mlm + w * nsp)."}
+    num_warmup_steps: Annotated[int, MUST_MATCH] = HfArg(default=0, help="Linear warmup updates.")
+    nsp_loss_weight: Annotated[float, MUST_MATCH] = HfArg(
+        default=1.0, help="Weight of the NSP loss in the training loss (mlm + w * nsp)."
     )
-    cls_attention_spread: Annotated[float, MUST_MATCH] = field(
+    cls_attention_spread: Annotated[float, MUST_MATCH] = HfArg(
         default=0.0,
-        metadata={
-            "help": "Weight w of a penalty on [CLS]'s attention for looking at few tokens: w times one minus "
-            "its entropy over the log of the input's length, averaged over layers and heads (training loss "
-            "mlm + w * penalty + nsp). [CLS] is what a fine-tuned classifier reads, and no MLM loss reads its "
-            "row. 0: none. Not with --torch_compile."
-        },
+        help="Weight w of a penalty on [CLS]'s attention for looking at few tokens: w times one minus "
+        "its entropy over the log of the input's length, averaged over layers and heads (training loss "
+        "mlm + w * penalty + nsp). [CLS] is what a fine-tuned classifier reads, and no MLM loss reads its "
+        "row. 0: none. Not with --torch_compile.",
     )
-    num_train_epochs: Annotated[int, BUDGET] = field(
-        default=3, metadata={"help": "Epochs, unless --max_train_steps or --max_train_seconds is given."}
+    num_train_epochs: Annotated[int, BUDGET] = HfArg(
+        default=3, help="Epochs, unless --max_train_steps or --max_train_seconds is given."
     )
-    max_train_steps: Annotated[int | None, BUDGET] = field(
-        default=None, metadata={"help": "Optimizer updates; overrides epochs."}
+    max_train_steps: Annotated[int | None, BUDGET] = HfArg(
+        default=None, help="Optimizer updates; overrides epochs."
     )
-    max_train_seconds: Annotated[float | None, BUDGET] = field(
+    max_train_seconds: Annotated[float | None, BUDGET] = HfArg(
         default=None,
-        metadata={
-            "help": "Stop after this much training time (evaluation and saving excluded), e.g. 600; the "
-            "learning-rate schedule then reaches zero exactly at the budget."
-        },
+        help="Stop after this much training time (evaluation and saving excluded), e.g. 600; the "
+        "learning-rate schedule then reaches zero exactly at the budget.",
     )
-    seed: Annotated[int, MUST_MATCH] = field(
-        default=42, metadata={"help": "Seed of initialisation, pairing, masking and shuffling."}
+    seed: Annotated[int, MUST_MATCH] = HfArg(
+        default=42, help="Seed of initialisation, pairing, masking and shuffling."
     )
-    mixed_precision: Annotated[Literal["auto", "no", "fp16", "bf16"], MUST_MATCH] = field(
+    mixed_precision: Annotated[Literal["auto", "no", "fp16", "bf16"], MUST_MATCH] = HfArg(
         default="auto",
-        metadata={
-            "help": "auto: what `accelerate launch --mixed_precision` asked for, else fp16 on CUDA, bf16 on a "
-            "CPU with native bf16, fp32 otherwise. fp16 on a CPU warns and falls back; bf16 on a GPU below "
-            "compute capability 8.0 is refused."
-        },
+        help="auto: what `accelerate launch --mixed_precision` asked for, else fp16 on CUDA, bf16 on a "
+        "CPU with native bf16, fp32 otherwise. fp16 on a CPU warns and falls back; bf16 on a GPU below "
+        "compute capability 8.0 is refused.",
     )
-    torch_compile: Annotated[bool | None, MUST_MATCH] = field(
+    torch_compile: Annotated[bool | None, MUST_MATCH] = HfArg(
         default=None,
-        metadata={
-            "nargs": "?",  # for HfArgumentParser, which gives a bare flag its const only where the default is a bool
-            "const": True,
-            "help": "Compile the update with torch.compile on static shapes (rows padded to --max_seq_length, "
-            "full batches, static masked slots): the model's forward (and the backward derived from it) as one "
-            "graph, gradient clipping as another, so training and evaluation each compile once. Default: on CUDA (except with "
-            "--deterministic or --cls_attention_spread), off on a CPU; `--torch_compile false` turns it off."
-        },
+        # nargs: for HfArgumentParser, which gives a bare flag its const only where the default is a bool
+        metadata={"nargs": "?", "const": True},
+        help="Compile the update with torch.compile on static shapes (rows padded to --max_seq_length, "
+        "full batches, static masked slots): the model's forward (and the backward derived from it) as one "
+        "graph, gradient clipping as another, so training and evaluation each compile once. Default: on CUDA (except with "
+        "--deterministic or --cls_attention_spread), off on a CPU; `--torch_compile false` turns it off.",
     )
-    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = field(
+    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = HfArg(
         default="default",
-        metadata={
-            "help": "torch.compile's mode for the model: reduce-overhead and max-autotune replay CUDA graphs "
-            "(no kernel launches from Python), max-autotune also tries kernels for each matmul; both compile "
-            "longer and pay on a GPU only, where benchmarks/bench_loop.py measures which is faster."
-        },
+        help="torch.compile's mode for the model: reduce-overhead and max-autotune replay CUDA graphs "
+        "(no kernel launches from Python), max-autotune also tries kernels for each matmul; both compile "
+        "longer and pay on a GPU only, where benchmarks/bench_loop.py measures which is faster.",
     )
-    attention_padding: Literal["mask", "varlen"] = field(
+    attention_padding: Literal["mask", "varlen"] = HfArg(
         default="mask",
-        metadata={
-            "help": "How training attention skips padding: mask (sdpa with a mask, as transformers), or varlen "
-            "(each row attends within its own tokens, no mask: FlashAttention's variable-length kernel, CUDA in "
-            "fp16/bf16 only; elsewhere sdpa one sequence at a time, slow). Evaluation always masks."
-        },
+        help="How training attention skips padding: mask (sdpa with a mask, as transformers), or varlen "
+        "(each row attends within its own tokens, no mask: FlashAttention's variable-length kernel, CUDA in "
+        "fp16/bf16 only; elsewhere sdpa one sequence at a time, slow). Evaluation always masks.",
     )
-    deterministic: bool = field(
+    deterministic: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Deterministic algorithms only (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, "
-            "cuDNN): a GPU run repeatable bit for bit. Measured on an H100 (BERT-base, length 128, fp16): a "
-            "resumed run equals a straight one, and the loop's throughput falls by 46%%, to 54%% (203,320 against "
-            "376,420 tokens/s; docs/speed.md, 'On a GPU'). CPU training is deterministic without it (tested)."
-        },
+        help="Deterministic algorithms only (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, "
+        "cuDNN): a GPU run repeatable bit for bit. Measured on an H100 (BERT-base, length 128, fp16): a "
+        "resumed run equals a straight one, and the loop's throughput falls by 46%%, to 54%% (203,320 against "
+        "376,420 tokens/s; docs/speed.md, 'On a GPU'). CPU training is deterministic without it (tested).",
     )
 
     def compiles_update(self, device_type: str) -> bool:
@@ -296,75 +254,55 @@ class OptimizationSettings:
 class RunSettings:
     """Output folder, evaluation / logging / checkpoint schedules, resume and push."""
 
-    output_dir: str = field(metadata={"help": "Where checkpoints and the final model folder are written."})
-    recipe: str | None = field(
+    output_dir: str = HfArg(help="Where checkpoints and the final model folder are written.")
+    recipe: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "A recipe: a shipped one's name (--list_recipes) or a .yaml/.json file of flags, the file's "
-            "flags read as if given before the command line's (which override them); `run_pretraining.py "
-            "recipe.yaml` is the same as --recipe recipe.yaml. training_args.json records it with every "
-            "resolved flag. The shipped recipes: hfbert/recipes/."
-        },
+        help="A recipe: a shipped one's name (--list_recipes) or a .yaml/.json file of flags, the file's "
+        "flags read as if given before the command line's (which override them); `run_pretraining.py "
+        "recipe.yaml` is the same as --recipe recipe.yaml. training_args.json records it with every "
+        "resolved flag. The shipped recipes: hfbert/recipes/.",
     )
-    overwrite_output_dir: bool = field(
+    overwrite_output_dir: bool = HfArg(
         default=False,
-        metadata={"help": "Replace another run, or write into a folder holding other files, in --output_dir."},
+        help="Replace another run, or write into a folder holding other files, in --output_dir.",
     )
-    dry_run: bool = field(
+    dry_run: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Run every check a run makes before work, print the plan (model, batch, updates, tokens, "
-            "passes over the corpus, FLOPs, peak memory, checkpoint and data-stage sizes, the checkpoint a resume "
-            "would start from, the expected time where the step was measured on this kind of device) and exit "
-            "without writing anything."
-        },
+        help="Run every check a run makes before work, print the plan (model, batch, updates, tokens, "
+        "passes over the corpus, FLOPs, peak memory, checkpoint and data-stage sizes, the checkpoint a resume "
+        "would start from, the expected time where the step was measured on this kind of device) and exit "
+        "without writing anything.",
     )
-    per_device_eval_batch_size: int = field(
-        default=64, metadata={"help": "Evaluation batch size per process."}
+    per_device_eval_batch_size: int = HfArg(default=64, help="Evaluation batch size per process.")
+    eval_steps: int | None = HfArg(
+        default=None, help="Evaluate every N updates (default: at the end of each epoch)."
     )
-    eval_steps: int | None = field(
-        default=None, metadata={"help": "Evaluate every N updates (default: at the end of each epoch)."}
+    logging_steps: int = HfArg(default=10, help="Log training metrics every N updates.")
+    checkpointing_steps: str | None = HfArg(
+        default=None, help="Save the full training state every N updates, or 'epoch'."
     )
-    logging_steps: int = field(default=10, metadata={"help": "Log training metrics every N updates."})
-    checkpointing_steps: str | None = field(
-        default=None, metadata={"help": "Save the full training state every N updates, or 'epoch'."}
-    )
-    checkpoints_total_limit: int | None = field(
-        default=None, metadata={"help": "Keep only the newest N checkpoints."}
-    )
-    resume_from_checkpoint: str | None = field(
+    checkpoints_total_limit: int | None = HfArg(default=None, help="Keep only the newest N checkpoints.")
+    resume_from_checkpoint: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "A checkpoint folder, 'latest' (newest in --output_dir), or 'auto': the newest if there is "
-            "one, else a fresh start (also over a run interrupted before its first checkpoint): one command "
-            "for a first start and every requeue (Slurm --requeue, Kubernetes restarts)."
-        },
+        help="A checkpoint folder, 'latest' (newest in --output_dir), or 'auto': the newest if there is "
+        "one, else a fresh start (also over a run interrupted before its first checkpoint): one command "
+        "for a first start and every requeue (Slurm --requeue, Kubernetes restarts).",
     )
-    with_tracking: bool = field(
-        default=False, metadata={"help": "Log metrics to the trackers of --report_to."}
-    )
-    report_to: str = field(
-        default="all", metadata={"help": "accelerate trackers: tensorboard, wandb, ... or all."}
-    )
-    push_to_hub: bool = field(default=False, metadata={"help": "Upload the final folder to the Hub."})
-    hub_model_id: str | None = field(
-        default=None, metadata={"help": "Hub repo id, e.g. user/hfbert-mini-wikitext."}
-    )
-    hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: the logged-in one)."})
-    train_if_hub_unreachable: bool = field(
+    with_tracking: bool = HfArg(default=False, help="Log metrics to the trackers of --report_to.")
+    report_to: str = HfArg(default="all", help="accelerate trackers: tensorboard, wandb, ... or all.")
+    push_to_hub: bool = HfArg(default=False, help="Upload the final folder to the Hub.")
+    hub_model_id: str | None = HfArg(default=None, help="Hub repo id, e.g. user/hfbert-mini-wikitext.")
+    hub_token: str | None = HfArg(default=None, help="Hub token (default: the logged-in one).")
+    train_if_hub_unreachable: bool = HfArg(
         default=False,
-        metadata={
-            "help": "With --push_to_hub, train even if the Hub check at start fails (push later with "
-            "`python -m hfbert.push RUN_DIR --hub_model_id ...`)."
-        },
+        help="With --push_to_hub, train even if the Hub check at start fails (push later with "
+        "`python -m hfbert.push RUN_DIR --hub_model_id ...`).",
     )
-    ddp_timeout: int = field(
+    ddp_timeout: int = HfArg(
         default=1800,
-        metadata={
-            "help": "Seconds the processes of a multi-process or multi-node run wait for each other (forming the "
-            "process group, any collective) before the run stops naming the master address and port "
-            "(transformers' --ddp_timeout)."
-        },
+        help="Seconds the processes of a multi-process or multi-node run wait for each other (forming the "
+        "process group, any collective) before the run stops naming the master address and port "
+        "(transformers' --ddp_timeout).",
     )
 
     @property
@@ -427,8 +365,7 @@ class PretrainingSettings:
 
     def was_given(self, group: Any, name: str) -> bool:
         """Whether a flag was given: named (`given`), or, in settings built in code, other than its default."""
-        default = next(f.default for f in fields(group) if f.name == name)
-        return name in self.given or getattr(group, name) != default
+        return name in self.given or getattr(group, name) != _default(group, name)
 
     def validate(self) -> None:
         """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
@@ -439,7 +376,6 @@ class PretrainingSettings:
         _check_optimization(self.optimization)
         _check_run(self.run)
         check_output_apart_from_source(self.model, self.run)
-        check_objective(self.data)
         if self.corpus.streaming:
             check_streaming(self)
 
@@ -462,32 +398,31 @@ class PretrainingSettings:
         return flat
 
 
+def _default(group: Any, name: str) -> Any:
+    return next(f.default for f in fields(group) if f.name == name)
+
+
 def _check_finite(group: Any) -> None:
     # nan passes every comparison below (nan <= 0 is False): --max_grad_norm nan would disable clipping.
     for name, value in asdict(group).items():
         if isinstance(value, float) and not math.isfinite(value):
-            default = next(f.default for f in fields(group) if f.name == name)
+            default = _default(group, name)
             example = f", e.g. {default}" if isinstance(default, float) else ""
             raise Refusal(f"--{name} {value} must be a finite number{example}")
 
 
-def _check_positive(values: dict[str, float | int | None], optional: bool) -> None:
-    for name, value in values.items():
+def _check_positive(group: Any, names: tuple[str, ...], optional: bool) -> None:
+    """Refuse a flag of `group` given <= 0; `optional`: the flag may be left unset (None)."""
+    for name in names:
+        value = getattr(group, name)
         if value is not None and value <= 0:
             raise Refusal(f"--{name} {value} must be > 0{' (or leave it unset)' if optional else ''}")
 
 
 def _check_data(data: DataSettings) -> None:
-    _check_positive({"max_seq_length": data.max_seq_length, "dupe_factor": data.dupe_factor}, optional=False)
-    _check_positive(
-        {
-            "vocab_size": data.vocab_size,
-            "max_eval_samples": data.max_eval_samples,
-            "max_predictions_per_seq": data.max_predictions_per_seq,
-            "preprocessing_num_workers": data.preprocessing_num_workers,
-        },
-        optional=True,
-    )
+    _check_positive(data, ("max_seq_length", "dupe_factor"), optional=False)
+    optional = ("vocab_size", "max_eval_samples", "max_predictions_per_seq", "preprocessing_num_workers")
+    _check_positive(data, optional, optional=True)
     if data.dataloader_num_workers is not None and data.dataloader_num_workers < 0:
         raise Refusal(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
     if data.max_seq_length < 8:
@@ -499,6 +434,13 @@ def _check_data(data: DataSettings) -> None:
         raise Refusal(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
     if not 0 < data.validation_split_percentage < 100:
         raise Refusal(f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)")
+    # --objective mlm builds its segments without randomness, so more passes would only repeat them.
+    if data.objective == "mlm" and data.dupe_factor != 1:
+        raise Refusal(
+            f"--dupe_factor {data.dupe_factor} with --objective mlm would repeat the same segments (they are "
+            "cut without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
+            "--num_train_epochs or --max_train_steps instead"
+        )
 
 
 def _check_model(model: ModelSettings, data: DataSettings) -> None:
@@ -519,20 +461,9 @@ def _check_model(model: ModelSettings, data: DataSettings) -> None:
 
 
 def _check_optimization(optimization: OptimizationSettings) -> None:
-    _check_positive(
-        {
-            "per_device_train_batch_size": optimization.per_device_train_batch_size,
-            "gradient_accumulation_steps": optimization.gradient_accumulation_steps,
-            "num_train_epochs": optimization.num_train_epochs,
-            "learning_rate": optimization.learning_rate,
-            "adam_epsilon": optimization.adam_epsilon,
-        },
-        optional=False,
-    )
-    _check_positive(
-        {"max_train_steps": optimization.max_train_steps, "max_train_seconds": optimization.max_train_seconds},
-        optional=True,
-    )
+    sizes = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs")
+    _check_positive(optimization, (*sizes, "learning_rate", "adam_epsilon"), optional=False)
+    _check_positive(optimization, ("max_train_steps", "max_train_seconds"), optional=True)
     for name in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(optimization, name) < 1.0:
             raise Refusal(f"--{name} {getattr(optimization, name)} must be in [0, 1), e.g. 0.9 or 0.999")
@@ -547,11 +478,8 @@ def _check_optimization(optimization: OptimizationSettings) -> None:
 
 
 def _check_run(run: RunSettings) -> None:
-    _check_positive(
-        {"per_device_eval_batch_size": run.per_device_eval_batch_size, "logging_steps": run.logging_steps},
-        optional=False,
-    )
-    _check_positive({"eval_steps": run.eval_steps, "checkpoints_total_limit": run.checkpoints_total_limit}, optional=True)
+    _check_positive(run, ("per_device_eval_batch_size", "logging_steps"), optional=False)
+    _check_positive(run, ("eval_steps", "checkpoints_total_limit"), optional=True)
     steps = run.checkpointing_steps
     if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
         raise Refusal(f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'")
@@ -562,7 +490,7 @@ def _check_run(run: RunSettings) -> None:
         )
     if run.push_to_hub and not run.hub_model_id:
         raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
-    _check_positive({"ddp_timeout": run.ddp_timeout}, optional=False)
+    _check_positive(run, ("ddp_timeout",), optional=False)
 
 
 def _path_relation(output_dir: Path, source: Path) -> str | None:
@@ -622,16 +550,6 @@ def read_config_file(config_name: str) -> HfBertConfig:
         refused = error.__cause__ if isinstance(error, StrictDataclassClassValidationError) else error
         reason = str(refused).splitlines()[0] if str(refused) else type(refused).__name__
         raise Refusal(f"--config_name {config_name}: {reason}; {fix}") from None
-
-
-def check_objective(data: DataSettings) -> None:
-    """--objective mlm builds its segments without randomness, so more passes would only repeat them."""
-    if data.objective == "mlm" and data.dupe_factor != 1:
-        raise Refusal(
-            f"--dupe_factor {data.dupe_factor} with --objective mlm would repeat the same segments (they are cut "
-            "without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
-            "--num_train_epochs or --max_train_steps instead"
-        )
 
 
 STREAM_FLAGS = ("stream_window_documents", "stream_validation_documents")
