@@ -12,11 +12,12 @@ import functools
 import glob
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 from datasets.data_files import resolve_pattern
+from transformers.hf_argparser import HfArg
 
 from hfbert.errors import Refusal
 from hfbert.files import sha256_file
@@ -36,43 +37,41 @@ class CorpusError(Refusal):
 class CorpusArguments:
     """Where the text comes from (command-line flags through `transformers.HfArgumentParser`)."""
 
-    dataset_name: Annotated[str | None, MUST_MATCH] = field(
+    dataset_name: Annotated[str | None, MUST_MATCH] = HfArg(
         default=None,
-        metadata={"help": "Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
-            "repo. Without it and without --train_file, the WikiText-2 sample shipped with hfbert is used."
-        },
+        help="Hub dataset id (e.g. Salesforce/wikitext) or a local folder laid out like a Hub dataset "
+        "repo. Without it and without --train_file, the WikiText-2 sample shipped with hfbert is used.",
     )
-    dataset_config_name: Annotated[str | None, MUST_MATCH] = field(
-        default=None, metadata={"help": "Configuration of --dataset_name (e.g. wikitext-103-raw-v1)."}
-    )
-    train_file: Annotated[str | None, MUST_MATCH] = field(
+    dataset_config_name: Annotated[str | None, MUST_MATCH] = HfArg(
         default=None,
-        metadata={"help": "Local training text: one file (plain text of any extension: .txt, .raw, ...; or "
-            "parquet/json/jsonl/csv), a folder of such files (read recursively in sorted order, hidden files "
-            "skipped) or a glob in quotes ('texts/*.txt'). Each plain text file of a folder or a glob is one "
-            "document; one plain text file alone is split into documents at blank lines (see --document_boundary)."
-        },
+        help="Configuration of --dataset_name (e.g. wikitext-103-raw-v1).",
     )
-    validation_file: Annotated[str | None, MUST_MATCH] = field(
-        default=None, metadata={"help": "Local validation text: a file, a folder or a glob, as --train_file."}
+    train_file: Annotated[str | None, MUST_MATCH] = HfArg(
+        default=None,
+        help="Local training text: one file (plain text of any extension: .txt, .raw, ...; or "
+        "parquet/json/jsonl/csv), a folder of such files (read recursively in sorted order, hidden files "
+        "skipped) or a glob in quotes ('texts/*.txt'). Each plain text file of a folder or a glob is one "
+        "document; one plain text file alone is split into documents at blank lines (see --document_boundary).",
     )
-    text_column: Annotated[str, MUST_MATCH] = field(
+    validation_file: Annotated[str | None, MUST_MATCH] = HfArg(
+        default=None,
+        help="Local validation text: a file, a folder or a glob, as --train_file.",
+    )
+    text_column: Annotated[str, MUST_MATCH] = HfArg(
         default="text",
-        metadata={"help": "Column holding the text in parquet/json/csv files and Hub datasets."},
+        help="Column holding the text in parquet/json/csv files and Hub datasets.",
     )
-    streaming: Annotated[bool, MUST_MATCH] = field(
+    streaming: Annotated[bool, MUST_MATCH] = HfArg(
         default=False,
-        metadata={"help": "Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk)."
-        },
+        help="Stream the corpus instead of preparing it as a cached Arrow dataset (corpora too big for disk).",
     )
-    document_boundary: Annotated[DocumentBoundary | None, MUST_MATCH] = field(
+    document_boundary: Annotated[DocumentBoundary | None, MUST_MATCH] = HfArg(
         default=None,
-        metadata={"help": "How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
-            "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
-            "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
-            "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files and for "
-            "the files of a folder or a glob (a file a document), blank_line for one other text file."
-        },
+        help="How rows become documents. heading: WikiText layout (' = Title = ' lines start articles, "
+        "section headings dropped, @-@ @,@ @.@ escapes restored); blank_line: blank lines separate "
+        "documents; row: each row is a document. Default: heading for WikiText sources (the shipped "
+        "sample, dataset names containing 'wikitext', .raw files), row for parquet/json/csv files and for "
+        "the files of a folder or a glob (a file a document), blank_line for one other text file.",
     )
 
     def __post_init__(self) -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from transformers.hf_argparser import HfArg
 
 from hfbert.errors import Refusal
 from hfbert.flags import RefusingHfArgumentParser
@@ -47,21 +49,18 @@ class FinetuneModelArguments:
 
     _argument_group_name = "models"
 
-    model_dir: str = field(
-        metadata={
-            "help": "a finished run's output folder, one of its checkpoint-<step> folders, or any BERT folder",
-            "positional": True,
-        }
+    model_dir: str = HfArg(
+        help="a finished run's output folder, one of its checkpoint-<step> folders, or any BERT folder",
+        metadata={"positional": True},
     )
-    compare: str | None = field(
-        default=None, metadata={"help": f"'{RANDOM_INIT}' (the same config, freshly initialised) or another folder"}
+    compare: str | None = HfArg(
+        default=None,
+        help=f"'{RANDOM_INIT}' (the same config, freshly initialised) or another folder",
     )
-    trust_remote_code: bool = field(
+    trust_remote_code: bool = HfArg(
         default=False,
-        metadata={
-            "help": "let a folder whose model or tokenizer transformers does not know run the Python it ships "
-            "(transformers' flag of the same name). hfbert folders never need it: the installed hfbert loads them",
-        },
+        help="let a folder whose model or tokenizer transformers does not know run the Python it ships "
+        "(transformers' flag of the same name). hfbert folders never need it: the installed hfbert loads them",
     )
 
 
@@ -71,35 +70,38 @@ class FinetuneDataArguments:
 
     _argument_group_name = "data"
 
-    dataset_name: str | None = field(
-        default=None, metadata={"help": "a Hub dataset, e.g. nyu-mll/glue (GLUE's columns and metrics are known)"}
+    dataset_name: str | None = HfArg(
+        default=None,
+        help="a Hub dataset, e.g. nyu-mll/glue (GLUE's columns and metrics are known)",
     )
-    dataset_config_name: str | None = field(
-        default=None, metadata={"help": "e.g. sst2, mrpc, rte, mnli, cola, qnli, qqp"}
+    dataset_config_name: str | None = HfArg(default=None, help="e.g. sst2, mrpc, rte, mnli, cola, qnli, qqp")
+    validation_split: str = HfArg(default="validation", help="evaluation split of a non-GLUE Hub set")
+    train_file: str | None = HfArg(
+        default=None,
+        help="local csv, jsonl/json or parquet (UTF-8, a header and labelled rows)",
     )
-    validation_split: str = field(
-        default="validation", metadata={"help": "evaluation split of a non-GLUE Hub set"}
+    validation_file: str | None = HfArg(
+        default=None,
+        help="local csv, jsonl/json or parquet (the held-out evaluation)",
     )
-    train_file: str | None = field(
-        default=None, metadata={"help": "local csv, jsonl/json or parquet (UTF-8, a header and labelled rows)"}
+    text_column: str | None = HfArg(default=None, help="default: GLUE's, else 'text'")
+    text_pair_column: str | None = HfArg(
+        default=None,
+        help="second text of sentence-pair tasks (default: GLUE's)",
     )
-    validation_file: str | None = field(
-        default=None, metadata={"help": "local csv, jsonl/json or parquet (the held-out evaluation)"}
+    label_column: str = HfArg(
+        default="label",
+        help="the class of each row: integers (1 and 1.0 alike) or names",
     )
-    text_column: str | None = field(default=None, metadata={"help": "default: GLUE's, else 'text'"})
-    text_pair_column: str | None = field(
-        default=None, metadata={"help": "second text of sentence-pair tasks (default: GLUE's)"}
+    max_train_samples: int | None = HfArg(
+        default=None,
+        help="few-label runs: this many, evenly across classes (default: every row)",
     )
-    label_column: str = field(
-        default="label", metadata={"help": "the class of each row: integers (1 and 1.0 alike) or names"}
+    max_eval_samples: int | None = HfArg(
+        default=None,
+        help="evaluate on this many rows, drawn by --data_seed (default: every row)",
     )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "few-label runs: this many, evenly across classes (default: every row)"}
-    )
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "evaluate on this many rows, drawn by --data_seed (default: every row)"}
-    )
-    data_seed: int = field(default=0, metadata={"help": "which examples --max_train_samples keeps"})
+    data_seed: int = HfArg(default=0, help="which examples --max_train_samples keeps")
 
     def __post_init__(self) -> None:
         if (self.dataset_name is None) == (self.train_file is None):
@@ -128,57 +130,45 @@ class FinetuneTrainingArguments:
 
     _argument_group_name = "fine-tuning (transformers' Trainer)"
 
-    seeds: list[int] = field(
+    seeds: list[int] = HfArg(
         default_factory=lambda: [1, 2, 3],
-        metadata={
-            "help": "one fine-tuning run per seed; the gain is paired per seed (same seed and data order for both "
-            "models)",
-        },
+        help="one fine-tuning run per seed; the gain is paired per seed (same seed and data order for both "
+        "models)",
     )
-    learning_rate: float | str = field(
+    learning_rate: float | str = HfArg(
         default=AUTO,
-        metadata={
-            "help": f"AdamW's peak rate, or '{AUTO}' (the default): each model (the comparison too) trains once per rate "
-            "of --learning_rate_grid and fold of the training rows (--learning_rate_folds; fold i with seed i of "
-            "--seeds, in turn) and is scored on the fold's held-out rows; a rate at which any fit collapsed is "
-            "dropped, and the one with the best mean minus spread over the folds (the lower rate on a tie) "
-            "trains the model on every training row for every seed. The evaluation split is never looked at. A "
-            "number, e.g. 5e-5, skips the choice",
-            "type": learning_rate_flag,
-        },
+        help=f"AdamW's peak rate, or '{AUTO}' (the default): each model (the comparison too) trains once per rate "
+        "of --learning_rate_grid and fold of the training rows (--learning_rate_folds; fold i with seed i of "
+        "--seeds, in turn) and is scored on the fold's held-out rows; a rate at which any fit collapsed is "
+        "dropped, and the one with the best mean minus spread over the folds (the lower rate on a tie) "
+        "trains the model on every training row for every seed. The evaluation split is never looked at. A "
+        "number, e.g. 5e-5, skips the choice",
+        metadata={"type": learning_rate_flag},
     )
-    learning_rate_grid: list[float] | None = field(
+    learning_rate_grid: list[float] | None = HfArg(
         default=None,
-        metadata={
-            "help": f"the rates --learning_rate {AUTO} tries (default: {rates_text(SMALL_MODEL_RATES)} for a model of "
-            f"hidden size <= {SMALL_HIDDEN_SIZE} (tiny, mini), {rates_text(LARGER_MODEL_RATES)} for larger ones)",
-        },
+        help=f"the rates --learning_rate {AUTO} tries (default: {rates_text(SMALL_MODEL_RATES)} for a model of "
+        f"hidden size <= {SMALL_HIDDEN_SIZE} (tiny, mini), {rates_text(LARGER_MODEL_RATES)} for larger ones)",
     )
-    learning_rate_folds: int = field(
+    learning_rate_folds: int = HfArg(
         default=RATE_FOLDS,
-        metadata={"help": "--learning_rate auto's stratified folds of the training rows (each held out once)"},
+        help="--learning_rate auto's stratified folds of the training rows (each held out once)",
     )
-    num_train_epochs: float | None = field(
+    num_train_epochs: float | None = HfArg(
         default=None,
-        metadata={
-            "help": f"passes over the training rows (default: {SMALL_MODEL_EPOCHS:g} for a model of hidden size <= "
-            f"{SMALL_HIDDEN_SIZE} (tiny, mini), {LARGER_MODEL_EPOCHS:g} for larger ones, BERT's GLUE setting)",
-        },
+        help=f"passes over the training rows (default: {SMALL_MODEL_EPOCHS:g} for a model of hidden size <= "
+        f"{SMALL_HIDDEN_SIZE} (tiny, mini), {LARGER_MODEL_EPOCHS:g} for larger ones, BERT's GLUE setting)",
     )
-    per_device_train_batch_size: int = field(default=16, metadata={"help": "rows per update"})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "share of the updates spent warming up"})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW's weight decay"})
-    max_seq_length: int = field(
-        default=128, metadata={"help": "longer texts are cut (at most the model's positions)"}
-    )
-    fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision (CUDA)"})
-    reinit_query_key: bool = field(
+    per_device_train_batch_size: int = HfArg(default=16, help="rows per update")
+    warmup_ratio: float = HfArg(default=0.1, help="share of the updates spent warming up")
+    weight_decay: float = HfArg(default=0.01, help="AdamW's weight decay")
+    max_seq_length: int = HfArg(default=128, help="longer texts are cut (at most the model's positions)")
+    fp16: bool = HfArg(default=False, help="fp16 mixed precision (CUDA)")
+    reinit_query_key: bool = HfArg(
         default=False,
-        metadata={
-            "help": "draw the pretrained folders' attention queries and keys afresh before fine-tuning (the embeddings, "
-            "values and feed-forward layers stay pretrained): small hfbert folders pretrained from the "
-            "structured attention start, faded or not, fine-tune better so with few labels",
-        },
+        help="draw the pretrained folders' attention queries and keys afresh before fine-tuning (the embeddings, "
+        "values and feed-forward layers stay pretrained): small hfbert folders pretrained from the "
+        "structured attention start, faded or not, fine-tune better so with few labels",
     )
 
     def __post_init__(self) -> None:
@@ -212,15 +202,17 @@ class FinetuneOutputArguments:
 
     _argument_group_name = "output"
 
-    output_dir: str | None = field(
+    output_dir: str | None = HfArg(
         default=None,
-        metadata={"help": "where finetune_results.json and finetune_results.png go (default: the model folder)"},
+        help="where finetune_results.json and finetune_results.png go (default: the model folder)",
     )
-    update_model_card: bool = field(
-        default=False, metadata={"help": "add the model's results (only) to its folder's README.md"}
+    update_model_card: bool = HfArg(
+        default=False,
+        help="add the model's results (only) to its folder's README.md",
     )
-    quiet: bool = field(
-        default=False, metadata={"help": "no progress bar or library warnings: one line per fit and the table"}
+    quiet: bool = HfArg(
+        default=False,
+        help="no progress bar or library warnings: one line per fit and the table",
     )
 
 
