@@ -10,6 +10,7 @@ from pathlib import Path
 from unittest import mock
 
 import datasets
+import numpy as np
 import pytest
 import torch
 
@@ -767,3 +768,58 @@ def test_own_text_pretrains_on_the_corpus_and_reports_every_model_and_the_comman
         mock.patch("benchmarks.downstream.finetune_main", side_effect=AssertionError("fine-tuned again")),
     ):
         assert own_text.main(argv)["movie_sentences"]["accuracy"] == report["accuracy"]  # read back
+
+
+def test_own_text_why_probes_words_and_encoders_on_the_finetuning_rows_and_checks_the_tokenizers(
+    tmp_path, model_dir, capsys
+):
+    import shutil
+
+    from benchmarks import own_text_why
+
+    work = tmp_path / "work" / "movie_sentences"
+    shutil.copytree(model_dir, work / "own-text")
+    fillers = ["the film", "a story of the city", "it was the year", "an actor in the play", "the music"]
+    for split, count in (("train", 60), ("test", 20)):
+        rows = [
+            {"text": f"{fillers[index % 5]} {'wonderful' if index % 2 else 'dreadful'} {index}",
+             "label": "positive" if index % 2 else "negative"}
+            for index in range(count)
+        ]  # fmt: skip
+        datasets.Dataset.from_list(rows).to_csv(work / f"{split}.csv", index=False)
+    argv = ["--work_dir", str(tmp_path / "work"), "--sets", "movie_sentences", "--wikitext_folder", str(model_dir),
+            "--sizes", "12", "30", "--polar_words", "2"]  # fmt: skip
+    report = own_text_why.main(argv)["movie_sentences"]
+    assert list(report["sizes"]) == [12, 30]
+    models = {"naive Bayes, word counts", "logistic regression, word presence"} | {
+        f"probe, {name}, {pooling}" for name in ("own text", "random weights", "WikiText main job") for pooling in ("cls", "mean")
+    }
+    for row in report["sizes"].values():
+        assert set(row) == models and all(0.0 <= value["accuracy"] <= 1.0 for value in row.values())
+        assert row["logistic regression, word presence"]["penalty"] in own_text_why.PENALTIES
+    words_only = report["sizes"][30]  # one word says the class
+    assert words_only["naive Bayes, word counts"]["accuracy"] == words_only["logistic regression, word presence"]["accuracy"] == 1.0
+    assert report["polar_words"] == ["dreadful", "wonderful"]
+    fits = report["tokenizers"]["own text"]
+    assert set(report["tokenizers"]) == {"own text", "WikiText main job"}  # random weights share own text's
+    assert fits["every word"]["words"] == 20 * 2 + sum(len(f.split()) for f in fillers) * 4  # its pre-tokenizer's words
+    assert fits["polarity words"]["words"] == 20
+    tokenizer = own_text_why.AutoTokenizer.from_pretrained(model_dir)
+    unknown = own_text_why.tokenizer_fit(tokenizer, ["\u2603 \u2603 the"])
+    assert unknown["unknown"] == pytest.approx(2 / 3) and unknown["words"] == 3
+    out = capsys.readouterr().out
+    assert "| movie_sentences | probe, own text, mean |" in out and "| movie_sentences | own text, polarity words |" in out
+    assert (tmp_path / "work" / "why.json").is_file()
+
+
+def test_own_text_why_logistic_regression_separates_what_a_linear_model_can():
+    from benchmarks import own_text_why
+
+    torch.manual_seed(0)
+    x = torch.randn(90, 4)
+    y = x[:, :3].argmax(1)  # three classes, linear in the features
+    folds = [(np.setdiff1d(np.arange(60), np.arange(k, 60, 3)), np.arange(k, 60, 3)) for k in range(3)]
+    result = own_text_why.probe_accuracy(x[:60], y[:60], x[60:], y[60:], folds)
+    assert result["accuracy"] > 0.85 and result["penalty"] in own_text_why.PENALTIES
+    shuffled = own_text_why.probe_accuracy(x[:60], y[:60][torch.randperm(60)], x[60:], y[60:], folds)
+    assert shuffled["accuracy"] < result["accuracy"]
