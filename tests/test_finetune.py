@@ -657,6 +657,24 @@ def test_sigterm_during_fine_tuning_says_so_and_leaves_no_temporary_folder(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the ignored Stopped, on purpose
+def test_a_stop_signal_lost_in_a_finalizer_still_stops_at_the_next_update():
+    """Python ignores an exception raised inside __del__ ("Exception ignored in ..."): a SIGTERM whose handler
+    ran there would let fine-tuning go on (seen: the SIGTERM test's run kept training, under load)."""
+    from hfbert.finetune.fit import StopAtNextUpdate, Stopped, stop_on_signals
+
+    class SignalsInItsFinalizer:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler runs here, and its Stopped is ignored
+
+    with stop_on_signals():
+        SignalsInItsFinalizer()
+        with pytest.raises(Stopped, match="SIGTERM"):
+            StopAtNextUpdate().on_step_end(None, None, None)
+    StopAtNextUpdate().on_step_end(None, None, None)  # the block is over: nothing is pending
+
+
 def test_a_compare_folder_without_a_sequence_classifier_is_refused_before_the_model_trains(
     tmp_path, folder, topic_files
 ):

@@ -10,14 +10,18 @@ its rate was too small for its updates (the rate choice drops such rates; benchm
 
 from __future__ import annotations
 
+import signal
 import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import datasets
 import numpy as np
 import torch
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, Trainer, TrainingArguments
-from transformers.trainer_callback import PrinterCallback
+from transformers.trainer_callback import PrinterCallback, TrainerCallback
 
 from hfbert.finetune.settings import FinetuneTrainingArguments
 
@@ -94,6 +98,46 @@ class FitResult:
         }
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGINT arrived: raised where the run is, so that every `with` block (the Trainer's scratch
+    folder) cleans up on the way out. A BaseException, as KeyboardInterrupt: no `except Exception` swallows it."""
+
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(signal.Signals(signal_number).name)
+        self.signal_number = signal_number
+
+
+# The signals received inside stop_on_signals: a handler has no other place to write, and a Stopped raised
+# while a finalizer (__del__) runs is ignored by Python, so StopAtNextUpdate raises it again.
+_received: list[int] = []
+
+
+def _raise_stopped(signal_number: int, frame: Any) -> None:
+    _received.append(signal_number)
+    raise Stopped(signal_number)
+
+
+@contextmanager
+def stop_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Turn `signals` into `Stopped` while the block runs (main thread only); the handlers are restored after."""
+    _received.clear()
+    previous = {number: signal.signal(number, _raise_stopped) for number in signals}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        _received.clear()
+
+
+class StopAtNextUpdate(TrainerCallback):
+    """Raises, after each update, a stop whose first `Stopped` was lost in a finalizer."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if _received:
+            raise Stopped(_received[0])
+
+
 def finetune_once(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -130,6 +174,7 @@ def finetune_once(
             args=training_args,
             train_dataset=train,
             data_collator=DataCollatorWithPadding(tokenizer),
+            callbacks=[StopAtNextUpdate()],
         )
         trainer.remove_callback(PrinterCallback)  # without its bar the Trainer prints every log row instead
         trainer.train()

@@ -5,7 +5,6 @@ fit and one line per finished fit; then write the results, the plot and (asked f
 from __future__ import annotations
 
 import dataclasses
-import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ from tqdm.auto import tqdm
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import check_folder_writable, write_json_atomic
 from hfbert.finetune.data import TaskData, encode, load_task, stratified_folds, task_columns
-from hfbert.finetune.fit import FitResult, finetune_once
+from hfbert.finetune.fit import FitResult, Stopped, finetune_once, stop_on_signals
 from hfbert.finetune.models import (
     COMPARISON_ROLE,
     MODEL_ROLE,
@@ -262,30 +261,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print("\n" + report_table(results))
     print(f"\nResults: {output_dir / RESULTS_NAME}, {output_dir / PLOT_NAME}")
     return results
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGINT arrived: raised where the run is, so that every `with` block (the Trainer's scratch
-    folder) cleans up on the way out. A BaseException, as KeyboardInterrupt: no `except Exception` swallows it."""
-
-    def __init__(self, signal_number: int) -> None:
-        super().__init__(signal.Signals(signal_number).name)
-        self.signal_number = signal_number
-
-
-def _raise_stopped(signal_number: int, frame: Any) -> None:
-    raise Stopped(signal_number)
-
-
-@contextmanager
-def stop_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
-    """Turn `signals` into `Stopped` while the block runs (main thread only); the handlers are restored after."""
-    previous = {number: signal.signal(number, _raise_stopped) for number in signals}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def command_line() -> None:
