@@ -159,7 +159,7 @@ def check_before_work(
         check_stream_tokenizer(settings.data, None if checkpoint is None else checkpoint / TOKENIZER_FOLDER, source)
     if settings.data.tokenizer_name is not None and checkpoint is None:  # a resume uses its checkpoint's
         tokenizer = load_tokenizer(settings.data.tokenizer_name)
-        build_model_config(settings.model, settings.data.max_seq_length, tokenizer, source)
+        build_model_config(settings.model, tokenizer, source)
     return checkpoint, source
 
 
