@@ -72,7 +72,7 @@ from hfbert.pretraining.data import (
     prepare,
 )
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
-from hfbert.pretraining.finish import FinalFolder, finish
+from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
 from hfbert.pretraining.health import RunHealth
 from hfbert.pretraining.health.report import health_report
 from hfbert.pretraining.health.signatures import BudgetLimits
@@ -328,8 +328,9 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
             raise
         release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
         run_health = health_report(data.health, health.events)
+        write = partial(write_final_folder, data, metrics, summary, run_health, settings)
         with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
-            return finish(accelerator, state, data, metrics, summary, run_health, settings)
+            return finish(accelerator, state, settings.run, write)
 
 
 def dry_run(settings: PretrainingSettings) -> str:
