@@ -288,8 +288,8 @@ def model_flops(model: torch.nn.Module, plan: BatchPlan, accelerator: Accelerato
 def resume_from(accelerator: Accelerator, state: TrainingState, checkpoint: Path, seed: int) -> None:
     """Load `checkpoint` into the prepared state and go on from its place in the data, on this run's split."""
     logger.info(f"Resuming from {checkpoint}")
-    saved_processes = load_checkpoint(accelerator, checkpoint)
-    continue_on_this_split(accelerator, state.progress, checkpoint, saved_processes, seed)
+    load_checkpoint(accelerator, checkpoint)
+    continue_on_this_split(accelerator, state.progress, checkpoint, seed)
     state.batches.resume(checkpoint, accelerator)
 
 
