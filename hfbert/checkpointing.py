@@ -30,6 +30,7 @@ try:
 except ImportError:  # Windows: no flock
     fcntl = None
 
+import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from safetensors import SafetensorError
@@ -62,6 +63,8 @@ MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT_VERSION = 1
 # Held (flock) by the run writing into a folder; hidden, so never uploaded and not one of the user's files.
 RUN_LOCK_NAME = ".hfbert-run.lock"
+# accelerate's file of the first object registered for checkpointing: the run's `TrainingProgress`.
+PROGRESS_FILE = "custom_checkpoint_0.pkl"
 # Files of a finished run (written by the training loop next to the checkpoints).
 FINAL_MODEL_FILES = ("model.safetensors", "config.json")
 
@@ -93,34 +96,38 @@ class TrainingProgress:
     micro_batches_in_epoch: int = 0
     log_history: list[dict[str, Any]] = field(default_factory=list)  # train/eval log rows, for the curves
     train_seconds: float = 0.0  # wall-clock time spent training (evaluation and saving excluded)
-    # Set only by loading a checkpoint of an hfbert before global positions: micro-batches per process, which
-    # `adopt_per_process_position` turns into the global position once the writer's process count is known.
-    per_process_batches_loaded: int | None = field(default=None, repr=False)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain-data copy of the progress (what accelerate pickles into `custom_checkpoint_<i>.pkl`)."""
-        state = asdict(self)
-        del state["per_process_batches_loaded"]
-        return state
+        """Plain-data copy of the progress (what accelerate pickles into `PROGRESS_FILE`)."""
+        return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the progress saved by `state_dict` (or by an hfbert that counted batches per process)."""
+        """Restore the progress saved by `state_dict` (an older format is refused first, by
+        `_check_progress_format`)."""
         self.completed_steps = int(state["completed_steps"])
         self.epoch = int(state["epoch"])
-        if "micro_batches_in_epoch" in state:
-            self.micro_batches_in_epoch = int(state["micro_batches_in_epoch"])
-            self.per_process_batches_loaded = None
-        else:
-            self.per_process_batches_loaded = int(state["batch_in_epoch"])
+        self.micro_batches_in_epoch = int(state["micro_batches_in_epoch"])
         self.log_history = list(state["log_history"])
         self.train_seconds = float(state["train_seconds"])
 
-    def adopt_per_process_position(self, saved_processes: int) -> None:
-        """After loading a checkpoint that counted batches per process: its global position, from the number
-        of processes that wrote it (recorded in its manifest)."""
-        if self.per_process_batches_loaded is not None:
-            self.micro_batches_in_epoch = self.per_process_batches_loaded * saved_processes
-            self.per_process_batches_loaded = None
+
+def _check_progress_format(checkpoint: Path) -> None:
+    """Refuse a checkpoint whose progress counts micro-batches per process
+    (`batch_in_epoch`): the hfbert before global data positions wrote it, and only that one resumes it."""
+    path = checkpoint / PROGRESS_FILE
+    try:  # as accelerate's load_state reads it; the file matches the manifest, so an error is a damaged write
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} cannot be loaded ({path.name}: {error}); "
+            f"{_earlier_checkpoints_hint(checkpoint)}"
+        ) from None
+    if "micro_batches_in_epoch" not in state:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} was written by an hfbert before commit 42e5a0a (its data position "
+            "counts batches per process): resume it with that hfbert, or start the run over with "
+            "--overwrite_output_dir"
+        )
 
 
 def checkpoint_step(path: str | os.PathLike) -> int:
@@ -453,14 +460,13 @@ def relaunch_command(num_processes: int, cpu: bool) -> str:
     return f"accelerate launch --num_processes {num_processes} run_pretraining.py ..."
 
 
-def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> int:
+def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> None:
     """Restore a checkpoint already verified by `resolve_resume_checkpoint` with `accelerator.load_state`
     (model, optimizer, grad scaler, RNG, registered objects such as `TrainingProgress`). Call on every
-    process, after `accelerator.prepare` and `register_for_checkpointing`. Returns the number of processes
-    that wrote it: it may differ from this run's (see `hfbert.pretraining.reshard`); accelerate then loads
+    process, after `accelerator.prepare` and `register_for_checkpointing`. The processes that wrote it may be
+    more or fewer than this run's (see `hfbert.pretraining.reshard`): accelerate loads
     `random_states_<rank>.pkl` where it exists and skips it silently where it does not."""
     checkpoint = Path(checkpoint)
-    saved_processes = int(read_manifest(checkpoint)["num_processes"])
     try:
         check_readable(sorted(checkpoint.rglob("*")), _earlier_checkpoints_hint(checkpoint), torch_files=True)
     except ValueError as error:
@@ -474,14 +480,13 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> 
             f"Checkpoint {checkpoint} cannot be loaded ({type(error).__name__}: {error}) although its files match "
             f"the manifest written with it; {_earlier_checkpoints_hint(checkpoint)}"
         ) from error
-    return saved_processes
 
 
 def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpoint: str) -> Path | None:
     """The verified checkpoint folder meant by `--resume_from_checkpoint` ('latest' = newest complete
     checkpoint in `output_dir`; 'auto' = the same, or None when there is none: a fresh start; else a folder
-    path). Raises `CheckpointError` before anything is written. Hashes every file: call it once, on the main
-    process."""
+    path), its progress in the format this hfbert reads. Raises `CheckpointError` before anything is written.
+    Hashes every file: call it once, on the main process."""
     output_dir = Path(output_dir)
     if resume_from_checkpoint == "auto" and not find_checkpoints(output_dir):
         return None
@@ -511,6 +516,7 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
         checkpoint = Path(resume_from_checkpoint)
         checkpoint_step(checkpoint)
     verify_checkpoint(checkpoint)
+    _check_progress_format(checkpoint)
     return checkpoint
 
 

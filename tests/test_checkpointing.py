@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -22,12 +23,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hfbert.checkpointing import (
     MANIFEST_NAME,
+    PROGRESS_FILE,
     RUN_LOCK_NAME,
     CheckpointError,
     CheckpointWriteError,
     TrainingProgress,
     _write_manifest,
     check_run_folder,
+    checkpoint_step,
     find_checkpoints,
     load_checkpoint,
     read_run_settings,
@@ -299,7 +302,7 @@ def test_resume_argument_errors(tmp_path):
         resolve_resume_checkpoint(tmp_path, str(tmp_path))
 
 
-def test_a_checkpoint_of_another_process_count_loads_and_says_whose_it_is(tmp_path):
+def test_a_checkpoint_of_another_process_count_loads(tmp_path):
     """Model and optimizer states are replicated under DDP, so they load on any number of processes; the
     data position and the global batch are `hfbert.pretraining.reshard`'s (tests/test_reshard.py)."""
     run = save_steps(tmp_path, [2])
@@ -310,19 +313,39 @@ def test_a_checkpoint_of_another_process_count_loads_and_says_whose_it_is(tmp_pa
     manifest["num_processes"] = 4
     write_json_atomic(manifest_path, manifest)
     resumed = build_run()
-    assert load_checkpoint(resumed[0], tmp_path / "checkpoint-2") == 4
+    load_checkpoint(resumed[0], tmp_path / "checkpoint-2")
     assert resumed[5].micro_batches_in_epoch == 6
 
 
-def test_a_position_counted_per_process_by_an_older_hfbert_becomes_global():
-    progress = TrainingProgress()
-    older = {"completed_steps": 3, "epoch": 1, "batch_in_epoch": 5, "log_history": [], "train_seconds": 1.0}
-    progress.load_state_dict(older)
-    progress.adopt_per_process_position(saved_processes=2)
-    assert (progress.epoch, progress.micro_batches_in_epoch) == (1, 10)
-    assert "per_process_batches_loaded" not in progress.state_dict()
-    progress.adopt_per_process_position(saved_processes=2)  # a global position stays as it is
-    assert progress.micro_batches_in_epoch == 10
+def rewrite_progress(checkpoint: Path, write) -> None:
+    """`write` the checkpoint's progress file, then its manifest anew: a checkpoint written so."""
+    write(checkpoint / PROGRESS_FILE)
+    (checkpoint / MANIFEST_NAME).unlink()
+    _write_manifest(checkpoint, checkpoint_step(checkpoint), 2)
+
+
+def test_a_position_counted_per_process_by_an_older_hfbert_is_refused_naming_the_version(tmp_path):
+    """The progress a checkpoint of 42c2de9 or later holds (a global `micro_batches_in_epoch`) resumes; an
+    hfbert before it counted `batch_in_epoch` per process: refused in one line when the checkpoint is
+    resolved, before any work."""
+    save_steps(tmp_path, [3, 4])
+    checkpoint = tmp_path / "checkpoint-4"
+    assert resolve_resume_checkpoint(tmp_path, "latest") == checkpoint
+    older = {"completed_steps": 4, "epoch": 1, "batch_in_epoch": 5, "log_history": [], "train_seconds": 1.0}
+    rewrite_progress(checkpoint, partial(torch.save, older))
+    verify_checkpoint(checkpoint)  # whole: it matches its manifest
+    with pytest.raises(CheckpointError) as refused:
+        resolve_resume_checkpoint(tmp_path, "latest")
+    assert str(refused.value) == (
+        f"Checkpoint {checkpoint} was written by an hfbert before commit 42e5a0a (its data position counts "
+        "batches per process): resume it with that hfbert, or start the run over with --overwrite_output_dir"
+    )
+    save_steps(tmp_path, [4])  # this format again, cut short as it was written
+    rewrite_progress(checkpoint, partial(damage, how="truncated"))
+    with pytest.raises(CheckpointError) as refused:  # written damaged: named, not a traceback
+        resolve_resume_checkpoint(tmp_path, "latest")
+    assert f"{PROGRESS_FILE}: " in str(refused.value)
+    assert f"--resume_from_checkpoint {tmp_path / 'checkpoint-3'}" in str(refused.value)
 
 
 def test_automatic_checkpoint_naming_is_refused(tmp_path):

@@ -29,7 +29,7 @@ def write(output_dir, model, tokenizer, sentences=(SENTENCES, OTHER)) -> FinalFo
     metrics = {"eval_mlm_loss": 6.5, "eval_mlm_accuracy": 0.01}
     summary = {"precision": "no", "corpus": "shipped WikiText-2 sample"}
     settings = parse_args(["--output_dir", str(output_dir)])
-    return write_final_folder(model, model.state_dict(), data, progress, metrics, summary, None, settings)
+    return write_final_folder(data, metrics, summary, None, settings, model, model.state_dict(), progress)
 
 
 def test_the_final_folder_is_one_set_with_samples_from_the_weights_in_memory(tmp_path, sample_tokenizer):
@@ -89,5 +89,5 @@ def test_a_final_folder_that_fails_on_the_main_process_stops_every_process_with_
     monkeypatch.setattr(checkpointing, "gather_object", lambda mine: [refusal, *mine])
     with pytest.raises(RunFailure) as stopped:
         state = type("State", (), {"model": None, "progress": TrainingProgress()})()
-        finish(OtherRankOfTwo(), state, None, {}, {}, None, parse_args(["--output_dir", str(tmp_path)]))
+        finish(OtherRankOfTwo(), state, parse_args(["--output_dir", str(tmp_path)]).run, write_final_folder)
     assert str(stopped.value) == refusal

@@ -139,7 +139,7 @@ def test_the_chosen_accumulation_is_set_on_the_settings_and_the_accelerator():
 
 def dropout_draw(accelerator, checkpoint, seed=42, step=30):
     torch.manual_seed(0)  # what a fresh start on every rank leaves
-    continue_on_this_split(accelerator, TrainingProgress(completed_steps=step), checkpoint, 1, seed)
+    continue_on_this_split(accelerator, TrainingProgress(completed_steps=step), checkpoint, seed)
     return torch.rand(4)
 
 
@@ -161,14 +161,6 @@ def test_a_rank_the_checkpoint_has_no_rng_file_for_draws_by_seed_rank_and_step(t
     others = [fresh, dropout_draw(rank[2], checkpoint), dropout_draw(rank[1], checkpoint, step=31)]
     others.append(dropout_draw(rank[1], checkpoint, seed=43))
     assert not any(torch.equal(draw, other) for other in others)  # not step 0's, nor another rank's or step's
-
-
-def test_continuing_on_this_split_makes_an_old_per_process_position_global_and_seeds_new_ranks(tmp_path, caplog):
-    progress = TrainingProgress(completed_steps=30, per_process_batches_loaded=4)
-    with caplog.at_level(logging.WARNING):
-        continue_on_this_split(SimpleNamespace(process_index=1), progress, tmp_path, saved_processes=2, seed=42)
-    assert (progress.micro_batches_in_epoch, progress.per_process_batches_loaded) == (8, None)
-    assert "process 1 seeds its RNG streams (dropout) from (seed 42, rank 1, step 30)" in caplog.text
 
 
 # ----------------------------------------------------------------------------------------------- end to end

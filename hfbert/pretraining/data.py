@@ -65,12 +65,7 @@ from hfbert.pretraining.instances import (
     draw_training_instances,
     write_instances,
 )
-from hfbert.pretraining.settings import (
-    DataSettings,
-    ModelSettings,
-    check_max_seq_length,
-    read_config_file,
-)
+from hfbert.pretraining.settings import DataSettings, ModelSettings, read_config_file
 from hfbert.pretraining.source_model import SourceModel, source_run_config
 from hfbert.tokenization import (
     check_tokenizer_matches_config,
@@ -400,10 +395,11 @@ def load_run_tokenizer(
 
 
 def build_model_config(
-    model: ModelSettings, max_seq_length: int, tokenizer: Any, source: SourceModel | None = None
+    model: ModelSettings, tokenizer: Any, source: SourceModel | None = None
 ) -> HfBertConfig:
     """The model config (the source model's, --config_name or the --model_size preset, --dropout applied),
-    checked against the tokenizer, --max_seq_length and --attention_init."""
+    checked against the tokenizer and --attention_init (--max_seq_length was checked against the same
+    position embeddings before any work: `PretrainingSettings.validate`, `check_config_file`)."""
     if source is not None:  # checked against the tokenizer and the flags by check_source_model
         return source_run_config(source, model.dropout)
     if model.config_name is not None:
@@ -415,7 +411,6 @@ def build_model_config(
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = model.dropout
     if model.attention_init == "structured":
         check_structured_attention_config(config)
-    check_max_seq_length(max_seq_length, config, "the model")
     return config
 
 
@@ -470,7 +465,7 @@ def prepare(
                 documents, data.validation_split_percentage, seed, split_needs(data.objective)
             )
     tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
-    config = build_model_config(model, data.max_seq_length, tokenizer, source)
+    config = build_model_config(model, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
     with cache_writers_first(accelerator), naming_cache_failures():
         if corpus.streaming:

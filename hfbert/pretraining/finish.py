@@ -8,6 +8,7 @@ leaves a mix of an earlier run's files and this run's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -26,7 +27,7 @@ from hfbert.pretraining.data import PretrainingData
 from hfbert.pretraining.health.report import health_card_section, report_reference_lines, write_run_health
 from hfbert.pretraining.optimization import TrainingState
 from hfbert.pretraining.samples import SAMPLES_NAME, write_samples
-from hfbert.pretraining.settings import PretrainingSettings
+from hfbert.pretraining.settings import PretrainingSettings, RunSettings
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +47,14 @@ class FinalFolder:
 
 
 def write_final_folder(
-    model: torch.nn.Module,
-    state_dict: dict[str, torch.Tensor],
     data: PretrainingData,
-    progress: TrainingProgress,
     metrics: dict[str, float],
     summary: dict[str, Any],
     health: dict[str, Any] | None,
     settings: PretrainingSettings,
+    model: torch.nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    progress: TrainingProgress,
 ) -> FinalFolder:
     """Write model (with its code), `data`'s tokenizer, eval_results.json (the final evaluation's `metrics`),
     training_args.json (`summary`: every setting and the facts of the run), log_history.json (`progress`'s),
@@ -98,25 +99,21 @@ def write_final_folder(
 def finish(
     accelerator: Accelerator,
     state: TrainingState,
-    data: PretrainingData,
-    metrics: dict[str, float],
-    summary: dict[str, Any],
-    health: dict[str, Any] | None,
-    settings: PretrainingSettings,
+    run: RunSettings,
+    write: Callable[[torch.nn.Module, dict[str, torch.Tensor], TrainingProgress], FinalFolder],
 ) -> FinalFolder:
-    """Gather the weights, write the final folder (`write_final_folder`, main process; a failure such as a full
-    disk is explained on every process: what is intact and how to finish) and push it if asked."""
+    """Gather the weights, write the final folder (`write`: `write_final_folder` given the run's data,
+    metrics, summary, health and settings, to which this adds the model, its weights and the progress; main
+    process; a failure such as a full disk is explained on every process: what is intact and how to finish)
+    and push it if asked."""
     accelerator.wait_for_everyone()
-    run = settings.run
     output_dir = Path(run.output_dir)
     state_dict = accelerator.get_state_dict(state.model)  # on every process: gathers FSDP shards
-    write = None
+    write_main = None
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(state.model)  # compiled in place: never a wrapper
-        write = partial(
-            write_final_folder, unwrapped, state_dict, data, state.progress, metrics, summary, health, settings
-        )
-    final = write_on_every_process(accelerator, write, output_dir, output_dir) or FinalFolder(output_dir)
+        write_main = partial(write, unwrapped, state_dict, state.progress)
+    final = write_on_every_process(accelerator, write_main, output_dir, output_dir) or FinalFolder(output_dir)
     if accelerator.is_main_process and run.push_to_hub:  # after the agreement: not a write of the folder
         logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
     return replace(final, process_group_ended=end_process_group(accelerator))

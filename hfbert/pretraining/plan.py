@@ -198,7 +198,7 @@ def rehearse_data_stage(
     else:  # no tokenizer to train (a stream never trains one): nothing is written
         output_dir = Path(settings.run.output_dir)
         tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
-    build_model_config(settings.model, data.max_seq_length, tokenizer, source)
+    build_model_config(settings.model, tokenizer, source)
     rehearse_documents_with_text(documents, tokenizer, data, corpus.streaming)
 
 

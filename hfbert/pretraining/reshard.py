@@ -89,13 +89,12 @@ def set_accumulation(accelerator: Accelerator, optimization: OptimizationSetting
 
 
 def continue_on_this_split(
-    accelerator: Accelerator, progress: TrainingProgress, checkpoint: Path, saved_processes: int, seed: int
+    accelerator: Accelerator, progress: TrainingProgress, checkpoint: Path, seed: int
 ) -> None:
-    """After `load_checkpoint` (written by `saved_processes`): the position global (`micro_batches_to_skip`
-    then places each process in the epoch), and RNG streams for a process whose rank wrote no RNG file (the
-    checkpoint came from fewer processes): seeded by (seed, rank, step), not the fresh-start seed it had, which
-    would replay step 0's dropout. Its dropout is then not what any uninterrupted run draws; nothing else is."""
-    progress.adopt_per_process_position(saved_processes)
+    """After `load_checkpoint` (`micro_batches_to_skip` then places each process in the epoch): RNG streams
+    for a process whose rank wrote no RNG file (the checkpoint came from fewer processes), seeded by (seed,
+    rank, step), not the fresh-start seed it had, which would replay step 0's dropout. Its dropout is then not
+    what any uninterrupted run draws; nothing else is."""
     rank, step = accelerator.process_index, progress.completed_steps
     if (checkpoint / RNG_FILE.format(rank=rank)).is_file():
         return

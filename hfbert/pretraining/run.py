@@ -72,7 +72,7 @@ from hfbert.pretraining.data import (
     prepare,
 )
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
-from hfbert.pretraining.finish import FinalFolder, finish
+from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
 from hfbert.pretraining.health import RunHealth
 from hfbert.pretraining.health.report import health_report
 from hfbert.pretraining.health.signatures import BudgetLimits
@@ -159,7 +159,7 @@ def check_before_work(
         check_stream_tokenizer(settings.data, None if checkpoint is None else checkpoint / TOKENIZER_FOLDER, source)
     if settings.data.tokenizer_name is not None and checkpoint is None:  # a resume uses its checkpoint's
         tokenizer = load_tokenizer(settings.data.tokenizer_name)
-        build_model_config(settings.model, settings.data.max_seq_length, tokenizer, source)
+        build_model_config(settings.model, tokenizer, source)
     return checkpoint, source
 
 
@@ -288,8 +288,8 @@ def model_flops(model: torch.nn.Module, plan: BatchPlan, accelerator: Accelerato
 def resume_from(accelerator: Accelerator, state: TrainingState, checkpoint: Path, seed: int) -> None:
     """Load `checkpoint` into the prepared state and go on from its place in the data, on this run's split."""
     logger.info(f"Resuming from {checkpoint}")
-    saved_processes = load_checkpoint(accelerator, checkpoint)
-    continue_on_this_split(accelerator, state.progress, checkpoint, saved_processes, seed)
+    load_checkpoint(accelerator, checkpoint)
+    continue_on_this_split(accelerator, state.progress, checkpoint, seed)
     state.batches.resume(checkpoint, accelerator)
 
 
@@ -328,8 +328,9 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
             raise
         release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
         run_health = health_report(data.health, health.events)
+        write = partial(write_final_folder, data, metrics, summary, run_health, settings)
         with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
-            return finish(accelerator, state, data, metrics, summary, run_health, settings)
+            return finish(accelerator, state, settings.run, write)
 
 
 def dry_run(settings: PretrainingSettings) -> str:
