@@ -37,7 +37,7 @@ from hfbert.analysis import (
     nsp_lines,
     plot_attention,
     plot_similarity,
-    quiet_transformers,
+    quiet_libraries,
     similarity_section,
     write_text,
 )
@@ -139,7 +139,7 @@ def check_length(tokenizer: Any, what: str, text: str, text_pair: str | None, li
 def load_analysis(checkpoint: Path, tokenizer_folder: Path, device: str = "cpu") -> ModelAnalysis:
     """A model folder loaded once for every analysis (eager attention, eval mode, no gradients)."""
     check_device(device)
-    with quiet_transformers():
+    with quiet_libraries():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
         model, info = AutoModelForPreTraining.from_pretrained(
             checkpoint, attn_implementation="eager", output_loading_info=True

@@ -12,11 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
-import transformers
 from tqdm.auto import tqdm
 
+from hfbert.analysis import quiet_libraries
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import check_folder_writable, write_json_atomic
 from hfbert.finetune.data import TaskData, encode, load_task, stratified_folds, task_columns
@@ -219,25 +218,6 @@ def fit_candidate(
         "collapsed": collapsed_seeds(per_seed),
         "fits": {str(seed): fit.as_json() for seed, fit in per_seed.items()},
     }
-
-
-@contextmanager
-def quiet_libraries() -> Iterator[None]:
-    """No progress bars and no warnings (such as a LOAD REPORT per fit's new head) from transformers and
-    datasets while the block runs: the comparison's own bar and lines say what happens. Restored after."""
-    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
-    dataset_bars = datasets.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    datasets.disable_progress_bar()
-    try:
-        yield
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-        if bars:
-            transformers.logging.enable_progress_bar()
-        if dataset_bars:
-            datasets.enable_progress_bar()
 
 
 def write_results(settings: FinetuneSettings, results: dict[str, Any]) -> Path:
