@@ -27,7 +27,6 @@ from hfbert.finetune.models import (
     build_model,
     describe,
     load_candidate,
-    refusal_from,
     reinit_query_key_hint,
 )
 from hfbert.finetune.report import (
@@ -73,11 +72,11 @@ def check_before_work(settings: FinetuneSettings) -> tuple[list[Candidate], Task
             )
         candidates.append(load_candidate(COMPARISON_ROLE, models.compare, "--compare", **load))
     if output.output_dir is not None:
-        refusal_from(lambda: check_folder_writable(output.output_dir, "--output_dir"))
+        check_folder_writable(output.output_dir, "--output_dir")
     else:
-        refusal_from(lambda: check_folder_writable(models.model_dir, "model_dir (where the results go)"))
+        check_folder_writable(models.model_dir, "model_dir (where the results go)")
     if output.update_model_card:
-        refusal_from(lambda: check_folder_writable(models.model_dir, "--update_model_card's model_dir"))
+        check_folder_writable(models.model_dir, "--update_model_card's model_dir")
         check_model_card(Path(models.model_dir) / "README.md")
     if training.fp16 and not torch.cuda.is_available():
         raise Refusal("--fp16 needs a CUDA GPU and none is available; leave --fp16 out on a CPU")
