@@ -23,10 +23,11 @@ from pathlib import Path
 
 from benchmarks.downstream import set_splits
 from benchmarks.downstream_sets import SETS
+from hfbert.analysis import quiet_libraries
 from hfbert.finetune.fit import FitResult
 from hfbert.finetune.models import size_defaults
 from hfbert.finetune.report import paired_gain
-from hfbert.finetune.run import check_before_work, quiet_libraries, seed_fits, selection_fits
+from hfbert.finetune.run import check_before_work, seed_fits, selection_fits
 from hfbert.finetune.selection import FoldFit, choose_rate
 from hfbert.finetune.settings import RANDOM_INIT, parse_args
 

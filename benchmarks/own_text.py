@@ -42,10 +42,10 @@ import datasets
 
 from benchmarks.downstream import finetuned, naive_bayes_at, set_splits
 from benchmarks.downstream_sets import UNLABELLED, read_set, read_unlabelled
+from hfbert.analysis import quiet_libraries
 from hfbert.files import atomic_path, write_json_atomic
 from hfbert.finetune.models import COMPARISON_ROLE, MODEL_ROLE, check_model_folder
 from hfbert.finetune.report import paired_gain
-from hfbert.finetune.run import quiet_libraries
 from hfbert.finetune.settings import RANDOM_INIT
 
 REPO = Path(__file__).resolve().parents[1]

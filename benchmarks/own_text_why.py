@@ -35,9 +35,9 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 import hfbert  # noqa: F401 (registers the hfbert model type with transformers' Auto classes)
 from benchmarks.downstream import naive_bayes_accuracy, words
+from hfbert.analysis import quiet_libraries
 from hfbert.files import write_json_atomic
 from hfbert.finetune.data import few_labels, stratified_folds
-from hfbert.finetune.run import quiet_libraries
 
 PENALTIES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 MAX_LENGTH = 128  # hfbert.finetune's --max_seq_length default

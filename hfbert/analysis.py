@@ -1,6 +1,7 @@
 """Analyses of a pretrained BERT in memory: fill-mask, next-sentence probability, sentence similarity and
 attention maps, their plots and their markdown. `hfbert.inspect` runs them on a model folder; the finish stage
-of pretraining (`hfbert.pretraining.samples`) on the run's final weights."""
+of pretraining (`hfbert.pretraining.samples`) on the run's final weights. `quiet_libraries` silences the
+libraries' load reports and progress bars, here and in fine-tuning."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 import transformers
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
@@ -53,18 +55,24 @@ class AttentionResult:
 
 
 @contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence load reports (e.g. the NSP head a masked-LM model leaves unused): they are noise here."""
+def quiet_libraries() -> Iterator[None]:
+    """No warnings and no progress bars from transformers and datasets while the block runs (restored after):
+    load reports (the NSP head a masked-LM model leaves unused, each fine-tuning fit's new head) are noise to
+    the commands' own lines and bars."""
     logging = transformers.utils.logging
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    dataset_bars = datasets.is_progress_bar_enabled()
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    datasets.disable_progress_bar()
     try:
         yield
     finally:
         logging.set_verbosity(verbosity)
         if bars:
             logging.enable_progress_bar()
+        if dataset_bars:
+            datasets.enable_progress_bar()
 
 
 # -------------------------------------------------------------------------------------------- computing
@@ -89,7 +97,7 @@ class ModelAnalysis:
     @classmethod
     def of_weights(cls, config: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> ModelAnalysis:
         """The analysis of weights in memory (e.g. a run's final state dict), on CPU copies of the model."""
-        with quiet_transformers():
+        with quiet_libraries():
             model = AutoModelForPreTraining.from_config(config, attn_implementation="eager")
         # A state dict read from a folder lacks tied weights (the decoder's); tied, they load anyway.
         tied = getattr(model, "all_tied_weights_keys", None) or {}
@@ -131,7 +139,7 @@ class ModelAnalysis:
     @property
     def fill_mask_pipeline(self) -> Any:
         if self._fill_mask is None:
-            with quiet_transformers():
+            with quiet_libraries():
                 masked_lm = AutoModelForMaskedLM.from_config(self.config, dtype=self.model.dtype)
                 # The same names as the pretraining model's: its NSP head is the one key left over.
                 masked_lm.load_state_dict(self.model.state_dict(), strict=False)

@@ -318,3 +318,29 @@ def check_local_path_exists(name: str, flag: str, fix: str, kind: str = "folder"
     if path.exists() or not looks_like_local_path(name):
         return
     raise Refusal(f"{flag} {name}: no such {kind} ({path.absolute()}); {fix}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A saved model folder (a run's final folder, a checkpoint's, any transformers model's): what each command that
+# reads one checks it holds before loading, refusing in its own words.
+# ----------------------------------------------------------------------------------------------------------
+
+# A model's weights: one safetensors file, a sharded model's index, or a torch.save file.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# A tokenizer's vocabulary: tokenizer_config.json alone holds none.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+
+
+def holds_weights(folder: str | os.PathLike) -> bool:
+    """Whether `folder` holds a model's weights (one of `WEIGHT_FILES`)."""
+    return any((Path(folder) / name).is_file() for name in WEIGHT_FILES)
+
+
+def holds_model(folder: str | os.PathLike) -> bool:
+    """Whether `folder` holds a saved model: its config.json and its weights."""
+    return (Path(folder) / "config.json").is_file() and holds_weights(folder)
+
+
+def holds_tokenizer(folder: str | os.PathLike) -> bool:
+    """Whether `folder` holds a tokenizer's vocabulary (one of `TOKENIZER_FILES`)."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)

@@ -37,19 +37,17 @@ from hfbert.analysis import (
     nsp_lines,
     plot_attention,
     plot_similarity,
-    quiet_transformers,
+    quiet_libraries,
     similarity_section,
     write_text,
 )
 from hfbert.convert import check_encoder_weights_loaded
-from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable
+from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, holds_model, holds_tokenizer
 from hfbert.flags import RefusingHfArgumentParser
 from hfbert.pretraining.samples import MASK, SAMPLES_NAME
 from hfbert.pretraining.samples import write_samples as write_samples_of
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 REPORT_NAME = "inspect.md"
 
 
@@ -79,13 +77,13 @@ def check_model_folder(checkpoint: str | Path, tokenizer_name: str | Path | None
         )
     if not folder.is_dir():
         raise InspectError(f"checkpoint {str(folder)!r} is a file; pass the folder that holds it instead")
-    if not (folder / "config.json").is_file() or not any((folder / name).is_file() for name in WEIGHT_FILES):
+    if not holds_model(folder):
         raise InspectError(
             f"{str(folder)!r} is not a saved model folder: it needs config.json and model.safetensors. A "
             "checkpoint-<step> folder holds resumable training state; inspect the run's output folder instead"
         )
     tokenizer_folder = folder if tokenizer_name is None else Path(tokenizer_name)
-    if not any((tokenizer_folder / name).is_file() for name in TOKENIZER_FILES):
+    if not holds_tokenizer(tokenizer_folder):
         where = "--tokenizer_name" if tokenizer_name is not None else "checkpoint folder"
         raise InspectError(
             f"the {where} {str(tokenizer_folder)!r} has no tokenizer (no tokenizer.json or vocab.txt); pass "
@@ -139,7 +137,7 @@ def check_length(tokenizer: Any, what: str, text: str, text_pair: str | None, li
 def load_analysis(checkpoint: Path, tokenizer_folder: Path, device: str = "cpu") -> ModelAnalysis:
     """A model folder loaded once for every analysis (eager attention, eval mode, no gradients)."""
     check_device(device)
-    with quiet_transformers():
+    with quiet_libraries():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
         model, info = AutoModelForPreTraining.from_pretrained(
             checkpoint, attn_implementation="eager", output_loading_info=True

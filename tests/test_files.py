@@ -21,6 +21,8 @@ from hfbert.files import (
     check_readable,
     check_safetensors,
     describe_write_failure,
+    holds_model,
+    holds_tokenizer,
     is_disk_full,
     looks_like_local_path,
     publish_files,
@@ -321,3 +323,22 @@ def test_publish_moves_the_weights_last_and_replaces_whole_subfolders(tmp_path):
     assert [p.name for p in (tmp_path / "tokenizer").iterdir()] == ["new.txt"]
     assert [p.name for p in (tmp_path / "onnx").iterdir()] == ["new.txt"]
     assert not ready.exists()
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", None])
+def test_a_model_folder_holds_a_config_and_weights_in_any_of_their_forms(tmp_path, weights):
+    (tmp_path / "config.json").write_text("{}")
+    if weights is not None:
+        (tmp_path / weights).write_bytes(b"")
+    assert holds_model(tmp_path) == (weights is not None)
+    (tmp_path / "config.json").unlink()
+    assert not holds_model(tmp_path)  # weights without a config are no model
+
+
+def test_a_tokenizer_is_its_vocabulary_not_its_config(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    assert not holds_tokenizer(tmp_path)
+    for name in ("tokenizer.json", "vocab.txt"):
+        (tmp_path / name).write_text("")
+        assert holds_tokenizer(tmp_path)
+        (tmp_path / name).unlink()

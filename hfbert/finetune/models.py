@@ -9,7 +9,6 @@ installed one, not the copy the folder ships for machines without hfbert."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING as CLASSIFIERS
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
-from hfbert.checkpointing import MANIFEST_NAME, verify_checkpoint
+from hfbert.checkpointing import MANIFEST_NAME, TOKENIZER_FOLDER, verify_checkpoint
 from hfbert.errors import Refusal
-from hfbert.files import check_folder_readable
+from hfbert.files import TOKENIZER_FILES, check_folder_readable, holds_model, holds_tokenizer
 from hfbert.finetune.settings import (
     LARGER_MODEL_EPOCHS,
     LARGER_MODEL_RATES,
@@ -45,19 +44,7 @@ COMPARISON_ROLE = "comparison"
 FOLDER_FIX = (
     "pass a finished run's output folder (or one of its checkpoint-<step> folders, or any BERT folder)"
 )
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # the vocabulary: tokenizer_config.json alone holds none
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-CHECKPOINT_TOKENIZER = "tokenizer"  # where a checkpoint-<step> folder keeps its tokenizer
 REMOTE_CODE_MARK = "trust_remote_code=True"  # how transformers says a folder needs its own code to load
-
-
-def refusal_from(check: Callable[[], None], where: str | None = None) -> None:
-    """Run one of hfbert.files' checks, which name the bad file or folder and the fix in a ValueError, so that
-    its message is a Refusal (prefixed with `where`, the flag and folder, if given)."""
-    try:
-        check()
-    except ValueError as error:
-        raise Refusal(f"{where}: {error}" if where else str(error)) from None
 
 
 def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
@@ -69,23 +56,23 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
         raise Refusal(f"{where}: is a file; pass the folder that holds it ({path.parent}), or {FOLDER_FIX}")
     if not path.is_dir():
         raise Refusal(f"{where}: no such folder; {FOLDER_FIX}")
-    if not (path / "config.json").is_file() or not any((path / name).is_file() for name in WEIGHT_FILES):
+    if not holds_model(path):
         raise Refusal(
             f"{where} holds no model (config.json and weights); {FOLDER_FIX}, not a tokenizer folder"
         )
     if (path / MANIFEST_NAME).is_file():  # a checkpoint: every file as it was saved
         verify_checkpoint(path)
-    at_top = any((path / name).is_file() for name in TOKENIZER_FILES)
-    tokenizer_folder = path if at_top else path / CHECKPOINT_TOKENIZER
-    if not any((tokenizer_folder / name).is_file() for name in TOKENIZER_FILES):
+    tokenizer_folder = path if holds_tokenizer(path) else path / TOKENIZER_FOLDER  # a checkpoint keeps it below
+    if not holds_tokenizer(tokenizer_folder):
         raise Refusal(
-            f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES)}, at its top or in {CHECKPOINT_TOKENIZER}/); "
+            f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES)}, at its top or in {TOKENIZER_FOLDER}/); "
             f"{FOLDER_FIX}, or save the tokenizer it was trained with into it (tokenizer.save_pretrained(folder))"
         )
-    for place in {path, tokenizer_folder}:
-        refusal_from(
-            lambda place=place: check_folder_readable(place, "copy or write the folder again"), where
-        )
+    try:
+        for place in {path, tokenizer_folder}:
+            check_folder_readable(place, "copy or write the folder again")
+    except ValueError as error:  # the file's own message, after the flag and folder
+        raise Refusal(f"{where}: {error}") from None
     return tokenizer_folder
 
 

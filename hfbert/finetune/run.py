@@ -11,11 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
-import transformers
 from tqdm.auto import tqdm
 
+from hfbert.analysis import quiet_libraries
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import check_folder_writable, write_json_atomic
 from hfbert.finetune.data import TaskData, encode, load_task, stratified_folds, task_columns
@@ -27,7 +26,6 @@ from hfbert.finetune.models import (
     build_model,
     describe,
     load_candidate,
-    refusal_from,
     reinit_query_key_hint,
 )
 from hfbert.finetune.report import (
@@ -73,11 +71,11 @@ def check_before_work(settings: FinetuneSettings) -> tuple[list[Candidate], Task
             )
         candidates.append(load_candidate(COMPARISON_ROLE, models.compare, "--compare", **load))
     if output.output_dir is not None:
-        refusal_from(lambda: check_folder_writable(output.output_dir, "--output_dir"))
+        check_folder_writable(output.output_dir, "--output_dir")
     else:
-        refusal_from(lambda: check_folder_writable(models.model_dir, "model_dir (where the results go)"))
+        check_folder_writable(models.model_dir, "model_dir (where the results go)")
     if output.update_model_card:
-        refusal_from(lambda: check_folder_writable(models.model_dir, "--update_model_card's model_dir"))
+        check_folder_writable(models.model_dir, "--update_model_card's model_dir")
         check_model_card(Path(models.model_dir) / "README.md")
     if training.fp16 and not torch.cuda.is_available():
         raise Refusal("--fp16 needs a CUDA GPU and none is available; leave --fp16 out on a CPU")
@@ -218,25 +216,6 @@ def fit_candidate(
         "collapsed": collapsed_seeds(per_seed),
         "fits": {str(seed): fit.as_json() for seed, fit in per_seed.items()},
     }
-
-
-@contextmanager
-def quiet_libraries() -> Iterator[None]:
-    """No progress bars and no warnings (such as a LOAD REPORT per fit's new head) from transformers and
-    datasets while the block runs: the comparison's own bar and lines say what happens. Restored after."""
-    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
-    dataset_bars = datasets.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    datasets.disable_progress_bar()
-    try:
-        yield
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-        if bars:
-            transformers.logging.enable_progress_bar()
-        if dataset_bars:
-            datasets.enable_progress_bar()
 
 
 def write_results(settings: FinetuneSettings, results: dict[str, Any]) -> Path:

@@ -25,7 +25,7 @@ from hfbert.checkpointing import MANIFEST_NAME, damaged_file, find_checkpoints
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for, check_encoder_weights_loaded, hfbert_config_for
 from hfbert.errors import Refusal
-from hfbert.files import check_local_files, check_local_path_exists
+from hfbert.files import check_local_files, check_local_path_exists, holds_weights
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.settings import DataSettings, ModelSettings
 from hfbert.tokenization import load_tokenizer
@@ -84,7 +84,7 @@ def _local_location(name: str, path: Path) -> tuple[str, str | None]:
             else "holds no config.json, so it is not a model folder"
         )
         raise Refusal(f"{FLAG} {name}: {path.absolute()} {reason}; {_FIX}")
-    if not any((path / weights).is_file() for weights in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")):
+    if not holds_weights(path):
         raise Refusal(f"{FLAG} {name}: {path.absolute()} has a config.json but no model weights; {_FIX}")
     if (path / MANIFEST_NAME).is_file():
         _check_checkpoint_intact(name, path)
