@@ -5,15 +5,25 @@ what a run of several processes would need (issue 45: mutation testing maps only
 import json
 import signal
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
+from accelerate import Accelerator
 from test_training import run_args, train_in_process
 
 from hfbert.checkpointing import RUN_SETTINGS_NAME, TOKENIZER_FOLDER, TrainingProgress
 from hfbert.pretraining import loop
-from hfbert.pretraining.loop import PreemptionSignals, end_epoch, out_of_budget, synced_train_seconds
-from hfbert.pretraining.optimization import Budget, LearningRateSchedule
+from hfbert.pretraining.callbacks import Callback
+from hfbert.pretraining.loop import (
+    CompileTime,
+    PreemptionSignals,
+    ProgressBar,
+    end_epoch,
+    out_of_budget,
+    synced_train_seconds,
+)
+from hfbert.pretraining.optimization import Budget, LearningRateSchedule, TrainingState
 from hfbert.pretraining.settings import RunSettings
 
 
@@ -193,3 +203,194 @@ def test_an_update_clips_the_gradient_to_the_norm_the_flags_ask_for(tmp_path, ru
     (logged,) = [row for row in json.loads((output_dir / "log_history.json").read_text()) if "grad_norm" in row]
     assert logged["grad_norm"] > 20 * max_grad_norm  # the norm before clipping: clipping had work to do
     assert clipped_norm.item() / (1 - beta1) == pytest.approx(max_grad_norm, rel=1e-4)
+
+
+class Recorder(Callback):
+    """Every event `fit` sends, with its arguments."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def on_fit_start(self, progress, share):
+        self.events.append(("fit_start", progress.completed_steps, share))
+
+    def on_update(self, step, share):
+        self.events.append(("update", step, share))
+
+    def on_log(self, row, share):
+        self.events.append(("log", row["step"], share))
+
+    def on_evaluate(self, row, share):
+        self.events.append(("evaluate", row["step"], share))
+
+    def on_fit_end(self, progress):
+        self.events.append(("fit_end", progress.completed_steps))
+
+
+@dataclass
+class StandInBatches:
+    """Two batches an epoch; the epochs the loop asked for are recorded."""
+
+    epochs: list[int] = field(default_factory=list)
+
+    def epoch(self, epoch, progress, accelerator):
+        self.epochs.append(epoch)
+        return iter([{"epoch": epoch}] * 2)
+
+    def logged_epoch(self, epoch):
+        return epoch
+
+
+@dataclass
+class StandInAccelerator(Processes):
+    sync_gradients: bool = True
+    mixed_precision: str = "no"
+    is_local_main_process: bool = False
+
+
+@dataclass
+class StandInWindow:
+    def row(self, accelerator, progress, epoch, learning_rate, flops):
+        return {"step": progress.completed_steps, "loss": 1.0}
+
+
+def fit_with_stand_ins(monkeypatch, progress, max_seconds=None, num_processes=1, evaluate=None, **run):
+    """`fit` with every part but its own control flow stood in: it returns what the callbacks saw, the epochs
+    the batches were asked for, the checkpoints written and the final metrics (or the `Preempted` raised)."""
+    recorder, batches, written = Recorder(), StandInBatches(), []
+    monkeypatch.setattr(loop, "train_step", lambda *given: None)
+    monkeypatch.setattr(loop.TrainingWindow, "start", lambda device, seconds: StandInWindow())
+    monkeypatch.setattr(loop, "check_loss_is_finite", lambda *given: None)
+    monkeypatch.setattr(loop, "evaluate", evaluate or (lambda model, loader, accelerator: {"eval_mlm_loss": 2.0}))
+
+    def write(accelerator, state, settings, data):
+        written.append(state.progress.completed_steps)
+        folder = loop.checkpoint_folder(settings.run.output_dir, state.progress.completed_steps)
+        folder.mkdir(parents=True)
+        return folder
+
+    monkeypatch.setattr(loop, "write_checkpoint", write)
+    optimization = type("Optimization", (), {"compiles_update": lambda self, device: False})()
+    settings = type("Settings", (), {"run": RunSettings(**run), "optimization": optimization})()
+    model = type("Model", (), {"train": lambda self: None})()
+    state = TrainingState(model, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))]), progress, batches)
+    accelerator = StandInAccelerator(num_processes, others=[0.0] * (num_processes - 1), device=torch.device("cpu"))
+    try:
+        result = loop.fit(accelerator, state, budget(6, max_seconds), "eval_loader", recorder, settings, None, None)
+    except loop.Preempted as stopped:
+        result = stopped
+    return recorder.events, batches.epochs, written, result
+
+
+def test_a_resumed_fit_runs_only_the_epochs_left_and_tells_the_callbacks_their_share(monkeypatch, tmp_path):
+    # Resumed at update 3, in epoch 1 of 3 (two updates an epoch): epochs 1 and 2 only, to the budget's 6.
+    progress = TrainingProgress(completed_steps=3, epoch=1, train_seconds=1.0)
+    events, epochs, written, metrics = fit_with_stand_ins(
+        monkeypatch, progress, output_dir=str(tmp_path), logging_steps=2, eval_steps=4, checkpointing_steps="epoch"
+    )
+    assert epochs == [1, 2] and (progress.epoch, progress.micro_batches_in_epoch) == (2, 1)
+    assert written == [5]  # the end of epoch 1 (update 5); the budget ends epoch 2 before its end
+    assert metrics == {"eval_mlm_loss": 2.0}
+    share = [event for event in events if event[0] != "fit_end"]
+    assert share == [
+        ("fit_start", 3, 0.5),
+        ("update", 4, 4 / 6),
+        ("log", 4, 4 / 6),
+        ("evaluate", 4, 4 / 6),
+        ("update", 5, 5 / 6),
+        ("update", 6, 1.0),
+        ("log", 6, 1.0),
+        ("evaluate", 6, 1.0),  # the final evaluation
+    ]
+    assert events[-1] == ("fit_end", 6)
+    assert progress.train_seconds > 1.0  # the clock restarted after the end of epoch 1 still counts
+
+
+def test_a_fit_under_a_time_budget_on_several_processes_syncs_the_seconds_first(monkeypatch, tmp_path):
+    progress = TrainingProgress(completed_steps=0, train_seconds=30.0)
+    events, *_ = fit_with_stand_ins(monkeypatch, progress, max_seconds=60.0, num_processes=2, output_dir=str(tmp_path))
+    assert events[0] == ("fit_start", 0, 0.5)  # 30 of 60 s already spent, synced before the first update
+
+
+@pytest.mark.parametrize("checkpointing_steps", ["2", None])
+def test_a_signal_stops_the_fit_with_one_checkpoint_at_its_update(monkeypatch, tmp_path, checkpointing_steps):
+    def evaluate_then_signal(model, loader, accelerator):
+        signal.raise_signal(signal.SIGUSR1)
+        return {"eval_mlm_loss": 2.0}
+
+    events, _, written, stopped = fit_with_stand_ins(
+        monkeypatch,
+        TrainingProgress(),
+        evaluate=evaluate_then_signal,
+        output_dir=str(tmp_path),
+        eval_steps=2,
+        checkpointing_steps=checkpointing_steps,
+    )
+    assert isinstance(stopped, loop.Preempted) and stopped.signal_number == signal.SIGUSR1
+    assert written == [2]  # the scheduled checkpoint at update 2 is the stop's; never written twice
+    assert f"saved in {tmp_path / 'checkpoint-2'}." in str(stopped)
+    assert events[-1] == ("fit_end", 2)
+
+
+def test_a_signal_during_the_final_evaluation_still_checkpoints_once(monkeypatch, tmp_path):
+    def evaluate(model, loader, accelerator):
+        if progress.completed_steps == 6:  # the final evaluation, after the last update's checkpoint
+            signal.raise_signal(signal.SIGTERM)
+        return {"eval_mlm_loss": 2.0}
+
+    progress = TrainingProgress()
+    _, _, written, stopped = fit_with_stand_ins(
+        monkeypatch, progress, evaluate=evaluate, output_dir=str(tmp_path), eval_steps=4, checkpointing_steps="3"
+    )
+    assert isinstance(stopped, loop.Preempted) and written == [3, 6]
+    assert f"saved in {tmp_path / 'checkpoint-6'}." in str(stopped)
+
+
+def test_the_compile_time_is_the_first_update_less_the_second_logged_once():
+    compile_time = CompileTime()
+    compile_time.add(3.5)
+    assert compile_time.row() == {}
+    compile_time.add(0.5)
+    compile_time.add(9.0)  # later updates change nothing
+    assert compile_time.row() == {"compile_seconds": 3.0} and compile_time.row() == {}
+    faster_first = CompileTime()
+    faster_first.add(0.5)
+    faster_first.add(0.75)
+    assert faster_first.row() == {"compile_seconds": 0.0}
+
+
+def test_the_progress_bar_counts_updates_and_shows_the_last_rows_losses():
+    bar = ProgressBar(StandInAccelerator(1, is_local_main_process=True), budget(6))
+    row = {"train_mlm_loss": 2.0, "train_mlm_accuracy": 0.25, "learning_rate": 1e-4, "tokens_per_second": 99.6}
+    bar.on_log(row | {"train_nsp_loss": 0.5, "train_nsp_accuracy": 0.75}, share=0.5)
+    assert bar.bar.unit == "step" and bar.bar.total == 6
+    assert bar.bar.postfix == "lr=1.00e-04, mlm=2.000, mlm_acc=0.250, nsp=0.500, nsp_acc=0.750, tok_s=100"  # sorted
+    bar.on_log(row, share=0.5)  # --objective mlm: no NSP columns
+    assert "nsp=nan, nsp_acc=nan" in bar.bar.postfix
+    bar.on_fit_end(TrainingProgress())
+
+
+def test_the_step_asks_the_model_for_the_masked_rows_only():
+    """The loop's speed path: the MLM head at the masked rows alone (the model's default stays every row)."""
+    asked = {}
+
+    class Model(torch.nn.Module):
+        def forward(self, **kwargs):
+            asked.update(kwargs)
+            loss = self.weight.sum()
+            return type("Outputs", (), {"mlm_loss": loss, "nsp_loss": None})()
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(2))
+
+    model = Model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = TrainingState(model, optimizer, TrainingProgress(), None)
+    optimization = type(
+        "Optimization", (), {"compiles_update": lambda self, device: False, "attention_padding": "mask", "max_grad_norm": 0}
+    )()
+    accelerator = Accelerator(cpu=True)
+    window = type("Window", (), {"add": lambda self, *given: None})()
+    loop.train_step(accelerator, state, {"input_ids": "ids"}, optimization, window, Callback())
+    assert asked == {"input_ids": "ids", "mlm_masked_rows_only": True, "attention_padding": "mask"}
