@@ -246,13 +246,12 @@ def corpus_statistics(
     )
 
 
-def token_counts(dataset: datasets.Dataset, column: str, vocabulary_size: int, depth: int) -> np.ndarray:
-    """How often each id occurs in a list column of `depth` list levels, counted chunk by chunk."""
+def token_counts(dataset: datasets.Dataset, column: str, vocabulary_size: int) -> np.ndarray:
+    """How often each id occurs in a column of lists (of lists) of ids, counted chunk by chunk."""
     counts = np.zeros(vocabulary_size, dtype=np.int64)
     for chunk in dataset.data.table.column(column).chunks:
-        for _ in range(depth):
-            chunk = pc.list_flatten(chunk)
-        counts += np.bincount(chunk.to_numpy().astype(np.int64), minlength=vocabulary_size)
+        ids = pc.list_flatten(chunk, recursive=True).to_numpy().astype(np.int64)
+        counts += np.bincount(ids, minlength=vocabulary_size)
     return counts
 
 
@@ -279,30 +278,6 @@ def nsp_chance(evaluation: datasets.Dataset) -> tuple[float | None, float | None
     return max(random_share, 1 - random_share), entropy
 
 
-def compute_baselines(
-    train_tokenized: datasets.Dataset, evaluation: datasets.Dataset, tokenizer: Any
-) -> Baselines:
-    size = len(tokenizer)
-    train_counts = token_counts(train_tokenized.select_columns(["sentences"]), "sentences", size, depth=2)
-    eval_counts = token_counts(evaluation.select_columns(["input_ids"]), "input_ids", size, depth=1)
-    accuracy, loss = nsp_chance(evaluation)
-    return Baselines(
-        unigram_mlm_loss=unigram_cross_entropy(train_counts, eval_counts, tokenizer.all_special_ids),
-        nsp_chance_accuracy=accuracy,
-        nsp_chance_loss=loss,
-        nsp_eval_instances=len(evaluation),
-    )
-
-
-def _cache_path(train_tokenized: datasets.Dataset, evaluation: datasets.Dataset, key: list[Any]) -> Path | None:
-    """Beside the tokenized documents' cache files, keyed by both caches' fingerprints; None in memory."""
-    if not train_tokenized.cache_files:
-        return None
-    folder = Path(train_tokenized.cache_files[0]["filename"]).parent
-    fingerprint = Hasher.hash([train_tokenized._fingerprint, evaluation._fingerprint, key, _SOURCE_FINGERPRINT])
-    return folder / f"{_CACHE_PREFIX}{fingerprint}.json"
-
-
 def cached_corpus_health(
     train_tokenized: datasets.Dataset,
     train_documents: datasets.Dataset,
@@ -312,15 +287,20 @@ def cached_corpus_health(
     scope: str,
 ) -> CorpusHealth:
     """`CorpusHealth` of a run, read from the datasets cache, or computed and written there (call it with
-    one writer at a time, as the data stage's `cache_writers_first` does)."""
+    one writer at a time, as the data stage's `cache_writers_first` does); in memory, computed each time."""
     pairs = "next_sentence_label" in evaluation.column_names
-    path = _cache_path(train_tokenized, evaluation, [max_seq_length, pairs, scope])
-    if path is not None and path.is_file():
-        return CorpusHealth.from_dict(json.loads(path.read_text()))
-    health = CorpusHealth(
-        corpus_statistics(train_tokenized, train_documents, max_seq_length, pairs, scope),
-        compute_baselines(train_tokenized, evaluation, tokenizer),
-    )
+    path = None
+    if train_tokenized.cache_files:
+        fingerprint = Hasher.hash([train_tokenized._fingerprint, evaluation._fingerprint, _SOURCE_FINGERPRINT,
+                                   max_seq_length, pairs, scope])
+        path = Path(train_tokenized.cache_files[0]["filename"]).parent / f"{_CACHE_PREFIX}{fingerprint}.json"
+        if path.is_file():
+            return CorpusHealth.from_dict(json.loads(path.read_text()))
+    statistics = corpus_statistics(train_tokenized, train_documents, max_seq_length, pairs, scope)
+    train_counts = token_counts(train_tokenized, "sentences", len(tokenizer))
+    eval_counts = token_counts(evaluation, "input_ids", len(tokenizer))
+    unigram = unigram_cross_entropy(train_counts, eval_counts, tokenizer.all_special_ids)
+    health = CorpusHealth(statistics, Baselines(unigram, *nsp_chance(evaluation), len(evaluation)))
     if path is not None:
         write_json_atomic(path, health.to_dict())
     return health
