@@ -29,10 +29,9 @@ def health_report(corpus: CorpusHealth | None, events: list[HealthEvent]) -> dic
 
 def summary_line(events: list[HealthEvent]) -> str:
     """The warnings still open, those outgrown and the notes, in one line."""
-    warnings = [event for event in events if event.kind not in NOTE_KINDS]
-    standing = [event for event in warnings if event.resolved_at is None]
-    outgrown = [event for event in warnings if event.resolved_at is not None]
-    notes = [event for event in events if event.kind in NOTE_KINDS]
+    notes = [event for event in events if event.kind in NOTE_KINDS]  # never outgrown: `OUTGROWN_WHEN`
+    standing = [event for event in events if event.resolved_at is None and event.kind not in NOTE_KINDS]
+    outgrown = [event for event in events if event.resolved_at is not None]
     line = "no open warnings"
     if standing:
         line = f"{len(standing)} open warning(s): " + ", ".join(f"{e.kind} (update {e.update})" for e in standing)
@@ -81,19 +80,14 @@ def health_card_section(report: dict[str, Any]) -> str:
         lines += [card_line(event) for event in report["events"]]
     else:
         lines.append("No warnings: no corpus figure beyond its threshold and no signature of a stuck run.")
-    statistics, baselines = report.get("statistics"), report.get("baselines")
-    if statistics is not None:
-        tokens = statistics["tokens"] or 1
-        repeated = max(statistics["duplicate_paragraph_tokens"], statistics["duplicate_document_tokens"]) / tokens
+    if "statistics" in report:  # with the baselines: `CorpusHealth.to_dict`
+        corpus = CorpusHealth.from_dict(report)
+        figures, nsp = corpus.statistics, corpus.baselines.nsp_chance_accuracy
+        chance = "" if nsp is None else f", NSP chance accuracy {nsp:.3f}"
         lines += ["", (
-            f"Corpus ({statistics['scope']}): {statistics['documents']:,} documents, {statistics['paragraphs']:,} "
-            f"paragraphs, {statistics['tokens']:,} tokens; {repeated:.1%} of the tokens in repeated text, "
-            f"{statistics['unknown_tokens'] / tokens:.2%} [UNK].")]
-    if baselines is not None:
-        lines += ["", (
+            f"Corpus ({figures.scope}): {figures.documents:,} documents, {figures.paragraphs:,} paragraphs, "
+            f"{figures.tokens:,} tokens; {figures.duplicate_share:.1%} of the tokens in repeated text, "
+            f"{figures.share(figures.unknown_tokens):.2%} [UNK]."), "", (
             f"Baselines (dashed in the training curves): unigram held-out MLM loss "
-            f"{baselines['unigram_mlm_loss']:.3f}"
-            + ("" if baselines["nsp_chance_accuracy"] is None else
-               f", NSP chance accuracy {baselines['nsp_chance_accuracy']:.3f}")
-            + ".")]
+            f"{corpus.baselines.unigram_mlm_loss:.3f}{chance}.")]
     return "\n".join(lines) + "\n"
