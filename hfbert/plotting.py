@@ -27,10 +27,6 @@ PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
 )
 PANEL_ROWS, PANEL_COLUMNS = 2, 3
 
-def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    rows = [row for row in history if row.get(key) is not None]
-    return [int(row["step"]) for row in rows], [float(row[key]) for row in rows]
-
 
 def plot_training_curves(
     history: list[dict[str, Any]],
@@ -57,14 +53,16 @@ def plot_training_curves(
     for axis, (panel_title, y_label, metrics) in zip(axes, PANELS, strict=True):
         plotted = False
         for key, label in metrics:
-            steps, values = _series(history, key)
-            if steps:
+            rows = [row for row in history if row.get(key) is not None]
+            if rows:
+                steps, values = [int(row["step"]) for row in rows], [float(row[key]) for row in rows]
                 axis.plot(steps, values, marker="o" if len(steps) < 20 else None, markersize=3, label=label)
                 plotted = True
-        for _, value, label in (line for line in reference_lines if line[0] == panel_title):
+        references = [line for line in reference_lines if line[0] == panel_title]
+        for _, value, label in references:
             axis.axhline(value, color="gray", linestyle="--", linewidth=1, label=f"{label} ({value:.3g})")
         if plotted:
-            if len(metrics) > 1 or any(line[0] == panel_title for line in reference_lines):
+            if len(metrics) > 1 or references:
                 axis.legend()
             axis.grid(alpha=0.3)
         else:
