@@ -30,15 +30,9 @@ from hfbert.files import write_json_atomic
 logger = logging.getLogger(__name__)
 
 EVENT_KINDS = (
-    "duplicate_text",
-    "unknown_tokens",
-    "short_documents",
-    "unigram_plateau",
-    "nsp_at_chance",
-    "loss_spike",
-    "stalled",
-    "overfitting",
-)
+    "duplicate_text", "unknown_tokens", "short_documents",  # the corpus's: `CorpusStatistics.events`
+    "unigram_plateau", "nsp_at_chance", "loss_spike", "stalled", "overfitting",  # the run's: `signatures`
+)  # fmt: skip
 NOTE_KINDS = ("overfitting",)  # said at INFO: a small corpus learned too well is no failure
 
 # Thresholds on the corpus (measured figures: benchmarks/results/run_health.md).

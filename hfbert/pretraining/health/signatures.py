@@ -201,8 +201,7 @@ def nsp_event(
     line, accuracy = nsp_chance_line(baselines), row.get("eval_nsp_accuracy")
     if line is None or not _finite(accuracy):
         return None
-    at_chance = accuracy <= line
-    state.nsp_evaluations_at_chance = state.nsp_evaluations_at_chance + 1 if at_chance else 0
+    state.nsp_evaluations_at_chance = state.nsp_evaluations_at_chance + 1 if accuracy <= line else 0
     first = state.scores[0][1]  # the first evaluation's own (at the first: no improvement)
     mlm_learns = row["eval_mlm_loss"] < first - NSP_MLM_IMPROVEMENT
     if share < NSP_SHARE or state.nsp_evaluations_at_chance < NSP_CHANCE_EVALUATIONS or not mlm_learns:
