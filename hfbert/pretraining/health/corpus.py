@@ -193,15 +193,14 @@ def _flat(table: Any, column: str) -> np.ndarray:
 
 
 def _repeated_lines(
-    table: Any, hashes: np.ndarray, documents: datasets.Dataset
+    table: Any, first: np.ndarray, counts: np.ndarray, documents: datasets.Dataset
 ) -> list[tuple[int, str]]:
-    """The most repeated paragraphs, read from the documents by position (no scan of the text)."""
-    _, first, counts = np.unique(hashes, return_index=True, return_counts=True)
-    order = np.argsort(-counts, kind="stable")[:MOST_REPEATED_LINES]
+    """The most repeated paragraphs, read from the documents by position (no scan of the text); `first` and
+    `counts`: each distinct paragraph hash's first position in the flattened paragraphs and its copies."""
     lengths = pc.list_value_length(table.column("paragraph_hashes")).to_numpy()
     starts = np.concatenate([[0], np.cumsum(lengths)])
     lines = []
-    for group in order.tolist():
+    for group in np.argsort(-counts, kind="stable")[:MOST_REPEATED_LINES].tolist():
         if counts[group] < 2:
             break
         row = int(np.searchsorted(starts, first[group], side="right") - 1)
@@ -219,10 +218,9 @@ def corpus_statistics(
     always draws a random B for it."""
     table = tokenized.select_columns(list(STATISTICS_FEATURES)).data.table
     hashes, paragraph_tokens = _flat(table, "paragraph_hashes"), _flat(table, "paragraph_tokens")
-    _, first_paragraphs = np.unique(hashes, return_index=True)
-    document_hashes = table.column("document_hash").to_numpy()
+    _, first_paragraphs, copies = np.unique(hashes, return_index=True, return_counts=True)
     document_tokens = table.column("document_tokens").to_numpy()
-    _, first_documents = np.unique(document_hashes, return_index=True)
+    _, first_documents = np.unique(table.column("document_hash").to_numpy(), return_index=True)
     tokens = int(document_tokens.sum())
     piece_length = -(-(max_seq_length - 3) // 2)  # nsp_pairs' piece: half of what an instance holds
     single = table.column("sentence_count").to_numpy() < 2
@@ -236,7 +234,7 @@ def corpus_statistics(
         duplicate_document_tokens=tokens - int(document_tokens[first_documents].sum()),
         unknown_tokens=int(table.column("unknown_tokens").to_numpy().sum()),
         short_documents=short,
-        most_repeated=_repeated_lines(table, hashes, documents),
+        most_repeated=_repeated_lines(table, first_paragraphs, copies, documents),
     )
 
 
