@@ -4,10 +4,8 @@ training_curves.png, and the model card's section."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from hfbert.files import write_json_atomic
 from hfbert.pretraining.health.corpus import EVENT_KINDS, NOTE_KINDS, CorpusHealth, HealthEvent
 
 RUN_HEALTH_NAME = "run_health.json"
@@ -41,11 +39,6 @@ def summary_line(events: list[HealthEvent]) -> str:
     if notes:
         line += "; note: " + ", ".join(f"{e.kind} (update {e.update})" for e in notes)
     return line
-
-
-def write_run_health(folder: str | Path, report: dict[str, Any]) -> Path:
-    """Write `report` (see `health_report`) to `folder/run_health.json` atomically."""
-    return write_json_atomic(Path(folder) / RUN_HEALTH_NAME, report)
 
 
 def report_reference_lines(report: dict[str, Any] | None) -> list[tuple[str, float, str]]:
