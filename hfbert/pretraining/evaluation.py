@@ -178,12 +178,10 @@ def metrics_from_statistics(totals: torch.Tensor, prefix: str) -> dict[str, floa
         f"{prefix}mlm_accuracy": mlm_correct / max(masked, 1.0),
         f"{prefix}perplexity": math.exp(min(mlm_loss, 50.0)),
     }
-    if instances == 0:  # --objective mlm: no NSP labels
-        return metrics
-    return metrics | {
-        f"{prefix}nsp_loss": nsp_sum / max(instances, 1.0),
-        f"{prefix}nsp_accuracy": nsp_correct / max(instances, 1.0),
-    }
+    if instances > 0:  # none under --objective mlm: no NSP labels
+        metrics[f"{prefix}nsp_loss"] = nsp_sum / instances
+        metrics[f"{prefix}nsp_accuracy"] = nsp_correct / instances
+    return metrics
 
 
 @torch.no_grad()
