@@ -221,23 +221,19 @@ def check_loss_is_finite(
     )
 
 
-@dataclass
 class TrainingWindow:
-    """Training statistics since the last log row, kept on the device (read once per logging interval)."""
+    """Training statistics since the last log row, from `start_seconds` of training on, kept on the device
+    (read once per logging interval)."""
 
-    totals: torch.Tensor
-    tokens: torch.Tensor
-    loss: torch.Tensor
-    grad_norm: torch.Tensor  # the largest finite gradient norm before clipping
-    start_seconds: float
-    batches: int = 0
-    clipped_updates: int = 0  # updates whose norm clipping computed (none without --max_grad_norm)
-
-    @classmethod
-    def start(cls, device: torch.device, seconds: float) -> TrainingWindow:
-        zeros = torch.zeros(len(STATISTICS), dtype=torch.float64, device=device)
-        scalar = torch.zeros((), dtype=torch.float64, device=device)
-        return cls(totals=zeros, tokens=scalar, loss=scalar.clone(), grad_norm=scalar.clone(), start_seconds=seconds)
+    def __init__(self, device: torch.device, start_seconds: float):
+        self.totals = torch.zeros(len(STATISTICS), dtype=torch.float64, device=device)
+        self.tokens = torch.zeros((), dtype=torch.float64, device=device)
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        # the largest finite gradient norm before clipping
+        self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
+        self.start_seconds = start_seconds
+        self.batches = 0
+        self.clipped_updates = 0  # updates whose norm clipping computed (none without --max_grad_norm)
 
     def add(
         self, outputs: Any, loss: torch.Tensor, batch: dict[str, torch.Tensor], grad_norm: torch.Tensor | None = None
