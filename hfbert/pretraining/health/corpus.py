@@ -89,14 +89,13 @@ def document_statistics(
 ) -> dict[str, Any]:
     """The `STATISTICS_FEATURES` row of one document: its paragraphs' text and their sentences' token ids."""
     paragraph_tokens = [sum(len(ids) for ids in sentences) for sentences in paragraph_ids]
-    unknown = sum(ids.count(unknown_id) for sentences in paragraph_ids for ids in sentences)
     return {
         "paragraph_hashes": [text_hash(paragraph) for paragraph in paragraphs],
         "paragraph_tokens": paragraph_tokens,
         "document_hash": text_hash("\n".join(paragraphs)),
         "document_tokens": sum(paragraph_tokens),
         "sentence_count": sum(1 for sentences in paragraph_ids for ids in sentences if ids),
-        "unknown_tokens": unknown if unknown_id is not None else 0,
+        "unknown_tokens": sum(ids.count(unknown_id) for sentences in paragraph_ids for ids in sentences),
         "document_index": index,
     }
 
