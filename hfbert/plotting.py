@@ -25,7 +25,6 @@ PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("NSP accuracy", "accuracy", (("train_nsp_accuracy", "train"), ("eval_nsp_accuracy", "eval (held out)"))),
     ("Training loss", "loss (MLM + weighted NSP)", (("loss", "train loss"),)),
 )
-PANEL_ROWS, PANEL_COLUMNS = 2, 3
 
 
 def plot_training_curves(
@@ -46,9 +45,8 @@ def plot_training_curves(
     unknown = [line[0] for line in reference_lines if line[0] not in titles]
     if unknown:
         raise ValueError(f"reference lines for unknown panels {unknown}; the panels are {titles}")
-    figure, axes = plt.subplots(
-        PANEL_ROWS, PANEL_COLUMNS, figsize=(4.4 * PANEL_COLUMNS, 3.4 * PANEL_ROWS), constrained_layout=True
-    )
+    # the six PANELS in two rows of three, 4.4 x 3.4 inches each
+    figure, axes = plt.subplots(2, 3, figsize=(13.2, 6.8), constrained_layout=True)
     axes = axes.ravel()
     for axis, (panel_title, y_label, metrics) in zip(axes, PANELS, strict=True):
         plotted = False
