@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -26,8 +25,6 @@ from datasets import Value
 from datasets.fingerprint import Hasher
 
 from hfbert.files import write_json_atomic
-
-logger = logging.getLogger(__name__)
 
 EVENT_KINDS = (
     "duplicate_text", "unknown_tokens", "short_documents",  # the corpus's: `CorpusStatistics.events`
