@@ -157,15 +157,10 @@ def batch_statistics(outputs: Any, batch: dict[str, torch.Tensor]) -> torch.Tens
         nsp_correct = (outputs.seq_relationship_logits.argmax(-1) == nsp_labels).sum()
     else:  # --objective mlm
         instances = nsp_loss_sum = nsp_correct = torch.zeros((), device=labels.device)
+    mlm_loss_sum = outputs.mlm_loss.detach().float() * masked_tokens
+    mlm_correct = (predictions == labels).sum()  # -100 never equals a prediction
     return torch.stack(
-        [
-            outputs.mlm_loss.detach().float() * masked_tokens,
-            (predictions == labels).sum(),  # -100 never equals a prediction
-            masked_tokens,
-            nsp_loss_sum,
-            nsp_correct,
-            instances,
-        ]
+        [mlm_loss_sum, mlm_correct, masked_tokens, nsp_loss_sum, nsp_correct, instances]  # in STATISTICS' order
     ).double()
 
 
