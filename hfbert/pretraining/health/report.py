@@ -14,15 +14,13 @@ RUN_HEALTH_NAME = "run_health.json"
 def health_report(corpus: CorpusHealth | None, events: list[HealthEvent]) -> dict[str, Any]:
     """What run_health.json holds: the `summary_line`, every event (kind, update, message, resolved_at), the
     corpus statistics and the baselines (absent where the data stage gave none)."""
-    report: dict[str, Any] = {
+    return {
         "status": summary_line(events),
         "event_kinds": list(EVENT_KINDS),
         "note_kinds": list(NOTE_KINDS),
         "events": [asdict(event) for event in events],
+        **({} if corpus is None else corpus.to_dict()),
     }
-    if corpus is not None:
-        report.update(corpus.to_dict())
-    return report
 
 
 def summary_line(events: list[HealthEvent]) -> str:
