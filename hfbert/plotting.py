@@ -69,9 +69,7 @@ def plot_training_curves(
             )
         if y_label == "accuracy":
             axis.set_ylim(0.0, 1.0)
-        axis.set_title(panel_title)
-        axis.set_xlabel("optimizer step")
-        axis.set_ylabel(y_label)
+        axis.set(title=panel_title, xlabel="optimizer step", ylabel=y_label)
     axes[2].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     figure.suptitle(title)
     return save_figure(figure, path)
