@@ -184,10 +184,6 @@ class CorpusHealth:
         return cls(CorpusStatistics(**statistics), Baselines(**saved["baselines"]))
 
 
-def _flat(table: Any, column: str) -> np.ndarray:
-    return pc.list_flatten(table.column(column)).to_numpy()
-
-
 def _repeated_lines(
     table: Any, first: np.ndarray, counts: np.ndarray, documents: datasets.Dataset
 ) -> list[tuple[int, str]]:
@@ -213,7 +209,8 @@ def corpus_statistics(
     A document is too short for NSP when it is one sentence that fits in half an instance: `nsp_pairs` then
     always draws a random B for it."""
     table = tokenized.select_columns(list(STATISTICS_FEATURES)).data.table
-    hashes, paragraph_tokens = _flat(table, "paragraph_hashes"), _flat(table, "paragraph_tokens")
+    hashes = pc.list_flatten(table.column("paragraph_hashes")).to_numpy()
+    paragraph_tokens = pc.list_flatten(table.column("paragraph_tokens")).to_numpy()
     _, first_paragraphs, copies = np.unique(hashes, return_index=True, return_counts=True)
     document_tokens = table.column("document_tokens").to_numpy()
     _, first_documents = np.unique(table.column("document_hash").to_numpy(), return_index=True)
@@ -260,9 +257,8 @@ def nsp_chance(evaluation: datasets.Dataset) -> tuple[float | None, float | None
     if "next_sentence_label" not in evaluation.column_names or len(evaluation) == 0:
         return None, None
     random_share = float(np.mean(evaluation.data.table.column("next_sentence_label").to_numpy()))
-    if random_share in (0.0, 1.0):
-        return 1.0, 0.0
-    entropy = -(random_share * math.log(random_share) + (1 - random_share) * math.log(1 - random_share))
+    # 0 log 0 is 0 (one label only: entropy 0.0, not -0.0)
+    entropy = 0.0 - sum(share * math.log(share) for share in (random_share, 1 - random_share) if share > 0)
     return max(random_share, 1 - random_share), entropy
 
 
