@@ -145,7 +145,7 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
     loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds
     batch = next(iter(state.batches.loader))
-    window, no_callbacks = TrainingWindow.start(accelerator.device, 0.0), Callbacks()  # as the loop's step has
+    window, no_callbacks = TrainingWindow(accelerator.device, 0.0), Callbacks()  # as the loop's step has
     for _ in range(args.warmup_steps // 2):
         train_step(accelerator, state, batch, optimization, window, no_callbacks)
     # Back to back, synchronised at the two ends only: on a GPU the host queues the next step while the device

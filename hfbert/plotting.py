@@ -25,11 +25,6 @@ PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("NSP accuracy", "accuracy", (("train_nsp_accuracy", "train"), ("eval_nsp_accuracy", "eval (held out)"))),
     ("Training loss", "loss (MLM + weighted NSP)", (("loss", "train loss"),)),
 )
-PANEL_ROWS, PANEL_COLUMNS = 2, 3
-
-def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    rows = [row for row in history if row.get(key) is not None]
-    return [int(row["step"]) for row in rows], [float(row[key]) for row in rows]
 
 
 def plot_training_curves(
@@ -50,21 +45,22 @@ def plot_training_curves(
     unknown = [line[0] for line in reference_lines if line[0] not in titles]
     if unknown:
         raise ValueError(f"reference lines for unknown panels {unknown}; the panels are {titles}")
-    figure, axes = plt.subplots(
-        PANEL_ROWS, PANEL_COLUMNS, figsize=(4.4 * PANEL_COLUMNS, 3.4 * PANEL_ROWS), constrained_layout=True
-    )
+    # the six PANELS in two rows of three, 4.4 x 3.4 inches each
+    figure, axes = plt.subplots(2, 3, figsize=(13.2, 6.8), constrained_layout=True)
     axes = axes.ravel()
     for axis, (panel_title, y_label, metrics) in zip(axes, PANELS, strict=True):
         plotted = False
         for key, label in metrics:
-            steps, values = _series(history, key)
-            if steps:
+            rows = [row for row in history if row.get(key) is not None]
+            if rows:
+                steps, values = [int(row["step"]) for row in rows], [float(row[key]) for row in rows]
                 axis.plot(steps, values, marker="o" if len(steps) < 20 else None, markersize=3, label=label)
                 plotted = True
-        for _, value, label in (line for line in reference_lines if line[0] == panel_title):
+        references = [line for line in reference_lines if line[0] == panel_title]
+        for _, value, label in references:
             axis.axhline(value, color="gray", linestyle="--", linewidth=1, label=f"{label} ({value:.3g})")
         if plotted:
-            if len(metrics) > 1 or any(line[0] == panel_title for line in reference_lines):
+            if len(metrics) > 1 or references:
                 axis.legend()
             axis.grid(alpha=0.3)
         else:
@@ -73,9 +69,7 @@ def plot_training_curves(
             )
         if y_label == "accuracy":
             axis.set_ylim(0.0, 1.0)
-        axis.set_title(panel_title)
-        axis.set_xlabel("optimizer step")
-        axis.set_ylabel(y_label)
+        axis.set(title=panel_title, xlabel="optimizer step", ylabel=y_label)
     axes[2].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     figure.suptitle(title)
     return save_figure(figure, path)

@@ -199,7 +199,7 @@ def test_the_log_row_has_the_largest_finite_gradient_norm_clipping_computed():
         flops = ModelFlops(config, static_slots=None, peak_flops_per_process=None)
         rows = []
         for norms in ([], [None, torch.tensor(2.0), torch.tensor(math.inf), torch.tensor(3.0), None]):
-            window = TrainingWindow.start(torch.device("cpu"), 0.0)
+            window = TrainingWindow(torch.device("cpu"), 0.0)
             for norm in norms or [None]:
                 window.add(outputs, outputs.loss, batch, norm)
             rows.append(window.row(accelerator, TrainingProgress(completed_steps=1, train_seconds=1.0), 0, 1e-3, flops))

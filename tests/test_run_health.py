@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
+from hfbert.files import write_json_atomic
 from hfbert.model_card import build_model_card
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.data import tokenized_with_statistics
@@ -24,11 +25,11 @@ from hfbert.pretraining.health.corpus import (
     unigram_cross_entropy,
 )
 from hfbert.pretraining.health.report import (
+    RUN_HEALTH_NAME,
     health_card_section,
     health_report,
     report_reference_lines,
     summary_line,
-    write_run_health,
 )
 from hfbert.pretraining.health.signatures import (
     LOSS_SPIKE_FACTOR,
@@ -385,7 +386,7 @@ def test_unknown_event_kind_is_refused():
 def test_run_health_json_and_card_section(tmp_path):
     events = [HealthEvent("loss_spike", 70, "update 70: training loss 20 is 4.0x its running median")]
     report = health_report(corpus_with_duplicates(), events)
-    saved = json.loads(write_run_health(tmp_path, report).read_text())
+    saved = json.loads(write_json_atomic(tmp_path / RUN_HEALTH_NAME, report).read_text())
     assert saved["status"] == "1 open warning(s): loss_spike (update 70)" and saved["events"][0]["kind"] == "loss_spike"
     assert saved["baselines"]["unigram_mlm_loss"] == 7.0
     section = health_card_section(report)
@@ -394,7 +395,7 @@ def test_run_health_json_and_card_section(tmp_path):
     outgrown = HealthEvent("nsp_at_chance", 3000, "update 3000: held-out NSP accuracy 0.563 is at chance", 4000)
     note = HealthEvent("overfitting", 3000, "update 3000: held-out NSP lags the training pairs' ...")
     report = health_report(corpus_with_duplicates(), [outgrown, note])
-    saved = json.loads(write_run_health(tmp_path, report).read_text())
+    saved = json.loads(write_json_atomic(tmp_path / RUN_HEALTH_NAME, report).read_text())
     assert saved["events"][0]["resolved_at"] == 4000 and saved["note_kinds"] == ["overfitting"]
     assert saved["status"] == "no open warnings (1 outgrown: nsp_at_chance 3000 → 4000); note: overfitting (update 3000)"
     section = health_card_section(report)

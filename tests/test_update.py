@@ -88,7 +88,7 @@ def test_an_update_never_reads_a_tensor_back_to_the_host(accelerator, monkeypatc
     # device instead (the GPU test in test_training.py runs them).
     monkeypatch.setattr(modeling_hfbert, "check_range", lambda *args: None)
     batch = static_batch(pretraining_batch())
-    window = TrainingWindow.start(accelerator.device, 0.0)
+    window = TrainingWindow(accelerator.device, 0.0)
     train_step(accelerator, state, batch, optimization, window, Callbacks())  # compiles: tracing may read values
     before = state.model.bert.embeddings.word_embeddings.weight.detach().clone()
     with host_reads_raise():
@@ -110,7 +110,7 @@ def gradients_then_updates(
     (outputs.mlm_loss + outputs.nsp_loss).backward()
     gradients = {name: p.grad.clone() for name, p in state.model.named_parameters()}
     state.optimizer.zero_grad(set_to_none=True)
-    window = TrainingWindow.start(accelerator.device, 0.0)
+    window = TrainingWindow(accelerator.device, 0.0)
     losses = [
         train_step(accelerator, state, batch, optimization, window, Callbacks())[1].detach()
         for _ in range(updates)
@@ -157,7 +157,7 @@ def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, monke
     monkeypatch.setattr(modeling_hfbert, "check_inputs", breaking)
     optimization = OptimizationSettings(torch_compile=True)
     state = prepared_state(accelerator, optimization)
-    window = TrainingWindow.start(accelerator.device, 0.0)
+    window = TrainingWindow(accelerator.device, 0.0)
     with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
         train_step(accelerator, state, static_batch(pretraining_batch()), optimization, window, Callbacks())
 

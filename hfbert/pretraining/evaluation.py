@@ -157,15 +157,10 @@ def batch_statistics(outputs: Any, batch: dict[str, torch.Tensor]) -> torch.Tens
         nsp_correct = (outputs.seq_relationship_logits.argmax(-1) == nsp_labels).sum()
     else:  # --objective mlm
         instances = nsp_loss_sum = nsp_correct = torch.zeros((), device=labels.device)
+    mlm_loss_sum = outputs.mlm_loss.detach().float() * masked_tokens
+    mlm_correct = (predictions == labels).sum()  # -100 never equals a prediction
     return torch.stack(
-        [
-            outputs.mlm_loss.detach().float() * masked_tokens,
-            (predictions == labels).sum(),  # -100 never equals a prediction
-            masked_tokens,
-            nsp_loss_sum,
-            nsp_correct,
-            instances,
-        ]
+        [mlm_loss_sum, mlm_correct, masked_tokens, nsp_loss_sum, nsp_correct, instances]  # in STATISTICS' order
     ).double()
 
 
@@ -178,12 +173,10 @@ def metrics_from_statistics(totals: torch.Tensor, prefix: str) -> dict[str, floa
         f"{prefix}mlm_accuracy": mlm_correct / max(masked, 1.0),
         f"{prefix}perplexity": math.exp(min(mlm_loss, 50.0)),
     }
-    if instances == 0:  # --objective mlm: no NSP labels
-        return metrics
-    return metrics | {
-        f"{prefix}nsp_loss": nsp_sum / max(instances, 1.0),
-        f"{prefix}nsp_accuracy": nsp_correct / max(instances, 1.0),
-    }
+    if instances > 0:  # none under --objective mlm: no NSP labels
+        metrics[f"{prefix}nsp_loss"] = nsp_sum / instances
+        metrics[f"{prefix}nsp_accuracy"] = nsp_correct / instances
+    return metrics
 
 
 @torch.no_grad()
@@ -223,23 +216,19 @@ def check_loss_is_finite(
     )
 
 
-@dataclass
 class TrainingWindow:
-    """Training statistics since the last log row, kept on the device (read once per logging interval)."""
+    """Training statistics since the last log row, from `start_seconds` of training on, kept on the device
+    (read once per logging interval)."""
 
-    totals: torch.Tensor
-    tokens: torch.Tensor
-    loss: torch.Tensor
-    grad_norm: torch.Tensor  # the largest finite gradient norm before clipping
-    start_seconds: float
-    batches: int = 0
-    clipped_updates: int = 0  # updates whose norm clipping computed (none without --max_grad_norm)
-
-    @classmethod
-    def start(cls, device: torch.device, seconds: float) -> TrainingWindow:
-        zeros = torch.zeros(len(STATISTICS), dtype=torch.float64, device=device)
-        scalar = torch.zeros((), dtype=torch.float64, device=device)
-        return cls(totals=zeros, tokens=scalar, loss=scalar.clone(), grad_norm=scalar.clone(), start_seconds=seconds)
+    def __init__(self, device: torch.device, start_seconds: float):
+        self.totals = torch.zeros(len(STATISTICS), dtype=torch.float64, device=device)
+        self.tokens = torch.zeros((), dtype=torch.float64, device=device)
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        # the largest finite gradient norm before clipping
+        self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
+        self.start_seconds = start_seconds
+        self.batches = 0
+        self.clipped_updates = 0  # updates whose norm clipping computed (none without --max_grad_norm)
 
     def add(
         self, outputs: Any, loss: torch.Tensor, batch: dict[str, torch.Tensor], grad_norm: torch.Tensor | None = None

@@ -24,7 +24,7 @@ from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, pu
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.cluster import end_process_group
 from hfbert.pretraining.data import PretrainingData
-from hfbert.pretraining.health.report import health_card_section, report_reference_lines, write_run_health
+from hfbert.pretraining.health.report import RUN_HEALTH_NAME, health_card_section, report_reference_lines
 from hfbert.pretraining.optimization import TrainingState
 from hfbert.pretraining.samples import SAMPLES_NAME, write_samples
 from hfbert.pretraining.settings import PretrainingSettings, RunSettings
@@ -73,7 +73,7 @@ def write_final_folder(
         write_json_atomic(staging / TRAINING_ARGS_NAME, summary)
         write_json_atomic(staging / LOG_HISTORY_NAME, progress.log_history)
         if health is not None:
-            write_run_health(staging, health)
+            write_json_atomic(staging / RUN_HEALTH_NAME, health)
         plot_training_curves(
             progress.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining",
             reference_lines=report_reference_lines(health),

@@ -292,7 +292,7 @@ def fit(
     seconds = synced_train_seconds(accelerator, progress, budget)
     share = budget.share_spent(progress.completed_steps, seconds)
     callbacks.on_fit_start(progress, share)
-    window = TrainingWindow.start(accelerator.device, progress.train_seconds)
+    window = TrainingWindow(accelerator.device, progress.train_seconds)
     compile_time = CompileTime()
     clock = time.perf_counter()  # start of the current stretch of training time
     metrics: dict[str, float] | None = None
@@ -319,7 +319,7 @@ def fit(
                     check_loss_is_finite(row["loss"], precision, update, learning_rate, run.output_dir)
                     progress.log_history.append(row | compile_time.row())
                     callbacks.on_log(progress.log_history[-1], share)
-                    window = TrainingWindow.start(accelerator.device, progress.train_seconds)
+                    window = TrainingWindow(accelerator.device, progress.train_seconds)
                 if is_due(update, run.eval_steps):
                     metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)
                 saved = is_due(update, run.checkpoint_steps)

@@ -99,8 +99,8 @@ def write_samples(
     shortest = min(range(len(sentences)), key=lambda i: (len(tokenizer(sentences[i])["input_ids"]), i))
     attention = analysis.attention(sentences[shortest], last_layer, 0)
     lines += similarity_section(similarity, "samples_similarity.png")
-    lines += [f"## Attention, layer {last_layer}, head 0, on s{shortest + 1} (the shortest sentence)", ""]
-    lines += ["![attention](samples_attention.png)"]
+    title = f"## Attention, layer {last_layer}, head 0, on s{shortest + 1} (the shortest sentence)"
+    lines += [title, "", "![attention](samples_attention.png)"]
 
     plot_similarity(similarity, folder / "samples_similarity.png", f"{name}: validation sentences")
     plot_attention(attention, folder / "samples_attention.png", name)
@@ -131,12 +131,10 @@ def fill_mask_section(analysis: ModelAnalysis, sentences: Sequence[str], top_k: 
         text = masked.replace(MASK, tokenizer.mask_token)
         predictions = analysis.fill_mask(text, top_k).predictions[0]
         hits = [tokenizer.convert_ids_to_tokens(p["token"]) == true_token for p in predictions]
-        cells = [
-            f"**{p['token_str'].strip()}** {p['score']:.3f}"
-            if hit
-            else f"{p['token_str'].strip()} {p['score']:.3f}"
-            for p, hit in zip(predictions, hits, strict=True)
-        ]
+        cells = []
+        for p, hit in zip(predictions, hits, strict=True):
+            word = p["token_str"].strip()
+            cells.append(f"**{word}** {p['score']:.3f}" if hit else f"{word} {p['score']:.3f}")
         if any(hits):
             verdict = f"true word **{true_token}** is number {hits.index(True) + 1} of the top {top_k}"
         else:

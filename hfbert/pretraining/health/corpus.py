@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -27,18 +26,10 @@ from datasets.fingerprint import Hasher
 
 from hfbert.files import write_json_atomic
 
-logger = logging.getLogger(__name__)
-
 EVENT_KINDS = (
-    "duplicate_text",
-    "unknown_tokens",
-    "short_documents",
-    "unigram_plateau",
-    "nsp_at_chance",
-    "loss_spike",
-    "stalled",
-    "overfitting",
-)
+    "duplicate_text", "unknown_tokens", "short_documents",  # the corpus's: `CorpusStatistics.events`
+    "unigram_plateau", "nsp_at_chance", "loss_spike", "stalled", "overfitting",  # the run's: `signatures`
+)  # fmt: skip
 NOTE_KINDS = ("overfitting",)  # said at INFO: a small corpus learned too well is no failure
 
 # Thresholds on the corpus (measured figures: benchmarks/results/run_health.md).
@@ -95,14 +86,13 @@ def document_statistics(
 ) -> dict[str, Any]:
     """The `STATISTICS_FEATURES` row of one document: its paragraphs' text and their sentences' token ids."""
     paragraph_tokens = [sum(len(ids) for ids in sentences) for sentences in paragraph_ids]
-    unknown = sum(ids.count(unknown_id) for sentences in paragraph_ids for ids in sentences)
     return {
         "paragraph_hashes": [text_hash(paragraph) for paragraph in paragraphs],
         "paragraph_tokens": paragraph_tokens,
         "document_hash": text_hash("\n".join(paragraphs)),
         "document_tokens": sum(paragraph_tokens),
         "sentence_count": sum(1 for sentences in paragraph_ids for ids in sentences if ids),
-        "unknown_tokens": unknown if unknown_id is not None else 0,
+        "unknown_tokens": sum(ids.count(unknown_id) for sentences in paragraph_ids for ids in sentences),
         "document_index": index,
     }
 
@@ -194,20 +184,15 @@ class CorpusHealth:
         return cls(CorpusStatistics(**statistics), Baselines(**saved["baselines"]))
 
 
-def _flat(table: Any, column: str) -> np.ndarray:
-    return pc.list_flatten(table.column(column)).to_numpy()
-
-
 def _repeated_lines(
-    table: Any, hashes: np.ndarray, documents: datasets.Dataset
+    table: Any, first: np.ndarray, counts: np.ndarray, documents: datasets.Dataset
 ) -> list[tuple[int, str]]:
-    """The most repeated paragraphs, read from the documents by position (no scan of the text)."""
-    _, first, counts = np.unique(hashes, return_index=True, return_counts=True)
-    order = np.argsort(-counts, kind="stable")[:MOST_REPEATED_LINES]
+    """The most repeated paragraphs, read from the documents by position (no scan of the text); `first` and
+    `counts`: each distinct paragraph hash's first position in the flattened paragraphs and its copies."""
     lengths = pc.list_value_length(table.column("paragraph_hashes")).to_numpy()
     starts = np.concatenate([[0], np.cumsum(lengths)])
     lines = []
-    for group in order.tolist():
+    for group in np.argsort(-counts, kind="stable")[:MOST_REPEATED_LINES].tolist():
         if counts[group] < 2:
             break
         row = int(np.searchsorted(starts, first[group], side="right") - 1)
@@ -224,11 +209,11 @@ def corpus_statistics(
     A document is too short for NSP when it is one sentence that fits in half an instance: `nsp_pairs` then
     always draws a random B for it."""
     table = tokenized.select_columns(list(STATISTICS_FEATURES)).data.table
-    hashes, paragraph_tokens = _flat(table, "paragraph_hashes"), _flat(table, "paragraph_tokens")
-    _, first_paragraphs = np.unique(hashes, return_index=True)
-    document_hashes = table.column("document_hash").to_numpy()
+    hashes = pc.list_flatten(table.column("paragraph_hashes")).to_numpy()
+    paragraph_tokens = pc.list_flatten(table.column("paragraph_tokens")).to_numpy()
+    _, first_paragraphs, copies = np.unique(hashes, return_index=True, return_counts=True)
     document_tokens = table.column("document_tokens").to_numpy()
-    _, first_documents = np.unique(document_hashes, return_index=True)
+    _, first_documents = np.unique(table.column("document_hash").to_numpy(), return_index=True)
     tokens = int(document_tokens.sum())
     piece_length = -(-(max_seq_length - 3) // 2)  # nsp_pairs' piece: half of what an instance holds
     single = table.column("sentence_count").to_numpy() < 2
@@ -242,17 +227,16 @@ def corpus_statistics(
         duplicate_document_tokens=tokens - int(document_tokens[first_documents].sum()),
         unknown_tokens=int(table.column("unknown_tokens").to_numpy().sum()),
         short_documents=short,
-        most_repeated=_repeated_lines(table, hashes, documents),
+        most_repeated=_repeated_lines(table, first_paragraphs, copies, documents),
     )
 
 
-def token_counts(dataset: datasets.Dataset, column: str, vocabulary_size: int, depth: int) -> np.ndarray:
-    """How often each id occurs in a list column of `depth` list levels, counted chunk by chunk."""
+def token_counts(dataset: datasets.Dataset, column: str, vocabulary_size: int) -> np.ndarray:
+    """How often each id occurs in a column of lists (of lists) of ids, counted chunk by chunk."""
     counts = np.zeros(vocabulary_size, dtype=np.int64)
     for chunk in dataset.data.table.column(column).chunks:
-        for _ in range(depth):
-            chunk = pc.list_flatten(chunk)
-        counts += np.bincount(chunk.to_numpy().astype(np.int64), minlength=vocabulary_size)
+        ids = pc.list_flatten(chunk, recursive=True).to_numpy().astype(np.int64)
+        counts += np.bincount(ids, minlength=vocabulary_size)
     return counts
 
 
@@ -273,34 +257,9 @@ def nsp_chance(evaluation: datasets.Dataset) -> tuple[float | None, float | None
     if "next_sentence_label" not in evaluation.column_names or len(evaluation) == 0:
         return None, None
     random_share = float(np.mean(evaluation.data.table.column("next_sentence_label").to_numpy()))
-    if random_share in (0.0, 1.0):
-        return 1.0, 0.0
-    entropy = -(random_share * math.log(random_share) + (1 - random_share) * math.log(1 - random_share))
+    # 0 log 0 is 0 (one label only: entropy 0.0, not -0.0)
+    entropy = 0.0 - sum(share * math.log(share) for share in (random_share, 1 - random_share) if share > 0)
     return max(random_share, 1 - random_share), entropy
-
-
-def compute_baselines(
-    train_tokenized: datasets.Dataset, evaluation: datasets.Dataset, tokenizer: Any
-) -> Baselines:
-    size = len(tokenizer)
-    train_counts = token_counts(train_tokenized.select_columns(["sentences"]), "sentences", size, depth=2)
-    eval_counts = token_counts(evaluation.select_columns(["input_ids"]), "input_ids", size, depth=1)
-    accuracy, loss = nsp_chance(evaluation)
-    return Baselines(
-        unigram_mlm_loss=unigram_cross_entropy(train_counts, eval_counts, tokenizer.all_special_ids),
-        nsp_chance_accuracy=accuracy,
-        nsp_chance_loss=loss,
-        nsp_eval_instances=len(evaluation),
-    )
-
-
-def _cache_path(train_tokenized: datasets.Dataset, evaluation: datasets.Dataset, key: list[Any]) -> Path | None:
-    """Beside the tokenized documents' cache files, keyed by both caches' fingerprints; None in memory."""
-    if not train_tokenized.cache_files:
-        return None
-    folder = Path(train_tokenized.cache_files[0]["filename"]).parent
-    fingerprint = Hasher.hash([train_tokenized._fingerprint, evaluation._fingerprint, key, _SOURCE_FINGERPRINT])
-    return folder / f"{_CACHE_PREFIX}{fingerprint}.json"
 
 
 def cached_corpus_health(
@@ -312,15 +271,20 @@ def cached_corpus_health(
     scope: str,
 ) -> CorpusHealth:
     """`CorpusHealth` of a run, read from the datasets cache, or computed and written there (call it with
-    one writer at a time, as the data stage's `cache_writers_first` does)."""
+    one writer at a time, as the data stage's `cache_writers_first` does); in memory, computed each time."""
     pairs = "next_sentence_label" in evaluation.column_names
-    path = _cache_path(train_tokenized, evaluation, [max_seq_length, pairs, scope])
-    if path is not None and path.is_file():
-        return CorpusHealth.from_dict(json.loads(path.read_text()))
-    health = CorpusHealth(
-        corpus_statistics(train_tokenized, train_documents, max_seq_length, pairs, scope),
-        compute_baselines(train_tokenized, evaluation, tokenizer),
-    )
+    path = None
+    if train_tokenized.cache_files:
+        fingerprint = Hasher.hash([train_tokenized._fingerprint, evaluation._fingerprint, _SOURCE_FINGERPRINT,
+                                   max_seq_length, pairs, scope])
+        path = Path(train_tokenized.cache_files[0]["filename"]).parent / f"{_CACHE_PREFIX}{fingerprint}.json"
+        if path.is_file():
+            return CorpusHealth.from_dict(json.loads(path.read_text()))
+    statistics = corpus_statistics(train_tokenized, train_documents, max_seq_length, pairs, scope)
+    train_counts = token_counts(train_tokenized, "sentences", len(tokenizer))
+    eval_counts = token_counts(evaluation, "input_ids", len(tokenizer))
+    unigram = unigram_cross_entropy(train_counts, eval_counts, tokenizer.all_special_ids)
+    health = CorpusHealth(statistics, Baselines(unigram, *nsp_chance(evaluation), len(evaluation)))
     if path is not None:
         write_json_atomic(path, health.to_dict())
     return health

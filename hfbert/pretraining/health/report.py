@@ -4,10 +4,8 @@ training_curves.png, and the model card's section."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from hfbert.files import write_json_atomic
 from hfbert.pretraining.health.corpus import EVENT_KINDS, NOTE_KINDS, CorpusHealth, HealthEvent
 
 RUN_HEALTH_NAME = "run_health.json"
@@ -16,23 +14,20 @@ RUN_HEALTH_NAME = "run_health.json"
 def health_report(corpus: CorpusHealth | None, events: list[HealthEvent]) -> dict[str, Any]:
     """What run_health.json holds: the `summary_line`, every event (kind, update, message, resolved_at), the
     corpus statistics and the baselines (absent where the data stage gave none)."""
-    report: dict[str, Any] = {
+    return {
         "status": summary_line(events),
         "event_kinds": list(EVENT_KINDS),
         "note_kinds": list(NOTE_KINDS),
         "events": [asdict(event) for event in events],
+        **({} if corpus is None else corpus.to_dict()),
     }
-    if corpus is not None:
-        report.update(corpus.to_dict())
-    return report
 
 
 def summary_line(events: list[HealthEvent]) -> str:
     """The warnings still open, those outgrown and the notes, in one line."""
-    warnings = [event for event in events if event.kind not in NOTE_KINDS]
-    standing = [event for event in warnings if event.resolved_at is None]
-    outgrown = [event for event in warnings if event.resolved_at is not None]
-    notes = [event for event in events if event.kind in NOTE_KINDS]
+    notes = [event for event in events if event.kind in NOTE_KINDS]  # never outgrown: `OUTGROWN_WHEN`
+    standing = [event for event in events if event.resolved_at is None and event.kind not in NOTE_KINDS]
+    outgrown = [event for event in events if event.resolved_at is not None]
     line = "no open warnings"
     if standing:
         line = f"{len(standing)} open warning(s): " + ", ".join(f"{e.kind} (update {e.update})" for e in standing)
@@ -42,11 +37,6 @@ def summary_line(events: list[HealthEvent]) -> str:
     if notes:
         line += "; note: " + ", ".join(f"{e.kind} (update {e.update})" for e in notes)
     return line
-
-
-def write_run_health(folder: str | Path, report: dict[str, Any]) -> Path:
-    """Write `report` (see `health_report`) to `folder/run_health.json` atomically."""
-    return write_json_atomic(Path(folder) / RUN_HEALTH_NAME, report)
 
 
 def report_reference_lines(report: dict[str, Any] | None) -> list[tuple[str, float, str]]:
@@ -81,19 +71,14 @@ def health_card_section(report: dict[str, Any]) -> str:
         lines += [card_line(event) for event in report["events"]]
     else:
         lines.append("No warnings: no corpus figure beyond its threshold and no signature of a stuck run.")
-    statistics, baselines = report.get("statistics"), report.get("baselines")
-    if statistics is not None:
-        tokens = statistics["tokens"] or 1
-        repeated = max(statistics["duplicate_paragraph_tokens"], statistics["duplicate_document_tokens"]) / tokens
+    if "statistics" in report:  # with the baselines: `CorpusHealth.to_dict`
+        corpus = CorpusHealth.from_dict(report)
+        figures, nsp = corpus.statistics, corpus.baselines.nsp_chance_accuracy
+        chance = "" if nsp is None else f", NSP chance accuracy {nsp:.3f}"
         lines += ["", (
-            f"Corpus ({statistics['scope']}): {statistics['documents']:,} documents, {statistics['paragraphs']:,} "
-            f"paragraphs, {statistics['tokens']:,} tokens; {repeated:.1%} of the tokens in repeated text, "
-            f"{statistics['unknown_tokens'] / tokens:.2%} [UNK].")]
-    if baselines is not None:
-        lines += ["", (
+            f"Corpus ({figures.scope}): {figures.documents:,} documents, {figures.paragraphs:,} paragraphs, "
+            f"{figures.tokens:,} tokens; {figures.duplicate_share:.1%} of the tokens in repeated text, "
+            f"{figures.share(figures.unknown_tokens):.2%} [UNK]."), "", (
             f"Baselines (dashed in the training curves): unigram held-out MLM loss "
-            f"{baselines['unigram_mlm_loss']:.3f}"
-            + ("" if baselines["nsp_chance_accuracy"] is None else
-               f", NSP chance accuracy {baselines['nsp_chance_accuracy']:.3f}")
-            + ".")]
+            f"{corpus.baselines.unigram_mlm_loss:.3f}{chance}.")]
     return "\n".join(lines) + "\n"

@@ -111,12 +111,11 @@ class SignatureState:
     peak_learning_rate: float = 0.0
     evaluations: int = 0
     # (held-out MLM loss, held-out MLM accuracy, mean training loss since the evaluation before) of each
-    # evaluation with a finite loss, with its update
+    # evaluation with a finite loss, with its update; the first one's loss is what "MLM improves" is against
     scores: list[tuple[int, float, float, float]] = field(default_factory=list)
     window_losses: list[float] = field(default_factory=list)  # training rows since the last evaluation
     window_nsp_accuracies: list[float] = field(default_factory=list)
     nsp_evaluations_at_chance: int = 0
-    first_eval_loss: float | None = None
     events: list[HealthEvent] = field(default_factory=list)  # every event so far, outgrown ones included
 
 
@@ -202,10 +201,9 @@ def nsp_event(
     line, accuracy = nsp_chance_line(baselines), row.get("eval_nsp_accuracy")
     if line is None or not _finite(accuracy):
         return None
-    at_chance = accuracy <= line
-    state.nsp_evaluations_at_chance = state.nsp_evaluations_at_chance + 1 if at_chance else 0
-    first = state.first_eval_loss
-    mlm_learns = first is not None and row["eval_mlm_loss"] < first - NSP_MLM_IMPROVEMENT
+    state.nsp_evaluations_at_chance = state.nsp_evaluations_at_chance + 1 if accuracy <= line else 0
+    first = state.scores[0][1]  # the first evaluation's own (at the first: no improvement)
+    mlm_learns = row["eval_mlm_loss"] < first - NSP_MLM_IMPROVEMENT
     if share < NSP_SHARE or state.nsp_evaluations_at_chance < NSP_CHANCE_EVALUATIONS or not mlm_learns:
         return None
     step, chance, training = int(row["step"]), baselines.nsp_chance_accuracy, _mean(state.window_nsp_accuracies)
@@ -242,10 +240,11 @@ def recent_gains(scores: list[tuple[int, float, float, float]]) -> tuple[bool, b
     )
 
 
-def learning_event(row: dict[str, Any], state: SignatureState, passes: float | None) -> HealthEvent | None:
+def learning_event(
+    row: dict[str, Any], state: SignatureState, gains: tuple[bool, bool, bool] | None, passes: float | None
+) -> HealthEvent | None:
     """Learning stopped (nothing improves) while the rate is high, or held-out MLM loss that does not improve
-    while the training loss does (the note)."""
-    gains = recent_gains(state.scores)
+    while the training loss does (the note); `gains`: `recent_gains` of the scores."""
     if gains is None:
         return None
     loss_gain, accuracy_gain, training_gain = gains
@@ -275,14 +274,13 @@ def evaluation_row_events(
     state.evaluations += 1
     loss, step = row.get("eval_mlm_loss"), int(row["step"])
     if not _finite(loss):
-        state.window_losses, state.window_nsp_accuracies = [], []
         return [], set()
     share = budget.share_spent(step, float(row.get("train_seconds", 0.0)))
     passes = None if budget.text_passes_per_update is None else step * budget.text_passes_per_update
     accuracy = row.get("eval_mlm_accuracy")
     state.scores.append((step, loss, accuracy if _finite(accuracy) else math.nan, _mean(state.window_losses)))
-    found = [learning_event(row, state, passes)]
     gains = recent_gains(state.scores)
+    found = [learning_event(row, state, gains, passes)]
     outgrown = {"stalled"} if gains is not None and any(gains) else set()
     if baselines is not None:
         found += [plateau_event(row, baselines, share), nsp_event(row, state, baselines, share, passes)]
@@ -291,9 +289,6 @@ def evaluation_row_events(
         line, nsp = nsp_chance_line(baselines), row.get("eval_nsp_accuracy")
         if line is not None and _finite(nsp) and nsp > line:
             outgrown.add("nsp_at_chance")
-    if state.first_eval_loss is None:
-        state.first_eval_loss = loss
-    state.window_losses, state.window_nsp_accuracies = [], []
     return [event for event in found if event is not None], outgrown
 
 
@@ -304,6 +299,7 @@ def observe_row(
     after it was outgrown."""
     if is_evaluation_row(row):
         found, outgrown = evaluation_row_events(row, state, baselines, budget)
+        state.window_losses, state.window_nsp_accuracies = [], []
     else:
         found, outgrown = training_row_events(row, state), set()
     changed = []
@@ -352,10 +348,9 @@ class RunHealth(Callback):
         if event.resolved_at is not None:
             logger.info(f"Run health, {event.kind} (update {event.update}): outgrown at update "
                         f"{event.resolved_at}: {OUTGROWN_WHEN[event.kind]}")
-        elif event.kind in NOTE_KINDS:
-            logger.info(f"Run health, {event.kind}: {event.message}")
         else:
-            logger.warning(f"Run health, {event.kind}: {event.message}")
+            level = logging.INFO if event.kind in NOTE_KINDS else logging.WARNING
+            logger.log(level, f"Run health, {event.kind}: {event.message}")
 
     def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
         self.state, replayed = detect_events(progress.log_history, self.baselines, self.budget)
