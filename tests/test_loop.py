@@ -259,7 +259,7 @@ def fit_with_stand_ins(monkeypatch, progress, max_seconds=None, num_processes=1,
     the batches were asked for, the checkpoints written and the final metrics (or the `Preempted` raised)."""
     recorder, batches, written = Recorder(), StandInBatches(), []
     monkeypatch.setattr(loop, "train_step", lambda *given: None)
-    monkeypatch.setattr(loop.TrainingWindow, "start", lambda device, seconds: StandInWindow())
+    monkeypatch.setattr(loop, "TrainingWindow", lambda device, seconds: StandInWindow())
     monkeypatch.setattr(loop, "check_loss_is_finite", lambda *given: None)
     monkeypatch.setattr(loop, "evaluate", evaluate or (lambda model, loader, accelerator: {"eval_mlm_loss": 2.0}))
 
