@@ -75,16 +75,9 @@ class HfBertConfig(PretrainedConfig):
 
     def validate_architecture(self) -> None:
         """Fail at construction, naming the field, for combinations the model cannot be built from."""
-        positive = (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        )
-        for name in positive:
+        # The sizes are the fields typed plain int (pad_token_id, int | None, is checked below).
+        sizes = [name for name, kind in HfBertConfig.__annotations__.items() if kind is int]
+        for name in sizes:
             if getattr(self, name) < 1:
                 raise ValueError(f"HfBertConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads != 0:

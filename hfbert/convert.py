@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import transformers
-from transformers import AutoTokenizer, BertConfig, PreTrainedModel
+from transformers import AutoTokenizer, BertConfig
 
 import hfbert
 from hfbert.configuration_hfbert import HfBertConfig
@@ -98,16 +98,27 @@ def _read_config(config_class: type, source: Path) -> transformers.PretrainedCon
     return config_class.from_pretrained(source)
 
 
-def _check_output_dir(output_dir: Path) -> None:
-    """Refused before the weights are read: the output folder must be new or empty."""
+def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_bert: bool) -> Path:
+    """Load the source folder with its own library's class and save its state dict as the twin class of the
+    other library (HfBertForX <-> BertForX), with the source's tokenizer if any, into a staged folder that
+    appears whole."""
+    source, output_dir = check_source(source_dir), Path(output_dir)
+    # refused before the weights are read
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise Refusal(f"output_dir {output_dir} exists and is not an empty folder; pass a new output folder")
-
-
-def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> Path:
-    """Save model and the source's tokenizer (if any) into a staged folder that appears whole."""
+    config = _read_config(HfBertConfig if to_bert else BertConfig, source)
+    architecture = _architecture(config, str(source))
+    if not to_bert and not architecture.startswith("Bert"):
+        raise Refusal(f"{source} holds a {architecture}, not a BERT model; pass a transformers BERT folder")
+    libraries = {"HfBert": hfbert, "Bert": transformers}
+    prefix, twin_prefix = ("HfBert", "Bert") if to_bert else ("Bert", "HfBert")
+    model, info = getattr(libraries[prefix], architecture).from_pretrained(source, output_loading_info=True)
+    check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
+    twin_config = bert_config_for(config) if to_bert else hfbert_config_for(config)
+    twin = getattr(libraries[twin_prefix], architecture.replace(prefix, twin_prefix, 1))(twin_config)
+    twin.load_state_dict(model.state_dict(), strict=True)
     with staged_folder(output_dir) as staging:
-        model.save_pretrained(staging)
+        twin.save_pretrained(staging)
         if (source / "tokenizer_config.json").exists() or (source / "vocab.txt").exists():
             AutoTokenizer.from_pretrained(source).save_pretrained(staging)
     return output_dir
@@ -116,33 +127,13 @@ def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> 
 def to_transformers(hfbert_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
     """Write an hfbert checkpoint as a stock BERT folder that `transformers.BertFor...` loads without
     `trust_remote_code` (weights, config with model_type "bert", tokenizer if present)."""
-    source = check_source(hfbert_dir)
-    _check_output_dir(Path(output_dir))
-    config = _read_config(HfBertConfig, source)
-    hfbert_architecture = _architecture(config, str(source))
-    model, info = getattr(hfbert, hfbert_architecture).from_pretrained(source, output_loading_info=True)
-    check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
-    bert_class = getattr(transformers, hfbert_architecture.replace("HfBert", "Bert", 1))
-    bert = bert_class(bert_config_for(config))
-    bert.load_state_dict(model.state_dict(), strict=True)
-    return _save_atomically(bert, source, Path(output_dir))
+    return _convert(hfbert_dir, output_dir, to_bert=True)
 
 
 def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
     """Write a stock BERT folder (as `BertForPreTraining.save_pretrained` writes it, or bert-base-uncased's
     layout) as an hfbert checkpoint, keeping its head."""
-    source = check_source(bert_dir)
-    _check_output_dir(Path(output_dir))
-    config = _read_config(BertConfig, source)
-    bert_architecture = _architecture(config, str(source))
-    if not bert_architecture.startswith("Bert"):
-        raise Refusal(f"{source} holds a {bert_architecture}, not a BERT model; pass a transformers BERT folder")
-    bert, info = getattr(transformers, bert_architecture).from_pretrained(source, output_loading_info=True)
-    check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
-    model_class = getattr(hfbert, bert_architecture.replace("Bert", "HfBert", 1))
-    model = model_class(hfbert_config_for(config))
-    model.load_state_dict(bert.state_dict(), strict=True)
-    return _save_atomically(model, source, Path(output_dir))
+    return _convert(bert_dir, output_dir, to_bert=False)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -758,17 +758,14 @@ class HfBertMaskedLMMixin:
 
     def masked_lm(
         self,
-        input_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        token_type_ids: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        inputs_embeds: torch.Tensor | None,
+        inputs: tuple[torch.Tensor | None, ...],
         labels: torch.Tensor | None,
         mlm_masked_rows_only: bool,
         masked_positions: torch.Tensor | None,
         kwargs: dict,
     ) -> tuple[BaseModelOutputWithPooling, torch.Tensor, torch.Tensor | None]:
-        """Encode, then MLM logits and loss: (encoder outputs, logits, loss).
+        """Encode `inputs` (HfBertModel.forward's first five arguments), then MLM logits and loss: (encoder
+        outputs, logits, loss).
 
         Dense by default: (B, T, V) logits. With `masked_positions` (static) or `mlm_masked_rows_only` and
         labels (dynamic), the last layer and the head run on the masked rows alone: the dense head spends most
@@ -776,6 +773,7 @@ class HfBertMaskedLMMixin:
         """
         config = self.config
         if masked_positions is not None:
+            input_ids, inputs_embeds = inputs[0], inputs[-1]
             shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
             check_masked_positions(masked_positions, labels, shape)
         every_position = bool(
@@ -783,16 +781,7 @@ class HfBertMaskedLMMixin:
             or kwargs.get("output_hidden_states", config.output_hidden_states)
         )
         positions = self.last_layer_positions(labels, mlm_masked_rows_only, masked_positions, every_position)
-        outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            last_layer_positions=positions,
-            return_dict=True,
-            **kwargs,
-        )
+        outputs = self.bert(*inputs, last_layer_positions=positions, return_dict=True, **kwargs)
         rows = outputs.last_hidden_state  # dense: (B, T, d) -> (B, T, V) logits
         if masked_positions is not None:  # static: (B, P, d) -> (B, P, V)
             # with positions, the last layer ran at [CLS] + the P slots
@@ -845,16 +834,9 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
                 `prediction_logits` is (B, P, V).
             Other arguments: see `HfBertModel.forward`.
         """
-        outputs, prediction_logits, mlm_loss = self.masked_lm(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            labels,
-            mlm_masked_rows_only,
-            masked_positions,
-            kwargs,
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, logits, mlm_loss = self.masked_lm(
+            inputs, labels, mlm_masked_rows_only, masked_positions, kwargs
         )
         seq_relationship_logits = self.cls.seq_relationship(outputs.pooler_output)  # (B, 2)
         nsp_loss = None
@@ -865,7 +847,7 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
             loss=sum(parts) if parts else None,
             mlm_loss=mlm_loss,
             nsp_loss=nsp_loss,
-            prediction_logits=prediction_logits,
+            prediction_logits=logits,
             seq_relationship_logits=seq_relationship_logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
@@ -895,17 +877,8 @@ class HfBertForMaskedLM(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput | tuple:
         """Masked-LM forward pass; `logits` are (B, T, V), or (M, V) / (B, P, V) as in HfBertForPreTraining."""
-        outputs, logits, loss = self.masked_lm(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            labels,
-            mlm_masked_rows_only,
-            masked_positions,
-            kwargs,
-        )
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, logits, loss = self.masked_lm(inputs, labels, mlm_masked_rows_only, masked_positions, kwargs)
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
