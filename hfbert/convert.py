@@ -42,16 +42,6 @@ def hfbert_config_for(config: BertConfig) -> HfBertConfig:
     return _convert_config(config, HfBertConfig)
 
 
-def _architecture(config: transformers.PretrainedConfig, source: str) -> str:
-    architectures = getattr(config, "architectures", None) or []
-    if len(architectures) != 1:
-        raise Refusal(
-            f"{source}/config.json must name exactly one architecture, got {architectures}; "
-            "re-save the model with save_pretrained so it is recorded."
-        )
-    return architectures[0]
-
-
 # Weights a folder may lack and still be the model it says: heads, which start fresh or are the task's own (a
 # BertForMaskedLM folder lacks the NSP head and the pooler).
 HEAD_WEIGHT_PREFIXES = ("cls.", "bert.pooler.", "classifier.", "qa_outputs.")
@@ -83,8 +73,8 @@ def check_source(source: str | os.PathLike) -> Path:
 
 
 def _read_config(config_class: type, source: Path) -> transformers.PretrainedConfig:
-    """The source's config, after refusing a source without one (or an unreachable Hub) or of another
-    model_type than `config_class`'s."""
+    """The source's config, after refusing a source without one (or an unreachable Hub), of another
+    model_type than `config_class`'s, or that names other than exactly one architecture."""
     try:
         found = transformers.PretrainedConfig.get_config_dict(source)[0].get("model_type")
     except OSError as error:
@@ -95,7 +85,13 @@ def _read_config(config_class: type, source: Path) -> transformers.PretrainedCon
             f"source {source} holds a {found!r} model, not {config_class.model_type!r}; to-transformers reads an "
             "hfbert folder (model_type 'hfbert'), from-transformers a transformers BERT one (model_type 'bert')"
         )
-    return config_class.from_pretrained(source)
+    config = config_class.from_pretrained(source)
+    if len(config.architectures or []) != 1:
+        raise Refusal(
+            f"{source}/config.json must name exactly one architecture, got {config.architectures or []}; "
+            "re-save the model with save_pretrained so it is recorded."
+        )
+    return config
 
 
 def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_bert: bool) -> Path:
@@ -107,7 +103,7 @@ def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_be
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise Refusal(f"output_dir {output_dir} exists and is not an empty folder; pass a new output folder")
     config = _read_config(HfBertConfig if to_bert else BertConfig, source)
-    architecture = _architecture(config, str(source))
+    architecture = config.architectures[0]
     if not to_bert and not architecture.startswith("Bert"):
         raise Refusal(f"{source} holds a {architecture}, not a BERT model; pass a transformers BERT folder")
     libraries = {"HfBert": hfbert, "Bert": transformers}
