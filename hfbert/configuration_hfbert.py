@@ -12,6 +12,7 @@ from transformers import PretrainedConfig
 
 # The Google BERT size grid (Turc et al., 2019, "Well-Read Students Learn Better"): (layers, hidden, heads).
 # The feed-forward width is always 4 * hidden and a head is always 64 wide.
+PRESET_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads")
 PRESETS: dict[str, tuple[int, int, int]] = {
     "tiny": (2, 128, 2),
     "mini": (4, 256, 4),
@@ -110,14 +111,8 @@ class HfBertConfig(PretrainedConfig):
         """
         if name not in PRESETS:
             raise ValueError(f"Unknown hfbert preset {name!r}; choose one of {sorted(PRESETS)}")
-        layers, hidden, heads = PRESETS[name]
-        sizes = {
-            "num_hidden_layers": layers,
-            "hidden_size": hidden,
-            "num_attention_heads": heads,
-            "intermediate_size": 4 * hidden,
-        }
-        return cls(**{**sizes, **overrides})
+        sizes = dict(zip(PRESET_FIELDS, PRESETS[name], strict=True))
+        return cls(**{**sizes, "intermediate_size": 4 * sizes["hidden_size"], **overrides})
 
 
 __all__ = ["PRESETS", "HfBertConfig"]
