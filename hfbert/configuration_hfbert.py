@@ -113,6 +113,3 @@ class HfBertConfig(PretrainedConfig):
             raise ValueError(f"Unknown hfbert preset {name!r}; choose one of {sorted(PRESETS)}")
         sizes = dict(zip(PRESET_FIELDS, PRESETS[name], strict=True))
         return cls(**{**sizes, "intermediate_size": 4 * sizes["hidden_size"], **overrides})
-
-
-__all__ = ["PRESETS", "HfBertConfig"]

@@ -1043,17 +1043,3 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-
-
-__all__ = [
-    "AUTO_MAP",
-    "HfBertForMaskedLM",
-    "HfBertForNextSentencePrediction",
-    "HfBertForPreTraining",
-    "HfBertForPreTrainingOutput",
-    "HfBertForQuestionAnswering",
-    "HfBertForSequenceClassification",
-    "HfBertForTokenClassification",
-    "HfBertModel",
-    "HfBertPreTrainedModel",
-]
