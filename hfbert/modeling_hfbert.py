@@ -915,34 +915,18 @@ class HfBertForNextSentencePrediction(HfBertPreTrainedModel):
         )
 
 
-def classifier_dropout(config: HfBertConfig) -> float:
-    """Dropout before a classifier: `classifier_dropout`, or `hidden_dropout_prob` when that is None."""
-    return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
+class HfBertClassifierModel(HfBertPreTrainedModel):
+    """BERT with dropout and a linear classifier on the pooled [CLS] representation or on every token
+    (`per_token`); a subclass names that, its output class and its loss."""
 
-
-def classification_loss(config: HfBertConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The loss transformers' sequence classifiers use, picked by `config.problem_type` (inferred once)."""
-    if config.problem_type is None:
-        if config.num_labels == 1:
-            config.problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            config.problem_type = "single_label_classification"
-        else:
-            config.problem_type = "multi_label_classification"
-    if config.problem_type == "regression":
-        return F.mse_loss(logits.squeeze(-1).float(), labels.float().reshape(logits.shape[:-1]))
-    if config.problem_type == "single_label_classification":
-        return F.cross_entropy(logits.float().view(-1, config.num_labels), labels.view(-1))
-    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
-
-
-class HfBertForSequenceClassification(HfBertPreTrainedModel):
-    """BERT with a linear classifier (or regressor, num_labels=1) on the pooled [CLS] representation."""
+    per_token: bool
+    output_class: type[ModelOutput]
 
     def __init__(self, config: HfBertConfig):
         super().__init__(config)
-        self.bert = HfBertModel(config)
-        self.dropout = nn.Dropout(classifier_dropout(config))
+        self.bert = HfBertModel(config, add_pooling_layer=not self.per_token)
+        dropout = config.classifier_dropout  # None: hidden_dropout_prob
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -956,48 +940,56 @@ class HfBertForSequenceClassification(HfBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> SequenceClassifierOutput | tuple:
-        """`labels` (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
+    ) -> SequenceClassifierOutput | TokenClassifierOutput | tuple:
+        """`labels`: see the subclass."""
         outputs = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
-        logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, num_labels)
-        loss = classification_loss(self.config, logits, labels) if labels is not None else None
-        return SequenceClassifierOutput(
+        features = outputs.last_hidden_state if self.per_token else outputs.pooler_output
+        logits = self.classifier(self.dropout(features))  # (B, T, num_labels) or (B, num_labels)
+        loss = self.classification_loss(logits, labels) if labels is not None else None
+        return self.output_class(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
 
 
-class HfBertForTokenClassification(HfBertPreTrainedModel):
-    """BERT with a linear classifier on every token (NER, tagging)."""
+class HfBertForSequenceClassification(HfBertClassifierModel):
+    """BERT with a linear classifier (or regressor, num_labels=1) on the pooled [CLS] representation.
 
-    def __init__(self, config: HfBertConfig):
-        super().__init__(config)
-        self.bert = HfBertModel(config, add_pooling_layer=False)
-        self.dropout = nn.Dropout(classifier_dropout(config))
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+    `labels` (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets.
+    """
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> TokenClassifierOutput | tuple:
-        """`labels` (B, T) class ids, -100 where no loss is taken."""
-        outputs = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
-        )
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) if labels is not None else None
-        return TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
+    per_token = False
+    output_class = SequenceClassifierOutput
+
+    def classification_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """transformers' sequence-classification loss, picked by `config.problem_type` (inferred once)."""
+        config = self.config
+        if config.problem_type is None:
+            if config.num_labels == 1:
+                config.problem_type = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                config.problem_type = "single_label_classification"
+            else:
+                config.problem_type = "multi_label_classification"
+        if config.problem_type == "regression":
+            return F.mse_loss(logits.squeeze(-1).float(), labels.float().reshape(logits.shape[:-1]))
+        if config.problem_type == "single_label_classification":
+            return F.cross_entropy(logits.float().view(-1, config.num_labels), labels.view(-1))
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+class HfBertForTokenClassification(HfBertClassifierModel):
+    """BERT with a linear classifier on every token (NER, tagging).
+
+    `labels` (B, T) class ids, -100 where no loss is taken.
+    """
+
+    per_token = True
+    output_class = TokenClassifierOutput
+
+    def classification_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
 class HfBertForQuestionAnswering(HfBertPreTrainedModel):
