@@ -12,6 +12,7 @@ from transformers import PretrainedConfig
 
 # The Google BERT size grid (Turc et al., 2019, "Well-Read Students Learn Better"): (layers, hidden, heads).
 # The feed-forward width is always 4 * hidden and a head is always 64 wide.
+PRESET_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads")
 PRESETS: dict[str, tuple[int, int, int]] = {
     "tiny": (2, 128, 2),
     "mini": (4, 256, 4),
@@ -75,16 +76,9 @@ class HfBertConfig(PretrainedConfig):
 
     def validate_architecture(self) -> None:
         """Fail at construction, naming the field, for combinations the model cannot be built from."""
-        positive = (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        )
-        for name in positive:
+        # The sizes are the fields typed plain int (pad_token_id, int | None, is checked below).
+        sizes = [name for name, kind in HfBertConfig.__annotations__.items() if kind is int]
+        for name in sizes:
             if getattr(self, name) < 1:
                 raise ValueError(f"HfBertConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads != 0:
@@ -117,14 +111,5 @@ class HfBertConfig(PretrainedConfig):
         """
         if name not in PRESETS:
             raise ValueError(f"Unknown hfbert preset {name!r}; choose one of {sorted(PRESETS)}")
-        layers, hidden, heads = PRESETS[name]
-        sizes = {
-            "num_hidden_layers": layers,
-            "hidden_size": hidden,
-            "num_attention_heads": heads,
-            "intermediate_size": 4 * hidden,
-        }
-        return cls(**{**sizes, **overrides})
-
-
-__all__ = ["PRESETS", "HfBertConfig"]
+        sizes = dict(zip(PRESET_FIELDS, PRESETS[name], strict=True))
+        return cls(**{**sizes, "intermediate_size": 4 * sizes["hidden_size"], **overrides})

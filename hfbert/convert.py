@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import transformers
-from transformers import AutoTokenizer, BertConfig, PreTrainedModel
+from transformers import AutoTokenizer, BertConfig
 
 import hfbert
 from hfbert.configuration_hfbert import HfBertConfig
@@ -40,16 +40,6 @@ def hfbert_config_for(config: BertConfig) -> HfBertConfig:
     """The `HfBertConfig` of a stock BERT config's architecture (BERT's decoder fields, such as is_decoder,
     ride along as extra attributes, unused)."""
     return _convert_config(config, HfBertConfig)
-
-
-def _architecture(config: transformers.PretrainedConfig, source: str) -> str:
-    architectures = getattr(config, "architectures", None) or []
-    if len(architectures) != 1:
-        raise Refusal(
-            f"{source}/config.json must name exactly one architecture, got {architectures}; "
-            "re-save the model with save_pretrained so it is recorded."
-        )
-    return architectures[0]
 
 
 # Weights a folder may lack and still be the model it says: heads, which start fresh or are the task's own (a
@@ -83,8 +73,8 @@ def check_source(source: str | os.PathLike) -> Path:
 
 
 def _read_config(config_class: type, source: Path) -> transformers.PretrainedConfig:
-    """The source's config, after refusing a source without one (or an unreachable Hub) or of another
-    model_type than `config_class`'s."""
+    """The source's config, after refusing a source without one (or an unreachable Hub), of another
+    model_type than `config_class`'s, or that names other than exactly one architecture."""
     try:
         found = transformers.PretrainedConfig.get_config_dict(source)[0].get("model_type")
     except OSError as error:
@@ -95,19 +85,36 @@ def _read_config(config_class: type, source: Path) -> transformers.PretrainedCon
             f"source {source} holds a {found!r} model, not {config_class.model_type!r}; to-transformers reads an "
             "hfbert folder (model_type 'hfbert'), from-transformers a transformers BERT one (model_type 'bert')"
         )
-    return config_class.from_pretrained(source)
+    config = config_class.from_pretrained(source)
+    if len(config.architectures or []) != 1:
+        raise Refusal(
+            f"{source}/config.json must name exactly one architecture, got {config.architectures or []}; "
+            "re-save the model with save_pretrained so it is recorded."
+        )
+    return config
 
 
-def _check_output_dir(output_dir: Path) -> None:
-    """Refused before the weights are read: the output folder must be new or empty."""
+def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_bert: bool) -> Path:
+    """Load the source folder with its own library's class and save its state dict as the twin class of the
+    other library (HfBertForX <-> BertForX), with the source's tokenizer if any, into a staged folder that
+    appears whole."""
+    source, output_dir = check_source(source_dir), Path(output_dir)
+    # refused before the weights are read
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise Refusal(f"output_dir {output_dir} exists and is not an empty folder; pass a new output folder")
-
-
-def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> Path:
-    """Save model and the source's tokenizer (if any) into a staged folder that appears whole."""
+    config = _read_config(HfBertConfig if to_bert else BertConfig, source)
+    architecture = config.architectures[0]
+    if not to_bert and not architecture.startswith("Bert"):
+        raise Refusal(f"{source} holds a {architecture}, not a BERT model; pass a transformers BERT folder")
+    libraries = {"HfBert": hfbert, "Bert": transformers}
+    prefix, twin_prefix = ("HfBert", "Bert") if to_bert else ("Bert", "HfBert")
+    model, info = getattr(libraries[prefix], architecture).from_pretrained(source, output_loading_info=True)
+    check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
+    twin_config = bert_config_for(config) if to_bert else hfbert_config_for(config)
+    twin = getattr(libraries[twin_prefix], architecture.replace(prefix, twin_prefix, 1))(twin_config)
+    twin.load_state_dict(model.state_dict(), strict=True)
     with staged_folder(output_dir) as staging:
-        model.save_pretrained(staging)
+        twin.save_pretrained(staging)
         if (source / "tokenizer_config.json").exists() or (source / "vocab.txt").exists():
             AutoTokenizer.from_pretrained(source).save_pretrained(staging)
     return output_dir
@@ -116,33 +123,13 @@ def _save_atomically(model: PreTrainedModel, source: Path, output_dir: Path) -> 
 def to_transformers(hfbert_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
     """Write an hfbert checkpoint as a stock BERT folder that `transformers.BertFor...` loads without
     `trust_remote_code` (weights, config with model_type "bert", tokenizer if present)."""
-    source = check_source(hfbert_dir)
-    _check_output_dir(Path(output_dir))
-    config = _read_config(HfBertConfig, source)
-    hfbert_architecture = _architecture(config, str(source))
-    model, info = getattr(hfbert, hfbert_architecture).from_pretrained(source, output_loading_info=True)
-    check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
-    bert_class = getattr(transformers, hfbert_architecture.replace("HfBert", "Bert", 1))
-    bert = bert_class(bert_config_for(config))
-    bert.load_state_dict(model.state_dict(), strict=True)
-    return _save_atomically(bert, source, Path(output_dir))
+    return _convert(hfbert_dir, output_dir, to_bert=True)
 
 
 def from_transformers(bert_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
     """Write a stock BERT folder (as `BertForPreTraining.save_pretrained` writes it, or bert-base-uncased's
     layout) as an hfbert checkpoint, keeping its head."""
-    source = check_source(bert_dir)
-    _check_output_dir(Path(output_dir))
-    config = _read_config(BertConfig, source)
-    bert_architecture = _architecture(config, str(source))
-    if not bert_architecture.startswith("Bert"):
-        raise Refusal(f"{source} holds a {bert_architecture}, not a BERT model; pass a transformers BERT folder")
-    bert, info = getattr(transformers, bert_architecture).from_pretrained(source, output_loading_info=True)
-    check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
-    model_class = getattr(hfbert, bert_architecture.replace("Bert", "HfBert", 1))
-    model = model_class(hfbert_config_for(config))
-    model.load_state_dict(bert.state_dict(), strict=True)
-    return _save_atomically(model, source, Path(output_dir))
+    return _convert(bert_dir, output_dir, to_bert=False)
 
 
 def main(argv: list[str] | None = None) -> None:

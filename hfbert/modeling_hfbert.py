@@ -758,17 +758,14 @@ class HfBertMaskedLMMixin:
 
     def masked_lm(
         self,
-        input_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        token_type_ids: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        inputs_embeds: torch.Tensor | None,
+        inputs: tuple[torch.Tensor | None, ...],
         labels: torch.Tensor | None,
         mlm_masked_rows_only: bool,
         masked_positions: torch.Tensor | None,
         kwargs: dict,
     ) -> tuple[BaseModelOutputWithPooling, torch.Tensor, torch.Tensor | None]:
-        """Encode, then MLM logits and loss: (encoder outputs, logits, loss).
+        """Encode `inputs` (HfBertModel.forward's first five arguments), then MLM logits and loss: (encoder
+        outputs, logits, loss).
 
         Dense by default: (B, T, V) logits. With `masked_positions` (static) or `mlm_masked_rows_only` and
         labels (dynamic), the last layer and the head run on the masked rows alone: the dense head spends most
@@ -776,6 +773,7 @@ class HfBertMaskedLMMixin:
         """
         config = self.config
         if masked_positions is not None:
+            input_ids, inputs_embeds = inputs[0], inputs[-1]
             shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
             check_masked_positions(masked_positions, labels, shape)
         every_position = bool(
@@ -783,16 +781,7 @@ class HfBertMaskedLMMixin:
             or kwargs.get("output_hidden_states", config.output_hidden_states)
         )
         positions = self.last_layer_positions(labels, mlm_masked_rows_only, masked_positions, every_position)
-        outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            last_layer_positions=positions,
-            return_dict=True,
-            **kwargs,
-        )
+        outputs = self.bert(*inputs, last_layer_positions=positions, return_dict=True, **kwargs)
         rows = outputs.last_hidden_state  # dense: (B, T, d) -> (B, T, V) logits
         if masked_positions is not None:  # static: (B, P, d) -> (B, P, V)
             # with positions, the last layer ran at [CLS] + the P slots
@@ -845,16 +834,9 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
                 `prediction_logits` is (B, P, V).
             Other arguments: see `HfBertModel.forward`.
         """
-        outputs, prediction_logits, mlm_loss = self.masked_lm(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            labels,
-            mlm_masked_rows_only,
-            masked_positions,
-            kwargs,
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, logits, mlm_loss = self.masked_lm(
+            inputs, labels, mlm_masked_rows_only, masked_positions, kwargs
         )
         seq_relationship_logits = self.cls.seq_relationship(outputs.pooler_output)  # (B, 2)
         nsp_loss = None
@@ -865,7 +847,7 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
             loss=sum(parts) if parts else None,
             mlm_loss=mlm_loss,
             nsp_loss=nsp_loss,
-            prediction_logits=prediction_logits,
+            prediction_logits=logits,
             seq_relationship_logits=seq_relationship_logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
@@ -895,17 +877,8 @@ class HfBertForMaskedLM(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput | tuple:
         """Masked-LM forward pass; `logits` are (B, T, V), or (M, V) / (B, P, V) as in HfBertForPreTraining."""
-        outputs, logits, loss = self.masked_lm(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            labels,
-            mlm_masked_rows_only,
-            masked_positions,
-            kwargs,
-        )
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        outputs, logits, loss = self.masked_lm(inputs, labels, mlm_masked_rows_only, masked_positions, kwargs)
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -942,34 +915,18 @@ class HfBertForNextSentencePrediction(HfBertPreTrainedModel):
         )
 
 
-def classifier_dropout(config: HfBertConfig) -> float:
-    """Dropout before a classifier: `classifier_dropout`, or `hidden_dropout_prob` when that is None."""
-    return config.hidden_dropout_prob if config.classifier_dropout is None else config.classifier_dropout
+class HfBertClassifierModel(HfBertPreTrainedModel):
+    """BERT with dropout and a linear classifier on the pooled [CLS] representation or on every token
+    (`per_token`); a subclass names that, its output class and its loss."""
 
-
-def classification_loss(config: HfBertConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The loss transformers' sequence classifiers use, picked by `config.problem_type` (inferred once)."""
-    if config.problem_type is None:
-        if config.num_labels == 1:
-            config.problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            config.problem_type = "single_label_classification"
-        else:
-            config.problem_type = "multi_label_classification"
-    if config.problem_type == "regression":
-        return F.mse_loss(logits.squeeze(-1).float(), labels.float().reshape(logits.shape[:-1]))
-    if config.problem_type == "single_label_classification":
-        return F.cross_entropy(logits.float().view(-1, config.num_labels), labels.view(-1))
-    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
-
-
-class HfBertForSequenceClassification(HfBertPreTrainedModel):
-    """BERT with a linear classifier (or regressor, num_labels=1) on the pooled [CLS] representation."""
+    per_token: bool
+    output_class: type[ModelOutput]
 
     def __init__(self, config: HfBertConfig):
         super().__init__(config)
-        self.bert = HfBertModel(config)
-        self.dropout = nn.Dropout(classifier_dropout(config))
+        self.bert = HfBertModel(config, add_pooling_layer=not self.per_token)
+        dropout = config.classifier_dropout  # None: hidden_dropout_prob
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -983,48 +940,56 @@ class HfBertForSequenceClassification(HfBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> SequenceClassifierOutput | tuple:
-        """`labels` (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets."""
+    ) -> SequenceClassifierOutput | TokenClassifierOutput | tuple:
+        """`labels`: see the subclass."""
         outputs = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
-        logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, num_labels)
-        loss = classification_loss(self.config, logits, labels) if labels is not None else None
-        return SequenceClassifierOutput(
+        features = outputs.last_hidden_state if self.per_token else outputs.pooler_output
+        logits = self.classifier(self.dropout(features))  # (B, T, num_labels) or (B, num_labels)
+        loss = self.classification_loss(logits, labels) if labels is not None else None
+        return self.output_class(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
 
 
-class HfBertForTokenClassification(HfBertPreTrainedModel):
-    """BERT with a linear classifier on every token (NER, tagging)."""
+class HfBertForSequenceClassification(HfBertClassifierModel):
+    """BERT with a linear classifier (or regressor, num_labels=1) on the pooled [CLS] representation.
 
-    def __init__(self, config: HfBertConfig):
-        super().__init__(config)
-        self.bert = HfBertModel(config, add_pooling_layer=False)
-        self.dropout = nn.Dropout(classifier_dropout(config))
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+    `labels` (B,) class ids, (B,) floats for regression, or (B, num_labels) multi-label targets.
+    """
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> TokenClassifierOutput | tuple:
-        """`labels` (B, T) class ids, -100 where no loss is taken."""
-        outputs = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
-        )
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) if labels is not None else None
-        return TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
+    per_token = False
+    output_class = SequenceClassifierOutput
+
+    def classification_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """transformers' sequence-classification loss, picked by `config.problem_type` (inferred once)."""
+        config = self.config
+        if config.problem_type is None:
+            if config.num_labels == 1:
+                config.problem_type = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                config.problem_type = "single_label_classification"
+            else:
+                config.problem_type = "multi_label_classification"
+        if config.problem_type == "regression":
+            return F.mse_loss(logits.squeeze(-1).float(), labels.float().reshape(logits.shape[:-1]))
+        if config.problem_type == "single_label_classification":
+            return F.cross_entropy(logits.float().view(-1, config.num_labels), labels.view(-1))
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+class HfBertForTokenClassification(HfBertClassifierModel):
+    """BERT with a linear classifier on every token (NER, tagging).
+
+    `labels` (B, T) class ids, -100 where no loss is taken.
+    """
+
+    per_token = True
+    output_class = TokenClassifierOutput
+
+    def classification_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
 class HfBertForQuestionAnswering(HfBertPreTrainedModel):
@@ -1070,17 +1035,3 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-
-
-__all__ = [
-    "AUTO_MAP",
-    "HfBertForMaskedLM",
-    "HfBertForNextSentencePrediction",
-    "HfBertForPreTraining",
-    "HfBertForPreTrainingOutput",
-    "HfBertForQuestionAnswering",
-    "HfBertForSequenceClassification",
-    "HfBertForTokenClassification",
-    "HfBertModel",
-    "HfBertPreTrainedModel",
-]
