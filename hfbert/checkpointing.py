@@ -19,7 +19,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -162,13 +162,10 @@ def _write_manifest(folder: Path, step: int, num_processes: int) -> None:
         for path in sorted(folder.rglob("*"))
         if path.is_file()
     }
-    manifest = {
-        "format_version": MANIFEST_FORMAT_VERSION,
-        "step": step,
-        "num_processes": num_processes,
-        "files": files,
-    }
-    write_json_atomic(folder / MANIFEST_NAME, manifest)
+    write_json_atomic(
+        folder / MANIFEST_NAME,
+        {"format_version": MANIFEST_FORMAT_VERSION, "step": step, "num_processes": num_processes, "files": files},
+    )
 
 
 def _earlier_checkpoints_hint(checkpoint: Path) -> str:
@@ -682,12 +679,9 @@ def _open_locked(lock_path: Path) -> int:
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         _flock(fd, lock_path)
-        try:
-            same_file = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
-        except FileNotFoundError:
-            same_file = False
-        if same_file:
-            return fd
+        with suppress(FileNotFoundError):  # a removed lock file is not the one locked
+            if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
+                return fd
         os.close(fd)  # the previous holder removed the file between our open and flock: lock the new one
 
 
