@@ -19,7 +19,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -104,11 +104,8 @@ class TrainingProgress:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the progress saved by `state_dict` (an older format is refused first, by
         `_check_progress_format`)."""
-        self.completed_steps = int(state["completed_steps"])
-        self.epoch = int(state["epoch"])
-        self.micro_batches_in_epoch = int(state["micro_batches_in_epoch"])
-        self.log_history = list(state["log_history"])
-        self.train_seconds = float(state["train_seconds"])
+        for name in asdict(self):
+            setattr(self, name, state[name])
 
 
 def _check_progress_format(checkpoint: Path) -> None:
@@ -165,13 +162,10 @@ def _write_manifest(folder: Path, step: int, num_processes: int) -> None:
         for path in sorted(folder.rglob("*"))
         if path.is_file()
     }
-    manifest = {
-        "format_version": MANIFEST_FORMAT_VERSION,
-        "step": step,
-        "num_processes": num_processes,
-        "files": files,
-    }
-    write_json_atomic(folder / MANIFEST_NAME, manifest)
+    write_json_atomic(
+        folder / MANIFEST_NAME,
+        {"format_version": MANIFEST_FORMAT_VERSION, "step": step, "num_processes": num_processes, "files": files},
+    )
 
 
 def _earlier_checkpoints_hint(checkpoint: Path) -> str:
@@ -250,24 +244,6 @@ def damaged_file(checkpoint: str | os.PathLike) -> str | None:
     return None
 
 
-def _check_no_automatic_naming(accelerator: Accelerator) -> None:
-    # With automatic_checkpoint_naming, save_state ignores its output_dir and prunes by
-    # ProjectConfiguration.total_limit itself, which would bypass the temp-folder-and-rename protocol.
-    if accelerator.project_configuration.automatic_checkpoint_naming:
-        raise CheckpointError(
-            "Accelerator was built with ProjectConfiguration(automatic_checkpoint_naming=True); hfbert names, "
-            "writes and prunes checkpoints itself: build the Accelerator without automatic_checkpoint_naming "
-            "and total_limit"
-        )
-
-
-def _remove_leftover_temp_folders(output_dir: Path) -> None:
-    prefixes = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
-    for path in output_dir.iterdir():
-        if path.is_dir() and path.name.startswith(prefixes):
-            shutil.rmtree(path)
-
-
 def _finish_interrupted_replace(output_dir: Path) -> None:
     """A save of a step that has a checkpoint parks the old one, then renames the new one into place; a kill
     between the two renames leaves no checkpoint-N. Put the new one in place (its manifest, written last, says
@@ -332,7 +308,14 @@ def save_checkpoint(
     `total_limit`. A failed write (e.g. a full disk) raises `CheckpointError` and leaves earlier checkpoints
     untouched. Returns the checkpoint folder.
     """
-    _check_no_automatic_naming(accelerator)
+    # With automatic_checkpoint_naming, save_state ignores its output_dir and prunes by
+    # ProjectConfiguration.total_limit itself, which would bypass the temp-folder-and-rename protocol.
+    if accelerator.project_configuration.automatic_checkpoint_naming:
+        raise CheckpointError(
+            "Accelerator was built with ProjectConfiguration(automatic_checkpoint_naming=True); hfbert names, "
+            "writes and prunes checkpoints itself: build the Accelerator without automatic_checkpoint_naming "
+            "and total_limit"
+        )
     if total_limit is not None and total_limit < 1:
         raise CheckpointError(f"--checkpoints_total_limit {total_limit} must be >= 1 (or unset to keep all)")
     output_dir = Path(output_dir)
@@ -340,7 +323,11 @@ def save_checkpoint(
     final_folder = checkpoint_folder(output_dir, step)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        _remove_leftover_temp_folders(output_dir)
+        for path in output_dir.iterdir():
+            if path.is_dir() and path.name.startswith(
+                (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
+            ):
+                shutil.rmtree(path)
     accelerator.wait_for_everyone()
 
     def write_main_files() -> None:
@@ -358,14 +345,13 @@ def save_checkpoint(
     for write in (state, write_main_files if accelerator.is_main_process else None):  # each agreed on
         write_on_every_process(accelerator, write, final_folder, output_dir, staged=temp_folder)
     if accelerator.is_main_process:
+        # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
+        replaced = output_dir / f"{REPLACED_CHECKPOINT_PREFIX}{step}"
         if final_folder.exists():
-            # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
-            replaced = output_dir / f"{REPLACED_CHECKPOINT_PREFIX}{step}"
             os.replace(final_folder, replaced)
-            os.replace(temp_folder, final_folder)
+        os.replace(temp_folder, final_folder)
+        if replaced.exists():
             shutil.rmtree(replaced)
-        else:
-            os.replace(temp_folder, final_folder)
         if total_limit is not None:
             _prune_checkpoints(output_dir, total_limit)
     accelerator.wait_for_everyone()
@@ -488,10 +474,10 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
     path), its progress in the format this hfbert reads. Raises `CheckpointError` before anything is written.
     Hashes every file: call it once, on the main process."""
     output_dir = Path(output_dir)
-    if resume_from_checkpoint == "auto" and not find_checkpoints(output_dir):
-        return None
     if resume_from_checkpoint in ("latest", "auto"):
         checkpoints = find_checkpoints(output_dir)
+        if not checkpoints and resume_from_checkpoint == "auto":
+            return None
         incomplete = [  # what no reader may use: interrupted saves and folders without a manifest
             path.name
             for path in _checkpoint_folders(output_dir, (TEMP_CHECKPOINT_PREFIX,))
@@ -560,13 +546,6 @@ def _check_auto_start(output_dir: Path) -> None:
         )
 
 
-def _resumes_from(output_dir: Path, resume_from_checkpoint: str) -> bool:
-    """Whether `--resume_from_checkpoint` names a checkpoint of `output_dir` itself ('latest' does)."""
-    if resume_from_checkpoint in ("latest", "auto"):
-        return True
-    return Path(resume_from_checkpoint).absolute().parent.resolve() == output_dir.absolute().resolve()
-
-
 def _describe_folder(output_dir: Path, names: list[str]) -> str:
     """What a folder holds, for a refusal: a run (its files, corpus and step where it records them) or files."""
     shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
@@ -594,7 +573,11 @@ def check_run_folder(
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise CheckpointError(f"--output_dir {output_dir} is a file, not a folder; pass a folder path")
-    resumes_own_run = resume_from_checkpoint is not None and _resumes_from(output_dir, resume_from_checkpoint)
+    # Whether --resume_from_checkpoint names a checkpoint of output_dir itself ('latest' and 'auto' do).
+    resumes_own_run = resume_from_checkpoint in ("latest", "auto") or (
+        resume_from_checkpoint is not None
+        and Path(resume_from_checkpoint).absolute().parent.resolve() == output_dir.absolute().resolve()
+    )
     if resumes_own_run and overwrite_output_dir:
         raise CheckpointError(
             "--resume_from_checkpoint and --overwrite_output_dir contradict each other (overwriting removes the "
@@ -696,12 +679,9 @@ def _open_locked(lock_path: Path) -> int:
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         _flock(fd, lock_path)
-        try:
-            same_file = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
-        except FileNotFoundError:
-            same_file = False
-        if same_file:
-            return fd
+        with suppress(FileNotFoundError):  # a removed lock file is not the one locked
+            if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
+                return fd
         os.close(fd)  # the previous holder removed the file between our open and flock: lock the new one
 
 
