@@ -18,22 +18,30 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.utils import gather_object, send_to_device
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hfbert.checkpointing import TrainingProgress
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, RunFailure
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.instances import DRAW_KEY, SHUFFLE_WINDOW, DrawnInstances, TrainingStream
 from hfbert.pretraining.reshard import micro_batches_to_skip
-from hfbert.pretraining.stream import StreamCollator, StreamedInstances, StreamLoader
+from hfbert.pretraining.stream import (
+    ERROR_KEY,
+    POSITION_KEY,
+    STREAM_STATE_NAME,
+    StreamedInstances,
+    StreamPosition,
+    read_stream_state,
+)
 
 if TYPE_CHECKING:
     from hfbert.pretraining.settings import DataSettings, OptimizationSettings
@@ -453,42 +461,24 @@ def loader_options(num_workers: int, pin_memory: bool, persistent: bool = True) 
     }
 
 
-class TrainingBatches(Protocol):
-    """A process's training batches, cached (`CachedBatches`) or streamed
-    (`hfbert.pretraining.stream.StreamLoader`): all that setup, the loop and a checkpoint ask of them."""
-
-    batches_per_epoch: int | None  # over all processes; None: a stream, one endless epoch of unknown length
-
-    def prepare(self, accelerator: Accelerator) -> None:
-        """Split the batches over this launch's processes."""
-
-    def epoch(self, epoch: int, progress: TrainingProgress, accelerator: Accelerator) -> Iterable[dict]:
-        """The batches of `epoch` from where `progress` stands, on this process's device."""
-
-    def logged_epoch(self, epoch: int) -> int:
-        """What the log calls `epoch` (a stream: its pass over the corpus)."""
-
-    def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
-        """The JSON files a checkpoint adds for the position (call on every process); {} where `progress`
-        holds it."""
-
-    def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
-        """Continue from `checkpoint`'s position (after its state, `progress` included, is loaded)."""
-
-
-class CachedBatches:
-    """Batches of the written or drawn instances: an epoch is a shuffle of them all, and the position within it
-    is `TrainingProgress.micro_batches_in_epoch` (global, so another process count continues it)."""
+class TrainingBatches:
+    """A process's training batches, all that setup, the loop and a checkpoint ask of them: here those of the
+    written or drawn instances, where an epoch is a shuffle of them all and the position within it is
+    `TrainingProgress.micro_batches_in_epoch` (global, so another process count continues it); a stream's are a
+    `StreamLoader`."""
 
     def __init__(self, loader: DataLoader):
         self.loader = loader
+        # Over all processes; None: a stream, one endless epoch of unknown length.
         self.batches_per_epoch: int | None = len(loader)
 
     def prepare(self, accelerator: Accelerator) -> None:
+        """Split the batches over this launch's processes."""
         self.loader = accelerator.prepare_data_loader(self.loader)
 
     def epoch(self, epoch: int, progress: TrainingProgress, accelerator: Accelerator) -> Iterable[dict]:
-        """The epoch's own shuffle, past the batches already trained on when resumed mid-epoch."""
+        """The batches of `epoch` from where `progress` stands, on this process's device: the epoch's own
+        shuffle, past the batches already trained on when resumed mid-epoch."""
         self.loader.set_epoch(epoch)
         if not progress.micro_batches_in_epoch:
             return self.loader
@@ -499,13 +489,91 @@ class CachedBatches:
         return accelerator.skip_first_batches(self.loader, skip)
 
     def logged_epoch(self, epoch: int) -> int:
+        """What the log calls `epoch` (a stream: its pass over the corpus)."""
         return epoch
 
     def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
+        """The JSON files a checkpoint adds for the position (call on every process); {} where `progress`
+        holds it."""
         return {}
 
     def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
-        pass  # the position is `progress`'s, loaded with the state
+        """Continue from `checkpoint`'s position (after its state, `progress` included, is loaded); here the
+        position is `progress`'s, loaded with the state."""
+
+
+@dataclass
+class StreamCollator:
+    """The loader's `collate_fn` for a stream: the batch as `DataCollatorForPretraining` builds it, and the
+    position of its last row; (None, message) when a worker found no instances in a whole pass."""
+
+    collator: DataCollatorForPretraining
+
+    def __call__(self, rows: list[dict[str, Any]]) -> tuple[dict[str, torch.Tensor] | None, Any]:
+        errors = [row[ERROR_KEY] for row in rows if ERROR_KEY in row]
+        if errors:
+            return None, errors[0]
+        columns = {key: [row[key] for row in rows] for key in rows[0] if key != POSITION_KEY}
+        return self.collator(columns), rows[-1][POSITION_KEY]
+
+
+@dataclass
+class StreamLoader(TrainingBatches):
+    """A process's training batches under --streaming: one endless epoch of unknown length, placed by its own position, which every checkpoint stores
+    (`stream_state.json`, every process's, gathered) and a resumed run restores before iterating.
+    Kept beside `datasets`' `IterableDataset.state_dict()`, which each position holds: that places the documents
+    read, not the row within a window's shuffled instances nor which loader worker's batch comes next."""
+
+    dataset: StreamedInstances
+    loader: DataLoader
+    num_workers: int
+    batches_taken: int = 0  # by this process, since the run started
+    positions: dict[int, StreamPosition] = field(default_factory=dict)  # by logical worker
+    stream_pass: int = 0  # the pass of the last batch taken (for the log)
+    batches_per_epoch: None = None  # a stream's length is unknown
+
+    def prepare(self, accelerator: Accelerator) -> None:
+        pass  # split by process already (split_dataset_by_node); `batches` moves each batch to the device
+
+    def epoch(self, epoch: int, progress: Any, accelerator: Accelerator) -> Iterator[dict[str, torch.Tensor]]:
+        return self.batches(accelerator.device)
+
+    def logged_epoch(self, epoch: int) -> int:
+        return self.stream_pass
+
+    def batches(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
+        for batch, position in self.loader:
+            if batch is None:
+                raise RunFailure(position)
+            self.positions[position.worker] = position
+            self.batches_taken += 1
+            self.stream_pass = position.epoch
+            yield send_to_device(batch, device, non_blocking=self.loader.pin_memory)
+        raise RunFailure("the training stream ended; it repeats its passes without end, so this is a bug")
+
+    def state(self) -> dict[str, Any]:
+        """This process's position (plain data, JSON)."""
+        return {
+            "batches_taken": self.batches_taken,
+            "positions": [asdict(position) for _, position in sorted(self.positions.items())],
+        }
+
+    def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
+        """`stream_state.json`: every process's position, gathered (call on every process)."""
+        ranks = gather_object([self.state()]) if accelerator.num_processes > 1 else [self.state()]
+        saved = {"num_processes": accelerator.num_processes, "num_workers": self.num_workers, "ranks": ranks}
+        return {STREAM_STATE_NAME: saved}
+
+    def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
+        self.restore(read_stream_state(checkpoint), accelerator.process_index)
+
+    def restore(self, saved: dict[str, Any], rank: int) -> None:
+        """Continue from a checkpoint's `stream_state.json` (checked by `check_stream_checkpoint`)."""
+        state = saved["ranks"][rank]
+        self.batches_taken = int(state["batches_taken"])
+        self.positions = {int(p["worker"]): StreamPosition(**p) for p in state["positions"]}
+        self.dataset.positions = dict(self.positions)
+        self.dataset.rotation = self.batches_taken % max(1, self.num_workers)
 
 
 def build_loaders(
@@ -513,7 +581,7 @@ def build_loaders(
 ) -> tuple[TrainingBatches, DataLoader]:
     """Training batches and the evaluation loader, whose collate_fn builds finished batches (padded, masked,
     static form when planned) in worker processes, into pinned memory on CUDA; the training instances are made
-    there too: drawn ones (`CachedBatches`) or a stream's (`StreamLoader`, masks seeded by each instance's draw
+    there too: drawn ones (`TrainingBatches`) or a stream's (`StreamLoader`, masks seeded by each instance's draw
     id). `evaluation`: written instances (a ``datasets.Dataset``)."""
     collator = DataCollatorForPretraining(
         tokenizer, mlm_probability=plan.mlm_probability, whole_word_masking=plan.whole_word_masking, **_shape(plan)
@@ -535,7 +603,7 @@ def build_loaders(
             **options,
             **loader_options(plan.num_workers, plan.pin_memory),
         )
-        batches = CachedBatches(loader)
+        batches = TrainingBatches(loader)
     return batches, build_eval_loader(plan, tokenizer, evaluation)
 
 

@@ -223,7 +223,7 @@ def first_documents_with_text(
     tokenized as `tokenize_documents` tokenizes them, in memory: nothing is written (--dry_run)."""
     found: list[list[list[int]]] = []
     for batch in documents.iter(batch_size=DOCUMENTS_PER_BATCH):
-        found += _tokenize_batch(batch, tokenizer)["sentences"]
+        found += tokenize_batch(batch, None, tokenizer)["sentences"]
         if len(found) >= count:
             break
     return Dataset.from_dict({"sentences": found[:count]}, features=tokenized_features(len(tokenizer)))
@@ -272,7 +272,7 @@ def tokenized_with_statistics(
         ["tokenize_documents", documents._fingerprint, tokenizer_fingerprint(tokenizer), _SOURCE_FINGERPRINT]
     )
     return documents.map(
-        _tokenize_batch_with_statistics,
+        tokenize_batch,
         batched=True,
         with_indices=True,
         batch_size=DOCUMENTS_PER_BATCH,
@@ -286,15 +286,11 @@ def tokenized_with_statistics(
     )
 
 
-def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase) -> dict[str, list]:
-    """The ``"sentences"`` of a batch of documents (what a --streaming window tokenizes)."""
-    return {"sentences": _tokenize_batch_with_statistics(batch, None, tokenizer)["sentences"]}
-
-
-def _tokenize_batch_with_statistics(
+def tokenize_batch(
     batch: dict[str, list], indices: list[int] | None, tokenizer: PreTrainedTokenizerBase
 ) -> dict[str, list]:
-    """The batch's ``"sentences"`` and, given the documents' `indices`, their `STATISTICS_FEATURES` columns."""
+    """The ``"sentences"`` of a batch of documents and, given the documents' `indices`, their
+    `STATISTICS_FEATURES` columns (without: the sentences only, what a --streaming window tokenizes)."""
     sentences_per_paragraph = [
         [split_sentences(paragraph) for paragraph in paragraphs] for paragraphs in batch["paragraphs"]
     ]
@@ -307,14 +303,13 @@ def _tokenize_batch_with_statistics(
         backend.no_truncation()
     if backend.padding is not None:
         backend.no_padding()
-    flat_ids = [encoding.ids for encoding in backend.encode_batch_fast(flat_sentences, add_special_tokens=False)]
-    columns: dict[str, list] = {"sentences": []}
-    start = 0
+    encodings = iter(backend.encode_batch_fast(flat_sentences, add_special_tokens=False))
+    names = ["sentences", *(STATISTICS_FEATURES if indices is not None else [])]
+    columns: dict[str, list] = {name: [] for name in names}
     for number, document in enumerate(sentences_per_paragraph):
-        paragraph_ids = []
-        for sentences in document:
-            paragraph_ids.append(flat_ids[start : start + len(sentences)])
-            start += len(sentences)
+        paragraph_ids = [
+            [encoding.ids for encoding in itertools.islice(encodings, len(sentences))] for sentences in document
+        ]
         sentence_ids = [ids for sentences in paragraph_ids for ids in sentences if ids]
         if not sentence_ids:
             continue
@@ -323,9 +318,7 @@ def _tokenize_batch_with_statistics(
             paragraphs = batch["paragraphs"][number]
             row = document_statistics(paragraphs, paragraph_ids, tokenizer.unk_token_id, indices[number])
             for name, value in row.items():
-                columns.setdefault(name, []).append(value)
-    if indices is not None and not columns["sentences"]:
-        columns.update({name: [] for name in STATISTICS_FEATURES})
+                columns[name].append(value)
     return columns
 
 
@@ -554,9 +547,8 @@ def stream_validation_source(documents: IterableDatasetDict, data: DataSettings)
     validation split (at most --max_eval_samples documents, which give at least as many instances), else the
     first --stream_validation_documents of the training stream."""
     held_out = "validation" not in documents
-    count = data.stream_validation_documents if held_out else None
-    if data.max_eval_samples is not None:
-        count = data.max_eval_samples if count is None else min(count, data.max_eval_samples)
+    limits = [data.max_eval_samples, data.stream_validation_documents if held_out else None]
+    count = min((limit for limit in limits if limit is not None), default=None)
     return documents["train" if held_out else "validation"], count
 
 
