@@ -15,10 +15,10 @@ from datasets.distributed import split_dataset_by_node
 from hfbert.corpus import is_wikitext_article_heading, load_documents
 from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments
 from hfbert.errors import Refusal, RunFailure
-from hfbert.pretraining.batches import BatchPlan, build_loaders
+from hfbert.pretraining.batches import build_loaders
 from hfbert.pretraining.data import check_documents_left_to_train, tokenize_documents, validation_documents
 from hfbert.pretraining.instances import InstanceRecipe, TokenizedDocuments, TrainingStream
-from hfbert.pretraining.settings import DataSettings
+from hfbert.pretraining.settings import DataSettings, OptimizationSettings
 from hfbert.pretraining.stream import STREAM_STATE_NAME, check_stream_checkpoint, draw_id
 
 ARTICLES = 6
@@ -43,21 +43,10 @@ def make_recipe(tokenizer, objective="mlm+nsp") -> InstanceRecipe:
 
 
 def stream_loader(documents, tokenizer, workers: int, window: int = 2, objective="mlm+nsp", rank: int = 0):
-    plan = BatchPlan(
-        train_batch_size=16,
-        eval_batch_size=16,
-        max_predictions_per_seq=None,
-        pad_to_length=None,
-        fill_eval_batches=False,
-        drop_last=False,
-        num_workers=workers,
-        pin_memory=False,
-        mlm_probability=0.15,
-        eval_mlm_probability=0.15,
-        seed=5,
-    )
+    data = DataSettings(dataloader_num_workers=workers)
+    optimization = OptimizationSettings(per_device_train_batch_size=16, seed=5)
     stream = TrainingStream(documents, make_recipe(tokenizer, objective), tokenizer, window, rank)
-    loader, _ = build_loaders(plan, tokenizer, stream, [])
+    loader, _ = build_loaders(data, optimization, 16, torch.device("cpu"), tokenizer, stream, [])
     return loader
 
 

@@ -1,5 +1,5 @@
-"""Batches for BERT pretraining: the batch plan (every decision about a batch's shape, in `plan_batches`), the
-loaders built from it, the one batch builder (padding, MLM masking, the static form) and the
+"""Batches for BERT pretraining: the loaders (every decision about a batch's shape, in `build_loaders`), the
+one batch builder (padding, MLM masking, the static form) and the
 sampler that gives every row of every epoch its own draw id, so batches can be built ahead, in DataLoader
 workers, and still be reproduced exactly on resume.
 
@@ -374,7 +374,7 @@ class EpochDraws(Sampler[int]):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The batch plan: every decision about a batch's shape, made once, from the settings and the device.
+# The loaders: every decision about a batch's shape, made once, from the settings and the device.
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -395,56 +395,6 @@ def resolve_num_workers(requested: int | None, device: torch.device) -> int:
     if requested is not None:
         return requested
     return min(4, os.cpu_count() or 1) if device.type == "cuda" else 0
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """The shape of every batch of a run, decided once. Where the update is compiled (--torch_compile, the
-    CUDA default) every batch has one shape:
-    rows padded to --max_seq_length, full training batches (the last partial one of an epoch is dropped) and
-    evaluation batches filled up with padding rows."""
-
-    train_batch_size: int
-    eval_batch_size: int
-    max_predictions_per_seq: int | None  # static masked slots per row; None: every masked token (dynamic)
-    pad_to_length: int | None
-    fill_eval_batches: bool
-    drop_last: bool
-    num_workers: int
-    pin_memory: bool
-    mlm_probability: float
-    eval_mlm_probability: float
-    seed: int
-    whole_word_masking: bool = False  # training batches only: evaluation stays token-level, comparable
-
-
-def plan_batches(
-    data: DataSettings, optimization: OptimizationSettings, eval_batch_size: int, device: torch.device
-) -> BatchPlan:
-    """The batch plan of a run from its data and optimization settings and the device it trains on."""
-    compiled = optimization.compiles_update(device.type)
-    return BatchPlan(
-        train_batch_size=optimization.per_device_train_batch_size,
-        eval_batch_size=eval_batch_size,
-        max_predictions_per_seq=resolve_max_predictions(data, compiled, device),
-        pad_to_length=data.max_seq_length if compiled else None,
-        fill_eval_batches=compiled,
-        drop_last=compiled,
-        num_workers=resolve_num_workers(data.dataloader_num_workers, device),
-        pin_memory=device.type == "cuda",
-        mlm_probability=data.mlm_probability,
-        eval_mlm_probability=data.eval_mlm_probability,
-        whole_word_masking=data.whole_word_masking,
-        seed=optimization.seed,
-    )
-
-
-def _shape(plan: BatchPlan) -> dict[str, Any]:
-    return {
-        "max_predictions_per_seq": plan.max_predictions_per_seq,
-        "pad_to_length": plan.pad_to_length,
-        "seed": plan.seed,
-    }
 
 
 def loader_options(num_workers: int, pin_memory: bool, persistent: bool = True) -> dict[str, Any]:
@@ -577,53 +527,69 @@ class StreamLoader(TrainingBatches):
 
 
 def build_loaders(
-    plan: BatchPlan, tokenizer: Any, train: DrawnInstances | TrainingStream, evaluation: Any
+    data: DataSettings,
+    optimization: OptimizationSettings,
+    eval_batch_size: int,
+    device: torch.device,
+    tokenizer: Any,
+    train: DrawnInstances | TrainingStream,
+    evaluation: Any,
 ) -> tuple[TrainingBatches, DataLoader]:
-    """Training batches and the evaluation loader, whose collate_fn builds finished batches (padded, masked,
-    static form when planned) in worker processes, into pinned memory on CUDA; the training instances are made
-    there too: drawn ones (`TrainingBatches`) or a stream's (`StreamLoader`, masks seeded by each instance's draw
-    id). `evaluation`: written instances (a ``datasets.Dataset``)."""
+    """Training batches and the evaluation loader (`evaluation`: written instances, a ``datasets.Dataset``, in
+    order, the same masks at every evaluation), every decision about a batch's shape made here, from the
+    settings and the device. Their collate_fn builds finished batches (padded, masked, static form where
+    `resolve_max_predictions` says) in worker processes, into pinned memory on CUDA; the training instances are
+    made there too: drawn ones (`TrainingBatches`) or a stream's (`StreamLoader`, masks seeded by each
+    instance's draw id). Where the update is compiled (--torch_compile, the CUDA default) every batch has one
+    shape: rows padded to --max_seq_length, full training batches (the last partial one of an epoch is
+    dropped) and evaluation batches filled up with padding rows. Whole-word masking is for training batches
+    only: evaluation stays token-level, comparable."""
+    compiled = optimization.compiles_update(device.type)
+    shape = {
+        "max_predictions_per_seq": resolve_max_predictions(data, compiled, device),
+        "pad_to_length": data.max_seq_length if compiled else None,
+        "seed": optimization.seed,
+    }
+    workers, pin_memory = resolve_num_workers(data.dataloader_num_workers, device), device.type == "cuda"
     collator = DataCollatorForPretraining(
-        tokenizer, mlm_probability=plan.mlm_probability, whole_word_masking=plan.whole_word_masking, **_shape(plan)
+        tokenizer, mlm_probability=data.mlm_probability, whole_word_masking=data.whole_word_masking, **shape
     )
     # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG and shifts
     # the training dropout stream (the evaluation loader's too, at every evaluation).
-    options = {"batch_size": plan.train_batch_size, "generator": torch.Generator().manual_seed(plan.seed)}
+    options = {
+        "batch_size": optimization.per_device_train_batch_size,
+        "generator": torch.Generator().manual_seed(optimization.seed),
+    }
     if isinstance(train, TrainingStream):  # split by process already; the streamed loader never kept its workers
         instances = StreamedInstances(train)
-        workers = loader_options(plan.num_workers, plan.pin_memory, persistent=False)
-        loader = DataLoader(instances, collate_fn=StreamCollator(collator), **options, **workers)
-        batches: TrainingBatches = StreamLoader(instances, loader, plan.num_workers)
+        stream_workers = loader_options(workers, pin_memory, persistent=False)
+        loader = DataLoader(instances, collate_fn=StreamCollator(collator), **options, **stream_workers)
+        batches: TrainingBatches = StreamLoader(instances, loader, workers)
     else:
         loader = DataLoader(
             InstanceDraws(train),
-            sampler=EpochDraws(len(train), plan.seed, unit_offsets=train.unit_offsets),
+            sampler=EpochDraws(len(train), optimization.seed, unit_offsets=train.unit_offsets),
             collate_fn=collator,
-            drop_last=plan.drop_last and len(train) >= plan.train_batch_size,
+            drop_last=compiled and len(train) >= optimization.per_device_train_batch_size,
             **options,
-            **loader_options(plan.num_workers, plan.pin_memory),
+            **loader_options(workers, pin_memory),
         )
         batches = TrainingBatches(loader)
-    return batches, build_eval_loader(plan, tokenizer, evaluation)
-
-
-def build_eval_loader(plan: BatchPlan, tokenizer: Any, evaluation: Any) -> DataLoader:
-    """The evaluation loader: the written instances in order, the same masks at every evaluation."""
-    eval_batch = plan.eval_batch_size
     eval_collator = DataCollatorForPretraining(
         tokenizer,
-        mlm_probability=plan.eval_mlm_probability,
-        pad_to_batch_size=eval_batch if plan.fill_eval_batches else None,
-        **_shape(plan),
+        mlm_probability=data.eval_mlm_probability,
+        pad_to_batch_size=eval_batch_size if compiled else None,
+        **shape,
     )
-    return DataLoader(
+    eval_loader = DataLoader(
         InstanceDraws(evaluation),
-        batch_size=eval_batch,
-        sampler=EpochDraws(len(evaluation), plan.seed, shuffle=False),
+        batch_size=eval_batch_size,
+        sampler=EpochDraws(len(evaluation), optimization.seed, shuffle=False),
         collate_fn=eval_collator,
-        generator=torch.Generator().manual_seed(plan.seed),
-        **loader_options(plan.num_workers, plan.pin_memory),
+        generator=torch.Generator().manual_seed(optimization.seed),
+        **loader_options(workers, pin_memory),
     )
+    return batches, eval_loader
 
 
 @functools.cache  # once per process
