@@ -292,7 +292,8 @@ def test_the_loaders_decide_every_shape_once(sample_tokenizer):
     assert on_gpu.pad_to_length == 128 and on_gpu.drop_last  # the update compiles by default on CUDA
     eager_gpu = plan(data, OptimizationSettings(torch_compile=False), "cuda")
     assert eager_gpu.max_predictions_per_seq == 32 and eager_gpu.pad_to_length is None  # static slots, dynamic lengths
-    asked = plan(DataSettings(max_predictions_per_seq=20, dataloader_num_workers=2), OptimizationSettings(), "cpu")
+    asked_for = DataSettings(max_predictions_per_seq=20, dataloader_num_workers=2)
+    asked = plan(asked_for, OptimizationSettings(), "cpu")
     assert (asked.max_predictions_per_seq, asked.num_workers) == (20, 2)
 
 

@@ -173,7 +173,9 @@ def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, monke
         (["--cls_attention_spread", "0.1"], False, False),  # its hooks
     ],
 )
-def test_the_update_compiles_by_default_on_cuda_and_as_the_flag_says(flags, on_cuda, on_cpu, sample_tokenizer):
+def test_the_update_compiles_by_default_on_cuda_and_as_the_flag_says(
+    flags, on_cuda, on_cpu, sample_tokenizer
+):
     optimization = parse_args(["--output_dir", "unused", *flags]).optimization
     assert (optimization.compiles_update("cuda"), optimization.compiles_update("cpu")) == (on_cuda, on_cpu)
     data = DataSettings()

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from hfbert.pretraining.settings import DataSettings, OptimizationSettings
 
 _SAMPLER_BLOCK = 65536  # draw ids converted to Python ints at a time by EpochDraws
-FEATURE_KEYS = ("input_ids", "token_type_ids", "next_sentence_label")
 
 
 def default_max_predictions(max_seq_length: int, mlm_probability: float) -> int:
@@ -304,9 +303,7 @@ class InstanceDraws(Dataset):
 
     def __getitems__(self, draws: list[int]) -> dict[str, list[Any]]:
         size = len(self.instances)
-        rows = self.instances[[draw % size for draw in draws]]
-        # Instances of --objective mlm have no next_sentence_label.
-        return {key: rows[key] for key in FEATURE_KEYS if key in rows} | {DRAW_KEY: list(draws)}
+        return {**self.instances[[draw % size for draw in draws]], DRAW_KEY: list(draws)}
 
 
 class EpochDraws(Sampler[int]):
@@ -414,8 +411,8 @@ def loader_options(num_workers: int, pin_memory: bool, persistent: bool = True) 
 class TrainingBatches:
     """A process's training batches, all that setup, the loop and a checkpoint ask of them: here those of the
     written or drawn instances, where an epoch is a shuffle of them all and the position within it is
-    `TrainingProgress.micro_batches_in_epoch` (global, so another process count continues it); a stream's are a
-    `StreamLoader`."""
+    `TrainingProgress.micro_batches_in_epoch` (global, so another process count continues it); a stream's
+    are a `StreamLoader`."""
 
     def __init__(self, loader: DataLoader):
         self.loader = loader
@@ -452,27 +449,24 @@ class TrainingBatches:
         position is `progress`'s, loaded with the state."""
 
 
-@dataclass
-class StreamCollator:
-    """The loader's `collate_fn` for a stream: the batch as `DataCollatorForPretraining` builds it, and the
-    position of its last row; (None, message) when a worker found no instances in a whole pass."""
-
-    collator: DataCollatorForPretraining
-
-    def __call__(self, rows: list[dict[str, Any]]) -> tuple[dict[str, torch.Tensor] | None, Any]:
-        errors = [row[ERROR_KEY] for row in rows if ERROR_KEY in row]
-        if errors:
-            return None, errors[0]
-        columns = {key: [row[key] for row in rows] for key in rows[0] if key != POSITION_KEY}
-        return self.collator(columns), rows[-1][POSITION_KEY]
+def collate_stream(collator: DataCollatorForPretraining, rows: list[dict]) -> tuple[dict | None, Any]:
+    """A stream loader's `collate_fn` (with its collator bound): the batch as `DataCollatorForPretraining`
+    builds it, and the position of its last row; (None, message) when a worker found no instances in a whole
+    pass."""
+    errors = [row[ERROR_KEY] for row in rows if ERROR_KEY in row]
+    if errors:
+        return None, errors[0]
+    columns = {key: [row[key] for row in rows] for key in rows[0] if key != POSITION_KEY}
+    return collator(columns), rows[-1][POSITION_KEY]
 
 
 @dataclass
 class StreamLoader(TrainingBatches):
-    """A process's training batches under --streaming: one endless epoch of unknown length, placed by its own position, which every checkpoint stores
-    (`stream_state.json`, every process's, gathered) and a resumed run restores before iterating.
-    Kept beside `datasets`' `IterableDataset.state_dict()`, which each position holds: that places the documents
-    read, not the row within a window's shuffled instances nor which loader worker's batch comes next."""
+    """A process's training batches under --streaming: one endless epoch of unknown length, placed by its own
+    position, which every checkpoint stores (`stream_state.json`, every process's, gathered) and a resumed run
+    restores before iterating. Kept beside `datasets`' `IterableDataset.state_dict()`, which each position
+    holds: that places the documents read, not the row within a window's shuffled instances nor which loader
+    worker's batch comes next."""
 
     dataset: StreamedInstances
     loader: DataLoader
@@ -483,23 +477,22 @@ class StreamLoader(TrainingBatches):
     batches_per_epoch: None = None  # a stream's length is unknown
 
     def prepare(self, accelerator: Accelerator) -> None:
-        pass  # split by process already (split_dataset_by_node); `batches` moves each batch to the device
+        pass  # split by process already (split_dataset_by_node); `epoch` moves each batch to the device
 
     def epoch(self, epoch: int, progress: Any, accelerator: Accelerator) -> Iterator[dict[str, torch.Tensor]]:
-        return self.batches(accelerator.device)
-
-    def logged_epoch(self, epoch: int) -> int:
-        return self.stream_pass
-
-    def batches(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
+        """The stream's batches, without end, on this process's device (`epoch` and `progress` are the
+        loop's: the position is the stream's own)."""
         for batch, position in self.loader:
             if batch is None:
                 raise RunFailure(position)
             self.positions[position.worker] = position
             self.batches_taken += 1
             self.stream_pass = position.epoch
-            yield send_to_device(batch, device, non_blocking=self.loader.pin_memory)
+            yield send_to_device(batch, accelerator.device, non_blocking=self.loader.pin_memory)
         raise RunFailure("the training stream ended; it repeats its passes without end, so this is a bug")
+
+    def logged_epoch(self, epoch: int) -> int:
+        return self.stream_pass
 
     def state(self) -> dict[str, Any]:
         """This process's position (plain data, JSON)."""
@@ -515,11 +508,9 @@ class StreamLoader(TrainingBatches):
         return {STREAM_STATE_NAME: saved}
 
     def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
-        self.restore(read_stream_state(checkpoint), accelerator.process_index)
-
-    def restore(self, saved: dict[str, Any], rank: int) -> None:
-        """Continue from a checkpoint's `stream_state.json` (checked by `check_stream_checkpoint`)."""
-        state = saved["ranks"][rank]
+        """Continue from this process's position in `checkpoint`'s `stream_state.json` (checked by
+        `check_stream_checkpoint`)."""
+        state = read_stream_state(checkpoint)["ranks"][accelerator.process_index]
         self.batches_taken = int(state["batches_taken"])
         self.positions = {int(p["worker"]): StreamPosition(**p) for p in state["positions"]}
         self.dataset.positions = dict(self.positions)
@@ -538,8 +529,8 @@ def build_loaders(
     """Training batches and the evaluation loader (`evaluation`: written instances, a ``datasets.Dataset``, in
     order, the same masks at every evaluation), every decision about a batch's shape made here, from the
     settings and the device. Their collate_fn builds finished batches (padded, masked, static form where
-    `resolve_max_predictions` says) in worker processes, into pinned memory on CUDA; the training instances are
-    made there too: drawn ones (`TrainingBatches`) or a stream's (`StreamLoader`, masks seeded by each
+    `resolve_max_predictions` says) in worker processes, into pinned memory on CUDA; the training instances
+    are made there too: drawn ones (`TrainingBatches`) or a stream's (`StreamLoader`, masks seeded by each
     instance's draw id). Where the update is compiled (--torch_compile, the CUDA default) every batch has one
     shape: rows padded to --max_seq_length, full training batches (the last partial one of an epoch is
     dropped) and evaluation batches filled up with padding rows. Whole-word masking is for training batches
@@ -562,8 +553,9 @@ def build_loaders(
     }
     if isinstance(train, TrainingStream):  # split by process already; the streamed loader never kept its workers
         instances = StreamedInstances(train)
+        collate = functools.partial(collate_stream, collator)
         stream_workers = loader_options(workers, pin_memory, persistent=False)
-        loader = DataLoader(instances, collate_fn=StreamCollator(collator), **options, **stream_workers)
+        loader = DataLoader(instances, collate_fn=collate, **options, **stream_workers)
         batches: TrainingBatches = StreamLoader(instances, loader, workers)
     else:
         loader = DataLoader(

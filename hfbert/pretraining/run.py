@@ -312,15 +312,15 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         batches, eval_loader = build_loaders(
             settings.data, optimization, eval_batch_size, device, data.tokenizer, data.train, data.evaluation
         )
-        static_slots = resolve_max_predictions(settings.data, optimization.compiles_update(device.type), device)
+        slots = resolve_max_predictions(settings.data, optimization.compiles_update(device.type), device)
         state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
-        summary = run_summary(settings, model, data, precision, static_slots, budget, accelerator.num_processes)
+        summary = run_summary(settings, model, data, precision, slots, budget, accelerator.num_processes)
         log_plan(data, settings, budget, summary)
         if checkpoint is not None:
             resume_from(accelerator, state, checkpoint, optimization.seed)
         if settings.run.with_tracking:
             accelerator.init_trackers("hfbert-pretraining", config=summary)
-        flops = model_flops(model, static_slots, accelerator, precision)
+        flops = model_flops(model, slots, accelerator, precision)
         # the budget as training_args.json records it: a replay of log_history.json judges as this run did
         health = RunHealth(data.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
         callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])

@@ -12,10 +12,11 @@ sees one endless stream of batches, and the budget (--max_train_steps or --max_t
 
 Exact resume: every batch carries the position of its last instance (`StreamPosition`: the logical worker
 that made it, pass, window, row, and the documents stream's `state_dict()` before the window's first
-document); `hfbert.pretraining.batches.StreamLoader` keeps each logical worker's last position and the checkpoint stores them
-(`stream_state.json`). A resumed worker loads its window's state, makes that window again and skips the rows
-already trained on; physical worker p plays logical worker (p + batches taken) % W, so that the batches come in
-the order of an uninterrupted run, whose DataLoader takes them from its workers in turn.
+document); `hfbert.pretraining.batches.StreamLoader` keeps each logical worker's last position and the
+checkpoint stores them (`stream_state.json`). A resumed worker loads its window's state, makes that window
+again and skips the rows already trained on; physical worker p plays logical worker (p + batches taken) % W,
+so that the batches come in the order of an uninterrupted run, whose DataLoader takes them from its workers in
+turn.
 
 The data stage of a stream (its fixed validation set, the process's share of the documents) is
 `hfbert.pretraining.data.streamed_instances`; `hfbert.pretraining.batches.build_loaders` makes the loader
