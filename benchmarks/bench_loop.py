@@ -61,7 +61,7 @@ from benchmarks.bench_pretraining import describe_machine, measure_matmul_peak, 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for
 from hfbert.modeling_hfbert import HfBertForPreTraining
-from hfbert.pretraining.batches import build_loaders, plan_batches
+from hfbert.pretraining.batches import build_loaders, resolve_max_predictions, resolve_num_workers
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args as parse_run_flags
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, device_peak_flops, flops_per_token
@@ -129,18 +129,22 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     model = HfBertForPreTraining(data.config)
     start_callbacks = start_fresh_model(model, settings.model, optimization.seed)
     set_seed(optimization.seed, device_specific=True)
-    plan = plan_batches(settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device)
-    batches, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+    device, eval_batch_size = accelerator.device, settings.run.per_device_eval_batch_size
+    batches, eval_loader = build_loaders(
+        settings.data, optimization, eval_batch_size, device, data.tokenizer, data.train, data.evaluation
+    )
+    static_slots = resolve_max_predictions(settings.data, optimization.compiles_update(device.type), device)
     state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    flops = ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops_per_process=None)
+    flops = ModelFlops(model.config, static_slots, peak_flops_per_process=None)
     callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.pretrain` has
     fit(accelerator, state, budget, eval_loader, callbacks, settings, data, flops)
     mean_length = statistics.mean(len(ids) for ids in data.train.write()["input_ids"])
-    head_rows = plan.max_predictions_per_seq or plan.mlm_probability * mean_length
+    head_rows = static_slots or settings.data.mlm_probability * mean_length
     rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
     compile_seconds = next((row["compile_seconds"] for row in rows.values() if "compile_seconds" in row), None)
-    run = HfbertRun(accelerator, precision, model, plan.num_workers, optimization.seed, head_rows, compile_seconds)
+    workers = resolve_num_workers(settings.data.dataloader_num_workers, device)
+    run = HfbertRun(accelerator, precision, model, workers, optimization.seed, head_rows, compile_seconds)
     last = max(rows)
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
     loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds

@@ -1,4 +1,5 @@
 import tracemalloc
+from types import SimpleNamespace
 
 import datasets
 import pytest
@@ -248,24 +249,51 @@ def test_a_loader_with_workers_builds_the_same_batches(sample_tokenizer):
         assert all(torch.equal(one[key], other[key]) for key in one)
 
 
-def test_the_batch_plan_decides_every_shape_once():
-    from hfbert.pretraining.batches import plan_batches
+def built_loaders(tokenizer, data, optimization, device: str):
+    """What `build_loaders` makes for `device` (a device object: no GPU needed) from 64 short documents' drawn
+    instances and a few written ones."""
+    from hfbert.pretraining.batches import build_loaders
+    from hfbert.pretraining.data import tokenize_documents
+    from hfbert.pretraining.instances import InstanceRecipe, draw_training_instances
+
+    paragraph = " ".join(["The cat sat on the mat . It was warm there ."] * 10)
+    tokenized = tokenize_documents(datasets.Dataset.from_dict({"paragraphs": [[paragraph]] * 64}), tokenizer)
+    recipe = InstanceRecipe("mlm+nsp", tokenizer.cls_token_id, tokenizer.sep_token_id, data.max_seq_length)
+    train = draw_training_instances(tokenized, recipe, passes=1)
+    evaluation = datasets.Dataset.from_list(make_features(tokenizer, [20] * 4))
+    return build_loaders(data, optimization, 16, torch.device(device), tokenizer, train, evaluation)
+
+
+def test_the_loaders_decide_every_shape_once(sample_tokenizer):
     from hfbert.pretraining.settings import DataSettings, OptimizationSettings
 
+    def plan(data, optimization, device):
+        batches, eval_loader = built_loaders(sample_tokenizer, data, optimization, device)
+        loader, collator = batches.loader, batches.loader.collate_fn
+        assert len(batches.loader.dataset) >= optimization.per_device_train_batch_size  # a full batch to keep
+        return SimpleNamespace(
+            max_predictions_per_seq=collator.max_predictions_per_seq,
+            pad_to_length=collator.pad_to_length,
+            drop_last=loader.drop_last,
+            num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory,
+            fill_eval_batches=eval_loader.collate_fn.pad_to_batch_size == 16,
+        )
+
     data = DataSettings(max_seq_length=128)
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    plain = plan_batches(data, OptimizationSettings(per_device_train_batch_size=8), 16, cpu)
+    plain = plan(data, OptimizationSettings(per_device_train_batch_size=8), "cpu")
     assert (plain.max_predictions_per_seq, plain.pad_to_length, plain.drop_last, plain.num_workers) == (None, None, False, 0)
     assert not plain.fill_eval_batches and not plain.pin_memory
-    compiled = plan_batches(data, OptimizationSettings(torch_compile=True), 16, cpu)
+    compiled = plan(data, OptimizationSettings(torch_compile=True), "cpu")
     assert (compiled.max_predictions_per_seq, compiled.pad_to_length) == (32, 128)  # static slots, full rows
     assert compiled.drop_last and compiled.fill_eval_batches
-    on_gpu = plan_batches(data, OptimizationSettings(), 16, cuda)
+    on_gpu = plan(data, OptimizationSettings(), "cuda")
     assert on_gpu.max_predictions_per_seq == 32 and on_gpu.pin_memory and on_gpu.num_workers >= 1
     assert on_gpu.pad_to_length == 128 and on_gpu.drop_last  # the update compiles by default on CUDA
-    eager_gpu = plan_batches(data, OptimizationSettings(torch_compile=False), 16, cuda)
+    eager_gpu = plan(data, OptimizationSettings(torch_compile=False), "cuda")
     assert eager_gpu.max_predictions_per_seq == 32 and eager_gpu.pad_to_length is None  # static slots, dynamic lengths
-    asked = plan_batches(DataSettings(max_predictions_per_seq=20, dataloader_num_workers=2), OptimizationSettings(), 16, cpu)
+    asked_for = DataSettings(max_predictions_per_seq=20, dataloader_num_workers=2)
+    asked = plan(asked_for, OptimizationSettings(), "cpu")
     assert (asked.max_predictions_per_seq, asked.num_workers) == (20, 2)
 
 

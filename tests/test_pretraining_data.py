@@ -308,16 +308,12 @@ def test_documents_go_through_tokenizing_and_instances_a_bounded_batch_at_a_time
 
         return record_then_call
 
-    monkeypatch.setattr(
-        pretraining_data,
-        "_tokenize_batch_with_statistics",
-        recording(pretraining_data, "_tokenize_batch_with_statistics"),
-    )
+    monkeypatch.setattr(pretraining_data, "tokenize_batch", recording(pretraining_data, "tokenize_batch"))
     monkeypatch.setattr(pretraining_instances, "_rows_batch", recording(pretraining_instances, "_rows_batch"))
     tokenized = tokenize_documents(documents, sample_tokenizer)
     build(tokenized, sample_tokenizer)
     write_instances(tokenized, recipe(sample_tokenizer, "mlm"))
-    assert set(batch_sizes) == {"_tokenize_batch_with_statistics", "_rows_batch"}
+    assert set(batch_sizes) == {"tokenize_batch", "_rows_batch"}
     for sizes in batch_sizes.values():
         assert max(sizes) == DOCUMENTS_PER_BATCH and sum(sizes) >= len(documents)
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hfbert.checkpointing import CheckpointError, TrainingProgress
 from hfbert.errors import Refusal
-from hfbert.pretraining.batches import CachedBatches
+from hfbert.pretraining.batches import TrainingBatches
 from hfbert.pretraining.reshard import (
     continue_on_this_split,
     keep_global_batch,
@@ -112,7 +112,7 @@ def test_a_resumed_epoch_continues_accelerate_s_accumulation_count_from_its_posi
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
-    loader = CachedBatches(DataLoader(TensorDataset(torch.arange(36)), batch_size=4))
+    loader = TrainingBatches(DataLoader(TensorDataset(torch.arange(36)), batch_size=4))
     loader.prepare(accelerator)
     accelerator.step = 7  # e.g. what a 1-process writer with accumulation 7 left
     batches = loader.epoch(0, TrainingProgress(micro_batches_in_epoch=position), accelerator)

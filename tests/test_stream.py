@@ -5,6 +5,7 @@ import itertools
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import pytest
@@ -15,10 +16,10 @@ from datasets.distributed import split_dataset_by_node
 from hfbert.corpus import is_wikitext_article_heading, load_documents
 from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments
 from hfbert.errors import Refusal, RunFailure
-from hfbert.pretraining.batches import BatchPlan, build_loaders
+from hfbert.pretraining.batches import build_loaders
 from hfbert.pretraining.data import check_documents_left_to_train, tokenize_documents, validation_documents
 from hfbert.pretraining.instances import InstanceRecipe, TokenizedDocuments, TrainingStream
-from hfbert.pretraining.settings import DataSettings
+from hfbert.pretraining.settings import DataSettings, OptimizationSettings
 from hfbert.pretraining.stream import STREAM_STATE_NAME, check_stream_checkpoint, draw_id
 
 ARTICLES = 6
@@ -43,34 +44,26 @@ def make_recipe(tokenizer, objective="mlm+nsp") -> InstanceRecipe:
 
 
 def stream_loader(documents, tokenizer, workers: int, window: int = 2, objective="mlm+nsp", rank: int = 0):
-    plan = BatchPlan(
-        train_batch_size=16,
-        eval_batch_size=16,
-        max_predictions_per_seq=None,
-        pad_to_length=None,
-        fill_eval_batches=False,
-        drop_last=False,
-        num_workers=workers,
-        pin_memory=False,
-        mlm_probability=0.15,
-        eval_mlm_probability=0.15,
-        seed=5,
-    )
+    data = DataSettings(dataloader_num_workers=workers)
+    optimization = OptimizationSettings(per_device_train_batch_size=16, seed=5)
     stream = TrainingStream(documents, make_recipe(tokenizer, objective), tokenizer, window, rank)
-    loader, _ = build_loaders(plan, tokenizer, stream, [])
+    loader, _ = build_loaders(data, optimization, 16, torch.device("cpu"), tokenizer, stream, [])
     return loader
 
 
 def take(loader, count: int) -> list[dict[str, torch.Tensor]]:
-    batches = loader.batches(torch.device("cpu"))
+    batches = loader.epoch(0, None, SimpleNamespace(device=torch.device("cpu")))
     taken = [next(batches) for _ in range(count)]
     batches.close()  # ends the DataLoader's iterator and its workers
     return taken
 
 
-def saved_state(loader) -> dict:
-    """What stream_state.json would hold for this one process (through JSON, as a checkpoint stores it)."""
-    return json.loads(json.dumps({"num_processes": 1, "num_workers": loader.num_workers, "ranks": [loader.state()]}))
+def saved_state(loader, checkpoint: Path) -> Path:
+    """`checkpoint` holding the stream_state.json a checkpoint of this one process would hold."""
+    checkpoint.mkdir()
+    state = {"num_processes": 1, "num_workers": loader.num_workers, "ranks": [loader.state()]}
+    (checkpoint / STREAM_STATE_NAME).write_text(json.dumps(state))
+    return checkpoint
 
 
 def assert_same_batches(expected, actual) -> None:
@@ -98,14 +91,16 @@ def test_window_documents_give_the_cached_documents_instances(sample_documents, 
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("stop_after", [7, 50])  # an odd count of batches (workers rotate), and past a pass
-def test_a_restored_position_continues_with_exactly_the_next_batch(small_corpus, sample_tokenizer, workers, stop_after):
+def test_a_restored_position_continues_with_exactly_the_next_batch(
+    small_corpus, sample_tokenizer, workers, stop_after, tmp_path
+):
     documents = streamed(small_corpus)
     straight = take(stream_loader(documents, sample_tokenizer, workers), 100)
     first = stream_loader(documents, sample_tokenizer, workers)
     head = take(first, stop_after)
     assert first.stream_pass == (0 if stop_after == 7 else 1)  # 6 articles: about 45 batches a pass
     resumed = stream_loader(documents, sample_tokenizer, workers)
-    resumed.restore(saved_state(first), rank=0)
+    resumed.resume(saved_state(first, tmp_path / "checkpoint"), SimpleNamespace(process_index=0))
     assert_same_batches(straight, head + take(resumed, 100 - stop_after))
 
 

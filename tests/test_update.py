@@ -9,12 +9,12 @@ from accelerate import Accelerator
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.state import AcceleratorState, GradientState
 from conftest import tiny_config
+from test_collator import built_loaders
 from test_speed_paths import pretraining_batch, static_batch
 from torch.testing import assert_close
 
 from hfbert import HfBertForPreTraining, modeling_hfbert
 from hfbert.checkpointing import TrainingProgress
-from hfbert.pretraining.batches import plan_batches
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args
 from hfbert.pretraining.evaluation import TrainingWindow
@@ -173,10 +173,11 @@ def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, monke
         (["--cls_attention_spread", "0.1"], False, False),  # its hooks
     ],
 )
-def test_the_update_compiles_by_default_on_cuda_and_as_the_flag_says(flags, on_cuda, on_cpu):
+def test_the_update_compiles_by_default_on_cuda_and_as_the_flag_says(
+    flags, on_cuda, on_cpu, sample_tokenizer
+):
     optimization = parse_args(["--output_dir", "unused", *flags]).optimization
     assert (optimization.compiles_update("cuda"), optimization.compiles_update("cpu")) == (on_cuda, on_cpu)
     data = DataSettings()
-    # A device object, no GPU needed.
-    compiled_shapes = plan_batches(data, optimization, 16, torch.device("cuda"))
-    assert (compiled_shapes.pad_to_length == data.max_seq_length) == on_cuda
+    batches, _ = built_loaders(sample_tokenizer, data, optimization, "cuda")  # a device object, no GPU needed
+    assert (batches.loader.collate_fn.pad_to_length == data.max_seq_length) == on_cuda

@@ -1,5 +1,5 @@
-"""Batches for BERT pretraining: the batch plan (every decision about a batch's shape, in `plan_batches`), the
-loaders built from it, the one batch builder (padding, MLM masking, the static form) and the
+"""Batches for BERT pretraining: the loaders (every decision about a batch's shape, in `build_loaders`), the
+one batch builder (padding, MLM masking, the static form) and the
 sampler that gives every row of every epoch its own draw id, so batches can be built ahead, in DataLoader
 workers, and still be reproduced exactly on resume.
 
@@ -18,28 +18,35 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.utils import gather_object, send_to_device
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hfbert.checkpointing import TrainingProgress
-from hfbert.errors import Refusal
+from hfbert.errors import Refusal, RunFailure
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.instances import DRAW_KEY, SHUFFLE_WINDOW, DrawnInstances, TrainingStream
 from hfbert.pretraining.reshard import micro_batches_to_skip
-from hfbert.pretraining.stream import StreamCollator, StreamedInstances, StreamLoader
+from hfbert.pretraining.stream import (
+    ERROR_KEY,
+    POSITION_KEY,
+    STREAM_STATE_NAME,
+    StreamedInstances,
+    StreamPosition,
+    read_stream_state,
+)
 
 if TYPE_CHECKING:
     from hfbert.pretraining.settings import DataSettings, OptimizationSettings
 
 _SAMPLER_BLOCK = 65536  # draw ids converted to Python ints at a time by EpochDraws
-FEATURE_KEYS = ("input_ids", "token_type_ids", "next_sentence_label")
 
 
 def default_max_predictions(max_seq_length: int, mlm_probability: float) -> int:
@@ -296,9 +303,7 @@ class InstanceDraws(Dataset):
 
     def __getitems__(self, draws: list[int]) -> dict[str, list[Any]]:
         size = len(self.instances)
-        rows = self.instances[[draw % size for draw in draws]]
-        # Instances of --objective mlm have no next_sentence_label.
-        return {key: rows[key] for key in FEATURE_KEYS if key in rows} | {DRAW_KEY: list(draws)}
+        return {**self.instances[[draw % size for draw in draws]], DRAW_KEY: list(draws)}
 
 
 class EpochDraws(Sampler[int]):
@@ -366,7 +371,7 @@ class EpochDraws(Sampler[int]):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The batch plan: every decision about a batch's shape, made once, from the settings and the device.
+# The loaders: every decision about a batch's shape, made once, from the settings and the device.
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -389,56 +394,6 @@ def resolve_num_workers(requested: int | None, device: torch.device) -> int:
     return min(4, os.cpu_count() or 1) if device.type == "cuda" else 0
 
 
-@dataclass(frozen=True)
-class BatchPlan:
-    """The shape of every batch of a run, decided once. Where the update is compiled (--torch_compile, the
-    CUDA default) every batch has one shape:
-    rows padded to --max_seq_length, full training batches (the last partial one of an epoch is dropped) and
-    evaluation batches filled up with padding rows."""
-
-    train_batch_size: int
-    eval_batch_size: int
-    max_predictions_per_seq: int | None  # static masked slots per row; None: every masked token (dynamic)
-    pad_to_length: int | None
-    fill_eval_batches: bool
-    drop_last: bool
-    num_workers: int
-    pin_memory: bool
-    mlm_probability: float
-    eval_mlm_probability: float
-    seed: int
-    whole_word_masking: bool = False  # training batches only: evaluation stays token-level, comparable
-
-
-def plan_batches(
-    data: DataSettings, optimization: OptimizationSettings, eval_batch_size: int, device: torch.device
-) -> BatchPlan:
-    """The batch plan of a run from its data and optimization settings and the device it trains on."""
-    compiled = optimization.compiles_update(device.type)
-    return BatchPlan(
-        train_batch_size=optimization.per_device_train_batch_size,
-        eval_batch_size=eval_batch_size,
-        max_predictions_per_seq=resolve_max_predictions(data, compiled, device),
-        pad_to_length=data.max_seq_length if compiled else None,
-        fill_eval_batches=compiled,
-        drop_last=compiled,
-        num_workers=resolve_num_workers(data.dataloader_num_workers, device),
-        pin_memory=device.type == "cuda",
-        mlm_probability=data.mlm_probability,
-        eval_mlm_probability=data.eval_mlm_probability,
-        whole_word_masking=data.whole_word_masking,
-        seed=optimization.seed,
-    )
-
-
-def _shape(plan: BatchPlan) -> dict[str, Any]:
-    return {
-        "max_predictions_per_seq": plan.max_predictions_per_seq,
-        "pad_to_length": plan.pad_to_length,
-        "seed": plan.seed,
-    }
-
-
 def loader_options(num_workers: int, pin_memory: bool, persistent: bool = True) -> dict[str, Any]:
     """A DataLoader's worker options: workers that leave stop signals to the main process, and are killed at
     its exit (kept between iterators when `persistent`)."""
@@ -453,42 +408,24 @@ def loader_options(num_workers: int, pin_memory: bool, persistent: bool = True) 
     }
 
 
-class TrainingBatches(Protocol):
-    """A process's training batches, cached (`CachedBatches`) or streamed
-    (`hfbert.pretraining.stream.StreamLoader`): all that setup, the loop and a checkpoint ask of them."""
-
-    batches_per_epoch: int | None  # over all processes; None: a stream, one endless epoch of unknown length
-
-    def prepare(self, accelerator: Accelerator) -> None:
-        """Split the batches over this launch's processes."""
-
-    def epoch(self, epoch: int, progress: TrainingProgress, accelerator: Accelerator) -> Iterable[dict]:
-        """The batches of `epoch` from where `progress` stands, on this process's device."""
-
-    def logged_epoch(self, epoch: int) -> int:
-        """What the log calls `epoch` (a stream: its pass over the corpus)."""
-
-    def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
-        """The JSON files a checkpoint adds for the position (call on every process); {} where `progress`
-        holds it."""
-
-    def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
-        """Continue from `checkpoint`'s position (after its state, `progress` included, is loaded)."""
-
-
-class CachedBatches:
-    """Batches of the written or drawn instances: an epoch is a shuffle of them all, and the position within it
-    is `TrainingProgress.micro_batches_in_epoch` (global, so another process count continues it)."""
+class TrainingBatches:
+    """A process's training batches, all that setup, the loop and a checkpoint ask of them: here those of the
+    written or drawn instances, where an epoch is a shuffle of them all and the position within it is
+    `TrainingProgress.micro_batches_in_epoch` (global, so another process count continues it); a stream's
+    are a `StreamLoader`."""
 
     def __init__(self, loader: DataLoader):
         self.loader = loader
+        # Over all processes; None: a stream, one endless epoch of unknown length.
         self.batches_per_epoch: int | None = len(loader)
 
     def prepare(self, accelerator: Accelerator) -> None:
+        """Split the batches over this launch's processes."""
         self.loader = accelerator.prepare_data_loader(self.loader)
 
     def epoch(self, epoch: int, progress: TrainingProgress, accelerator: Accelerator) -> Iterable[dict]:
-        """The epoch's own shuffle, past the batches already trained on when resumed mid-epoch."""
+        """The batches of `epoch` from where `progress` stands, on this process's device: the epoch's own
+        shuffle, past the batches already trained on when resumed mid-epoch."""
         self.loader.set_epoch(epoch)
         if not progress.micro_batches_in_epoch:
             return self.loader
@@ -499,63 +436,152 @@ class CachedBatches:
         return accelerator.skip_first_batches(self.loader, skip)
 
     def logged_epoch(self, epoch: int) -> int:
+        """What the log calls `epoch` (a stream: its pass over the corpus)."""
         return epoch
 
     def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
+        """The JSON files a checkpoint adds for the position (call on every process); {} where `progress`
+        holds it."""
         return {}
 
     def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
-        pass  # the position is `progress`'s, loaded with the state
+        """Continue from `checkpoint`'s position (after its state, `progress` included, is loaded); here the
+        position is `progress`'s, loaded with the state."""
+
+
+def collate_stream(collator: DataCollatorForPretraining, rows: list[dict]) -> tuple[dict | None, Any]:
+    """A stream loader's `collate_fn` (with its collator bound): the batch as `DataCollatorForPretraining`
+    builds it, and the position of its last row; (None, message) when a worker found no instances in a whole
+    pass."""
+    errors = [row[ERROR_KEY] for row in rows if ERROR_KEY in row]
+    if errors:
+        return None, errors[0]
+    columns = {key: [row[key] for row in rows] for key in rows[0] if key != POSITION_KEY}
+    return collator(columns), rows[-1][POSITION_KEY]
+
+
+@dataclass
+class StreamLoader(TrainingBatches):
+    """A process's training batches under --streaming: one endless epoch of unknown length, placed by its own
+    position, which every checkpoint stores (`stream_state.json`, every process's, gathered) and a resumed run
+    restores before iterating. Kept beside `datasets`' `IterableDataset.state_dict()`, which each position
+    holds: that places the documents read, not the row within a window's shuffled instances nor which loader
+    worker's batch comes next."""
+
+    dataset: StreamedInstances
+    loader: DataLoader
+    num_workers: int
+    batches_taken: int = 0  # by this process, since the run started
+    positions: dict[int, StreamPosition] = field(default_factory=dict)  # by logical worker
+    stream_pass: int = 0  # the pass of the last batch taken (for the log)
+    batches_per_epoch: None = None  # a stream's length is unknown
+
+    def prepare(self, accelerator: Accelerator) -> None:
+        pass  # split by process already (split_dataset_by_node); `epoch` moves each batch to the device
+
+    def epoch(self, epoch: int, progress: Any, accelerator: Accelerator) -> Iterator[dict[str, torch.Tensor]]:
+        """The stream's batches, without end, on this process's device (`epoch` and `progress` are the
+        loop's: the position is the stream's own)."""
+        for batch, position in self.loader:
+            if batch is None:
+                raise RunFailure(position)
+            self.positions[position.worker] = position
+            self.batches_taken += 1
+            self.stream_pass = position.epoch
+            yield send_to_device(batch, accelerator.device, non_blocking=self.loader.pin_memory)
+        raise RunFailure("the training stream ended; it repeats its passes without end, so this is a bug")
+
+    def logged_epoch(self, epoch: int) -> int:
+        return self.stream_pass
+
+    def state(self) -> dict[str, Any]:
+        """This process's position (plain data, JSON)."""
+        return {
+            "batches_taken": self.batches_taken,
+            "positions": [asdict(position) for _, position in sorted(self.positions.items())],
+        }
+
+    def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
+        """`stream_state.json`: every process's position, gathered (call on every process)."""
+        ranks = gather_object([self.state()]) if accelerator.num_processes > 1 else [self.state()]
+        saved = {"num_processes": accelerator.num_processes, "num_workers": self.num_workers, "ranks": ranks}
+        return {STREAM_STATE_NAME: saved}
+
+    def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
+        """Continue from this process's position in `checkpoint`'s `stream_state.json` (checked by
+        `check_stream_checkpoint`)."""
+        state = read_stream_state(checkpoint)["ranks"][accelerator.process_index]
+        self.batches_taken = int(state["batches_taken"])
+        self.positions = {int(p["worker"]): StreamPosition(**p) for p in state["positions"]}
+        self.dataset.positions = dict(self.positions)
+        self.dataset.rotation = self.batches_taken % max(1, self.num_workers)
 
 
 def build_loaders(
-    plan: BatchPlan, tokenizer: Any, train: DrawnInstances | TrainingStream, evaluation: Any
+    data: DataSettings,
+    optimization: OptimizationSettings,
+    eval_batch_size: int,
+    device: torch.device,
+    tokenizer: Any,
+    train: DrawnInstances | TrainingStream,
+    evaluation: Any,
 ) -> tuple[TrainingBatches, DataLoader]:
-    """Training batches and the evaluation loader, whose collate_fn builds finished batches (padded, masked,
-    static form when planned) in worker processes, into pinned memory on CUDA; the training instances are made
-    there too: drawn ones (`CachedBatches`) or a stream's (`StreamLoader`, masks seeded by each instance's draw
-    id). `evaluation`: written instances (a ``datasets.Dataset``)."""
+    """Training batches and the evaluation loader (`evaluation`: written instances, a ``datasets.Dataset``, in
+    order, the same masks at every evaluation), every decision about a batch's shape made here, from the
+    settings and the device. Their collate_fn builds finished batches (padded, masked, static form where
+    `resolve_max_predictions` says) in worker processes, into pinned memory on CUDA; the training instances
+    are made there too: drawn ones (`TrainingBatches`) or a stream's (`StreamLoader`, masks seeded by each
+    instance's draw id). Where the update is compiled (--torch_compile, the CUDA default) every batch has one
+    shape: rows padded to --max_seq_length, full training batches (the last partial one of an epoch is
+    dropped) and evaluation batches filled up with padding rows. Whole-word masking is for training batches
+    only: evaluation stays token-level, comparable."""
+    compiled = optimization.compiles_update(device.type)
+    shape = {
+        "max_predictions_per_seq": resolve_max_predictions(data, compiled, device),
+        "pad_to_length": data.max_seq_length if compiled else None,
+        "seed": optimization.seed,
+    }
+    workers, pin_memory = resolve_num_workers(data.dataloader_num_workers, device), device.type == "cuda"
     collator = DataCollatorForPretraining(
-        tokenizer, mlm_probability=plan.mlm_probability, whole_word_masking=plan.whole_word_masking, **_shape(plan)
+        tokenizer, mlm_probability=data.mlm_probability, whole_word_masking=data.whole_word_masking, **shape
     )
     # Its own generator: otherwise each new iterator draws its workers' base seed from the global RNG and shifts
     # the training dropout stream (the evaluation loader's too, at every evaluation).
-    options = {"batch_size": plan.train_batch_size, "generator": torch.Generator().manual_seed(plan.seed)}
+    options = {
+        "batch_size": optimization.per_device_train_batch_size,
+        "generator": torch.Generator().manual_seed(optimization.seed),
+    }
     if isinstance(train, TrainingStream):  # split by process already; the streamed loader never kept its workers
         instances = StreamedInstances(train)
-        workers = loader_options(plan.num_workers, plan.pin_memory, persistent=False)
-        loader = DataLoader(instances, collate_fn=StreamCollator(collator), **options, **workers)
-        batches: TrainingBatches = StreamLoader(instances, loader, plan.num_workers)
+        collate = functools.partial(collate_stream, collator)
+        stream_workers = loader_options(workers, pin_memory, persistent=False)
+        loader = DataLoader(instances, collate_fn=collate, **options, **stream_workers)
+        batches: TrainingBatches = StreamLoader(instances, loader, workers)
     else:
         loader = DataLoader(
             InstanceDraws(train),
-            sampler=EpochDraws(len(train), plan.seed, unit_offsets=train.unit_offsets),
+            sampler=EpochDraws(len(train), optimization.seed, unit_offsets=train.unit_offsets),
             collate_fn=collator,
-            drop_last=plan.drop_last and len(train) >= plan.train_batch_size,
+            drop_last=compiled and len(train) >= optimization.per_device_train_batch_size,
             **options,
-            **loader_options(plan.num_workers, plan.pin_memory),
+            **loader_options(workers, pin_memory),
         )
-        batches = CachedBatches(loader)
-    return batches, build_eval_loader(plan, tokenizer, evaluation)
-
-
-def build_eval_loader(plan: BatchPlan, tokenizer: Any, evaluation: Any) -> DataLoader:
-    """The evaluation loader: the written instances in order, the same masks at every evaluation."""
-    eval_batch = plan.eval_batch_size
+        batches = TrainingBatches(loader)
     eval_collator = DataCollatorForPretraining(
         tokenizer,
-        mlm_probability=plan.eval_mlm_probability,
-        pad_to_batch_size=eval_batch if plan.fill_eval_batches else None,
-        **_shape(plan),
+        mlm_probability=data.eval_mlm_probability,
+        pad_to_batch_size=eval_batch_size if compiled else None,
+        **shape,
     )
-    return DataLoader(
+    eval_loader = DataLoader(
         InstanceDraws(evaluation),
-        batch_size=eval_batch,
-        sampler=EpochDraws(len(evaluation), plan.seed, shuffle=False),
+        batch_size=eval_batch_size,
+        sampler=EpochDraws(len(evaluation), optimization.seed, shuffle=False),
         collate_fn=eval_collator,
-        generator=torch.Generator().manual_seed(plan.seed),
-        **loader_options(plan.num_workers, plan.pin_memory),
+        generator=torch.Generator().manual_seed(optimization.seed),
+        **loader_options(workers, pin_memory),
     )
+    return batches, eval_loader
 
 
 @functools.cache  # once per process

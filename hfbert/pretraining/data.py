@@ -57,11 +57,13 @@ from hfbert.pretraining.health.corpus import (
     document_statistics,
 )
 from hfbert.pretraining.instances import (
+    BOUNDARY_HINT,
     MIN_NSP_DOCUMENTS,
     DrawnInstances,
     InstanceRecipe,
     TrainingStream,
     check_validation_for_mlm,
+    count_of_documents,
     draw_training_instances,
     write_instances,
 )
@@ -120,16 +122,6 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return Hasher.hash([pipeline, tokenizer.all_special_tokens, tokenizer.all_special_ids])
 
 
-_BOUNDARY_HINT = (
-    "check --document_boundary too (heading: WikiText ' = Title = ' lines start documents; blank_line: blank "
-    "lines separate them; row: each row is one)"
-)
-
-
-def _documents(count: int) -> str:
-    return f"{count} document" if count == 1 else f"{count} documents"
-
-
 def split_validation_documents(documents: DatasetDict, percentage: int, seed: int, min_documents: int) -> DatasetDict:
     """Splits ``train`` and ``validation`` for pretraining, each with at least ``min_documents`` documents
     (`split_needs`).
@@ -177,8 +169,8 @@ def check_validation_split(total: int, validation: int | None, percentage: int, 
         for split, count, source in splits:
             if count < min_documents:
                 raise Refusal(
-                    f"the {split} split has {_documents(count)}; {_why_documents(min_documents)}. "
-                    f"Give {source} more documents, or {_BOUNDARY_HINT}; --validation_file is the "
+                    f"the {split} split has {count_of_documents(count)}; {_why_documents(min_documents)}. "
+                    f"Give {source} more documents, or {BOUNDARY_HINT}; --validation_file is the "
                     "validation corpus"
                 )
         return validation
@@ -198,11 +190,12 @@ def check_validation_split(total: int, validation: int | None, percentage: int, 
     ]
     if not workable:
         both = _why_documents(min_documents, "each of the training and validation splits")
+        documents = count_of_documents(total)
         raise Refusal(
-            f"the training corpus has {_documents(total)} and there is no validation split; {both}, so "
-            f"{_documents(total)} cannot be split. Pass a separate validation corpus with --validation_file (and "
+            f"the training corpus has {documents} and there is no validation split; {both}, so "
+            f"{documents} cannot be split. Pass a separate validation corpus with --validation_file (and "
             f"at least {min_documents} training {'document' if min_documents == 1 else 'documents'}), or "
-            f"{_BOUNDARY_HINT}"
+            f"{BOUNDARY_HINT}"
         )
     validation_count = held_out(percentage)
     if percentage not in workable:
@@ -223,7 +216,7 @@ def first_documents_with_text(
     tokenized as `tokenize_documents` tokenizes them, in memory: nothing is written (--dry_run)."""
     found: list[list[list[int]]] = []
     for batch in documents.iter(batch_size=DOCUMENTS_PER_BATCH):
-        found += _tokenize_batch(batch, tokenizer)["sentences"]
+        found += tokenize_batch(batch, None, tokenizer)["sentences"]
         if len(found) >= count:
             break
     return Dataset.from_dict({"sentences": found[:count]}, features=tokenized_features(len(tokenizer)))
@@ -272,7 +265,7 @@ def tokenized_with_statistics(
         ["tokenize_documents", documents._fingerprint, tokenizer_fingerprint(tokenizer), _SOURCE_FINGERPRINT]
     )
     return documents.map(
-        _tokenize_batch_with_statistics,
+        tokenize_batch,
         batched=True,
         with_indices=True,
         batch_size=DOCUMENTS_PER_BATCH,
@@ -286,15 +279,11 @@ def tokenized_with_statistics(
     )
 
 
-def _tokenize_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase) -> dict[str, list]:
-    """The ``"sentences"`` of a batch of documents (what a --streaming window tokenizes)."""
-    return {"sentences": _tokenize_batch_with_statistics(batch, None, tokenizer)["sentences"]}
-
-
-def _tokenize_batch_with_statistics(
+def tokenize_batch(
     batch: dict[str, list], indices: list[int] | None, tokenizer: PreTrainedTokenizerBase
 ) -> dict[str, list]:
-    """The batch's ``"sentences"`` and, given the documents' `indices`, their `STATISTICS_FEATURES` columns."""
+    """The ``"sentences"`` of a batch of documents and, given the documents' `indices`, their
+    `STATISTICS_FEATURES` columns (without: the sentences only, what a --streaming window tokenizes)."""
     sentences_per_paragraph = [
         [split_sentences(paragraph) for paragraph in paragraphs] for paragraphs in batch["paragraphs"]
     ]
@@ -307,14 +296,11 @@ def _tokenize_batch_with_statistics(
         backend.no_truncation()
     if backend.padding is not None:
         backend.no_padding()
-    flat_ids = [encoding.ids for encoding in backend.encode_batch_fast(flat_sentences, add_special_tokens=False)]
-    columns: dict[str, list] = {"sentences": []}
-    start = 0
+    encodings = iter(backend.encode_batch_fast(flat_sentences, add_special_tokens=False))
+    names = ["sentences", *(STATISTICS_FEATURES if indices is not None else [])]
+    columns: dict[str, list] = {name: [] for name in names}
     for number, document in enumerate(sentences_per_paragraph):
-        paragraph_ids = []
-        for sentences in document:
-            paragraph_ids.append(flat_ids[start : start + len(sentences)])
-            start += len(sentences)
+        paragraph_ids = [[next(encodings).ids for _ in paragraph] for paragraph in document]
         sentence_ids = [ids for sentences in paragraph_ids for ids in sentences if ids]
         if not sentence_ids:
             continue
@@ -323,9 +309,7 @@ def _tokenize_batch_with_statistics(
             paragraphs = batch["paragraphs"][number]
             row = document_statistics(paragraphs, paragraph_ids, tokenizer.unk_token_id, indices[number])
             for name, value in row.items():
-                columns.setdefault(name, []).append(value)
-    if indices is not None and not columns["sentences"]:
-        columns.update({name: [] for name in STATISTICS_FEATURES})
+                columns[name].append(value)
     return columns
 
 
@@ -554,9 +538,8 @@ def stream_validation_source(documents: IterableDatasetDict, data: DataSettings)
     validation split (at most --max_eval_samples documents, which give at least as many instances), else the
     first --stream_validation_documents of the training stream."""
     held_out = "validation" not in documents
-    count = data.stream_validation_documents if held_out else None
-    if data.max_eval_samples is not None:
-        count = data.max_eval_samples if count is None else min(count, data.max_eval_samples)
+    limits = [data.max_eval_samples, data.stream_validation_documents if held_out else None]
+    count = min((limit for limit in limits if limit is not None), default=None)
     return documents["train" if held_out else "validation"], count
 
 
@@ -670,14 +653,9 @@ def sample_sentences(documents: Iterable[Sequence[str] | Mapping[str, Sequence[s
     for document in documents:
         paragraphs = document["paragraphs"] if isinstance(document, Mapping) else document
         all_sentences = [s for p in paragraphs for s in split_sentences(p)]
-        if sentences:
-            other = next((s for s in all_sentences if usable(s)), None)
-            if other is not None:
-                return sentences, other
-            continue
-        for start in range(len(all_sentences) - count + 1):
-            window = all_sentences[start : start + count]
-            if all(usable(s) for s in window):
-                sentences = window
-                break
+        if not sentences:
+            windows = (all_sentences[start : start + count] for start in range(len(all_sentences) - count + 1))
+            sentences = next((window for window in windows if all(map(usable, window))), [])
+        elif (other := next(filter(usable, all_sentences), None)) is not None:
+            return sentences, other
     return sentences, None

@@ -42,6 +42,10 @@ INSTANCE_FEATURES = Features(
 MLM_INSTANCE_FEATURES = Features({"input_ids": List(Value("int32")), "token_type_ids": List(Value("int8"))})
 COUNT_FEATURES = Features({"instances": Value("int32")})
 MIN_NSP_DOCUMENTS = 2
+BOUNDARY_HINT = (
+    "check --document_boundary too (heading: WikiText ' = Title = ' lines start documents; blank_line: blank "
+    "lines separate them; row: each row is one)"
+)
 DRAW_KEY = "draw"  # an instance's draw id, which seeds its masks (see hfbert.pretraining.batches.InstanceDraws)
 
 # datasets hashes module-level functions by qualified name, not by code, so without this an edited hfbert
@@ -336,17 +340,19 @@ def _top_bits(count: int, stride: int) -> int:
     return int.from_bytes(word * count, "little")
 
 
+def count_of_documents(count: int) -> str:
+    return f"{count} document" if count == 1 else f"{count} documents"
+
+
 def check_documents_for_nsp(tokenized: Dataset) -> None:
     """Refuse a split that cannot give NSP instances: random next segments come from another document."""
     if len(tokenized) < MIN_NSP_DOCUMENTS:
-        count = f"{len(tokenized)} document" + ("" if len(tokenized) == 1 else "s")
         raise Refusal(
             f"Next-sentence prediction needs at least {MIN_NSP_DOCUMENTS} documents to draw random next "
-            f"segments from, but this split has {count} with text left after tokenizing; use a larger corpus: "
-            "more documents in --train_file or --validation_file, or a larger --validation_split_percentage "
-            "when the validation documents are held out of the training corpus; check --document_boundary too "
-            "(heading: WikiText ' = Title = ' lines start documents; blank_line: blank lines separate them; "
-            "row: each row is one)"
+            f"segments from, but this split has {count_of_documents(len(tokenized))} with text left after "
+            "tokenizing; use a larger corpus: more documents in --train_file or --validation_file, or a larger "
+            "--validation_split_percentage when the validation documents are held out of the training corpus; "
+            f"{BOUNDARY_HINT}"
         )
 
 

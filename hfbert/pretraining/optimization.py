@@ -117,7 +117,7 @@ def build_optimizer(model: torch.nn.Module, optimization: OptimizationSettings, 
 
 def compile_model(model: torch.nn.Module, mode: str) -> None:
     """Compile `model`'s forward, and with it the backward AOTAutograd derives, as one graph on static shapes
-    (`batches.plan_batches` makes every batch one shape); a graph break raises (fullgraph). The rest of the
+    (`batches.build_loaders` makes every batch one shape); a graph break raises (fullgraph). The rest of the
     update: clipping compiles apart (`loop.compiled_clipping`); the fused AdamW step stays as it is, one kernel
     for all parameters that torch.optim keeps out of dynamo and that takes fp16's inf flag on the device."""
     # Compiled apart, not as one function with .backward(): dynamo traces a backward only with compiled autograd.

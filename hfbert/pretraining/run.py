@@ -4,7 +4,7 @@
     check_before_work   the run folder, the checkpoint to resume and its settings, Hub access   (checkpointing)
     data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data)
     model               the model and its start (--attention_init, or a source's weights)     (build_model)
-    batches             the batch plan and the loaders                                         (batches; stream)
+    batches             the loaders and each batch's shape                                     (batches; stream)
     optimization        optimizer, schedule, budget, prepared by accelerate                    (optimization)
     fit                 the loop: step, log, evaluate, checkpoint, preemption; callbacks       (loop, callbacks)
     finish              final folder (model, tokenizer, card, curves, samples) and push         (finish)
@@ -49,9 +49,8 @@ from hfbert.model_card import check_hub_access
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.attention_shaping import ClsAttentionSpread, StructuredFade
 from hfbert.pretraining.batches import (
-    BatchPlan,
     build_loaders,
-    plan_batches,
+    resolve_max_predictions,
     resolve_num_workers,
 )
 from hfbert.pretraining.callbacks import Callback, Callbacks
@@ -206,7 +205,7 @@ def run_summary(
     model: torch.nn.Module,
     data: PretrainingData,
     precision: str,
-    plan: BatchPlan,
+    static_slots: int | None,
     budget: Budget,
     num_processes: int,
 ) -> dict[str, Any]:
@@ -218,7 +217,7 @@ def run_summary(
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "model_vocab_size": data.config.vocab_size,
         "precision": precision,
-        "static_masked_slots": plan.max_predictions_per_seq,
+        "static_masked_slots": static_slots,
         "num_processes": num_processes,
         "planned_train_steps": budget.planned_train_steps,
         "train_instances": count_training_instances(data.train),  # None for a stream: its length is unknown
@@ -278,11 +277,13 @@ def build_model(
     return model, start_fresh_model(model, settings.model, settings.optimization.seed)
 
 
-def model_flops(model: torch.nn.Module, plan: BatchPlan, accelerator: Accelerator, precision: str) -> ModelFlops:
+def model_flops(
+    model: torch.nn.Module, static_slots: int | None, accelerator: Accelerator, precision: str
+) -> ModelFlops:
     """What the logged model FLOP/s and MFU are computed from (the peak that MFU is against is logged)."""
     peak_flops, peak_line = device_peak_flops(accelerator.device, precision)
     logger.info(peak_line)
-    return ModelFlops(model.config, plan.max_predictions_per_seq, peak_flops)
+    return ModelFlops(model.config, static_slots, peak_flops)
 
 
 def resume_from(accelerator: Accelerator, state: TrainingState, checkpoint: Path, seed: int) -> None:
@@ -307,16 +308,19 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         check_processes_agree(settings, data, accelerator)  # before the first update, on every rank
         model, start_callbacks = build_model(settings, data.config, source, model_class)
         set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
-        plan = plan_batches(settings.data, optimization, settings.run.per_device_eval_batch_size, accelerator.device)
-        batches, eval_loader = build_loaders(plan, data.tokenizer, data.train, data.evaluation)
+        device, eval_batch_size = accelerator.device, settings.run.per_device_eval_batch_size
+        batches, eval_loader = build_loaders(
+            settings.data, optimization, eval_batch_size, device, data.tokenizer, data.train, data.evaluation
+        )
+        slots = resolve_max_predictions(settings.data, optimization.compiles_update(device.type), device)
         state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
-        summary = run_summary(settings, model, data, precision, plan, budget, accelerator.num_processes)
+        summary = run_summary(settings, model, data, precision, slots, budget, accelerator.num_processes)
         log_plan(data, settings, budget, summary)
         if checkpoint is not None:
             resume_from(accelerator, state, checkpoint, optimization.seed)
         if settings.run.with_tracking:
             accelerator.init_trackers("hfbert-pretraining", config=summary)
-        flops = model_flops(model, plan, accelerator, precision)
+        flops = model_flops(model, slots, accelerator, precision)
         # the budget as training_args.json records it: a replay of log_history.json judges as this run did
         health = RunHealth(data.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
         callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])

@@ -12,40 +12,39 @@ sees one endless stream of batches, and the budget (--max_train_steps or --max_t
 
 Exact resume: every batch carries the position of its last instance (`StreamPosition`: the logical worker
 that made it, pass, window, row, and the documents stream's `state_dict()` before the window's first
-document); `StreamLoader` keeps each logical worker's last position and the checkpoint stores them
-(`stream_state.json`). A resumed worker loads its window's state, makes that window again and skips the rows
-already trained on; physical worker p plays logical worker (p + batches taken) % W, so that the batches come in
-the order of an uninterrupted run, whose DataLoader takes them from its workers in turn.
+document); `hfbert.pretraining.batches.StreamLoader` keeps each logical worker's last position and the
+checkpoint stores them (`stream_state.json`). A resumed worker loads its window's state, makes that window
+again and skips the rows already trained on; physical worker p plays logical worker (p + batches taken) % W,
+so that the batches come in the order of an uninterrupted run, whose DataLoader takes them from its workers in
+turn.
 
 The data stage of a stream (its fixed validation set, the process's share of the documents) is
-`hfbert.pretraining.data.streamed_instances`; `hfbert.pretraining.batches.build_loaders` makes the loader.
+`hfbert.pretraining.data.streamed_instances`; `hfbert.pretraining.batches.build_loaders` makes the loader
+(`StreamLoader`, its batches and their positions).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import numpy as np
 import torch
-from accelerate import Accelerator
-from accelerate.utils import gather_object, send_to_device
 from datasets import Dataset
-from torch.utils.data import DataLoader
 
 from hfbert.checkpointing import CheckpointError, relaunch_command
-from hfbert.errors import Refusal, RunFailure
-from hfbert.pretraining.data import _tokenize_batch, tokenized_features
+from hfbert.errors import Refusal
+from hfbert.pretraining.data import tokenize_batch, tokenized_features
 from hfbert.pretraining.instances import DRAW_KEY, MIN_NSP_DOCUMENTS, Span, TokenizedDocuments, TrainingStream
 
 STREAM_STATE_NAME = "stream_state.json"  # in a checkpoint of a --streaming run: every process's position
 POSITION_KEY = "stream_position"
-_ERROR_KEY = "stream_error"
+ERROR_KEY = "stream_error"
 # A draw id packs (pass, rank, window, row) into one integer (the collator seeds a batch's masks with them).
 _RANK_BITS, _WINDOW_BITS, _ROW_BITS = 20, 40, 32
 
@@ -117,7 +116,7 @@ class StreamedInstances(torch.utils.data.IterableDataset):
                     }
                 skip = 0
             if whole_pass and made == 0:
-                yield {_ERROR_KEY: self.empty_pass_message(worker, workers)}
+                yield {ERROR_KEY: self.empty_pass_message(worker, workers)}
                 return
             epoch, first_window, skip, state = epoch + 1, 0, 0, None
 
@@ -162,7 +161,7 @@ class StreamedInstances(torch.utils.data.IterableDataset):
         window's shuffled order. A window of a single document (a pass's last) gives no NSP instances: B would
         have no other document to come from."""
         stream = self.stream
-        sentences = _tokenize_batch({"paragraphs": paragraphs}, stream.tokenizer)
+        sentences = tokenize_batch({"paragraphs": paragraphs}, None, stream.tokenizer)
         features = tokenized_features(len(stream.tokenizer))
         documents = TokenizedDocuments(Dataset.from_dict(sentences, features=features))
         if stream.recipe.pairs and len(documents) < MIN_NSP_DOCUMENTS:
@@ -173,81 +172,6 @@ class StreamedInstances(torch.utils.data.IterableDataset):
         ]
         order = np.random.default_rng([stream.recipe.seed, epoch, stream.rank, window]).permutation(len(spans))
         return documents, [spans[index] for index in order.tolist()]
-
-
-@dataclass
-class StreamCollator:
-    """The loader's `collate_fn` for a stream: the batch as `DataCollatorForPretraining` builds it, and the
-    position of its last row; (None, message) when a worker found no instances in a whole pass."""
-
-    collator: Callable[[dict[str, list[Any]]], dict[str, torch.Tensor]]  # a DataCollatorForPretraining
-
-    def __call__(self, rows: list[dict[str, Any]]) -> tuple[dict[str, torch.Tensor] | None, Any]:
-        errors = [row[_ERROR_KEY] for row in rows if _ERROR_KEY in row]
-        if errors:
-            return None, errors[0]
-        columns = {key: [row[key] for row in rows] for key in rows[0] if key != POSITION_KEY}
-        return self.collator(columns), rows[-1][POSITION_KEY]
-
-
-@dataclass
-class StreamLoader:
-    """A process's training batches under --streaming (a `hfbert.pretraining.batches.TrainingBatches`): one
-    endless epoch of unknown length, placed by its own position, which every checkpoint stores
-    (`stream_state.json`, every process's, gathered) and a resumed run restores before iterating.
-    Kept beside `datasets`' `IterableDataset.state_dict()`, which each position holds: that places the documents
-    read, not the row within a window's shuffled instances nor which loader worker's batch comes next."""
-
-    dataset: StreamedInstances
-    loader: DataLoader
-    num_workers: int
-    batches_taken: int = 0  # by this process, since the run started
-    positions: dict[int, StreamPosition] = field(default_factory=dict)  # by logical worker
-    stream_pass: int = 0  # the pass of the last batch taken (for the log)
-    batches_per_epoch: None = None  # a stream's length is unknown
-
-    def prepare(self, accelerator: Accelerator) -> None:
-        pass  # split by process already (split_dataset_by_node); `batches` moves each batch to the device
-
-    def epoch(self, epoch: int, progress: Any, accelerator: Accelerator) -> Iterator[dict[str, torch.Tensor]]:
-        return self.batches(accelerator.device)
-
-    def logged_epoch(self, epoch: int) -> int:
-        return self.stream_pass
-
-    def batches(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
-        for batch, position in self.loader:
-            if batch is None:
-                raise RunFailure(position)
-            self.positions[position.worker] = position
-            self.batches_taken += 1
-            self.stream_pass = position.epoch
-            yield send_to_device(batch, device, non_blocking=self.loader.pin_memory)
-        raise RunFailure("the training stream ended; it repeats its passes without end, so this is a bug")
-
-    def state(self) -> dict[str, Any]:
-        """This process's position (plain data, JSON)."""
-        return {
-            "batches_taken": self.batches_taken,
-            "positions": [asdict(position) for _, position in sorted(self.positions.items())],
-        }
-
-    def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
-        """`stream_state.json`: every process's position, gathered (call on every process)."""
-        ranks = gather_object([self.state()]) if accelerator.num_processes > 1 else [self.state()]
-        saved = {"num_processes": accelerator.num_processes, "num_workers": self.num_workers, "ranks": ranks}
-        return {STREAM_STATE_NAME: saved}
-
-    def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
-        self.restore(read_stream_state(checkpoint), accelerator.process_index)
-
-    def restore(self, saved: dict[str, Any], rank: int) -> None:
-        """Continue from a checkpoint's `stream_state.json` (checked by `check_stream_checkpoint`)."""
-        state = saved["ranks"][rank]
-        self.batches_taken = int(state["batches_taken"])
-        self.positions = {int(p["worker"]): StreamPosition(**p) for p in state["positions"]}
-        self.dataset.positions = dict(self.positions)
-        self.dataset.rotation = self.batches_taken % max(1, self.num_workers)
 
 
 # ---------------------------------------------------------------------------------------------------------
