@@ -279,39 +279,30 @@ def _load_hub(data: FinetuneDataArguments) -> tuple[datasets.Dataset, datasets.D
     return splits["train"], splits[validation], validation
 
 
-def _hub_split(
-    split: datasets.Dataset, where: str, text_columns: list[str], label: str
-) -> tuple[dict, list[str], str]:
-    """(columns, labels as class names, where) of a Hub split: a ClassLabel's names, with -1 (GLUE's
-    unlabelled test rows) dropped."""
-    feature = split.features.get(label)
-    if not isinstance(feature, datasets.ClassLabel):
-        columns = _checked_columns(split.to_dict(), where, text_columns, label)
-        return columns, _string_labels(columns[label], where, label), where
-    labelled = split.filter(lambda row: row[label] >= 0)
-    columns = _checked_columns(labelled.to_dict(), where, text_columns, label)
-    return columns, [feature.names[index] for index in columns[label]], where
-
-
 def _load_splits(
     data: FinetuneDataArguments, text_columns: list[str], label: str
 ) -> tuple[list, str, list | None]:
     """([(columns, labels, where)] of the train and evaluation splits, the evaluation split's name, the
-    ClassLabel's names if the label column is one)."""
+    ClassLabel's names if the label column is one: its rows at -1 (GLUE's unlabelled test rows) dropped)."""
     if data.dataset_name is not None:
         train, evaluation, split_name = _load_hub(data)
-        splits = [
-            _hub_split(train, f"--dataset_name {data.dataset_name} 'train'", text_columns, label),
-            _hub_split(evaluation, repr(split_name), text_columns, label),
-        ]
         feature = train.features.get(label)
-        return splits, split_name, list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+        names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+        if names:
+            train, evaluation = (split.filter(lambda row: row[label] >= 0) for split in (train, evaluation))
+        where_train = f"--dataset_name {data.dataset_name} 'train'"
+        sources = ((where_train, train.to_dict()), (repr(split_name), evaluation.to_dict()))
+    else:
+        names, split_name = None, Path(data.validation_file).name
+        files = (("--train_file", data.train_file), ("--validation_file", data.validation_file))
+        # a generator: the training file is read and checked before the validation file is read
+        sources = ((f"{flag} {path}", _file_columns(read_labelled_file(path, flag))) for flag, path in files)
     splits = []
-    for flag, path in (("--train_file", data.train_file), ("--validation_file", data.validation_file)):
-        where = f"{flag} {path}"
-        columns = _checked_columns(_file_columns(read_labelled_file(path, flag)), where, text_columns, label)
-        splits.append((columns, _string_labels(columns[label], where, label), where))
-    return splits, Path(data.validation_file).name, None
+    for where, columns in sources:
+        columns = _checked_columns(columns, where, text_columns, label)
+        labels = [names[i] for i in columns[label]] if names else _string_labels(columns[label], where, label)
+        splits.append((columns, labels, where))
+    return splits, split_name, names
 
 
 def load_task(data: FinetuneDataArguments) -> TaskData:
