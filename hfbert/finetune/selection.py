@@ -55,28 +55,23 @@ class RateChoice:
 
 def choose_rate(fits: dict[FoldFit, FitResult], metric: str) -> RateChoice:
     """The rule, applied to every selection fit's result on its fold's held-out rows."""
-    rates = sorted({where.rate for where in fits})
-    fold_scores = {
-        rate: [fits[w].metrics[metric] for w in sorted(fits, key=lambda w: w.fold) if w.rate == rate]
-        for rate in rates
-    }
+    fold_scores: dict[float, list[float]] = {}
+    failed: dict[float, list[str]] = {}  # rate -> each collapsed or underfitted fold, as `dropped` says it
+    for where, result in sorted(fits.items(), key=lambda item: (item[0].rate, item[0].fold)):
+        fold_scores.setdefault(where.rate, []).append(result.metrics[metric])
+        failed.setdefault(where.rate, [])
+        if result.collapse or result.underfit:
+            how = f"collapsed: {result.collapse}" if result.collapse else f"underfitted: {result.underfit}"
+            failed[where.rate].append(f"fold {where.fold + 1} (seed {where.seed}) {how}")
     ranking = {
         rate: statistics.fmean(scores) - (statistics.stdev(scores) if len(scores) > 1 else 0.0)
         for rate, scores in fold_scores.items()
     }
-    dropped = {}
-    for where, result in sorted(fits.items(), key=lambda item: (item[0].rate, item[0].fold)):
-        if where.rate not in dropped and (result.collapse or result.underfit):
-            how = f"collapsed: {result.collapse}" if result.collapse else f"underfitted: {result.underfit}"
-            dropped[where.rate] = f"fold {where.fold + 1} (seed {where.seed}) {how}"
-    kept = [rate for rate in rates if rate not in dropped]
+    dropped = {rate: folds[0] for rate, folds in failed.items() if folds}
+    # with every rate dropped, the rates with the fewest failed folds compete, and the report says so
+    kept = [rate for rate, folds in failed.items() if len(folds) == min(map(len, failed.values()))]
     note = None
-    if not kept:  # the rates with the fewest failed folds compete, and the report says so
-        failed = {
-            rate: sum(bool(fits[w].collapse or fits[w].underfit) for w in fits if w.rate == rate)
-            for rate in rates
-        }
-        kept = [rate for rate in rates if failed[rate] == min(failed.values())]
+    if dropped.keys() == failed.keys():
         note = (
             "a fit collapsed or underfitted at every rate of the grid, so the rate with the fewest such folds and "
             "then the best mean minus spread is used; pass more training rows or epochs, or another "
