@@ -175,11 +175,12 @@ def _rows_have(numbers: list[int]) -> str:
     return f"{len(numbers)} rows ({shown}; data rows counted from 1) have"
 
 
-def _checked_columns(
-    columns: dict[str, list], where: str, text_columns: list[str], label: str
-) -> dict[str, list]:
-    """`columns` after refusing a missing text or label column, and missing/empty texts or values that are not
-    text (the tokenizer would fail on them mid-run)."""
+def _checked_labels(
+    columns: dict[str, list], where: str, text_columns: list[str], label: str, names: list[str] | None
+) -> list[str]:
+    """The label column's values as class names (`names[i]` for a ClassLabel's i, else as `label_text` reads
+    them), after refusing a missing text or label column, missing/empty texts or values that are not text (the
+    tokenizer would fail on them mid-run), and missing labels."""
     for column in (*text_columns, label):
         if column not in columns:
             raise Refusal(
@@ -193,24 +194,22 @@ def _checked_columns(
                 f"{where}: {_rows_have(missing)} an empty or missing {column!r} (or one that is not text); "
                 "remove or fill those rows"
             )
-    return columns
+    if names:
+        return [names[i] for i in columns[label]]
+    labels = [label_text(value) for value in columns[label]]
+    missing = [i for i, value in enumerate(labels, 1) if value is None]
+    if missing:
+        raise Refusal(
+            f"{where}: {_rows_have(missing)} an empty or missing {label!r}; remove those rows or give them "
+            "their class"
+        )
+    return labels
 
 
 def _file_columns(rows: list[dict[str, Any]]) -> dict[str, list]:
     """The rows as columns, one for every key of any row (a JSON line may leave out a key the others have)."""
     names = [name for name in dict.fromkeys(key for row in rows for key in row) if name is not None]
     return {name: [row.get(name) for row in rows] for name in names}
-
-
-def _string_labels(values: list, where: str, column: str) -> list[str]:
-    labels = [label_text(value) for value in values]
-    missing = [i for i, value in enumerate(labels, 1) if value is None]
-    if missing:
-        raise Refusal(
-            f"{where}: {_rows_have(missing)} an empty or missing {column!r}; remove those rows or give them "
-            "their class"
-        )
-    return labels
 
 
 def _label_names(train: list[str], evaluation: list[str], column: str, where: tuple[str, str]) -> list[str]:
@@ -297,11 +296,9 @@ def _load_splits(
         files = (("--train_file", data.train_file), ("--validation_file", data.validation_file))
         # a generator: the training file is read and checked before the validation file is read
         sources = ((f"{flag} {path}", _file_columns(read_labelled_file(path, flag))) for flag, path in files)
-    splits = []
-    for where, columns in sources:
-        columns = _checked_columns(columns, where, text_columns, label)
-        labels = [names[i] for i in columns[label]] if names else _string_labels(columns[label], where, label)
-        splits.append((columns, labels, where))
+    splits = [
+        (columns, _checked_labels(columns, where, text_columns, label, names), where) for where, columns in sources
+    ]
     return splits, split_name, names
 
 
