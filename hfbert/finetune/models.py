@@ -172,20 +172,19 @@ def size_defaults(hidden_size: int) -> tuple[float, tuple[float, ...]]:
 def training_settings(config: Any, where: str, training: FinetuneTrainingArguments) -> tuple[float, tuple[float, ...]]:
     """(epochs, learning rates to try) from the flags, and where they are left to the default, from the model's
     hidden size; refuses a config without one in that case."""
-    needs_size = training.num_train_epochs is None or (
-        training.chooses_rate and training.learning_rate_grid is None
-    )
-    hidden_size = getattr(config, "hidden_size", None)
-    if needs_size and not isinstance(hidden_size, int):
-        raise Refusal(
-            f"{where}: its config has no hidden_size, which the default epochs and learning rates follow; pass "
-            "--num_train_epochs and --learning_rate (or --learning_rate_grid)"
-        )
-    default_epochs, default_rates = size_defaults(hidden_size) if needs_size else (None, None)
-    epochs = training.num_train_epochs if training.num_train_epochs is not None else default_epochs
-    if not training.chooses_rate:
-        return epochs, (training.learning_rate,)
-    return epochs, tuple(training.learning_rate_grid or default_rates)
+    epochs = training.num_train_epochs
+    rates = training.learning_rate_grid if training.chooses_rate else [training.learning_rate]
+    if epochs is None or rates is None:
+        hidden_size = getattr(config, "hidden_size", None)
+        if not isinstance(hidden_size, int):
+            raise Refusal(
+                f"{where}: its config has no hidden_size, which the default epochs and learning rates follow; "
+                "pass --num_train_epochs and --learning_rate (or --learning_rate_grid)"
+            )
+        default_epochs, default_rates = size_defaults(hidden_size)
+        epochs = default_epochs if epochs is None else epochs
+        rates = default_rates if rates is None else rates
+    return epochs, tuple(rates)
 
 
 def build_model(
