@@ -28,11 +28,6 @@ def spread(values: list[float]) -> dict[str, Any]:
     return {"mean": statistics.fmean(values), "std": std, "per_seed": values}
 
 
-def summarise(per_seed: dict[int, FitResult], metrics: Sequence[str]) -> dict[str, Any]:
-    """Per metric: mean and standard deviation over the seeds, and each seed's value (in --seeds' order)."""
-    return {metric: spread([fit.metrics[metric] for fit in per_seed.values()]) for metric in metrics}
-
-
 def collapsed_seeds(per_seed: dict[int, FitResult]) -> dict[str, str]:
     """{seed: why} for every seed whose fit collapsed (keys as strings, as JSON keeps them)."""
     return {str(seed): fit.collapse for seed, fit in per_seed.items() if fit.collapse}

@@ -34,7 +34,7 @@ from hfbert.finetune.report import (
     paired_gain,
     plot_results,
     report_table,
-    summarise,
+    spread,
 )
 from hfbert.finetune.selection import FoldFit, choose_rate, selection_plan
 from hfbert.finetune.settings import (
@@ -211,7 +211,8 @@ def fit_candidate(
         "learning_rate": rate,
         "num_train_epochs": candidate.num_train_epochs,
         "learning_rate_selection": selection,
-        "summary": summarise(per_seed, task.metrics),
+        # per metric: mean and standard deviation over the seeds, and each seed's value (in --seeds' order)
+        "summary": {metric: spread([fit.metrics[metric] for fit in per_seed.values()]) for metric in task.metrics},
         "collapsed": collapsed_seeds(per_seed),
         "fits": {str(seed): fit.as_json() for seed, fit in per_seed.items()},
     }
