@@ -161,7 +161,6 @@ def finetune_once(
             weight_decay=training.weight_decay,
             lr_scheduler_type="linear",
             seed=seed,
-            eval_strategy="no",
             save_strategy="no",
             logging_strategy="epoch",  # the loss per epoch, kept in trainer.state.log_history
             report_to=[],
