@@ -133,7 +133,7 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     batches, eval_loader = build_loaders(
         settings.data, optimization, eval_batch_size, device, data.tokenizer, data.train, data.evaluation
     )
-    static_slots = resolve_max_predictions(settings.data, optimization.compiles_update(device.type), device)
+    static_slots = resolve_max_predictions(settings.data, optimization, device)
     state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     flops = ModelFlops(model.config, static_slots, peak_flops_per_process=None)

@@ -375,13 +375,15 @@ class EpochDraws(Sampler[int]):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def resolve_max_predictions(data: DataSettings, compiled: bool, device: torch.device) -> int | None:
+def resolve_max_predictions(
+    data: DataSettings, optimization: OptimizationSettings, device: torch.device
+) -> int | None:
     """Static masked slots per row: --max_predictions_per_seq, else a default on CUDA (static shapes keep the
-    step free of host synchronisation) and where the update is compiled; None (every masked token, dynamic shapes)
-    on a CPU, where the dynamic path is measured faster."""
+    step free of host synchronisation) and where the update is compiled (`compiles_update`); None (every masked
+    token, dynamic shapes) on a CPU, where the dynamic path is measured faster."""
     if data.max_predictions_per_seq is not None:
         return data.max_predictions_per_seq
-    if device.type == "cuda" or compiled:
+    if device.type == "cuda" or optimization.compiles_update(device.type):
         return default_max_predictions(data.max_seq_length, data.mlm_probability)
     return None
 
@@ -537,7 +539,7 @@ def build_loaders(
     only: evaluation stays token-level, comparable."""
     compiled = optimization.compiles_update(device.type)
     shape = {
-        "max_predictions_per_seq": resolve_max_predictions(data, compiled, device),
+        "max_predictions_per_seq": resolve_max_predictions(data, optimization, device),
         "pad_to_length": data.max_seq_length if compiled else None,
         "seed": optimization.seed,
     }

@@ -147,7 +147,7 @@ def budget_lines(
     lines = [f"updates: {updates:,}; ~{tokens_seen:,.0f} tokens seen"]
     if corpus_tokens:
         lines.append(f"passes over the corpus: ~{tokens_seen / corpus_tokens:.1f}")
-    static_slots = resolve_max_predictions(data, optimization.torch_compile, accelerator.device)
+    static_slots = resolve_max_predictions(data, optimization, accelerator.device)
     head_rows = data.mlm_probability * instance_tokens if static_slots is None else static_slots
     flops = flops_per_token(config, instance_tokens, head_rows) * tokens_seen
     lines.append(f"compute: ~{flops:.2e} FLOPs (the loop's own formula, forward and backward)")

@@ -312,7 +312,7 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         batches, eval_loader = build_loaders(
             settings.data, optimization, eval_batch_size, device, data.tokenizer, data.train, data.evaluation
         )
-        slots = resolve_max_predictions(settings.data, optimization.compiles_update(device.type), device)
+        slots = resolve_max_predictions(settings.data, optimization, device)
         state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
         summary = run_summary(settings, model, data, precision, slots, budget, accelerator.num_processes)
         log_plan(data, settings, budget, summary)
