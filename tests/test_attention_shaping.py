@@ -130,11 +130,11 @@ def test_uniform_attention_costs_nothing_and_evaluation_forwards_capture_nothing
     assert spread.penalty(torch.ones_like(input_ids)).abs() < 1e-6
     model.eval()
     model(input_ids=input_ids)
-    assert all(not captured for captured in spread.captured)
+    assert not spread.captured
     spread.remove()
     model.train()
     model(input_ids=input_ids)
-    assert all(not captured for captured in spread.captured)
+    assert not spread.captured
 
 
 def test_the_loop_without_callbacks_leaves_loss_and_weights_alone():

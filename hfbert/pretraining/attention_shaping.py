@@ -70,46 +70,31 @@ class ClsAttentionSpread(Callback):
         encoder = getattr(model, model.base_model_prefix, model)
         self.weight = weight
         self.num_heads = model.config.num_attention_heads
-        self.captured: list[dict[str, torch.Tensor]] = []
-        self.handles = []
-        for layer in encoder.encoder.layer:
-            attention = layer.attention.self
-            outputs: dict[str, torch.Tensor] = {}
-            self.captured.append(outputs)
-            for role in ("query", "key"):
-                self.handles.append(
-                    getattr(attention, role).register_forward_hook(self._capture(outputs, role))
-                )
+        self.attentions = [layer.attention.self for layer in encoder.encoder.layer]
+        self.captured: dict[nn.Module, torch.Tensor] = {}  # projection -> its output in the last training forward
+        self.handles = [
+            projection.register_forward_hook(self._capture)
+            for attention in self.attentions
+            for projection in (attention.query, attention.key)
+        ]
 
-    @staticmethod
-    def _capture(outputs: dict[str, torch.Tensor], role: str):
-        def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-            if module.training:  # evaluation forwards keep nothing
-                outputs[role] = output
-
-        return hook
+    def _capture(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        if module.training:  # evaluation forwards keep nothing
+            self.captured[module] = output
 
     def penalty(self, attention_mask: torch.Tensor) -> torch.Tensor:
         """The weighted penalty of the last training forward, whose (B, T) `attention_mask` marks real keys."""
         valid = attention_mask.bool()
         log_lengths = valid.sum(-1).float().log()[:, None]  # (B, 1)
         total = 0.0
-        for outputs in self.captured:
-            query, key = outputs.pop("query")[:, 0], outputs.pop("key")  # (B, d), (B, T, d)
-            batch, length, width = key.shape
-            head_size = width // self.num_heads
-            logits = (
-                torch.einsum(
-                    "bhs,bths->bht",
-                    query.reshape(batch, self.num_heads, head_size),
-                    key.reshape(batch, length, self.num_heads, head_size),
-                )
-                * head_size**-0.5
-            )
+        for attention in self.attentions:
+            query = self.captured.pop(attention.query)[:, 0].unflatten(-1, (self.num_heads, -1))  # (B, H, hs)
+            key = self.captured.pop(attention.key).unflatten(-1, (self.num_heads, -1))  # (B, T, H, hs)
+            logits = torch.einsum("bhs,bths->bht", query, key) * query.size(-1) ** -0.5
             log_probs = logits.masked_fill(~valid[:, None, :], float("-inf")).log_softmax(-1)
             entropy = -(log_probs.exp() * log_probs.masked_fill(~valid[:, None, :], 0.0)).sum(-1)  # (B, H)
             total = total + (1 - entropy / log_lengths).mean()
-        return self.weight * total / len(self.captured)
+        return self.weight * total / len(self.attentions)
 
     def loss(self, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """`loss` plus the penalty of the forward that made it."""
