@@ -270,36 +270,22 @@ def varlen_attention(
         context = torch.ops.aten._flash_attention_forward(
             *packed, query_offsets, key_offsets, query_len, key_len, dropout, False, False, scale=scaling
         )[0]
-    else:
-        context = attention_per_sequence(*packed, query_offsets, key_offsets, scaling, dropout)
+    else:  # what the kernel computes, one sequence at a time: queries [q_i, q_i+1) attend to keys [k_i, k_i+1)
+        query, key, value = (tensor.transpose(0, 1) for tensor in packed)  # (nh, B*Tq or B*T, hs)
+        context = query.new_zeros(query.shape)
+        bounds = zip(pairwise(query_offsets.tolist()), pairwise(key_offsets.tolist()), strict=True)
+        for (query_start, query_end), (key_start, key_end) in bounds:
+            if query_end == query_start:
+                continue
+            context[:, query_start:query_end] = F.scaled_dot_product_attention(
+                query[:, query_start:query_end],
+                key[:, key_start:key_end],
+                value[:, key_start:key_end],
+                dropout_p=dropout,
+                scale=scaling,
+            )
+        context = context.transpose(0, 1)
     return context.view(batch, query_len, heads, head_size)
-
-
-def attention_per_sequence(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    query_offsets: torch.Tensor,
-    key_offsets: torch.Tensor,
-    scaling: float,
-    dropout: float,
-) -> torch.Tensor:
-    """What the variable-length kernel computes, one sequence at a time: (Nq, nh, hs) packed queries, (N, nh,
-    hs) keys and values -> (Nq, nh, hs); sequence i is queries [q_i, q_i+1) attending to keys [k_i, k_i+1)."""
-    query, key, value = (tensor.transpose(0, 1) for tensor in (query, key, value))  # (nh, N or Nq, hs)
-    context = query.new_zeros(query.shape)
-    bounds = zip(pairwise(query_offsets.tolist()), pairwise(key_offsets.tolist()), strict=True)
-    for (query_start, query_end), (key_start, key_end) in bounds:
-        if query_end == query_start:
-            continue
-        context[:, query_start:query_end] = F.scaled_dot_product_attention(
-            query[:, query_start:query_end],
-            key[:, key_start:key_end],
-            value[:, key_start:key_end],
-            dropout_p=dropout,
-            scale=scaling,
-        )
-    return context.transpose(0, 1)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1019,15 +1005,8 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
         )
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
         start_logits, end_logits = (part.squeeze(-1).contiguous() for part in logits.split(1, dim=-1))
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            ignored = start_logits.size(1)  # positions outside the sequence carry no loss
-            start = start_positions.reshape(-1).clamp(0, ignored)
-            end = end_positions.reshape(-1).clamp(0, ignored)
-            loss = (
-                F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
-                + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)
-            ) / 2
+        # transformers' span loss (positions outside the sequence carry none), in fp32; None without both labels
+        loss = self.loss_function(start_logits.float(), end_logits.float(), start_positions, end_positions)
         return QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,
