@@ -77,9 +77,8 @@ class HfBertConfig(PretrainedConfig):
     def validate_architecture(self) -> None:
         """Fail at construction, naming the field, for combinations the model cannot be built from."""
         # The sizes are the fields typed plain int (pad_token_id, int | None, is checked below).
-        sizes = [name for name, kind in HfBertConfig.__annotations__.items() if kind is int]
-        for name in sizes:
-            if getattr(self, name) < 1:
+        for name, kind in HfBertConfig.__annotations__.items():
+            if kind is int and getattr(self, name) < 1:
                 raise ValueError(f"HfBertConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads != 0:
             divisors = [h for h in range(1, 33) if self.hidden_size % h == 0]

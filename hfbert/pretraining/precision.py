@@ -113,11 +113,8 @@ def build_accelerator(optimization: OptimizationSettings, run: RunSettings) -> t
         f"{accelerator.num_processes} process(es)."
     )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if (
-        accelerator.device.type == "cpu"
-        and torch.get_num_threads() == 1
-        and cores > accelerator.num_processes
-    ):
+    one_thread = torch.get_num_threads() == 1
+    if accelerator.device.type == "cpu" and one_thread and cores > accelerator.num_processes:
         logger.warning(
             f"Training on the CPU with 1 thread per process although {cores} cores are free: `accelerate launch` "
             "sets OMP_NUM_THREADS=1 on a machine without a GPU unless told otherwise. Use `accelerate launch "

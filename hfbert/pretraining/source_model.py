@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoTokenizer, BertForPreTraining, PreTrain
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with AutoConfig)
 from hfbert.checkpointing import MANIFEST_NAME, damaged_file, find_checkpoints
-from hfbert.configuration_hfbert import PRESETS, HfBertConfig
+from hfbert.configuration_hfbert import PRESET_FIELDS, PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for, check_encoder_weights_loaded, hfbert_config_for
 from hfbert.errors import Refusal
 from hfbert.files import check_local_files, check_local_path_exists, holds_weights
@@ -140,8 +140,7 @@ def check_source_fits(
             "(the model's architecture is the source's)"
         )
     if model_size is not None:
-        layers, hidden, heads = PRESETS[model_size]
-        preset = {"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads}
+        preset = dict(zip(PRESET_FIELDS, PRESETS[model_size], strict=True))
         differing = [key for key, value in preset.items() if getattr(source.config, key) != value]
         if differing:
             found = ", ".join(f"{key} {getattr(source.config, key)} (preset {preset[key]})" for key in differing)
