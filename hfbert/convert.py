@@ -60,18 +60,6 @@ def check_encoder_weights_loaded(folder: str, missing_keys: Sequence[str], fix: 
 _SOURCE_FIX = "pass a model folder (config.json and its weights) or a Hub model id"
 
 
-def check_source(source: str | os.PathLike) -> Path:
-    """`source` as a Path, after refusing a missing local folder and naming any truncated or garbled JSON /
-    safetensors file in it (Refusal)."""
-    check_local_path_exists(str(source), "source", _SOURCE_FIX)
-    source = Path(source)
-    if source.is_dir():
-        check_folder_readable(
-            source, f"copy or download {source} again (for an hfbert run's output folder: {FINAL_FOLDER_FIX})"
-        )
-    return source
-
-
 def _read_config(config_class: type, source: Path) -> transformers.PretrainedConfig:
     """The source's config, after refusing a source without one (or an unreachable Hub), of another
     model_type than `config_class`'s, or that names other than exactly one architecture."""
@@ -98,7 +86,12 @@ def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_be
     """Load the source folder with its own library's class and save its state dict as the twin class of the
     other library (HfBertForX <-> BertForX), with the source's tokenizer if any, into a staged folder that
     appears whole."""
-    source, output_dir = check_source(source_dir), Path(output_dir)
+    check_local_path_exists(str(source_dir), "source", _SOURCE_FIX)
+    source, output_dir = Path(source_dir), Path(output_dir)
+    if source.is_dir():  # a truncated or garbled JSON / safetensors file is named
+        check_folder_readable(
+            source, f"copy or download {source} again (for an hfbert run's output folder: {FINAL_FOLDER_FIX})"
+        )
     # refused before the weights are read
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise Refusal(f"output_dir {output_dir} exists and is not an empty folder; pass a new output folder")
