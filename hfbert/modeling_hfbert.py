@@ -343,9 +343,8 @@ class HfBertEmbeddings(nn.Module):
     ) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)  # (B, T, d)
-        seq_len = inputs_embeds.size(1)
         if position_ids is None:
-            position_ids = torch.arange(seq_len, device=inputs_embeds.device)[None, :]  # (1, T)
+            position_ids = torch.arange(inputs_embeds.size(1), device=inputs_embeds.device)[None, :]  # (1, T)
         if token_type_ids is None:
             # All segment A. Looked up through the module, not read as .weight[0]: with device_map offload the
             # weight lives on the meta device and only the module's own forward hook brings it in.
