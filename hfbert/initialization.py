@@ -128,15 +128,14 @@ def init_structured_attention(
         (1, 0): (*offset_query_key(frequencies, +1, head_size, hidden), OFFSET_GAIN),
         (0, 1): (match, match, MATCH_GAIN),
     }
-    prefix = f"{model.base_model_prefix}." if encoder is not model else ""
+    names = {parameter: name for name, parameter in model.named_parameters()}
     components: dict[str, torch.Tensor] = {}
     for (layer, head), (query, key, gain) in heads_to_set.items():
         attention = encoder.encoder.layer[layer].attention.self
         rows = slice(head * head_size, (head + 1) * head_size)
         for role, pattern in (("query", query), ("key", key)):
             weight = getattr(attention, role).weight
-            name = f"{prefix}encoder.layer.{layer}.attention.self.{role}.weight"
-            component = components.setdefault(name, torch.zeros_like(weight))
+            component = components.setdefault(names[weight], torch.zeros_like(weight))
             component[rows] = (pattern * gain * gain_scale).to(weight.dtype)
             weight[rows] = component[rows] + weight[rows] if keep_random_rows else component[rows]
             getattr(attention, role).bias[rows] = 0.0
