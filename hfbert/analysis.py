@@ -6,6 +6,7 @@ libraries' load reports and progress bars, here and in fine-tuning."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,9 +91,9 @@ class ModelAnalysis:
         self.tokenizer = tokenizer
         self.model = model.to(self.device).eval()
         self.config = self.model.config
+        self.max_length = int(self.config.max_position_embeddings)
         self.has_nsp_head = not any("seq_relationship" in key for key in missing_keys)
         self.has_mlm_head = not any("predictions" in key for key in missing_keys)
-        self._fill_mask = None
 
     @classmethod
     def of_weights(cls, config: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> ModelAnalysis:
@@ -106,10 +107,6 @@ class ModelAnalysis:
         ]
         return cls(model, tokenizer, missing)
 
-    @property
-    def max_length(self) -> int:
-        return int(self.config.max_position_embeddings)
-
     def summary(self) -> str:
         c = self.config
         parameters = sum(p.numel() for p in self.model.parameters())
@@ -118,9 +115,8 @@ class ModelAnalysis:
             f"{c.hidden_size}, vocabulary {c.vocab_size}, {parameters / 1e6:.2f}M parameters"
         )
 
-    def _encode(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
-        encoded = self.tokenizer(*args, return_tensors="pt", return_token_type_ids=True, **kwargs)
-        return {key: value.to(self.device) for key, value in encoded.items()}
+    def _encode(self, *args: Any, **kwargs: Any) -> transformers.BatchEncoding:
+        return self.tokenizer(*args, return_tensors="pt", return_token_type_ids=True, **kwargs).to(self.device)
 
     @torch.no_grad()
     def attention(self, text: str, layer: int, head: int) -> AttentionResult:
@@ -136,17 +132,15 @@ class ModelAnalysis:
             predictions = [predictions]
         return FillMaskResult(text=text, predictions=predictions)
 
-    @property
+    @functools.cached_property
     def fill_mask_pipeline(self) -> Any:
-        if self._fill_mask is None:
-            with quiet_libraries():
-                masked_lm = AutoModelForMaskedLM.from_config(self.config, dtype=self.model.dtype)
-                # The same names as the pretraining model's: its NSP head is the one key left over.
-                masked_lm.load_state_dict(self.model.state_dict(), strict=False)
-                self._fill_mask = transformers.pipeline(
-                    "fill-mask", model=masked_lm.eval(), tokenizer=self.tokenizer, device=self.device
-                )
-        return self._fill_mask
+        with quiet_libraries():
+            masked_lm = AutoModelForMaskedLM.from_config(self.config, dtype=self.model.dtype)
+            # The same names as the pretraining model's: its NSP head is the one key left over.
+            masked_lm.load_state_dict(self.model.state_dict(), strict=False)
+            return transformers.pipeline(
+                "fill-mask", model=masked_lm.eval(), tokenizer=self.tokenizer, device=self.device
+            )
 
     @torch.no_grad()
     def nsp(self, sentence_a: str, sentence_b: str) -> NspResult:

@@ -19,7 +19,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForPreTraining, AutoTokenizer
@@ -123,11 +122,11 @@ def check_device(device: str) -> None:
         )
 
 
-def check_length(tokenizer: Any, what: str, text: str, text_pair: str | None, limit: int) -> None:
-    length = len(tokenizer(text, text_pair)["input_ids"])
-    if length > limit:
+def check_length(analysis: ModelAnalysis, what: str, text: str, text_pair: str | None = None) -> None:
+    length = len(analysis.tokenizer(text, text_pair)["input_ids"])
+    if length > analysis.max_length:
         raise InspectError(
-            f"{what} is {length} tokens long but the model takes at most {limit}; pass a shorter text"
+            f"{what} is {length} tokens long but the model takes at most {analysis.max_length}; pass a shorter text"
         )
 
 
@@ -213,12 +212,10 @@ def choose_tasks(
                 "nothing to inspect: give --text (with [MASK] for fill-mask), --pair A B or --sentences S1 S2 ..."
             )
     for task in tasks:
-        if task not in TASKS:
+        if task not in needs:
             raise InspectError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
-    for task in tasks:
-        name, value = needs[task]
-        if value is None:
-            raise InspectError(f"task {task!r} needs --{name}; pass it or leave {task!r} out of --tasks")
+        if needs[task][1] is None:
+            raise InspectError(f"task {task!r} needs --{needs[task][0]}; pass it or leave {task!r} out of --tasks")
     if "fill-mask" in tasks and MASK not in text:
         raise InspectError(
             f"--text {text!r} has no {MASK}: fill-mask predicts the word at each {MASK}, so write {MASK} in "
@@ -241,11 +238,10 @@ def check_inputs_fit(
     sentences: Sequence[str] | None,
 ) -> None:
     """Every input fits the model (length) and the model has the heads its tasks need."""
-    limit = analysis.max_length
     if text is not None and {"attention", "fill-mask"} & set(tasks):
-        check_length(analysis.tokenizer, "--text", text, None, limit)
+        check_length(analysis, "--text", text)
     if "nsp" in tasks:
-        check_length(analysis.tokenizer, "--pair", pair[0], pair[1], limit)
+        check_length(analysis, "--pair", *pair)
         if not analysis.has_nsp_head:
             raise InspectError(
                 f"{str(folder)!r} has no next-sentence head (it was saved from a model without one, e.g. "
@@ -257,7 +253,7 @@ def check_inputs_fit(
             "a folder saved from HfBertForPreTraining or HfBertForMaskedLM, so leave out [MASK] / fill-mask"
         )
     for index, sentence in enumerate(sentences if "similarity" in tasks else []):
-        check_length(analysis.tokenizer, f"--sentences item {index + 1}", sentence, None, limit)
+        check_length(analysis, f"--sentences item {index + 1}", sentence)
 
 
 def write_inspection(inspection: Inspection, out: Path) -> None:
