@@ -28,10 +28,9 @@ logger = logging.getLogger(__name__)
 
 def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
     def cell(value: Any) -> str:
-        text = f"{value:.4f}" if isinstance(value, float) else str(value)
-        if isinstance(value, float) and 0 < abs(value) < 0.01:  # 1e-08 would read 0.0000
-            text = f"{value:.3g}"
-        return text.replace("|", "\\|").replace("\n", " ")
+        if isinstance(value, float):  # 1e-08 would read 0.0000 in the four decimals of the others
+            value = f"{value:.3g}" if 0 < abs(value) < 0.01 else f"{value:.4f}"
+        return str(value).replace("|", "\\|").replace("\n", " ")
 
     lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
     lines += [f"| {cell(key)} | {cell(value)} |" for key, value in rows.items()]
