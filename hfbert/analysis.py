@@ -100,12 +100,9 @@ class ModelAnalysis:
         """The analysis of weights in memory (e.g. a run's final state dict), on CPU copies of the model."""
         with quiet_libraries():
             model = AutoModelForPreTraining.from_config(config, attn_implementation="eager")
+        missing = model.load_state_dict(state_dict, strict=False).missing_keys
         # A state dict read from a folder lacks tied weights (the decoder's); tied, they load anyway.
-        tied = getattr(model, "all_tied_weights_keys", None) or {}
-        missing = [
-            key for key in model.load_state_dict(state_dict, strict=False).missing_keys if key not in tied
-        ]
-        return cls(model, tokenizer, missing)
+        return cls(model, tokenizer, [key for key in missing if key not in model.all_tied_weights_keys])
 
     def summary(self) -> str:
         c = self.config
@@ -166,10 +163,6 @@ class ModelAnalysis:
 SAVEFIG = {"dpi": 110, "bbox_inches": "tight", "pad_inches": 0.15}  # the labels in full, a little margin
 
 
-def _short(text: str, limit: int = 48) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def plot_attention(result: AttentionResult, path: Path, model_name: str) -> Path:
     """Heatmap of one head's attention: queries down, keys across, every token labelled on both axes; titled
     with `model_name`, the layer and the head."""
@@ -197,7 +190,7 @@ def plot_similarity(result: SimilarityResult, path: Path, title: str) -> Path:
     side = max(3.2, 0.55 * n + 1.6)
     figure, axes = plt.subplots(1, 2, figsize=(2 * side + 3.2, side + 0.6), constrained_layout=True)
     labels = [f"s{i + 1}" for i in range(n)]
-    ylabels = [f"s{i + 1}: {_short(s, 32)}" for i, s in enumerate(result.sentences)]
+    ylabels = [f"s{i + 1}: {s if len(s) <= 32 else s[:31] + '…'}" for i, s in enumerate(result.sentences)]
     # One colour scale for both panels, at least 0.05 wide: an untrained model gives every pair ~1.
     low = min(m[i][j] for m in (result.cls, result.mean) for i in range(n) for j in range(n) if i != j)
     low = min(low, 0.95)

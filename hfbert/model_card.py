@@ -137,16 +137,14 @@ def pretrained_from_structured_start(training_config: dict[str, Any]) -> bool:
     )
 
 
-def _query_key_advice(training_config: dict[str, Any]) -> str:
-    if pretrained_from_structured_start(training_config):
-        return """A small model pretrained from the structured attention start fine-tunes better with `--reinit_query_key`:
+# The card's advice for a folder `pretrained_from_structured_start`.
+_QUERY_KEY_ADVICE = """A small model pretrained from the structured attention start fine-tunes better with `--reinit_query_key`:
 its attention queries and keys are drawn afresh, and every other weight stays pretrained. The start leaves sharp
 attention patterns that fine-tuning does not unlearn; `--structured_attention_fade` and `--cls_attention_spread`
 in pretraining remove most of their harm, not all of it (the README's main job, three labelled sets: +4.6 /
 +0.2 / +0.4 points over random weights as saved, +7.4 / +1.8 / +4.2 with `--reinit_query_key`).
 
 """
-    return ""
 
 
 def _usage_sections(model_name: str, training_config: dict[str, Any]) -> str:
@@ -190,7 +188,7 @@ model's size: 20 for hidden size <= 256 (tiny, mini), 3 for larger ones. A seed 
 the gain is paired per seed with a 95% interval that says when it is within the seed-to-seed noise.
 `finetune_results.json` says which rate was chosen, on what, and every fit's scores.
 
-{_query_key_advice(training_config)}"""
+{_QUERY_KEY_ADVICE if pretrained_from_structured_start(training_config) else ""}"""
 
 
 def card_body(
