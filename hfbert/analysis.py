@@ -18,13 +18,8 @@ import transformers
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
-from hfbert.errors import Refusal
 from hfbert.files import atomic_path
 from hfbert.plotting import plt, save_figure  # pyplot, with the headless backend chosen
-
-
-class InspectError(Refusal):
-    """A bad checkpoint or input for `hfbert.inspect` or samples.md; the message names the fix."""
 
 
 @dataclass
@@ -113,7 +108,8 @@ class ModelAnalysis:
         )
 
     def _encode(self, *args: Any, **kwargs: Any) -> transformers.BatchEncoding:
-        return self.tokenizer(*args, return_tensors="pt", return_token_type_ids=True, **kwargs).to(self.device)
+        encoded = self.tokenizer(*args, return_tensors="pt", return_token_type_ids=True, **kwargs)
+        return encoded.to(self.device)
 
     @torch.no_grad()
     def attention(self, text: str, layer: int, head: int) -> AttentionResult:

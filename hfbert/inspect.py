@@ -8,8 +8,8 @@ Command line (writes PNGs and ``inspect.md`` into ``--output_dir``, default ``CH
 
 Library: `inspect_checkpoint` does the same from Python; `write_samples` writes ``samples.md`` (and its PNGs)
 into a model folder at the end of a training run, from validation sentences that
-`hfbert.pretraining.data.sample_sentences` picks. Every input is checked before any file is written; a bad one raises `InspectError` (a
-`ValueError`) that names the value and the fix.
+`hfbert.pretraining.data.sample_sentences` picks. Every input is checked before any file is written; a bad one
+raises `hfbert.errors.Refusal` (a `ValueError`) that names the value and the fix.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classe
 from hfbert.analysis import (
     AttentionResult,
     FillMaskResult,
-    InspectError,
     ModelAnalysis,
     NspResult,
     SimilarityResult,
@@ -41,6 +40,7 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.convert import check_encoder_weights_loaded
+from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, holds_model, holds_tokenizer
 from hfbert.flags import RefusingHfArgumentParser
 from hfbert.pretraining.samples import MASK, SAMPLES_NAME
@@ -67,42 +67,39 @@ class Inspection:
 
 
 def check_model_folder(checkpoint: str | Path, tokenizer_name: str | Path | None = None) -> tuple[Path, Path]:
-    """The model folder and the tokenizer folder, or `InspectError` saying what is missing."""
+    """The model folder and the tokenizer folder, or `Refusal` saying what is missing."""
     folder = Path(checkpoint)
     if not folder.exists():
-        raise InspectError(
+        raise Refusal(
             f"checkpoint folder {str(folder)!r} does not exist; pass the output folder of a training run "
             "(the one holding model.safetensors and config.json)"
         )
     if not folder.is_dir():
-        raise InspectError(f"checkpoint {str(folder)!r} is a file; pass the folder that holds it instead")
+        raise Refusal(f"checkpoint {str(folder)!r} is a file; pass the folder that holds it instead")
     if not holds_model(folder):
-        raise InspectError(
+        raise Refusal(
             f"{str(folder)!r} is not a saved model folder: it needs config.json and model.safetensors. A "
             "checkpoint-<step> folder holds resumable training state; inspect the run's output folder instead"
         )
     tokenizer_folder = folder if tokenizer_name is None else Path(tokenizer_name)
     if not holds_tokenizer(tokenizer_folder):
         where = "--tokenizer_name" if tokenizer_name is not None else "checkpoint folder"
-        raise InspectError(
+        raise Refusal(
             f"the {where} {str(tokenizer_folder)!r} has no tokenizer (no tokenizer.json or vocab.txt); pass "
             "--tokenizer_name DIR with the tokenizer the model was trained with, or save it into the folder "
             "with tokenizer.save_pretrained(...)"
         )
-    try:
-        check_folder_readable(folder, FINAL_FOLDER_FIX)
-        if tokenizer_folder != folder:
-            check_folder_readable(
-                tokenizer_folder, "pass another --tokenizer_name, or save the tokenizer there again"
-            )
-    except ValueError as error:
-        raise InspectError(str(error)) from None
+    check_folder_readable(folder, FINAL_FOLDER_FIX)
+    if tokenizer_folder != folder:
+        check_folder_readable(
+            tokenizer_folder, "pass another --tokenizer_name, or save the tokenizer there again"
+        )
     return folder, tokenizer_folder
 
 
 def check_index(name: str, value: int, count: int, what: str) -> None:
     if not 0 <= value < count:
-        raise InspectError(
+        raise Refusal(
             f"{name} {value} is out of range: this model has {count} {what}, so pass {name} between 0 and "
             f"{count - 1}"
         )
@@ -113,11 +110,13 @@ def check_device(device: str) -> None:
     try:
         parsed = torch.device(device)
     except RuntimeError as error:
-        raise InspectError(f"--device {device} is not a torch device ({error}); pass cpu, cuda or cuda:N") from None
+        raise Refusal(
+            f"--device {device} is not a torch device ({error}); pass cpu, cuda or cuda:N"
+        ) from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise InspectError(f"--device {device}: this machine has no CUDA device torch can use; pass --device cpu")
+        raise Refusal(f"--device {device}: this machine has no CUDA device torch can use; pass --device cpu")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise InspectError(
+        raise Refusal(
             f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); pass an index below it"
         )
 
@@ -125,8 +124,9 @@ def check_device(device: str) -> None:
 def check_length(analysis: ModelAnalysis, what: str, text: str, text_pair: str | None = None) -> None:
     length = len(analysis.tokenizer(text, text_pair)["input_ids"])
     if length > analysis.max_length:
-        raise InspectError(
-            f"{what} is {length} tokens long but the model takes at most {analysis.max_length}; pass a shorter text"
+        raise Refusal(
+            f"{what} is {length} tokens long but the model takes at most {analysis.max_length}; pass a "
+            "shorter text"
         )
 
 
@@ -141,10 +141,7 @@ def load_analysis(checkpoint: Path, tokenizer_folder: Path, device: str = "cpu")
         model, info = AutoModelForPreTraining.from_pretrained(
             checkpoint, attn_implementation="eager", output_loading_info=True
         )
-    try:
-        check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
-    except ValueError as error:
-        raise InspectError(str(error)) from None
+    check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
     return ModelAnalysis(model, tokenizer, info["missing_keys"], device)
 
 
@@ -169,7 +166,7 @@ def inspect_checkpoint(
 
     `tasks` defaults to every task whose input is given: ``attention`` and ``fill-mask`` for `text`, ``nsp``
     for `pair` (A, B), ``similarity`` for `sentences` (two or more). `layer` defaults to the last layer.
-    Every check runs before any file is written; a failed one raises `InspectError`.
+    Every check runs before any file is written; a failed one raises `Refusal`.
     """
     folder, tokenizer_folder = check_model_folder(checkpoint, tokenizer_name)
     tasks = choose_tasks(tasks, text, pair, sentences)
@@ -179,7 +176,7 @@ def inspect_checkpoint(
         check_index("--layer", layer, config.num_hidden_layers, "layers")
         check_index("--head", head, config.num_attention_heads, "attention heads per layer")
     if "fill-mask" in tasks and not 1 <= top_k <= config.vocab_size:
-        raise InspectError(f"--top_k {top_k} is out of range; pass a value between 1 and {config.vocab_size}")
+        raise Refusal(f"--top_k {top_k} is out of range; pass a value between 1 and {config.vocab_size}")
 
     analysis = load_analysis(folder, tokenizer_folder, device)
     text = None if text is None else text.replace(MASK, analysis.tokenizer.mask_token)
@@ -208,24 +205,24 @@ def choose_tasks(
     if tasks is None:
         tasks = [task for task, (_, given) in needs.items() if given is not None]
         if not tasks:
-            raise InspectError(
+            raise Refusal(
                 "nothing to inspect: give --text (with [MASK] for fill-mask), --pair A B or --sentences S1 S2 ..."
             )
     for task in tasks:
         if task not in needs:
-            raise InspectError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+            raise Refusal(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
         if needs[task][1] is None:
-            raise InspectError(f"task {task!r} needs --{needs[task][0]}; pass it or leave {task!r} out of --tasks")
+            raise Refusal(f"task {task!r} needs --{needs[task][0]}; pass it or leave {task!r} out of --tasks")
     if "fill-mask" in tasks and MASK not in text:
-        raise InspectError(
+        raise Refusal(
             f"--text {text!r} has no {MASK}: fill-mask predicts the word at each {MASK}, so write {MASK} in "
             f'place of a word (e.g. "The game was released in {MASK} ."), or pass --tasks attention to '
             "draw the attention map only"
         )
     if "nsp" in tasks and len(pair) != 2:
-        raise InspectError(f"--pair needs exactly two sentences, A and B; got {len(pair)}")
+        raise Refusal(f"--pair needs exactly two sentences, A and B; got {len(pair)}")
     if "similarity" in tasks and len(sentences) < 2:
-        raise InspectError(f"--sentences needs at least two sentences to compare; got {len(sentences)}")
+        raise Refusal(f"--sentences needs at least two sentences to compare; got {len(sentences)}")
     return tasks
 
 
@@ -243,12 +240,12 @@ def check_inputs_fit(
     if "nsp" in tasks:
         check_length(analysis, "--pair", *pair)
         if not analysis.has_nsp_head:
-            raise InspectError(
+            raise Refusal(
                 f"{str(folder)!r} has no next-sentence head (it was saved from a model without one, e.g. "
                 "HfBertForMaskedLM); NSP needs a folder saved from HfBertForPreTraining, so leave out --pair"
             )
     if "fill-mask" in tasks and not analysis.has_mlm_head:
-        raise InspectError(
+        raise Refusal(
             f"{str(folder)!r} has no masked-LM head (it was saved from the bare encoder); fill-mask needs "
             "a folder saved from HfBertForPreTraining or HfBertForMaskedLM, so leave out [MASK] / fill-mask"
         )
@@ -310,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> Inspection:
-    args = build_parser().parse_args(argv)  # a refusal (InspectError) is one line through run_cli
+    args = build_parser().parse_args(argv)  # a refusal is one line through run_cli
     inspection = inspect_checkpoint(**vars(args))  # the flags are inspect_checkpoint's parameters
     report = next(path for path in inspection.files if path.name == REPORT_NAME)
     sys.stdout.write(report.read_text(encoding="utf-8"))

@@ -7,9 +7,8 @@ from conftest import DAMAGES, damage, tiny_config
 from transformers import BertConfig, BertForPreTraining
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
-from hfbert.errors import REFUSAL_EXIT_CODE, run_cli
+from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 from hfbert.inspect import (
-    InspectError,
     build_parser,
     inspect_checkpoint,
     main,
@@ -139,7 +138,7 @@ def test_refusals_name_the_value_and_write_nothing(checkpoint, no_tokenizer, tmp
         kwargs["checkpoint"], kwargs["checkpoint"]
     )
     out = tmp_path / "out"
-    with pytest.raises(InspectError) as raised:
+    with pytest.raises(Refusal) as raised:
         inspect_checkpoint(output_dir=out, **kwargs)
     assert message in str(raised.value)
     assert isinstance(raised.value, ValueError)
@@ -188,9 +187,9 @@ def test_heads_missing_from_the_folder_are_refused(tmp_path, sample_tokenizer):
     HfBertModel(tiny_config()).save_pretrained(encoder_only)
     for folder in (mlm_only, encoder_only):
         sample_tokenizer.save_pretrained(folder)
-    with pytest.raises(InspectError, match="no next-sentence head"):
+    with pytest.raises(Refusal, match="no next-sentence head"):
         inspect_checkpoint(mlm_only, pair=PAIR, output_dir=tmp_path / "out")
-    with pytest.raises(InspectError, match="no masked-LM head"):
+    with pytest.raises(Refusal, match="no masked-LM head"):
         inspect_checkpoint(encoder_only, text=TEXT, output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
     # What such a folder does have still works.
@@ -204,7 +203,7 @@ def test_a_config_with_more_layers_than_the_weights_is_refused(checkpoint, tmp_p
     folder = tmp_path / "mixed"
     shutil.copytree(checkpoint, folder)
     more_layers_in_config(folder)
-    with pytest.raises(InspectError, match=r"lacks encoder weights that its config.json asks for \(.*layer\.2\."):
+    with pytest.raises(Refusal, match=r"lacks encoder weights that its config.json asks for \(.*layer\.2\."):
         inspect_checkpoint(folder, text=TEXT, output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -214,7 +213,7 @@ def test_a_device_this_machine_lacks_is_refused_before_loading(checkpoint, tmp_p
     """--device cuda without CUDA ended in torch's raw error after the model had loaded."""
     line = refused([str(checkpoint), "--text", TEXT, "--device", "cuda", "--output_dir", str(tmp_path / "out")], capsys)
     assert "--device cuda: this machine has no CUDA device torch can use; pass --device cpu" in line
-    with pytest.raises(InspectError, match="--device gpu0 is not a torch device"):
+    with pytest.raises(Refusal, match="--device gpu0 is not a torch device"):
         inspect_checkpoint(checkpoint, text=TEXT, device="gpu0", output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -249,7 +248,7 @@ def test_write_samples_without_other_sentence(checkpoint, tmp_path):
     assert text.startswith("# Samples from someone/hfbert-tiny\n")
     assert "1. `" in text and "2. `" in text and "3. `" not in text  # max_fill_mask
     assert "| random (B is sentence 4 of the same text, not adjacent) |" in text
-    with pytest.raises(InspectError, match="three or more sentences"):
+    with pytest.raises(Refusal, match="three or more sentences"):
         write_samples(model_dir, SAMPLE_SENTENCES[:2])
 
 
