@@ -56,19 +56,17 @@ def quiet_libraries() -> Iterator[None]:
     load reports (the NSP head a masked-LM model leaves unused, each fine-tuning fit's new head) are noise to
     the commands' own lines and bars."""
     logging = transformers.utils.logging
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    dataset_bars = datasets.is_progress_bar_enabled()
+    verbosity = logging.get_verbosity()
+    showing_bars = [library for library in (logging, datasets) if library.is_progress_bar_enabled()]
     logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    datasets.disable_progress_bar()
+    for library in showing_bars:
+        library.disable_progress_bar()
     try:
         yield
     finally:
         logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
-        if dataset_bars:
-            datasets.enable_progress_bar()
+        for library in showing_bars:
+            library.enable_progress_bar()
 
 
 # -------------------------------------------------------------------------------------------- computing
