@@ -229,20 +229,6 @@ def similarity_section(result: SimilarityResult, image: str) -> list[str]:
     return [*lines, "", f"![cosine similarity]({image})", ""]
 
 
-def fill_mask_lines(result: FillMaskResult) -> list[str]:
-    lines = [f"Text: {code(result.text)}", ""]
-    many = len(result.predictions) > 1
-    for index, predictions in enumerate(result.predictions):
-        if many:
-            lines += [f"[MASK] {index + 1} of {len(result.predictions)}:", ""]
-        lines += ["| rank | token | probability |", "|---|---|---|"]
-        lines += [
-            f"| {rank} | {code(p['token_str'])} | {p['score']:.3f} |" for rank, p in enumerate(predictions, 1)
-        ]
-        lines.append("")
-    return lines
-
-
 def nsp_lines(results: Sequence[NspResult], names: Sequence[str] | None = None) -> list[str]:
     header = "| pair | A | B | P(B follows A) |" if names else "| A | B | P(B follows A) |"
     lines = [header, "|---" * header.count(" | ") + "|---|"]

@@ -31,7 +31,6 @@ from hfbert.analysis import (
     NspResult,
     SimilarityResult,
     code,
-    fill_mask_lines,
     nsp_lines,
     plot_attention,
     plot_similarity,
@@ -258,8 +257,17 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
     folder = inspection.checkpoint
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Inside {folder}", "", f"Model: {inspection.model_summary}.", ""]
-    if inspection.fill_mask is not None:
-        lines += ["## Fill-mask", "", *fill_mask_lines(inspection.fill_mask)]
+    fill_mask = inspection.fill_mask
+    if fill_mask is not None:  # a table per [MASK], numbered where there are several
+        lines += ["## Fill-mask", "", f"Text: {code(fill_mask.text)}", ""]
+        for index, predictions in enumerate(fill_mask.predictions):
+            if len(fill_mask.predictions) > 1:
+                lines += [f"[MASK] {index + 1} of {len(fill_mask.predictions)}:", ""]
+            lines += ["| rank | token | probability |", "|---|---|---|"]
+            lines += [
+                f"| {rank} | {code(p['token_str'])} | {p['score']:.3f} |" for rank, p in enumerate(predictions, 1)
+            ]
+            lines.append("")
     if inspection.attention is not None:
         a = inspection.attention
         name = f"attention_layer{a.layer}_head{a.head}.png"
