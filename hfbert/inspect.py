@@ -6,9 +6,9 @@ Command line (writes PNGs and ``inspect.md`` into ``--output_dir``, default ``CH
         --layer 1 --head 0 --pair "He sat down." "Then he ate." \\
         --sentences "The cat sat." "A dog ran." "Stocks fell today."
 
-Library: `inspect_checkpoint` does the same from Python; `write_samples` writes ``samples.md`` (and its PNGs)
-into a model folder at the end of a training run, from validation sentences that
-`hfbert.pretraining.data.sample_sentences` picks. Every input is checked before any file is written; a bad one
+Library: `inspect_checkpoint` does the same from Python; `check_model_folder` and `load_analysis` give
+`hfbert.pretraining.samples.write_samples` (``samples.md``, as a run writes it into its final folder) the analysis
+of a saved folder. Every input is checked before any file is written; a bad one
 raises `hfbert.errors.Refusal` (a `ValueError`) that names the value and the fix.
 """
 
@@ -42,8 +42,7 @@ from hfbert.convert import check_encoder_weights_loaded
 from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, holds_model, holds_tokenizer
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.pretraining.samples import MASK, SAMPLES_NAME
-from hfbert.pretraining.samples import write_samples as write_samples_of
+from hfbert.pretraining.samples import MASK
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
 REPORT_NAME = "inspect.md"
@@ -321,34 +320,6 @@ def main(argv: list[str] | None = None) -> Inspection:
     sys.stdout.write(report.read_text(encoding="utf-8"))
     print(f"\nWrote {', '.join(str(path) for path in inspection.files)}")
     return inspection
-
-
-# ------------------------------------------------------------------------------- samples of a model folder
-
-
-def write_samples(
-    model_dir: str | Path,
-    sentences: Sequence[str],
-    *,
-    other_sentence: str | None = None,
-    model_name: str | None = None,
-    top_k: int = 5,
-    max_fill_mask: int = 4,
-    device: str = "cpu",
-) -> Path:
-    """Write ``samples.md`` (and its PNGs) into a saved model folder, as a run writes it into its final folder
-    (`hfbert.pretraining.samples.write_samples`, which documents the contents). Returns its path."""
-    folder, tokenizer_folder = check_model_folder(model_dir)
-    write_samples_of(
-        folder,
-        load_analysis(folder, tokenizer_folder, device),
-        sentences,
-        other_sentence=other_sentence,
-        model_name=model_name,
-        top_k=top_k,
-        max_fill_mask=max_fill_mask,
-    )
-    return folder / SAMPLES_NAME
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
 from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 from hfbert.inspect import (
     build_parser,
+    check_model_folder,
     inspect_checkpoint,
+    load_analysis,
     main,
-    write_samples,
 )
 from hfbert.pretraining.data import sample_sentences
-from hfbert.pretraining.samples import FREQUENT_WORDS, choose_masked_word
+from hfbert.pretraining.samples import FREQUENT_WORDS, choose_masked_word, write_samples
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TEXT = "The game was released in [MASK] and sold well ."
@@ -218,12 +219,17 @@ def test_a_device_this_machine_lacks_is_refused_before_loading(checkpoint, tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def write_samples_from_folder(model_dir, sentences, **options):
+    """The samples.md `write_samples` writes into a saved model folder, as a run does into its final one."""
+    write_samples(model_dir, load_analysis(*check_model_folder(model_dir)), sentences, **options)
+    return (model_dir / "samples.md").read_text()
+
+
 def test_write_samples(checkpoint, tmp_path):
     model_dir = tmp_path / "run"
     shutil.copytree(checkpoint, model_dir)
-    path = write_samples(model_dir, SAMPLE_SENTENCES, other_sentence="The band toured Europe in the summer .")
-    assert path == model_dir / "samples.md"
-    text = path.read_text()
+    other = "The band toured Europe in the summer ."
+    text = write_samples_from_folder(model_dir, SAMPLE_SENTENCES, other_sentence=other)
     for heading in ("## Fill-mask", "## Next sentence prediction", "## Sentence similarity", "## Attention"):
         assert heading in text
     assert text.count("[MASK]") >= 4 and text.count("true word **") == 4  # one masked word per sentence
@@ -234,22 +240,20 @@ def test_write_samples(checkpoint, tmp_path):
     for name in ("samples_similarity.png", "samples_attention.png"):
         assert png_size(model_dir / name)[0] >= 300
     assert not [p for p in model_dir.iterdir() if p.name.startswith(".")]  # no temporary files left
-    first = text
-    assert write_samples(model_dir, SAMPLE_SENTENCES, other_sentence="The band toured Europe in the summer .")
-    assert path.read_text() == first  # deterministic
+    assert write_samples_from_folder(model_dir, SAMPLE_SENTENCES, other_sentence=other) == text  # the same
 
 
 def test_write_samples_without_other_sentence(checkpoint, tmp_path):
     model_dir = tmp_path / ".final-staging"
     shutil.copytree(checkpoint, model_dir)
-    text = write_samples(
+    text = write_samples_from_folder(
         model_dir, SAMPLE_SENTENCES, model_name="someone/hfbert-tiny", max_fill_mask=2
-    ).read_text()
+    )
     assert text.startswith("# Samples from someone/hfbert-tiny\n")
     assert "1. `" in text and "2. `" in text and "3. `" not in text  # max_fill_mask
     assert "| random (B is sentence 4 of the same text, not adjacent) |" in text
     with pytest.raises(Refusal, match="three or more sentences"):
-        write_samples(model_dir, SAMPLE_SENTENCES[:2])
+        write_samples_from_folder(model_dir, SAMPLE_SENTENCES[:2])
 
 
 def test_choose_masked_word_prefers_frequent_unused_words(sample_tokenizer):
