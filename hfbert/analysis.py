@@ -6,6 +6,7 @@ libraries' load reports and progress bars, here and in fine-tuning."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +18,8 @@ import transformers
 from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
-from hfbert.errors import Refusal
 from hfbert.files import atomic_path
 from hfbert.plotting import plt, save_figure  # pyplot, with the headless backend chosen
-
-
-class InspectError(Refusal):
-    """A bad checkpoint or input for `hfbert.inspect` or samples.md; the message names the fix."""
 
 
 @dataclass
@@ -60,19 +56,17 @@ def quiet_libraries() -> Iterator[None]:
     load reports (the NSP head a masked-LM model leaves unused, each fine-tuning fit's new head) are noise to
     the commands' own lines and bars."""
     logging = transformers.utils.logging
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    dataset_bars = datasets.is_progress_bar_enabled()
+    verbosity = logging.get_verbosity()
+    showing_bars = [library for library in (logging, datasets) if library.is_progress_bar_enabled()]
     logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    datasets.disable_progress_bar()
+    for library in showing_bars:
+        library.disable_progress_bar()
     try:
         yield
     finally:
         logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
-        if dataset_bars:
-            datasets.enable_progress_bar()
+        for library in showing_bars:
+            library.enable_progress_bar()
 
 
 # -------------------------------------------------------------------------------------------- computing
@@ -90,25 +84,18 @@ class ModelAnalysis:
         self.tokenizer = tokenizer
         self.model = model.to(self.device).eval()
         self.config = self.model.config
+        self.max_length = int(self.config.max_position_embeddings)
         self.has_nsp_head = not any("seq_relationship" in key for key in missing_keys)
         self.has_mlm_head = not any("predictions" in key for key in missing_keys)
-        self._fill_mask = None
 
     @classmethod
     def of_weights(cls, config: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> ModelAnalysis:
         """The analysis of weights in memory (e.g. a run's final state dict), on CPU copies of the model."""
         with quiet_libraries():
             model = AutoModelForPreTraining.from_config(config, attn_implementation="eager")
+        missing = model.load_state_dict(state_dict, strict=False).missing_keys
         # A state dict read from a folder lacks tied weights (the decoder's); tied, they load anyway.
-        tied = getattr(model, "all_tied_weights_keys", None) or {}
-        missing = [
-            key for key in model.load_state_dict(state_dict, strict=False).missing_keys if key not in tied
-        ]
-        return cls(model, tokenizer, missing)
-
-    @property
-    def max_length(self) -> int:
-        return int(self.config.max_position_embeddings)
+        return cls(model, tokenizer, [key for key in missing if key not in model.all_tied_weights_keys])
 
     def summary(self) -> str:
         c = self.config
@@ -118,9 +105,9 @@ class ModelAnalysis:
             f"{c.hidden_size}, vocabulary {c.vocab_size}, {parameters / 1e6:.2f}M parameters"
         )
 
-    def _encode(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+    def _encode(self, *args: Any, **kwargs: Any) -> transformers.BatchEncoding:
         encoded = self.tokenizer(*args, return_tensors="pt", return_token_type_ids=True, **kwargs)
-        return {key: value.to(self.device) for key, value in encoded.items()}
+        return encoded.to(self.device)
 
     @torch.no_grad()
     def attention(self, text: str, layer: int, head: int) -> AttentionResult:
@@ -136,17 +123,15 @@ class ModelAnalysis:
             predictions = [predictions]
         return FillMaskResult(text=text, predictions=predictions)
 
-    @property
+    @functools.cached_property
     def fill_mask_pipeline(self) -> Any:
-        if self._fill_mask is None:
-            with quiet_libraries():
-                masked_lm = AutoModelForMaskedLM.from_config(self.config, dtype=self.model.dtype)
-                # The same names as the pretraining model's: its NSP head is the one key left over.
-                masked_lm.load_state_dict(self.model.state_dict(), strict=False)
-                self._fill_mask = transformers.pipeline(
-                    "fill-mask", model=masked_lm.eval(), tokenizer=self.tokenizer, device=self.device
-                )
-        return self._fill_mask
+        with quiet_libraries():
+            masked_lm = AutoModelForMaskedLM.from_config(self.config, dtype=self.model.dtype)
+            # The same names as the pretraining model's: its NSP head is the one key left over.
+            masked_lm.load_state_dict(self.model.state_dict(), strict=False)
+            return transformers.pipeline(
+                "fill-mask", model=masked_lm.eval(), tokenizer=self.tokenizer, device=self.device
+            )
 
     @torch.no_grad()
     def nsp(self, sentence_a: str, sentence_b: str) -> NspResult:
@@ -170,10 +155,6 @@ class ModelAnalysis:
 
 
 SAVEFIG = {"dpi": 110, "bbox_inches": "tight", "pad_inches": 0.15}  # the labels in full, a little margin
-
-
-def _short(text: str, limit: int = 48) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def plot_attention(result: AttentionResult, path: Path, model_name: str) -> Path:
@@ -203,7 +184,7 @@ def plot_similarity(result: SimilarityResult, path: Path, title: str) -> Path:
     side = max(3.2, 0.55 * n + 1.6)
     figure, axes = plt.subplots(1, 2, figsize=(2 * side + 3.2, side + 0.6), constrained_layout=True)
     labels = [f"s{i + 1}" for i in range(n)]
-    ylabels = [f"s{i + 1}: {_short(s, 32)}" for i, s in enumerate(result.sentences)]
+    ylabels = [f"s{i + 1}: {s if len(s) <= 32 else s[:31] + '…'}" for i, s in enumerate(result.sentences)]
     # One colour scale for both panels, at least 0.05 wide: an untrained model gives every pair ~1.
     low = min(m[i][j] for m in (result.cls, result.mean) for i in range(n) for j in range(n) if i != j)
     low = min(low, 0.95)
@@ -246,20 +227,6 @@ def similarity_section(result: SimilarityResult, image: str) -> list[str]:
             f"| s{i + 1} | " + " | ".join(f"{v:.3f}" for v in row) + " |" for i, row in enumerate(matrix)
         ]
     return [*lines, "", f"![cosine similarity]({image})", ""]
-
-
-def fill_mask_lines(result: FillMaskResult) -> list[str]:
-    lines = [f"Text: {code(result.text)}", ""]
-    many = len(result.predictions) > 1
-    for index, predictions in enumerate(result.predictions):
-        if many:
-            lines += [f"[MASK] {index + 1} of {len(result.predictions)}:", ""]
-        lines += ["| rank | token | probability |", "|---|---|---|"]
-        lines += [
-            f"| {rank} | {code(p['token_str'])} | {p['score']:.3f} |" for rank, p in enumerate(predictions, 1)
-        ]
-        lines.append("")
-    return lines
 
 
 def nsp_lines(results: Sequence[NspResult], names: Sequence[str] | None = None) -> list[str]:

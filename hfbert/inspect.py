@@ -6,10 +6,10 @@ Command line (writes PNGs and ``inspect.md`` into ``--output_dir``, default ``CH
         --layer 1 --head 0 --pair "He sat down." "Then he ate." \\
         --sentences "The cat sat." "A dog ran." "Stocks fell today."
 
-Library: `inspect_checkpoint` does the same from Python; `write_samples` writes ``samples.md`` (and its PNGs)
-into a model folder at the end of a training run, from validation sentences that
-`hfbert.pretraining.data.sample_sentences` picks. Every input is checked before any file is written; a bad one raises `InspectError` (a
-`ValueError`) that names the value and the fix.
+Library: `inspect_checkpoint` does the same from Python; `check_model_folder` and `load_analysis` give
+`hfbert.pretraining.samples.write_samples` (``samples.md``, as a run writes it into its final folder) the analysis
+of a saved folder. Every input is checked before any file is written; a bad one
+raises `hfbert.errors.Refusal` (a `ValueError`) that names the value and the fix.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForPreTraining, AutoTokenizer
@@ -28,12 +27,10 @@ import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classe
 from hfbert.analysis import (
     AttentionResult,
     FillMaskResult,
-    InspectError,
     ModelAnalysis,
     NspResult,
     SimilarityResult,
     code,
-    fill_mask_lines,
     nsp_lines,
     plot_attention,
     plot_similarity,
@@ -42,10 +39,10 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.convert import check_encoder_weights_loaded
+from hfbert.errors import Refusal
 from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, holds_model, holds_tokenizer
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.pretraining.samples import MASK, SAMPLES_NAME
-from hfbert.pretraining.samples import write_samples as write_samples_of
+from hfbert.pretraining.samples import MASK
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
 REPORT_NAME = "inspect.md"
@@ -68,42 +65,39 @@ class Inspection:
 
 
 def check_model_folder(checkpoint: str | Path, tokenizer_name: str | Path | None = None) -> tuple[Path, Path]:
-    """The model folder and the tokenizer folder, or `InspectError` saying what is missing."""
+    """The model folder and the tokenizer folder, or `Refusal` saying what is missing."""
     folder = Path(checkpoint)
     if not folder.exists():
-        raise InspectError(
+        raise Refusal(
             f"checkpoint folder {str(folder)!r} does not exist; pass the output folder of a training run "
             "(the one holding model.safetensors and config.json)"
         )
     if not folder.is_dir():
-        raise InspectError(f"checkpoint {str(folder)!r} is a file; pass the folder that holds it instead")
+        raise Refusal(f"checkpoint {str(folder)!r} is a file; pass the folder that holds it instead")
     if not holds_model(folder):
-        raise InspectError(
+        raise Refusal(
             f"{str(folder)!r} is not a saved model folder: it needs config.json and model.safetensors. A "
             "checkpoint-<step> folder holds resumable training state; inspect the run's output folder instead"
         )
     tokenizer_folder = folder if tokenizer_name is None else Path(tokenizer_name)
     if not holds_tokenizer(tokenizer_folder):
         where = "--tokenizer_name" if tokenizer_name is not None else "checkpoint folder"
-        raise InspectError(
+        raise Refusal(
             f"the {where} {str(tokenizer_folder)!r} has no tokenizer (no tokenizer.json or vocab.txt); pass "
             "--tokenizer_name DIR with the tokenizer the model was trained with, or save it into the folder "
             "with tokenizer.save_pretrained(...)"
         )
-    try:
-        check_folder_readable(folder, FINAL_FOLDER_FIX)
-        if tokenizer_folder != folder:
-            check_folder_readable(
-                tokenizer_folder, "pass another --tokenizer_name, or save the tokenizer there again"
-            )
-    except ValueError as error:
-        raise InspectError(str(error)) from None
+    check_folder_readable(folder, FINAL_FOLDER_FIX)
+    if tokenizer_folder != folder:
+        check_folder_readable(
+            tokenizer_folder, "pass another --tokenizer_name, or save the tokenizer there again"
+        )
     return folder, tokenizer_folder
 
 
 def check_index(name: str, value: int, count: int, what: str) -> None:
     if not 0 <= value < count:
-        raise InspectError(
+        raise Refusal(
             f"{name} {value} is out of range: this model has {count} {what}, so pass {name} between 0 and "
             f"{count - 1}"
         )
@@ -114,20 +108,23 @@ def check_device(device: str) -> None:
     try:
         parsed = torch.device(device)
     except RuntimeError as error:
-        raise InspectError(f"--device {device} is not a torch device ({error}); pass cpu, cuda or cuda:N") from None
+        raise Refusal(
+            f"--device {device} is not a torch device ({error}); pass cpu, cuda or cuda:N"
+        ) from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise InspectError(f"--device {device}: this machine has no CUDA device torch can use; pass --device cpu")
+        raise Refusal(f"--device {device}: this machine has no CUDA device torch can use; pass --device cpu")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise InspectError(
+        raise Refusal(
             f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); pass an index below it"
         )
 
 
-def check_length(tokenizer: Any, what: str, text: str, text_pair: str | None, limit: int) -> None:
-    length = len(tokenizer(text, text_pair)["input_ids"])
-    if length > limit:
-        raise InspectError(
-            f"{what} is {length} tokens long but the model takes at most {limit}; pass a shorter text"
+def check_length(analysis: ModelAnalysis, what: str, text: str, text_pair: str | None = None) -> None:
+    length = len(analysis.tokenizer(text, text_pair)["input_ids"])
+    if length > analysis.max_length:
+        raise Refusal(
+            f"{what} is {length} tokens long but the model takes at most {analysis.max_length}; pass a "
+            "shorter text"
         )
 
 
@@ -142,10 +139,7 @@ def load_analysis(checkpoint: Path, tokenizer_folder: Path, device: str = "cpu")
         model, info = AutoModelForPreTraining.from_pretrained(
             checkpoint, attn_implementation="eager", output_loading_info=True
         )
-    try:
-        check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
-    except ValueError as error:
-        raise InspectError(str(error)) from None
+    check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
     return ModelAnalysis(model, tokenizer, info["missing_keys"], device)
 
 
@@ -170,7 +164,7 @@ def inspect_checkpoint(
 
     `tasks` defaults to every task whose input is given: ``attention`` and ``fill-mask`` for `text`, ``nsp``
     for `pair` (A, B), ``similarity`` for `sentences` (two or more). `layer` defaults to the last layer.
-    Every check runs before any file is written; a failed one raises `InspectError`.
+    Every check runs before any file is written; a failed one raises `Refusal`.
     """
     folder, tokenizer_folder = check_model_folder(checkpoint, tokenizer_name)
     tasks = choose_tasks(tasks, text, pair, sentences)
@@ -180,7 +174,7 @@ def inspect_checkpoint(
         check_index("--layer", layer, config.num_hidden_layers, "layers")
         check_index("--head", head, config.num_attention_heads, "attention heads per layer")
     if "fill-mask" in tasks and not 1 <= top_k <= config.vocab_size:
-        raise InspectError(f"--top_k {top_k} is out of range; pass a value between 1 and {config.vocab_size}")
+        raise Refusal(f"--top_k {top_k} is out of range; pass a value between 1 and {config.vocab_size}")
 
     analysis = load_analysis(folder, tokenizer_folder, device)
     text = None if text is None else text.replace(MASK, analysis.tokenizer.mask_token)
@@ -209,26 +203,24 @@ def choose_tasks(
     if tasks is None:
         tasks = [task for task, (_, given) in needs.items() if given is not None]
         if not tasks:
-            raise InspectError(
+            raise Refusal(
                 "nothing to inspect: give --text (with [MASK] for fill-mask), --pair A B or --sentences S1 S2 ..."
             )
     for task in tasks:
-        if task not in TASKS:
-            raise InspectError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
-    for task in tasks:
-        name, value = needs[task]
-        if value is None:
-            raise InspectError(f"task {task!r} needs --{name}; pass it or leave {task!r} out of --tasks")
+        if task not in needs:
+            raise Refusal(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+        if needs[task][1] is None:
+            raise Refusal(f"task {task!r} needs --{needs[task][0]}; pass it or leave {task!r} out of --tasks")
     if "fill-mask" in tasks and MASK not in text:
-        raise InspectError(
+        raise Refusal(
             f"--text {text!r} has no {MASK}: fill-mask predicts the word at each {MASK}, so write {MASK} in "
             f'place of a word (e.g. "The game was released in {MASK} ."), or pass --tasks attention to '
             "draw the attention map only"
         )
     if "nsp" in tasks and len(pair) != 2:
-        raise InspectError(f"--pair needs exactly two sentences, A and B; got {len(pair)}")
+        raise Refusal(f"--pair needs exactly two sentences, A and B; got {len(pair)}")
     if "similarity" in tasks and len(sentences) < 2:
-        raise InspectError(f"--sentences needs at least two sentences to compare; got {len(sentences)}")
+        raise Refusal(f"--sentences needs at least two sentences to compare; got {len(sentences)}")
     return tasks
 
 
@@ -241,23 +233,22 @@ def check_inputs_fit(
     sentences: Sequence[str] | None,
 ) -> None:
     """Every input fits the model (length) and the model has the heads its tasks need."""
-    limit = analysis.max_length
     if text is not None and {"attention", "fill-mask"} & set(tasks):
-        check_length(analysis.tokenizer, "--text", text, None, limit)
+        check_length(analysis, "--text", text)
     if "nsp" in tasks:
-        check_length(analysis.tokenizer, "--pair", pair[0], pair[1], limit)
+        check_length(analysis, "--pair", *pair)
         if not analysis.has_nsp_head:
-            raise InspectError(
+            raise Refusal(
                 f"{str(folder)!r} has no next-sentence head (it was saved from a model without one, e.g. "
                 "HfBertForMaskedLM); NSP needs a folder saved from HfBertForPreTraining, so leave out --pair"
             )
     if "fill-mask" in tasks and not analysis.has_mlm_head:
-        raise InspectError(
+        raise Refusal(
             f"{str(folder)!r} has no masked-LM head (it was saved from the bare encoder); fill-mask needs "
             "a folder saved from HfBertForPreTraining or HfBertForMaskedLM, so leave out [MASK] / fill-mask"
         )
     for index, sentence in enumerate(sentences if "similarity" in tasks else []):
-        check_length(analysis.tokenizer, f"--sentences item {index + 1}", sentence, None, limit)
+        check_length(analysis, f"--sentences item {index + 1}", sentence)
 
 
 def write_inspection(inspection: Inspection, out: Path) -> None:
@@ -265,8 +256,17 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
     folder = inspection.checkpoint
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Inside {folder}", "", f"Model: {inspection.model_summary}.", ""]
-    if inspection.fill_mask is not None:
-        lines += ["## Fill-mask", "", *fill_mask_lines(inspection.fill_mask)]
+    fill_mask = inspection.fill_mask
+    if fill_mask is not None:  # a table per [MASK], numbered where there are several
+        lines += ["## Fill-mask", "", f"Text: {code(fill_mask.text)}", ""]
+        for index, predictions in enumerate(fill_mask.predictions):
+            if len(fill_mask.predictions) > 1:
+                lines += [f"[MASK] {index + 1} of {len(fill_mask.predictions)}:", ""]
+            lines += ["| rank | token | probability |", "|---|---|---|"]
+            lines += [
+                f"| {rank} | {code(p['token_str'])} | {p['score']:.3f} |" for rank, p in enumerate(predictions, 1)
+            ]
+            lines.append("")
     if inspection.attention is not None:
         a = inspection.attention
         name = f"attention_layer{a.layer}_head{a.head}.png"
@@ -314,40 +314,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> Inspection:
-    args = build_parser().parse_args(argv)  # a refusal (InspectError) is one line through run_cli
+    args = build_parser().parse_args(argv)  # a refusal is one line through run_cli
     inspection = inspect_checkpoint(**vars(args))  # the flags are inspect_checkpoint's parameters
     report = next(path for path in inspection.files if path.name == REPORT_NAME)
     sys.stdout.write(report.read_text(encoding="utf-8"))
     print(f"\nWrote {', '.join(str(path) for path in inspection.files)}")
     return inspection
-
-
-# ------------------------------------------------------------------------------- samples of a model folder
-
-
-def write_samples(
-    model_dir: str | Path,
-    sentences: Sequence[str],
-    *,
-    other_sentence: str | None = None,
-    model_name: str | None = None,
-    top_k: int = 5,
-    max_fill_mask: int = 4,
-    device: str = "cpu",
-) -> Path:
-    """Write ``samples.md`` (and its PNGs) into a saved model folder, as a run writes it into its final folder
-    (`hfbert.pretraining.samples.write_samples`, which documents the contents). Returns its path."""
-    folder, tokenizer_folder = check_model_folder(model_dir)
-    write_samples_of(
-        folder,
-        load_analysis(folder, tokenizer_folder, device),
-        sentences,
-        other_sentence=other_sentence,
-        model_name=model_name,
-        top_k=top_k,
-        max_fill_mask=max_fill_mask,
-    )
-    return folder / SAMPLES_NAME
 
 
 if __name__ == "__main__":

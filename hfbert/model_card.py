@@ -28,10 +28,9 @@ logger = logging.getLogger(__name__)
 
 def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
     def cell(value: Any) -> str:
-        text = f"{value:.4f}" if isinstance(value, float) else str(value)
-        if isinstance(value, float) and 0 < abs(value) < 0.01:  # 1e-08 would read 0.0000
-            text = f"{value:.3g}"
-        return text.replace("|", "\\|").replace("\n", " ")
+        if isinstance(value, float):  # 1e-08 would read 0.0000 in the four decimals of the others
+            value = f"{value:.3g}" if 0 < abs(value) < 0.01 else f"{value:.4f}"
+        return str(value).replace("|", "\\|").replace("\n", " ")
 
     lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
     lines += [f"| {cell(key)} | {cell(value)} |" for key, value in rows.items()]
@@ -138,16 +137,14 @@ def pretrained_from_structured_start(training_config: dict[str, Any]) -> bool:
     )
 
 
-def _query_key_advice(training_config: dict[str, Any]) -> str:
-    if pretrained_from_structured_start(training_config):
-        return """A small model pretrained from the structured attention start fine-tunes better with `--reinit_query_key`:
+# The card's advice for a folder `pretrained_from_structured_start`.
+_QUERY_KEY_ADVICE = """A small model pretrained from the structured attention start fine-tunes better with `--reinit_query_key`:
 its attention queries and keys are drawn afresh, and every other weight stays pretrained. The start leaves sharp
 attention patterns that fine-tuning does not unlearn; `--structured_attention_fade` and `--cls_attention_spread`
 in pretraining remove most of their harm, not all of it (the README's main job, three labelled sets: +4.6 /
 +0.2 / +0.4 points over random weights as saved, +7.4 / +1.8 / +4.2 with `--reinit_query_key`).
 
 """
-    return ""
 
 
 def _usage_sections(model_name: str, training_config: dict[str, Any]) -> str:
@@ -191,7 +188,7 @@ model's size: 20 for hidden size <= 256 (tiny, mini), 3 for larger ones. A seed 
 the gain is paired per seed with a 95% interval that says when it is within the seed-to-seed noise.
 `finetune_results.json` says which rate was chosen, on what, and every fit's scores.
 
-{_query_key_advice(training_config)}"""
+{_QUERY_KEY_ADVICE if pretrained_from_structured_start(training_config) else ""}"""
 
 
 def card_body(

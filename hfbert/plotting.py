@@ -47,15 +47,13 @@ def plot_training_curves(
         raise ValueError(f"reference lines for unknown panels {unknown}; the panels are {titles}")
     # the six PANELS in two rows of three, 4.4 x 3.4 inches each
     figure, axes = plt.subplots(2, 3, figsize=(13.2, 6.8), constrained_layout=True)
-    axes = axes.ravel()
-    for axis, (panel_title, y_label, metrics) in zip(axes, PANELS, strict=True):
-        plotted = False
+    for axis, (panel_title, y_label, metrics) in zip(axes.flat, PANELS, strict=True):
         for key, label in metrics:
             rows = [row for row in history if row.get(key) is not None]
             if rows:
                 steps, values = [int(row["step"]) for row in rows], [float(row[key]) for row in rows]
                 axis.plot(steps, values, marker="o" if len(steps) < 20 else None, markersize=3, label=label)
-                plotted = True
+        plotted = bool(axis.lines)  # before the reference lines, which are no data
         references = [line for line in reference_lines if line[0] == panel_title]
         for _, value, label in references:
             axis.axhline(value, color="gray", linestyle="--", linewidth=1, label=f"{label} ({value:.3g})")
@@ -70,7 +68,7 @@ def plot_training_curves(
         if y_label == "accuracy":
             axis.set_ylim(0.0, 1.0)
         axis.set(title=panel_title, xlabel="optimizer step", ylabel=y_label)
-    axes[2].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    axes[0, 2].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     figure.suptitle(title)
     return save_figure(figure, path)
 

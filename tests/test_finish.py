@@ -5,10 +5,10 @@ import json
 
 import torch
 from conftest import tiny_config
+from test_inspect import write_samples_from_folder
 
 from hfbert import HfBertForPreTraining
 from hfbert.checkpointing import TrainingProgress
-from hfbert.inspect import write_samples as write_samples_from_folder
 from hfbert.pretraining.cli import parse_args
 from hfbert.pretraining.data import PretrainingData
 from hfbert.pretraining.finish import FinalFolder, write_final_folder

@@ -7,16 +7,16 @@ from conftest import DAMAGES, damage, tiny_config
 from transformers import BertConfig, BertForPreTraining
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
-from hfbert.errors import REFUSAL_EXIT_CODE, run_cli
+from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 from hfbert.inspect import (
-    InspectError,
     build_parser,
+    check_model_folder,
     inspect_checkpoint,
+    load_analysis,
     main,
-    write_samples,
 )
 from hfbert.pretraining.data import sample_sentences
-from hfbert.pretraining.samples import FREQUENT_WORDS, choose_masked_word
+from hfbert.pretraining.samples import FREQUENT_WORDS, choose_masked_word, write_samples
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TEXT = "The game was released in [MASK] and sold well ."
@@ -139,7 +139,7 @@ def test_refusals_name_the_value_and_write_nothing(checkpoint, no_tokenizer, tmp
         kwargs["checkpoint"], kwargs["checkpoint"]
     )
     out = tmp_path / "out"
-    with pytest.raises(InspectError) as raised:
+    with pytest.raises(Refusal) as raised:
         inspect_checkpoint(output_dir=out, **kwargs)
     assert message in str(raised.value)
     assert isinstance(raised.value, ValueError)
@@ -188,9 +188,9 @@ def test_heads_missing_from_the_folder_are_refused(tmp_path, sample_tokenizer):
     HfBertModel(tiny_config()).save_pretrained(encoder_only)
     for folder in (mlm_only, encoder_only):
         sample_tokenizer.save_pretrained(folder)
-    with pytest.raises(InspectError, match="no next-sentence head"):
+    with pytest.raises(Refusal, match="no next-sentence head"):
         inspect_checkpoint(mlm_only, pair=PAIR, output_dir=tmp_path / "out")
-    with pytest.raises(InspectError, match="no masked-LM head"):
+    with pytest.raises(Refusal, match="no masked-LM head"):
         inspect_checkpoint(encoder_only, text=TEXT, output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
     # What such a folder does have still works.
@@ -204,7 +204,7 @@ def test_a_config_with_more_layers_than_the_weights_is_refused(checkpoint, tmp_p
     folder = tmp_path / "mixed"
     shutil.copytree(checkpoint, folder)
     more_layers_in_config(folder)
-    with pytest.raises(InspectError, match=r"lacks encoder weights that its config.json asks for \(.*layer\.2\."):
+    with pytest.raises(Refusal, match=r"lacks encoder weights that its config.json asks for \(.*layer\.2\."):
         inspect_checkpoint(folder, text=TEXT, output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -214,17 +214,22 @@ def test_a_device_this_machine_lacks_is_refused_before_loading(checkpoint, tmp_p
     """--device cuda without CUDA ended in torch's raw error after the model had loaded."""
     line = refused([str(checkpoint), "--text", TEXT, "--device", "cuda", "--output_dir", str(tmp_path / "out")], capsys)
     assert "--device cuda: this machine has no CUDA device torch can use; pass --device cpu" in line
-    with pytest.raises(InspectError, match="--device gpu0 is not a torch device"):
+    with pytest.raises(Refusal, match="--device gpu0 is not a torch device"):
         inspect_checkpoint(checkpoint, text=TEXT, device="gpu0", output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def write_samples_from_folder(model_dir, sentences, **options):
+    """The samples.md `write_samples` writes into a saved model folder, as a run does into its final one."""
+    write_samples(model_dir, load_analysis(*check_model_folder(model_dir)), sentences, **options)
+    return (model_dir / "samples.md").read_text()
 
 
 def test_write_samples(checkpoint, tmp_path):
     model_dir = tmp_path / "run"
     shutil.copytree(checkpoint, model_dir)
-    path = write_samples(model_dir, SAMPLE_SENTENCES, other_sentence="The band toured Europe in the summer .")
-    assert path == model_dir / "samples.md"
-    text = path.read_text()
+    other = "The band toured Europe in the summer ."
+    text = write_samples_from_folder(model_dir, SAMPLE_SENTENCES, other_sentence=other)
     for heading in ("## Fill-mask", "## Next sentence prediction", "## Sentence similarity", "## Attention"):
         assert heading in text
     assert text.count("[MASK]") >= 4 and text.count("true word **") == 4  # one masked word per sentence
@@ -235,22 +240,20 @@ def test_write_samples(checkpoint, tmp_path):
     for name in ("samples_similarity.png", "samples_attention.png"):
         assert png_size(model_dir / name)[0] >= 300
     assert not [p for p in model_dir.iterdir() if p.name.startswith(".")]  # no temporary files left
-    first = text
-    assert write_samples(model_dir, SAMPLE_SENTENCES, other_sentence="The band toured Europe in the summer .")
-    assert path.read_text() == first  # deterministic
+    assert write_samples_from_folder(model_dir, SAMPLE_SENTENCES, other_sentence=other) == text  # the same
 
 
 def test_write_samples_without_other_sentence(checkpoint, tmp_path):
     model_dir = tmp_path / ".final-staging"
     shutil.copytree(checkpoint, model_dir)
-    text = write_samples(
+    text = write_samples_from_folder(
         model_dir, SAMPLE_SENTENCES, model_name="someone/hfbert-tiny", max_fill_mask=2
-    ).read_text()
+    )
     assert text.startswith("# Samples from someone/hfbert-tiny\n")
     assert "1. `" in text and "2. `" in text and "3. `" not in text  # max_fill_mask
     assert "| random (B is sentence 4 of the same text, not adjacent) |" in text
-    with pytest.raises(InspectError, match="three or more sentences"):
-        write_samples(model_dir, SAMPLE_SENTENCES[:2])
+    with pytest.raises(Refusal, match="three or more sentences"):
+        write_samples_from_folder(model_dir, SAMPLE_SENTENCES[:2])
 
 
 def test_choose_masked_word_prefers_frequent_unused_words(sample_tokenizer):

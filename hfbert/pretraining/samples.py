@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from hfbert.analysis import (
-    InspectError,
     ModelAnalysis,
     code,
     nsp_lines,
@@ -18,6 +17,7 @@ from hfbert.analysis import (
     similarity_section,
     write_text,
 )
+from hfbert.errors import Refusal
 
 MASK = "[MASK]"
 SAMPLES_NAME = "samples.md"
@@ -79,7 +79,7 @@ def write_samples(
     # Only sentences the model takes whole (sample_sentences never picks longer ones).
     sentences = [s for s in sentences if s.strip() and len(tokenizer(s)["input_ids"]) <= limit]
     if len(sentences) < 2 or (other_sentence is None and len(sentences) < 3):
-        raise InspectError(
+        raise Refusal(
             f"write_samples needs three or more sentences (two with other_sentence) of at most "
             f"{limit} tokens; got {len(sentences)} usable ones"
         )
