@@ -275,11 +275,11 @@ def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
 # Saved inside every checkpoint: the settings that shape the run (compared on resume) and the tokenizer it uses.
 RUN_SETTINGS_NAME = "run_settings.json"
 TOKENIZER_FOLDER = "tokenizer"
-# Folders of an earlier run that --overwrite_output_dir removes, and (with the trained tokenizer) the names
+# The temporary folders of a checkpoint save (the next save removes them); with the final folder's, the
+# folders of an earlier run that --overwrite_output_dir removes, and (with the trained tokenizer) the names
 # that mark a folder as an hfbert run, complete or not.
-_LEFTOVER_PREFIXES = (
-    TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX, FINAL_STAGING, FINAL_READY
-)
+_CHECKPOINT_STAGING = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
+_LEFTOVER_PREFIXES = (*_CHECKPOINT_STAGING, FINAL_STAGING, FINAL_READY)
 _RUN_MARKERS = (*_LEFTOVER_PREFIXES, ".tokenizer")
 
 
@@ -294,19 +294,17 @@ def save_checkpoint(
     step: int,
     total_limit: int | None = None,
     *,
-    run_settings: dict[str, Any] | None = None,
     tokenizer: Any = None,
     model_config: Any = None,
-    extra_json: dict[str, Any] | None = None,
+    json_files: dict[str, Any] | None = None,
 ) -> Path:
     """Save the full training state to `output_dir/checkpoint-<step>`, crash-safely. Call on EVERY process.
 
     The state goes to `.tmp-checkpoint-<step>` (accelerate writes the shared files from the main process and
-    one RNG file per process; `run_settings`, the `tokenizer`, the `model_config` and `extra_json` (file name -> JSON
-    data, e.g. a stream's position) are saved beside them), then the main process
-    writes the manifest, renames the folder into place and only then removes the oldest checkpoints beyond
-    `total_limit`. A failed write (e.g. a full disk) raises `CheckpointError` and leaves earlier checkpoints
-    untouched. Returns the checkpoint folder.
+    one RNG file per process; the `tokenizer`, the `model_config` and `json_files` (file name -> JSON data:
+    the run's settings as `RUN_SETTINGS_NAME`, a stream's position) are saved beside them), then the main
+    process writes the manifest and puts the folder in place (`_put_in_place`). A failed write (e.g. a full
+    disk) raises `CheckpointError` and leaves earlier checkpoints untouched. Returns the checkpoint folder.
     """
     # With automatic_checkpoint_naming, save_state ignores its output_dir and prunes by
     # ProjectConfiguration.total_limit itself, which would bypass the temp-folder-and-rename protocol.
@@ -324,20 +322,16 @@ def save_checkpoint(
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         for path in output_dir.iterdir():
-            if path.is_dir() and path.name.startswith(
-                (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
-            ):
+            if path.is_dir() and path.name.startswith(_CHECKPOINT_STAGING):
                 shutil.rmtree(path)
     accelerator.wait_for_everyone()
 
     def write_main_files() -> None:
-        if run_settings is not None:
-            write_json_atomic(temp_folder / RUN_SETTINGS_NAME, run_settings)
         if tokenizer is not None:
             write_tokenizer(tokenizer, temp_folder / TOKENIZER_FOLDER)
         if model_config is not None:  # with model.safetensors: a folder --model_name_or_path can start from
             model_config.save_pretrained(temp_folder)
-        for name, content in (extra_json or {}).items():
+        for name, content in (json_files or {}).items():
             write_json_atomic(temp_folder / name, content)
         _write_manifest(temp_folder, step, accelerator.num_processes)
 
@@ -345,17 +339,22 @@ def save_checkpoint(
     for write in (state, write_main_files if accelerator.is_main_process else None):  # each agreed on
         write_on_every_process(accelerator, write, final_folder, output_dir, staged=temp_folder)
     if accelerator.is_main_process:
-        # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
-        replaced = output_dir / f"{REPLACED_CHECKPOINT_PREFIX}{step}"
-        if final_folder.exists():
-            os.replace(final_folder, replaced)
-        os.replace(temp_folder, final_folder)
-        if replaced.exists():
-            shutil.rmtree(replaced)
-        if total_limit is not None:
-            _prune_checkpoints(output_dir, total_limit)
+        _put_in_place(temp_folder, final_folder, total_limit)
     accelerator.wait_for_everyone()
     return final_folder
+
+
+def _put_in_place(temp_folder: Path, final_folder: Path, total_limit: int | None) -> None:
+    """Rename a written checkpoint into place (parking one already there: of the same step saved twice, e.g.
+    by a step save and an epoch save, the newer state wins), and only then prune beyond `total_limit`."""
+    replaced = final_folder.with_name(f"{REPLACED_CHECKPOINT_PREFIX}{checkpoint_step(final_folder)}")
+    if final_folder.exists():
+        os.replace(final_folder, replaced)
+    os.replace(temp_folder, final_folder)
+    if replaced.exists():
+        shutil.rmtree(replaced)
+    if total_limit is not None:
+        _prune_checkpoints(final_folder.parent, total_limit)
 
 
 def write_on_every_process(

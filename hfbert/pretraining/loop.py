@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from hfbert.checkpointing import TrainingProgress, checkpoint_folder, save_checkpoint
+from hfbert.checkpointing import RUN_SETTINGS_NAME, TrainingProgress, checkpoint_folder, save_checkpoint
 from hfbert.pretraining.callbacks import Callback
 from hfbert.pretraining.data import PretrainingData
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, check_loss_is_finite, evaluate
@@ -41,15 +41,15 @@ def write_checkpoint(
     on resume), its tokenizer (reused on resume) and the model's config (so that a checkpoint folder is one a
     new run can start from with --model_name_or_path)."""
     run = settings.run
+    position = state.batches.checkpoint_files(accelerator)  # a stream's; {} where `progress` holds it
     return save_checkpoint(
         accelerator,
         run.output_dir,
         state.progress.completed_steps,
         run.checkpoints_total_limit,
-        run_settings=settings.checkpoint_settings(),
         tokenizer=data.tokenizer,
         model_config=data.config,
-        extra_json=state.batches.checkpoint_files(accelerator) or None,
+        json_files={RUN_SETTINGS_NAME: settings.checkpoint_settings(), **position},
     )
 
 
