@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -686,12 +687,8 @@ def _open_locked(lock_path: Path) -> int:
 
 def _missing_folders(folder: Path) -> list[Path]:
     """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) creates."""
-    missing = []
-    for path in (folder.absolute(), *folder.absolute().parents):
-        if path.exists():
-            break
-        missing.append(path)
-    return missing
+    folder = folder.absolute()
+    return list(takewhile(lambda path: not path.exists(), (folder, *folder.parents)))
 
 
 def _remove_if_empty(created: list[Path]) -> None:

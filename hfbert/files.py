@@ -100,9 +100,7 @@ def check_folder_writable(folder: str | os.PathLike, flag: str) -> None:
     while it does not exist yet, in its nearest existing parent). Tries it: os.access says yes to root even on
     a read-only mount."""
     folder = Path(folder).absolute()
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
     try:
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".hfbert-write-probe-"):
             pass
@@ -122,12 +120,9 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+    """Hex sha256 of a file, read in chunks."""
     with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 @contextmanager
