@@ -240,9 +240,8 @@ def check_safetensors(path: str | os.PathLike, fix: str) -> None:
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as file:
-        prefix = file.read(8)
-        header_size = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-        if header_size < 0 or 8 + header_size > size:
+        header_size = int.from_bytes(file.read(8), "little")  # fewer than 8 bytes: the size check refuses
+        if 8 + header_size > size:
             problem = "is truncated or not a safetensors file: " if size else "is empty: "
             raise _unreadable(path, f"{problem}{size} bytes, too short for its header", fix)
         header_bytes = file.read(header_size)

@@ -40,13 +40,12 @@ def write_checkpoint(
     each; the batches add their position where `progress` does not hold it) with the run's settings (compared
     on resume), its tokenizer (reused on resume) and the model's config (so that a checkpoint folder is one a
     new run can start from with --model_name_or_path)."""
-    run = settings.run
     position = state.batches.checkpoint_files(accelerator)  # a stream's; {} where `progress` holds it
     return save_checkpoint(
         accelerator,
-        run.output_dir,
+        settings.run.output_dir,
         state.progress.completed_steps,
-        run.checkpoints_total_limit,
+        settings.run.checkpoints_total_limit,
         tokenizer=data.tokenizer,
         model_config=data.config,
         json_files={RUN_SETTINGS_NAME: settings.checkpoint_settings(), **position},
