@@ -264,9 +264,9 @@ def _finish_interrupted_replace(output_dir: Path) -> None:
 
 def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
     """Remove the oldest checkpoints beyond `total_limit`, each renamed first so that a crash mid-delete leaves
-    a temp folder (ignored) rather than a damaged checkpoint. Not accelerate's `ProjectConfiguration(total_limit)`:
-    it prunes only with automatic naming (`checkpoint_<save count>`, not the step), before the new save is
-    written (a failed save leaves fewer than the limit), counting every folder there, and deletes in place."""
+    a temp folder (ignored) rather than a damaged checkpoint.
+    Not accelerate's `ProjectConfiguration(total_limit)`: it prunes only under its `checkpoint_<save count>`
+    names, before the new save is written (a failed save leaves fewer), counting every folder, in place."""
     for path in find_checkpoints(output_dir)[:-total_limit]:
         doomed = path.with_name(f"{PRUNED_CHECKPOINT_PREFIX}{checkpoint_step(path)}")
         os.replace(path, doomed)
@@ -526,12 +526,12 @@ def starts_over_with_auto(output_dir: str | os.PathLike, resume_from_checkpoint:
     return resume_from_checkpoint == "auto" and not find_checkpoints(output_dir)
 
 
-def _check_auto_start(output_dir: Path) -> None:
+def _check_auto_start(output_dir: Path, names: list[str]) -> None:
     """--resume_from_checkpoint auto resumes the newest complete checkpoint, or starts over a folder that is
-    new, empty or holds only an interrupted run; a finished run without checkpoints or other files are refused."""
-    if find_checkpoints(output_dir) or not output_dir.is_dir():
+    empty or holds only an interrupted run (`names`: what it holds); a finished run without checkpoints or
+    other files are refused."""
+    if find_checkpoints(output_dir):
         return
-    names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
     if any(name in FINAL_MODEL_FILES for name in names):
         raise CheckpointError(
             f"--resume_from_checkpoint auto: {output_dir} holds a finished run without checkpoints "
@@ -583,13 +583,13 @@ def check_run_folder(
             "--resume_from_checkpoint and --overwrite_output_dir contradict each other (overwriting removes the "
             "checkpoints to resume from); pass only one of them"
         )
-    if resume_from_checkpoint == "auto":
-        _check_auto_start(output_dir)
-        return
-    if resumes_own_run or overwrite_output_dir or not output_dir.is_dir():
+    if not output_dir.is_dir():  # a new folder: nothing in the way
         return
     names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
-    if not names:
+    if resume_from_checkpoint == "auto":
+        _check_auto_start(output_dir, names)
+        return
+    if resumes_own_run or overwrite_output_dir or not names:
         return
     if resume_from_checkpoint is not None:  # a checkpoint of another folder, resumed into this one
         raise CheckpointError(
