@@ -567,8 +567,9 @@ def check_run_folder(
 
     A fresh run needs a new or empty folder; a folder holding another run (complete or interrupted) needs
     --resume_from_checkpoint or --overwrite_output_dir; a folder holding the user's own files needs
-    --overwrite_output_dir, and so does a non-empty folder resumed into from another folder's checkpoint. Never deletes anything: with `overwrite_output_dir` the caller removes the old
-    run (see `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
+    --overwrite_output_dir, and so does a non-empty folder resumed into from another folder's checkpoint.
+    Never deletes anything: with `overwrite_output_dir` the caller removes the old run (see
+    `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
     """
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
@@ -597,6 +598,12 @@ def check_run_folder(
             f"--resume_from_checkpoint {resume_from_checkpoint} is not one of its checkpoints: resuming there "
             "would replace it. Pass a new or empty --output_dir, or --overwrite_output_dir to replace it"
         )
+    _check_fresh_start(output_dir, names)
+
+
+def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
+    """A fresh run (no --resume_from_checkpoint, no --overwrite_output_dir) refuses a folder holding anything
+    (`names`): another run's output, an interrupted run or other files, each with its own fix."""
     complete = [name for name in names if _CHECKPOINT_NAME.match(name) or name in FINAL_MODEL_FILES]
     if find_checkpoints(output_dir) or any(name in FINAL_MODEL_FILES for name in complete):
         raise CheckpointError(

@@ -279,8 +279,7 @@ def check_readable(paths: Iterable[str | os.PathLike], fix: str, *, torch_files:
 
 def check_folder_readable(folder: str | os.PathLike, fix: str) -> None:
     """`check_readable` on the JSON and safetensors files at the top of `folder` (hidden files skipped)."""
-    folder = Path(folder)
-    check_readable(sorted(path for path in folder.iterdir() if not path.name.startswith(".")), fix)
+    check_readable(sorted(path for path in Path(folder).iterdir() if not path.name.startswith(".")), fix)
 
 
 def check_local_files(name_or_path: str | os.PathLike, flag: str, fix: str) -> None:

@@ -802,7 +802,7 @@ def test_a_manifest_of_another_format_or_a_missing_folder_is_refused_naming_it(t
     )
 
 
-def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_extra_json(tmp_path):
+def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_json_files(tmp_path):
     output_dir = tmp_path / "runs" / "a"
     run = save_steps(output_dir, [2, 4], total_limit=1)
     assert [path.name for path in output_dir.iterdir()] == ["checkpoint-4"]
