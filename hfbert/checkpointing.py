@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -263,9 +264,9 @@ def _finish_interrupted_replace(output_dir: Path) -> None:
 
 def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
     """Remove the oldest checkpoints beyond `total_limit`, each renamed first so that a crash mid-delete leaves
-    a temp folder (ignored) rather than a damaged checkpoint. Not accelerate's `ProjectConfiguration(total_limit)`:
-    it prunes only with automatic naming (`checkpoint_<save count>`, not the step), before the new save is
-    written (a failed save leaves fewer than the limit), counting every folder there, and deletes in place."""
+    a temp folder (ignored) rather than a damaged checkpoint.
+    Not accelerate's `ProjectConfiguration(total_limit)`: it prunes only under its `checkpoint_<save count>`
+    names, before the new save is written (a failed save leaves fewer), counting every folder, in place."""
     for path in find_checkpoints(output_dir)[:-total_limit]:
         doomed = path.with_name(f"{PRUNED_CHECKPOINT_PREFIX}{checkpoint_step(path)}")
         os.replace(path, doomed)
@@ -275,11 +276,11 @@ def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
 # Saved inside every checkpoint: the settings that shape the run (compared on resume) and the tokenizer it uses.
 RUN_SETTINGS_NAME = "run_settings.json"
 TOKENIZER_FOLDER = "tokenizer"
-# Folders of an earlier run that --overwrite_output_dir removes, and (with the trained tokenizer) the names
+# The temporary folders of a checkpoint save (the next save removes them); with the final folder's, the
+# folders of an earlier run that --overwrite_output_dir removes, and (with the trained tokenizer) the names
 # that mark a folder as an hfbert run, complete or not.
-_LEFTOVER_PREFIXES = (
-    TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX, FINAL_STAGING, FINAL_READY
-)
+_CHECKPOINT_STAGING = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
+_LEFTOVER_PREFIXES = (*_CHECKPOINT_STAGING, FINAL_STAGING, FINAL_READY)
 _RUN_MARKERS = (*_LEFTOVER_PREFIXES, ".tokenizer")
 
 
@@ -294,19 +295,17 @@ def save_checkpoint(
     step: int,
     total_limit: int | None = None,
     *,
-    run_settings: dict[str, Any] | None = None,
     tokenizer: Any = None,
     model_config: Any = None,
-    extra_json: dict[str, Any] | None = None,
+    json_files: dict[str, Any] | None = None,
 ) -> Path:
     """Save the full training state to `output_dir/checkpoint-<step>`, crash-safely. Call on EVERY process.
 
     The state goes to `.tmp-checkpoint-<step>` (accelerate writes the shared files from the main process and
-    one RNG file per process; `run_settings`, the `tokenizer`, the `model_config` and `extra_json` (file name -> JSON
-    data, e.g. a stream's position) are saved beside them), then the main process
-    writes the manifest, renames the folder into place and only then removes the oldest checkpoints beyond
-    `total_limit`. A failed write (e.g. a full disk) raises `CheckpointError` and leaves earlier checkpoints
-    untouched. Returns the checkpoint folder.
+    one RNG file per process; the `tokenizer`, the `model_config` and `json_files` (file name -> JSON data:
+    the run's settings as `RUN_SETTINGS_NAME`, a stream's position) are saved beside them), then the main
+    process writes the manifest and puts the folder in place (`_put_in_place`). A failed write (e.g. a full
+    disk) raises `CheckpointError` and leaves earlier checkpoints untouched. Returns the checkpoint folder.
     """
     # With automatic_checkpoint_naming, save_state ignores its output_dir and prunes by
     # ProjectConfiguration.total_limit itself, which would bypass the temp-folder-and-rename protocol.
@@ -324,20 +323,16 @@ def save_checkpoint(
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         for path in output_dir.iterdir():
-            if path.is_dir() and path.name.startswith(
-                (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
-            ):
+            if path.is_dir() and path.name.startswith(_CHECKPOINT_STAGING):
                 shutil.rmtree(path)
     accelerator.wait_for_everyone()
 
     def write_main_files() -> None:
-        if run_settings is not None:
-            write_json_atomic(temp_folder / RUN_SETTINGS_NAME, run_settings)
         if tokenizer is not None:
             write_tokenizer(tokenizer, temp_folder / TOKENIZER_FOLDER)
         if model_config is not None:  # with model.safetensors: a folder --model_name_or_path can start from
             model_config.save_pretrained(temp_folder)
-        for name, content in (extra_json or {}).items():
+        for name, content in (json_files or {}).items():
             write_json_atomic(temp_folder / name, content)
         _write_manifest(temp_folder, step, accelerator.num_processes)
 
@@ -345,17 +340,22 @@ def save_checkpoint(
     for write in (state, write_main_files if accelerator.is_main_process else None):  # each agreed on
         write_on_every_process(accelerator, write, final_folder, output_dir, staged=temp_folder)
     if accelerator.is_main_process:
-        # Same step saved twice (e.g. a step save and an epoch save coincide): the newer state wins.
-        replaced = output_dir / f"{REPLACED_CHECKPOINT_PREFIX}{step}"
-        if final_folder.exists():
-            os.replace(final_folder, replaced)
-        os.replace(temp_folder, final_folder)
-        if replaced.exists():
-            shutil.rmtree(replaced)
-        if total_limit is not None:
-            _prune_checkpoints(output_dir, total_limit)
+        _put_in_place(temp_folder, final_folder, total_limit)
     accelerator.wait_for_everyone()
     return final_folder
+
+
+def _put_in_place(temp_folder: Path, final_folder: Path, total_limit: int | None) -> None:
+    """Rename a written checkpoint into place (parking one already there: of the same step saved twice, e.g.
+    by a step save and an epoch save, the newer state wins), and only then prune beyond `total_limit`."""
+    replaced = final_folder.with_name(f"{REPLACED_CHECKPOINT_PREFIX}{checkpoint_step(final_folder)}")
+    if final_folder.exists():
+        os.replace(final_folder, replaced)
+    os.replace(temp_folder, final_folder)
+    if replaced.exists():
+        shutil.rmtree(replaced)
+    if total_limit is not None:
+        _prune_checkpoints(final_folder.parent, total_limit)
 
 
 def write_on_every_process(
@@ -526,12 +526,12 @@ def starts_over_with_auto(output_dir: str | os.PathLike, resume_from_checkpoint:
     return resume_from_checkpoint == "auto" and not find_checkpoints(output_dir)
 
 
-def _check_auto_start(output_dir: Path) -> None:
+def _check_auto_start(output_dir: Path, names: list[str]) -> None:
     """--resume_from_checkpoint auto resumes the newest complete checkpoint, or starts over a folder that is
-    new, empty or holds only an interrupted run; a finished run without checkpoints or other files are refused."""
-    if find_checkpoints(output_dir) or not output_dir.is_dir():
+    empty or holds only an interrupted run (`names`: what it holds); a finished run without checkpoints or
+    other files are refused."""
+    if find_checkpoints(output_dir):
         return
-    names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
     if any(name in FINAL_MODEL_FILES for name in names):
         raise CheckpointError(
             f"--resume_from_checkpoint auto: {output_dir} holds a finished run without checkpoints "
@@ -567,8 +567,9 @@ def check_run_folder(
 
     A fresh run needs a new or empty folder; a folder holding another run (complete or interrupted) needs
     --resume_from_checkpoint or --overwrite_output_dir; a folder holding the user's own files needs
-    --overwrite_output_dir, and so does a non-empty folder resumed into from another folder's checkpoint. Never deletes anything: with `overwrite_output_dir` the caller removes the old
-    run (see `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
+    --overwrite_output_dir, and so does a non-empty folder resumed into from another folder's checkpoint.
+    Never deletes anything: with `overwrite_output_dir` the caller removes the old run (see
+    `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
     """
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
@@ -583,13 +584,13 @@ def check_run_folder(
             "--resume_from_checkpoint and --overwrite_output_dir contradict each other (overwriting removes the "
             "checkpoints to resume from); pass only one of them"
         )
-    if resume_from_checkpoint == "auto":
-        _check_auto_start(output_dir)
-        return
-    if resumes_own_run or overwrite_output_dir or not output_dir.is_dir():
+    if not output_dir.is_dir():  # a new folder: nothing in the way
         return
     names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
-    if not names:
+    if resume_from_checkpoint == "auto":
+        _check_auto_start(output_dir, names)
+        return
+    if resumes_own_run or overwrite_output_dir or not names:
         return
     if resume_from_checkpoint is not None:  # a checkpoint of another folder, resumed into this one
         raise CheckpointError(
@@ -597,6 +598,12 @@ def check_run_folder(
             f"--resume_from_checkpoint {resume_from_checkpoint} is not one of its checkpoints: resuming there "
             "would replace it. Pass a new or empty --output_dir, or --overwrite_output_dir to replace it"
         )
+    _check_fresh_start(output_dir, names)
+
+
+def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
+    """A fresh run (no --resume_from_checkpoint, no --overwrite_output_dir) refuses a folder holding anything
+    (`names`): another run's output, an interrupted run or other files, each with its own fix."""
     complete = [name for name in names if _CHECKPOINT_NAME.match(name) or name in FINAL_MODEL_FILES]
     if find_checkpoints(output_dir) or any(name in FINAL_MODEL_FILES for name in complete):
         raise CheckpointError(
@@ -687,12 +694,8 @@ def _open_locked(lock_path: Path) -> int:
 
 def _missing_folders(folder: Path) -> list[Path]:
     """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) creates."""
-    missing = []
-    for path in (folder.absolute(), *folder.absolute().parents):
-        if path.exists():
-            break
-        missing.append(path)
-    return missing
+    folder = folder.absolute()
+    return list(takewhile(lambda path: not path.exists(), (folder, *folder.parents)))
 
 
 def _remove_if_empty(created: list[Path]) -> None:

@@ -100,9 +100,7 @@ def check_folder_writable(folder: str | os.PathLike, flag: str) -> None:
     while it does not exist yet, in its nearest existing parent). Tries it: os.access says yes to root even on
     a read-only mount."""
     folder = Path(folder).absolute()
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
     try:
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".hfbert-write-probe-"):
             pass
@@ -122,12 +120,9 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+    """Hex sha256 of a file, read in chunks."""
     with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 @contextmanager
@@ -245,9 +240,8 @@ def check_safetensors(path: str | os.PathLike, fix: str) -> None:
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as file:
-        prefix = file.read(8)
-        header_size = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-        if header_size < 0 or 8 + header_size > size:
+        header_size = int.from_bytes(file.read(8), "little")  # fewer than 8 bytes: the size check refuses
+        if 8 + header_size > size:
             problem = "is truncated or not a safetensors file: " if size else "is empty: "
             raise _unreadable(path, f"{problem}{size} bytes, too short for its header", fix)
         header_bytes = file.read(header_size)
@@ -285,8 +279,7 @@ def check_readable(paths: Iterable[str | os.PathLike], fix: str, *, torch_files:
 
 def check_folder_readable(folder: str | os.PathLike, fix: str) -> None:
     """`check_readable` on the JSON and safetensors files at the top of `folder` (hidden files skipped)."""
-    folder = Path(folder)
-    check_readable(sorted(path for path in folder.iterdir() if not path.name.startswith(".")), fix)
+    check_readable(sorted(path for path in Path(folder).iterdir() if not path.name.startswith(".")), fix)
 
 
 def check_local_files(name_or_path: str | os.PathLike, flag: str, fix: str) -> None:

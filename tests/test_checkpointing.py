@@ -25,6 +25,7 @@ from hfbert.checkpointing import (
     MANIFEST_NAME,
     PROGRESS_FILE,
     RUN_LOCK_NAME,
+    RUN_SETTINGS_NAME,
     CheckpointError,
     CheckpointWriteError,
     TrainingProgress,
@@ -609,6 +610,9 @@ def listing(folder: Path) -> dict[str, int]:
     return {str(path.relative_to(folder)): path.stat().st_mtime_ns for path in folder.rglob("*")}
 
 
+TINY_RUN_SETTINGS = {RUN_SETTINGS_NAME: {"model": {"model_size": "tiny"}}}
+
+
 @pytest.mark.parametrize("how", DAMAGES)
 @pytest.mark.parametrize(
     "name", ["model.safetensors", "optimizer.bin", "custom_checkpoint_0.pkl", "run_settings.json", MANIFEST_NAME]
@@ -616,7 +620,7 @@ def listing(folder: Path) -> dict[str, int]:
 def test_a_damaged_checkpoint_file_is_named_on_resume(tmp_path, name, how):
     run = build_run()
     for step in (4, 8):
-        save_checkpoint(run[0], tmp_path, step, run_settings={"model": {"model_size": "tiny"}})
+        save_checkpoint(run[0], tmp_path, step, json_files=TINY_RUN_SETTINGS)
     damage(tmp_path / "checkpoint-8" / name, how)
     before = listing(tmp_path)
     with pytest.raises(CheckpointError) as refused:
@@ -651,7 +655,7 @@ def test_a_checkpoint_written_damaged_is_named_on_load(tmp_path, name, how):
 
 @pytest.mark.parametrize("how", DAMAGES)
 def test_damaged_run_settings_are_named(tmp_path, how):
-    save_checkpoint(build_run()[0], tmp_path, 4, run_settings={"model": {"model_size": "tiny"}})
+    save_checkpoint(build_run()[0], tmp_path, 4, json_files=TINY_RUN_SETTINGS)
     damage(tmp_path / "checkpoint-4" / "run_settings.json", how)
     with pytest.raises(CheckpointError, match=r"run_settings\.json is (truncated|not valid JSON).*--overwrite"):
         read_run_settings(tmp_path / "checkpoint-4")
@@ -798,11 +802,12 @@ def test_a_manifest_of_another_format_or_a_missing_folder_is_refused_naming_it(t
     )
 
 
-def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_extra_json(tmp_path):
+def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_json_files(tmp_path):
     output_dir = tmp_path / "runs" / "a"
     run = save_steps(output_dir, [2, 4], total_limit=1)
     assert [path.name for path in output_dir.iterdir()] == ["checkpoint-4"]
-    checkpoint = save_checkpoint(run[0], output_dir, 6, total_limit=1, extra_json={"stream_state.json": {"offset": 12}})
+    stream_state = {"stream_state.json": {"offset": 12}}
+    checkpoint = save_checkpoint(run[0], output_dir, 6, total_limit=1, json_files=stream_state)
     assert json.loads((checkpoint / "stream_state.json").read_text()) == {"offset": 12}
     assert "stream_state.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
     with pytest.raises(CheckpointError, match=r"^--checkpoints_total_limit 0 must be >= 1 \(or unset to keep all\)$"):

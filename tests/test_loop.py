@@ -116,27 +116,20 @@ def test_signal_handlers_are_recorded_while_active_and_given_back_after():
 @pytest.mark.parametrize("eval_steps", [None, 5])
 @pytest.mark.parametrize("each_epoch", [True, False])
 def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_checkpointing_as_scheduled(
-    monkeypatch, eval_steps, each_epoch
+    eval_steps, each_epoch
 ):
     calls = []
 
-    def evaluation(accelerator, state, eval_loader, callbacks, share):
-        calls.append(("evaluation", accelerator, state, eval_loader, callbacks, share))
+    def evaluation(share):
+        calls.append(("evaluation", share))
         return {"eval_mlm_loss": 1.0}
 
-    monkeypatch.setattr(loop, "run_evaluation", evaluation)
-    monkeypatch.setattr(loop, "write_checkpoint", lambda *given: calls.append(("checkpoint", *given)))
     progress = TrainingProgress(completed_steps=7, epoch=1, micro_batches_in_epoch=12)
-    state = type("State", (), {"progress": progress})()
-    accelerator, eval_loader, callbacks, data = "accelerator", "eval_loader", "callbacks", "data"  # passed on
     run = RunSettings(output_dir="run", eval_steps=eval_steps, checkpointing_steps="epoch" if each_epoch else "3")
-    settings = type("Settings", (), {"run": run})()
-    metrics = end_epoch(accelerator, state, eval_loader, callbacks, settings, data, share=0.5)
+    metrics = end_epoch(progress, run, evaluation, lambda *given: calls.append(("checkpoint", *given)), share=0.5)
     assert (progress.epoch, progress.micro_batches_in_epoch, progress.completed_steps) == (2, 0, 7)
-    evaluated = (
-        [("evaluation", accelerator, state, eval_loader, callbacks, 0.5)] if eval_steps is None else []
-    )
-    saved = [("checkpoint", accelerator, state, settings, data)] if each_epoch else []
+    evaluated = [("evaluation", 0.5)] if eval_steps is None else []
+    saved = [("checkpoint",)] if each_epoch else []
     assert calls == evaluated + saved
     assert metrics == ({"eval_mlm_loss": 1.0} if eval_steps is None else None)
 
@@ -149,19 +142,15 @@ def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_c
         ([{"step": 6, "loss": 1.0}], None, True),
     ],
 )
-def test_the_final_metrics_evaluate_again_unless_an_evaluation_ran_at_the_last_update(
-    monkeypatch, history, metrics, evaluates
-):
+def test_the_final_metrics_evaluate_again_unless_an_evaluation_ran_at_the_last_update(history, metrics, evaluates):
     calls = []
 
-    def evaluation(accelerator, state, eval_loader, callbacks, share):
+    def evaluation(share):
         calls.append(share)
         return {"eval_mlm_loss": 3.0}
 
-    monkeypatch.setattr(loop, "run_evaluation", evaluation)
     progress = TrainingProgress(completed_steps=6, log_history=history)
-    state = type("State", (), {"progress": progress})()
-    final = loop.final_metrics("accelerator", state, "eval_loader", "callbacks", metrics, share=0.75)
+    final = loop.final_metrics(progress, evaluation, metrics, share=0.75)
     assert calls == ([0.75] if evaluates else [])
     assert final == ({"eval_mlm_loss": 3.0} if evaluates else metrics)
 

@@ -42,7 +42,7 @@ SHARED_FOLDER_PROBE_NAME = ".hfbert-shared-folder-probe.json"
 VERSIONED_PACKAGES = ("hfbert", "transformers", "torch", "accelerate", "datasets", "tokenizers")
 # The restart number torchrun gives a worker group (0 at the first start, +1 at every restart after a failure).
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
-# Node 0's workers exit this much later than the other nodes' (see linger_on_the_store_node); torchrun notices
+# Node 0's workers exit this much later than the other nodes' (see end_process_group); torchrun notices
 # an exited worker within its --monitor_interval (0.1 s by default).
 EXIT_LINGER_SECONDS = 2.0
 # linux/prctl.h: have the kernel send the calling process a signal when its parent exits.
@@ -136,7 +136,12 @@ def end_process_group(accelerator: Accelerator) -> bool:
             )
             return False
     accelerator.end_training()
-    linger_on_the_store_node()
+    # On node 0 of a launch of several nodes, wait a moment before exiting: node 0's torchrun hosts the store
+    # of the launchers' exit barrier and leaves as soon as the last launcher arrives there; a launcher
+    # arriving last on another node then lost its store mid-barrier (torch's race: 'Error waiting on exit
+    # barrier ... DistNetworkError' after a successful run). Arriving last, node 0 leaves after everyone.
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and os.environ.get("GROUP_RANK") == "0":
+        time.sleep(EXIT_LINGER_SECONDS)
     return True
 
 
@@ -148,15 +153,6 @@ def exit_now(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def linger_on_the_store_node() -> None:
-    """On node 0 of a launch of several nodes, wait a moment before exiting: node 0's torchrun hosts the
-    store of the launchers' exit barrier and leaves as soon as the last launcher arrives there; a launcher
-    arriving last on another node then lost its store mid-barrier (torch's race: 'Error waiting on exit
-    barrier ... DistNetworkError' after a successful run). Arriving last, node 0 leaves after everyone."""
-    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and os.environ.get("GROUP_RANK") == "0":
-        time.sleep(EXIT_LINGER_SECONDS)
 
 
 def release_ddp_wrapper(accelerator: Accelerator, state: Any) -> None:

@@ -9,6 +9,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,19 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from hfbert.checkpointing import TrainingProgress, checkpoint_folder, save_checkpoint
+from hfbert.checkpointing import RUN_SETTINGS_NAME, TrainingProgress, checkpoint_folder, save_checkpoint
 from hfbert.pretraining.callbacks import Callback
 from hfbert.pretraining.data import PretrainingData
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, check_loss_is_finite, evaluate
 from hfbert.pretraining.optimization import Budget, TrainingState
-from hfbert.pretraining.settings import OptimizationSettings, PretrainingSettings
+from hfbert.pretraining.settings import OptimizationSettings, PretrainingSettings, RunSettings
 
 logger = logging.getLogger(__name__)
+
+# `run_evaluation` bound to a fit's accelerator, state, loader and callbacks: budget share spent -> metrics.
+Evaluation = Callable[[float], dict[str, float]]
+# `write_checkpoint` bound likewise (and to the run's settings and data): writes one, returns its folder.
+Checkpointing = Callable[[], Path]
 
 
 def write_checkpoint(
@@ -34,16 +40,15 @@ def write_checkpoint(
     each; the batches add their position where `progress` does not hold it) with the run's settings (compared
     on resume), its tokenizer (reused on resume) and the model's config (so that a checkpoint folder is one a
     new run can start from with --model_name_or_path)."""
-    run = settings.run
+    position = state.batches.checkpoint_files(accelerator)  # a stream's; {} where `progress` holds it
     return save_checkpoint(
         accelerator,
-        run.output_dir,
+        settings.run.output_dir,
         state.progress.completed_steps,
-        run.checkpoints_total_limit,
-        run_settings=settings.checkpoint_settings(),
+        settings.run.checkpoints_total_limit,
         tokenizer=data.tokenizer,
         model_config=data.config,
-        extra_json=state.batches.checkpoint_files(accelerator) or None,
+        json_files={RUN_SETTINGS_NAME: settings.checkpoint_settings(), **position},
     )
 
 
@@ -207,25 +212,17 @@ class PreemptionSignals:
 
 
 def stop_for_preemption(
-    accelerator: Accelerator,
-    state: TrainingState,
-    settings: PretrainingSettings,
-    data: PretrainingData,
-    callbacks: Callback,
-    signal_number: int,
-    saved: bool,
+    progress: TrainingProgress, callbacks: Callback, signum: int, saved: Path | None, save: Checkpointing
 ) -> None:
-    """End the fit (`on_fit_end`), write a checkpoint at this update (unless one was `saved` at it: every
-    process decides alike) and raise `Preempted`."""
-    callbacks.on_fit_end(state.progress)
-    where = checkpoint_folder(settings.run.output_dir, state.progress.completed_steps)
-    if not saved:
-        where = write_checkpoint(accelerator, state, settings, data)
-    name = signal.Signals(signal_number).name
+    """End the fit (`on_fit_end`), write a checkpoint at this update with `save` unless one was `saved` at it
+    (its folder; every process decides alike) and raise `Preempted`."""
+    callbacks.on_fit_end(progress)
+    where = saved or save()
+    name = signal.Signals(signum).name
     raise Preempted(
-        f"Stopped by {name} after update {state.progress.completed_steps}; the training state is saved in "
+        f"Stopped by {name} after update {progress.completed_steps}; the training state is saved in "
         f"{where}. Resume with the same command plus --resume_from_checkpoint latest.",
-        signal_number,
+        signum,
     )
 
 
@@ -296,6 +293,8 @@ def fit(
     compile_time = CompileTime()
     clock = time.perf_counter()  # start of the current stretch of training time
     metrics: dict[str, float] | None = None
+    evaluation: Evaluation = functools.partial(run_evaluation, accelerator, state, eval_loader, callbacks)
+    save = functools.partial(write_checkpoint, accelerator, state, settings, data)
     state.model.train()
     with PreemptionSignals() as preemption:
         for epoch in range(progress.epoch, budget.num_epochs):
@@ -321,22 +320,21 @@ def fit(
                     callbacks.on_log(progress.log_history[-1], share)
                     window = TrainingWindow(accelerator.device, progress.train_seconds)
                 if is_due(update, run.eval_steps):
-                    metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)
-                saved = is_due(update, run.checkpoint_steps)
-                if saved:
-                    write_checkpoint(accelerator, state, settings, data)
+                    metrics = evaluation(share)
+                saved = save() if is_due(update, run.checkpoint_steps) else None
                 if preemption.agreed(accelerator, due=log_due):
-                    stop_for_preemption(accelerator, state, settings, data, callbacks, preemption.signal_number, saved)
+                    stop_for_preemption(progress, callbacks, preemption.signal_number, saved, save)
                 clock = time.perf_counter()  # evaluation and saving are not training time
                 if out_of_budget(progress, budget, seconds):
                     break
             else:  # the epoch ran to its end
-                metrics = end_epoch(accelerator, state, eval_loader, callbacks, settings, data, share) or metrics
+                metrics = end_epoch(progress, run, evaluation, save, share) or metrics
                 clock = time.perf_counter()
-        metrics = final_metrics(accelerator, state, eval_loader, callbacks, metrics, share)
+        metrics = final_metrics(progress, evaluation, metrics, share)
         if preemption.agreed(accelerator, due=True):  # a signal during the final evaluation still checkpoints
-            saved = checkpoint_folder(run.output_dir, progress.completed_steps).is_dir()
-            stop_for_preemption(accelerator, state, settings, data, callbacks, preemption.signal_number, saved)
+            last = checkpoint_folder(run.output_dir, progress.completed_steps)
+            saved = last if last.is_dir() else None
+            stop_for_preemption(progress, callbacks, preemption.signal_number, saved, save)
     callbacks.on_fit_end(progress)
     return metrics
 
@@ -347,38 +345,25 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) ->
 
 
 def end_epoch(
-    accelerator: Accelerator,
-    state: TrainingState,
-    eval_loader: DataLoader,
-    callbacks: Callback,
-    settings: PretrainingSettings,
-    data: PretrainingData,
-    share: float,
+    progress: TrainingProgress, run: RunSettings, evaluation: Evaluation, save: Checkpointing, share: float
 ) -> dict[str, float] | None:
     """At the end of an epoch: the next one starts at its first batch; evaluate (without --eval_steps) and
-    checkpoint (--checkpointing_steps epoch). Returns the evaluation's metrics, if one ran."""
-    progress = state.progress
+    checkpoint with `save` (--checkpointing_steps epoch). Returns the evaluation's metrics, if one ran."""
     progress.epoch += 1
     progress.micro_batches_in_epoch = 0
     metrics = None
-    if settings.run.eval_steps is None:
-        metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)
-    if settings.run.checkpoint_each_epoch:
-        write_checkpoint(accelerator, state, settings, data)
+    if run.eval_steps is None:
+        metrics = evaluation(share)
+    if run.checkpoint_each_epoch:
+        save()
     return metrics
 
 
 def final_metrics(
-    accelerator: Accelerator,
-    state: TrainingState,
-    eval_loader: DataLoader,
-    callbacks: Callback,
-    metrics: dict[str, float] | None,
-    share: float,
+    progress: TrainingProgress, evaluation: Evaluation, metrics: dict[str, float] | None, share: float
 ) -> dict[str, float]:
     """The last evaluation's metrics, evaluating once more unless one ran at the last update."""
-    log_history = state.progress.log_history
-    last_eval = next((row["step"] for row in reversed(log_history) if "eval_mlm_loss" in row), None)
-    if metrics is None or last_eval != state.progress.completed_steps:
-        metrics = run_evaluation(accelerator, state, eval_loader, callbacks, share)
+    last_eval = next((row["step"] for row in reversed(progress.log_history) if "eval_mlm_loss" in row), None)
+    if metrics is None or last_eval != progress.completed_steps:
+        metrics = evaluation(share)
     return metrics
