@@ -27,7 +27,7 @@ from hfbert.analysis import quiet_libraries
 from hfbert.finetune.fit import FitResult
 from hfbert.finetune.models import size_defaults
 from hfbert.finetune.report import paired_gain
-from hfbert.finetune.run import check_before_work, seed_fits, selection_fits
+from hfbert.finetune.run import check_before_work, run_fits
 from hfbert.finetune.selection import FoldFit, choose_rate
 from hfbert.finetune.settings import RANDOM_INIT, parse_args
 
@@ -57,8 +57,8 @@ def measure(folder: str, name: str, size: int, args: argparse.Namespace, done: s
             if key in done:
                 continue
             one_rate = dataclasses.replace(candidate, learning_rates=(rate,))
-            folds = selection_fits(one_rate, task, settings.training, settings.data.data_seed, None)
-            seeds = seed_fits(one_rate, task, settings.training, rate, None)
+            folds = run_fits(one_rate, task, settings, None)
+            seeds = run_fits(one_rate, task, settings, None, rate)
             row = {
                 "set": name, "size": size, "folder": folder, "init": candidate.init, "rate": rate,
                 "fold_fits": [{"fold": w.fold, "seed": w.seed, **r.as_json()} for w, r in folds.items()],

@@ -94,8 +94,6 @@ def _csv_rows(path: Path, flag: str) -> list[dict[str, Any]]:
     # strict: an unterminated quote is an error, not a field that swallows the rest of the file
     reader = csv.DictReader(io.StringIO(_read_text(path, flag), newline=""), strict=True)
     try:
-        if reader.fieldnames is None:
-            raise Refusal(f"{flag} {path} is empty; {FILE_FIX}")
         return list(reader)  # every value a string, "" for an empty cell, None for a short row
     except csv.Error as error:
         raise Refusal(
@@ -143,7 +141,7 @@ def read_labelled_file(path: str | Path, flag: str) -> list[dict[str, Any]]:
         raise Refusal(f"{flag} {path}: no such file; {FILE_FIX}")
     if path.suffix not in FILE_FORMATS:
         raise Refusal(f"{flag} {path}: use a {', '.join(FILE_FORMATS)} file")
-    if not path.read_bytes().strip():
+    if not path.read_bytes().removeprefix(codecs.BOM_UTF8).strip():  # a byte-order mark alone is empty too
         raise Refusal(f"{flag} {path} is empty; {FILE_FIX}")
     reader = {".csv": _csv_rows, ".parquet": _parquet_rows}.get(path.suffix, _json_rows)
     rows = reader(path, flag)
@@ -261,7 +259,9 @@ def task_columns(data: FinetuneDataArguments) -> tuple[str, str | None, str, tup
     return text, pair, data.label_column, metrics
 
 
-def _load_hub(data: FinetuneDataArguments) -> tuple[datasets.Dataset, datasets.Dataset, str]:
+def _load_hub(data: FinetuneDataArguments) -> tuple[tuple, str, list[str] | None]:
+    """The train and evaluation splits as (where, columns) each, the evaluation split's name, and the
+    ClassLabel's names if the label column is one (its rows at -1, GLUE's unlabelled test rows, dropped)."""
     task = _glue_task(data)
     try:
         splits = datasets.load_dataset(data.dataset_name, data.dataset_config_name)
@@ -275,31 +275,13 @@ def _load_hub(data: FinetuneDataArguments) -> tuple[datasets.Dataset, datasets.D
     for split in ("train", validation):
         if split not in splits:
             raise Refusal(f"--dataset_name {data.dataset_name} has no {split!r} split; it has {list(splits)}")
-    return splits["train"], splits[validation], validation
-
-
-def _load_splits(
-    data: FinetuneDataArguments, text_columns: list[str], label: str
-) -> tuple[list, str, list | None]:
-    """([(columns, labels, where)] of the train and evaluation splits, the evaluation split's name, the
-    ClassLabel's names if the label column is one: its rows at -1 (GLUE's unlabelled test rows) dropped)."""
-    if data.dataset_name is not None:
-        train, evaluation, split_name = _load_hub(data)
-        feature = train.features.get(label)
-        names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
-        if names:
-            train, evaluation = (split.filter(lambda row: row[label] >= 0) for split in (train, evaluation))
-        where_train = f"--dataset_name {data.dataset_name} 'train'"
-        sources = ((where_train, train.to_dict()), (repr(split_name), evaluation.to_dict()))
-    else:
-        names, split_name = None, Path(data.validation_file).name
-        files = (("--train_file", data.train_file), ("--validation_file", data.validation_file))
-        # a generator: the training file is read and checked before the validation file is read
-        sources = ((f"{flag} {path}", _file_columns(read_labelled_file(path, flag))) for flag, path in files)
-    splits = [
-        (columns, _checked_labels(columns, where, text_columns, label, names), where) for where, columns in sources
-    ]
-    return splits, split_name, names
+    train, evaluation, label = splits["train"], splits[validation], data.label_column
+    feature = train.features.get(label)
+    names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+    if names:
+        train, evaluation = (split.filter(lambda row: row[label] >= 0) for split in (train, evaluation))
+    where_train = f"--dataset_name {data.dataset_name} 'train'"
+    return ((where_train, train.to_dict()), (repr(validation), evaluation.to_dict())), validation, names
 
 
 def load_task(data: FinetuneDataArguments) -> TaskData:
@@ -309,7 +291,16 @@ def load_task(data: FinetuneDataArguments) -> TaskData:
     text_columns = [column for column in (text, pair) if column is not None]
     if label in text_columns:
         raise Refusal(f"--label_column {label} is also a text column; pass the column that holds the class")
-    splits, split_name, names = _load_splits(data, text_columns, label)
+    if data.dataset_name is not None:
+        sources, split_name, names = _load_hub(data)
+    else:
+        names, split_name = None, Path(data.validation_file).name
+        files = (("--train_file", data.train_file), ("--validation_file", data.validation_file))
+        # a generator: the training file is read and checked before the validation file is read
+        sources = ((f"{flag} {path}", _file_columns(read_labelled_file(path, flag))) for flag, path in files)
+    splits = [
+        (columns, _checked_labels(columns, where, text_columns, label, names), where) for where, columns in sources
+    ]
     (_, train_labels, train_where), (_, evaluation_labels, evaluation_where) = splits
     names = names or _label_names(train_labels, evaluation_labels, label, (train_where, evaluation_where))
     check_sample_counts(data, len(train_labels), len(evaluation_labels), len(set(train_labels)))
@@ -347,11 +338,15 @@ def check_sample_counts(data: FinetuneDataArguments, train_rows: int, evaluation
         )
 
 
+def _shuffled_by_class(labels: np.ndarray, seed: int) -> list[np.ndarray]:
+    """Each class's row numbers (classes in increasing order), shuffled by one generator seeded with `seed`."""
+    generator = np.random.default_rng(seed)
+    return [generator.permutation(np.flatnonzero(labels == label)) for label in np.unique(labels)]
+
+
 def few_labels(train: datasets.Dataset, count: int, seed: int) -> datasets.Dataset:
     """`count` training examples drawn as evenly across the classes as they allow (stratified), by `seed`."""
-    generator = np.random.default_rng(seed)
-    labels = np.asarray(train["labels"])
-    by_class = [generator.permutation(np.flatnonzero(labels == label)) for label in np.unique(labels)]
+    by_class = _shuffled_by_class(np.asarray(train["labels"]), seed)
     # round by round, one row of each class that still has one: sort by (round, class)
     rounds = sorted(
         (turn, klass, int(row)) for klass, rows in enumerate(by_class) for turn, row in enumerate(rows)
@@ -375,16 +370,10 @@ def stratified_folds(
             f"{'have' if len(thin) > 1 else 'has'} fewer rows than folds; pass more training rows "
             f"(a larger --max_train_samples), fewer --learning_rate_folds, or a --learning_rate such as 1e-3"
         )
-    generator = np.random.default_rng(seed)
-    order = np.concatenate(
-        [generator.permutation(np.flatnonzero(labels == label)) for label in sorted(counts)]
-    )
-    pairs = []
-    for fold in range(folds):
-        held_out = np.sort(order[fold::folds])
-        held_in = np.setdiff1d(np.arange(len(train)), held_out)
-        pairs.append((train.select(held_in), train.select(held_out)))
-    return pairs
+    order = np.concatenate(_shuffled_by_class(labels, seed))
+    held_out = [np.sort(order[fold::folds]) for fold in range(folds)]
+    every_row = np.arange(len(train))
+    return [(train.select(np.setdiff1d(every_row, rows)), train.select(rows)) for rows in held_out]
 
 
 def encode(

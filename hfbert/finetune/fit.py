@@ -31,27 +31,22 @@ UNDERFIT_LOSS_SHARE = 0.7
 
 
 def classification_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Accuracy, F1 of class 1 (binary tasks) and Matthews correlation, computed locally (no downloads)."""
+    """Accuracy, F1 of class 1 (binary tasks) and Matthews correlation (multiclass: Gorodkin's R_K, as
+    scikit-learn computes it), computed locally (no downloads)."""
     metrics = {"accuracy": float((predictions == labels).mean())}
-    classes = np.union1d(np.unique(labels), np.unique(predictions))
+    classes = np.union1d(labels, predictions)
     if len(classes) <= 2:
         tp = float(((predictions == 1) & (labels == 1)).sum())
         predicted_and_true = float((predictions == 1).sum() + (labels == 1).sum())  # 2 tp + fp + fn
         metrics["f1"] = 2 * tp / predicted_and_true if tp else 0.0
-    metrics["matthews_correlation"] = _matthews(predictions, labels)
-    return metrics
-
-
-def _matthews(predictions: np.ndarray, labels: np.ndarray) -> float:
-    """Multiclass Matthews correlation (Gorodkin's R_K, as scikit-learn computes it)."""
-    classes = np.union1d(labels, predictions)
     confusion = np.zeros((len(classes), len(classes)))
     np.add.at(confusion, (np.searchsorted(classes, labels), np.searchsorted(classes, predictions)), 1)
     true_sum, predicted_sum = confusion.sum(axis=1), confusion.sum(axis=0)
     samples, correct = confusion.sum(), np.trace(confusion)
     numerator = correct * samples - predicted_sum @ true_sum
     denominator = np.sqrt((samples**2 - predicted_sum @ predicted_sum) * (samples**2 - true_sum @ true_sum))
-    return float(numerator / denominator) if denominator else 0.0
+    metrics["matthews_correlation"] = float(numerator / denominator) if denominator else 0.0
+    return metrics
 
 
 @dataclass(frozen=True)
@@ -159,11 +154,9 @@ def finetune_once(
             per_device_eval_batch_size=64,
             warmup_steps=training.warmup_ratio,  # a float in [0, 1): a share of the updates
             weight_decay=training.weight_decay,
-            lr_scheduler_type="linear",
             seed=seed,
             save_strategy="no",
             logging_strategy="epoch",  # the loss per epoch, kept in trainer.state.log_history
-            report_to=[],
             use_cpu=not torch.cuda.is_available(),
             fp16=training.fp16,
             disable_tqdm=True,

@@ -182,8 +182,7 @@ def training_settings(config: Any, where: str, training: FinetuneTrainingArgumen
                 "pass --num_train_epochs and --learning_rate (or --learning_rate_grid)"
             )
         default_epochs, default_rates = size_defaults(hidden_size)
-        epochs = default_epochs if epochs is None else epochs
-        rates = default_rates if rates is None else rates
+        epochs, rates = epochs or default_epochs, rates or default_rates  # flags are None or > 0, lists non-empty
     return epochs, tuple(rates)
 
 

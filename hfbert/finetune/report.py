@@ -11,7 +11,6 @@ from typing import Any
 
 from hfbert.errors import Refusal
 from hfbert.files import atomic_path
-from hfbert.finetune.fit import FitResult
 from hfbert.finetune.models import COMPARISON_ROLE, MODEL_ROLE, describe
 from hfbert.finetune.settings import FinetuneDataArguments
 from hfbert.plotting import save_figure
@@ -26,11 +25,6 @@ def spread(values: list[float]) -> dict[str, Any]:
     """The mean and standard deviation (0 for one value) of per-seed `values`, and the values."""
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"mean": statistics.fmean(values), "std": std, "per_seed": values}
-
-
-def collapsed_seeds(per_seed: dict[int, FitResult]) -> dict[str, str]:
-    """{seed: why} for every seed whose fit collapsed (keys as strings, as JSON keeps them)."""
-    return {str(seed): fit.collapse for seed, fit in per_seed.items() if fit.collapse}
 
 
 def paired_gain(

@@ -30,13 +30,12 @@ from hfbert.finetune.models import (
 from hfbert.finetune.report import (
     add_to_model_card,
     check_model_card,
-    collapsed_seeds,
     paired_gain,
     plot_results,
     report_table,
     spread,
 )
-from hfbert.finetune.selection import FoldFit, choose_rate, selection_plan
+from hfbert.finetune.selection import choose_rate, selection_plan
 from hfbert.finetune.settings import (
     PROG,
     RANDOM_INIT,
@@ -84,66 +83,47 @@ def check_before_work(settings: FinetuneSettings) -> tuple[list[Candidate], Task
     return candidates, task
 
 
-def show_fit(
-    progress: tqdm | None, candidate: Candidate, where: str, fit: FitResult, metrics: Sequence[str], rows: str
-) -> None:
-    """One line for a finished fit, above the bar over every fit (alone with --quiet: the bar is off), and the
-    bar one fit on. Nothing without a bar (`progress` None)."""
-    if progress is None:
-        return
-    scores = ", ".join(f"{metric} {fit.metrics[metric]:.3f}" for metric in metrics)
-    line = f"{candidate.role} ({describe(candidate.folder, candidate.init)}), {where}: {scores} on {rows}"
-    if fit.collapse:
-        line += f"; COLLAPSED: {fit.collapse}"
-    progress.write(line)
-    sys.stdout.flush()  # each line as its fit ends, also into a log file
-    progress.update()
-
-
-def selection_fits(
+def run_fits(
     candidate: Candidate,
     task: TaskData,
-    training: FinetuneTrainingArguments,
-    data_seed: int,
+    settings: FinetuneSettings,
     progress: tqdm | None,
-) -> dict[FoldFit, FitResult]:
-    """`--learning_rate auto`'s fits: each rate of the candidate's grid on each fold of the training rows,
-    scored on the fold's held-out rows. The evaluation split is never looked at."""
+    rate: float | None = None,
+) -> dict[Any, FitResult]:
+    """Without `rate`, `--learning_rate auto`'s fits, keyed by `FoldFit`: each rate of the candidate's grid on
+    each fold of the training rows, scored on the fold's held-out rows (the evaluation split is never looked
+    at). With `rate`, the candidate fine-tuned at it on every training row once per seed, keyed by seed, and
+    scored on the evaluation split. Each finished fit is one line above the bar over every fit (alone with
+    --quiet: the bar is off) and moves the bar one fit on; nothing is shown without a bar (`progress`
+    None)."""
+    training, epochs = settings.training, candidate.num_train_epochs
     train = encode(task, task.train, candidate.tokenizer, training.max_seq_length)  # once; folds select rows
-    folds = stratified_folds(train, training.learning_rate_folds, data_seed, task.label_names)
+    if rate is None:
+        count, data_seed = training.learning_rate_folds, settings.data.data_seed
+        folds = stratified_folds(train, count, data_seed, task.label_names)
+        runs = {
+            at: (at.seed, at.rate, *folds[at.fold], f"fold {at.fold + 1}/{count} (seed {at.seed})")
+            for at in selection_plan(candidate.learning_rates, count, training.seeds)
+        }
+        metrics, rows = task.metrics[:1], "held-out training rows"
+    else:
+        evaluation = encode(task, task.evaluation, candidate.tokenizer, training.max_seq_length)
+        runs = {seed: (seed, rate, train, evaluation, f"seed {seed}") for seed in training.seeds}
+        metrics, rows = task.metrics, "evaluation rows"
     fits = {}
-    for where in selection_plan(candidate.learning_rates, len(folds), training.seeds):
-        held_in, held_out = folds[where.fold]
-        model = build_model(candidate, task.label_names, where.seed, training.reinit_query_key)
-        epochs = candidate.num_train_epochs
-        fits[where] = finetune_once(
-            model, candidate.tokenizer, held_in, held_out, training, where.seed, where.rate, epochs
-        )
-        fold = f"rate {where.rate:g}, fold {where.fold + 1}/{len(folds)} (seed {where.seed})"
-        rows = f"{len(held_out)} held-out training rows"
-        show_fit(progress, candidate, fold, fits[where], task.metrics[:1], rows)
-    return fits
-
-
-def seed_fits(
-    candidate: Candidate,
-    task: TaskData,
-    training: FinetuneTrainingArguments,
-    rate: float,
-    progress: tqdm | None,
-) -> dict[int, FitResult]:
-    """The candidate fine-tuned at `rate` on every training row once per seed, scored on the evaluation split."""
-    train = encode(task, task.train, candidate.tokenizer, training.max_seq_length)
-    evaluation = encode(task, task.evaluation, candidate.tokenizer, training.max_seq_length)
-    per_seed = {}
-    for seed in training.seeds:
+    for key, (seed, fit_rate, fit_on, scored_on, where) in runs.items():
         model = build_model(candidate, task.label_names, seed, training.reinit_query_key)
-        per_seed[seed] = finetune_once(
-            model, candidate.tokenizer, train, evaluation, training, seed, rate, candidate.num_train_epochs
-        )
-        where, rows = f"rate {rate:g}, seed {seed}", f"{len(evaluation)} evaluation rows"
-        show_fit(progress, candidate, where, per_seed[seed], task.metrics, rows)
-    return per_seed
+        fit = finetune_once(model, candidate.tokenizer, fit_on, scored_on, training, seed, fit_rate, epochs)
+        fits[key] = fit
+        if progress is None:
+            continue
+        scores = ", ".join(f"{metric} {fit.metrics[metric]:.3f}" for metric in metrics)
+        line = f"{candidate.role} ({describe(candidate.folder, candidate.init)}), rate {fit_rate:g}, {where}"
+        line += f": {scores} on {len(scored_on)} {rows}"
+        progress.write(line + (f"; COLLAPSED: {fit.collapse}" if fit.collapse else ""))
+        sys.stdout.flush()  # each line as its fit ends, also into a log file
+        progress.update()
+    return fits
 
 
 def fit_count(candidates: Sequence[Candidate], training: FinetuneTrainingArguments) -> int:
@@ -151,46 +131,14 @@ def fit_count(candidates: Sequence[Candidate], training: FinetuneTrainingArgumen
     return sum(len(training.seeds) + len(candidate.learning_rates) * folds for candidate in candidates)
 
 
-def run_comparison(settings: FinetuneSettings) -> dict[str, Any]:
-    """Check everything, then fine-tune the model (and the comparison) under every seed; returns the results,
-    keyed by role ("model", "comparison")."""
-    candidates, task = check_before_work(settings)
-    training = settings.training
-    hint = None if training.reinit_query_key else reinit_query_key_hint(settings.models.model_dir)
-    if hint:
-        print(hint, flush=True)
-    results: dict[str, Any] = {
-        "model_dir": str(settings.models.model_dir),
-        "compare": settings.models.compare,
-        "seeds": list(training.seeds),
-        "train_examples": len(task.train),
-        "evaluation_examples": len(task.evaluation),
-        "evaluation_split": task.evaluation_split,
-        "labels": task.label_names,
-        "settings": settings.as_flags(),
-        "models": {},
-    }
-    quiet, total = settings.output.quiet, fit_count(candidates, training)
-    with tqdm(total=total, desc="fine-tuning", unit="fit", disable=quiet, dynamic_ncols=True) as bar:
-        for candidate in candidates:
-            results["models"][candidate.role] = fit_candidate(candidate, task, settings, bar)
-    if len(candidates) > 1:
-        models = results["models"]
-        results["gain"] = paired_gain(
-            models[MODEL_ROLE]["summary"], models[COMPARISON_ROLE]["summary"], training.seeds
-        )
-    return results
-
-
 def fit_candidate(
     candidate: Candidate, task: TaskData, settings: FinetuneSettings, progress: tqdm
 ) -> dict[str, Any]:
     """One model's entry in the results: its rate (chosen, or as passed) and its fits under every seed."""
     training, data_seed = settings.training, settings.data.data_seed
-    selection = None
-    rate = training.learning_rate
+    selection, rate = None, training.learning_rate
     if training.chooses_rate:
-        fits = selection_fits(candidate, task, training, data_seed, progress)
+        fits = run_fits(candidate, task, settings, progress)
         choice = choose_rate(fits, task.metrics[0])
         rate = choice.chosen
         fold_rows = len(task.train) // training.learning_rate_folds
@@ -199,12 +147,9 @@ def fit_candidate(
             "chosen_on": f"{training.learning_rate_folds} stratified folds of the {len(task.train)} training rows "
             f"(about {fold_rows} held out each, --data_seed {data_seed}), one fit per rate and fold",
             "folds": training.learning_rate_folds,
-            "fold_fits": [
-                {"rate": where.rate, "fold": where.fold, "seed": where.seed, **result.as_json()}
-                for where, result in fits.items()
-            ],
+            "fold_fits": [{**dataclasses.asdict(where), **result.as_json()} for where, result in fits.items()],
         }
-    per_seed = seed_fits(candidate, task, training, rate, progress)
+    per_seed = run_fits(candidate, task, settings, progress, rate)
     return {
         "folder": str(candidate.folder),
         "init": candidate.init,
@@ -213,30 +158,51 @@ def fit_candidate(
         "learning_rate_selection": selection,
         # per metric: mean and standard deviation over the seeds, and each seed's value (in --seeds' order)
         "summary": {metric: spread([fit.metrics[metric] for fit in per_seed.values()]) for metric in task.metrics},
-        "collapsed": collapsed_seeds(per_seed),
+        # {seed: why} for every seed whose fit collapsed (keys as strings, as JSON keeps them)
+        "collapsed": {str(seed): fit.collapse for seed, fit in per_seed.items() if fit.collapse},
         "fits": {str(seed): fit.as_json() for seed, fit in per_seed.items()},
     }
 
 
-def write_results(settings: FinetuneSettings, results: dict[str, Any]) -> Path:
-    """finetune_results.json (atomically) and its plot in the output folder, and the model card if asked."""
-    output_dir = Path(settings.output.output_dir or settings.models.model_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(output_dir / RESULTS_NAME, results)
-    plot_results(results, output_dir / PLOT_NAME)
-    if settings.output.update_model_card:
-        add_to_model_card(Path(settings.models.model_dir), results, settings.data)
-    return output_dir
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """`python -m hfbert.finetune`: check, fine-tune, write the results (and the model card); returns them."""
+    """`python -m hfbert.finetune`: check everything, fine-tune the model (and the comparison) under every seed,
+    write the results (finetune_results.json, atomically, keyed by role: "model", "comparison") and their plot
+    in the output folder (and the model card if asked); returns the results."""
     from hfbert import finetune  # the package's docstring is --help's description
 
     settings = parse_args(argv, finetune.__doc__)
     with quiet_libraries():
-        results = run_comparison(settings)
-        output_dir = write_results(settings, results)
+        candidates, task = check_before_work(settings)
+        training = settings.training
+        hint = None if training.reinit_query_key else reinit_query_key_hint(settings.models.model_dir)
+        if hint:
+            print(hint, flush=True)
+        results: dict[str, Any] = {
+            "model_dir": str(settings.models.model_dir),
+            "compare": settings.models.compare,
+            "seeds": list(training.seeds),
+            "train_examples": len(task.train),
+            "evaluation_examples": len(task.evaluation),
+            "evaluation_split": task.evaluation_split,
+            "labels": task.label_names,
+            "settings": settings.as_flags(),
+            "models": {},
+        }
+        quiet, total = settings.output.quiet, fit_count(candidates, training)
+        with tqdm(total=total, desc="fine-tuning", unit="fit", disable=quiet, dynamic_ncols=True) as bar:
+            for candidate in candidates:
+                results["models"][candidate.role] = fit_candidate(candidate, task, settings, bar)
+        if len(candidates) > 1:
+            models = results["models"]
+            results["gain"] = paired_gain(
+                models[MODEL_ROLE]["summary"], models[COMPARISON_ROLE]["summary"], training.seeds
+            )
+        output_dir = Path(settings.output.output_dir or settings.models.model_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(output_dir / RESULTS_NAME, results)
+        plot_results(results, output_dir / PLOT_NAME)
+        if settings.output.update_model_card:
+            add_to_model_card(Path(settings.models.model_dir), results, settings.data)
     print("\n" + report_table(results))
     print(f"\nResults: {output_dir / RESULTS_NAME}, {output_dir / PLOT_NAME}")
     return results

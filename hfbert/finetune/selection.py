@@ -15,6 +15,12 @@ from dataclasses import dataclass
 
 from hfbert.finetune.fit import FitResult
 
+# RateChoice.note when every rate had a collapsed or underfitted fold
+EVERY_RATE_FAILED = (
+    "a fit collapsed or underfitted at every rate of the grid, so the rate with the fewest such folds and then "
+    "the best mean minus spread is used; pass more training rows or epochs, or another --learning_rate_grid"
+)
+
 
 @dataclass(frozen=True)
 class FoldFit:
@@ -70,12 +76,6 @@ def choose_rate(fits: dict[FoldFit, FitResult], metric: str) -> RateChoice:
     dropped = {rate: folds[0] for rate, folds in failed.items() if folds}
     # with every rate dropped, the rates with the fewest failed folds compete, and the report says so
     kept = [rate for rate, folds in failed.items() if len(folds) == min(map(len, failed.values()))]
-    note = None
-    if dropped.keys() == failed.keys():
-        note = (
-            "a fit collapsed or underfitted at every rate of the grid, so the rate with the fewest such folds and "
-            "then the best mean minus spread is used; pass more training rows or epochs, or another "
-            "--learning_rate_grid"
-        )
+    note = EVERY_RATE_FAILED if dropped.keys() == failed.keys() else None
     chosen = max(kept, key=lambda rate: (ranking[rate], -rate))
     return RateChoice(chosen, metric, fold_scores, ranking, dropped, note)

@@ -225,9 +225,8 @@ class FinetuneSettings:
 
     def as_flags(self) -> dict[str, Any]:
         """Every flag by name (model_dir left out): what finetune_results.json records as its settings."""
-        flags = {**asdict(self.models), **asdict(self.data), **asdict(self.training), **asdict(self.output)}
-        del flags["model_dir"]
-        return flags
+        groups = (self.models, self.data, self.training, self.output)
+        return {name: value for group in groups for name, value in asdict(group).items() if name != "model_dir"}
 
 
 def parse_args(argv: Sequence[str] | None = None, description: str | None = None) -> FinetuneSettings:
