@@ -190,8 +190,7 @@ def prepare_run_data(
         source=source,
     )
     if accelerator.is_main_process:
-        resume = settings.run.resume_from_checkpoint
-        if settings.run.overwrite_output_dir or starts_over_with_auto(output_dir, resume):
+        if settings.run.overwrite_output_dir or starts_over_with_auto(output_dir, settings.run.resume_from_checkpoint):
             remove_checkpoints(output_dir)
         publish_files(output_dir)  # finishes a final folder whose publication was interrupted
     accelerator.wait_for_everyone()
