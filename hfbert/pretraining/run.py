@@ -235,18 +235,6 @@ def run_summary(
     return summary
 
 
-def loop_callbacks(
-    settings: PretrainingSettings, accelerator: Accelerator, model: torch.nn.Module, budget: Budget
-) -> list[Callback]:
-    """What the loop does besides the step, for every run: the bar, the [CLS] penalty, the trackers."""
-    callbacks: list[Callback] = [ProgressBar(accelerator, budget)]
-    if settings.optimization.cls_attention_spread:
-        callbacks.append(ClsAttentionSpread(model, settings.optimization.cls_attention_spread))
-    if settings.run.with_tracking:
-        callbacks.append(Tracker(accelerator))
-    return callbacks
-
-
 def build_model(
     settings: PretrainingSettings, config: HfBertConfig, source: SourceModel | None, model_class: ModelClass
 ) -> tuple[torch.nn.Module, list[Callback]]:
@@ -291,16 +279,20 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
             load_checkpoint(accelerator, checkpoint)
             continue_on_this_split(accelerator, state.progress, checkpoint, optimization.seed)
             state.batches.resume(checkpoint, accelerator)
-        if settings.run.with_tracking:
-            accelerator.init_trackers("hfbert-pretraining", config=summary)
         peak_flops, peak_line = device_peak_flops(device, precision)  # the peak the logged MFU is against
         logger.info(peak_line)
         flops = ModelFlops(model.config, static_slots=slots, peak_flops_per_process=peak_flops)
+        # What the loop does besides the step: the start's, the bar, the [CLS] penalty, the trackers, the health.
+        callbacks = [*start_callbacks, ProgressBar(accelerator, budget)]
+        if optimization.cls_attention_spread:
+            callbacks.append(ClsAttentionSpread(model, optimization.cls_attention_spread))
+        if settings.run.with_tracking:
+            accelerator.init_trackers("hfbert-pretraining", config=summary)
+            callbacks.append(Tracker(accelerator))
         # the budget as training_args.json records it: a replay of log_history.json judges as this run did
         health = RunHealth(data.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
-        callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
         try:
-            metrics = fit(accelerator, state, budget, eval_loader, callbacks, settings, data, flops)
+            metrics = fit(accelerator, state, budget, eval_loader, Callbacks([*callbacks, health]), settings, data, flops)
         except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit
             release_ddp_wrapper(accelerator, state)
             stopped.process_group_ended = end_process_group(accelerator)
