@@ -83,8 +83,8 @@ def model_config(settings: PretrainingSettings, source: SourceModel | None) -> H
 def device_kind(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    return "cpu, AVX-512" if "avx512_bf16" in flags or "avx512f" in flags else "cpu, AVX2 only"
+    # the vector instructions torch's CPU kernels run with on this machine
+    return "cpu, AVX-512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "cpu, AVX2 only"
 
 
 def size_text(count: float) -> str:
