@@ -72,9 +72,8 @@ from hfbert.pretraining.data import (
 )
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
-from hfbert.pretraining.health import RunHealth
 from hfbert.pretraining.health.report import health_report
-from hfbert.pretraining.health.signatures import BudgetLimits
+from hfbert.pretraining.health.signatures import BudgetLimits, RunHealth
 from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
 from hfbert.pretraining.optimization import Budget, setup_training
 from hfbert.pretraining.plan import plan_lines, rehearse_data_stage
