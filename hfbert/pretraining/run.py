@@ -297,8 +297,7 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
             stopped.process_group_ended = end_process_group(accelerator)
             raise
         release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
-        run_health = health_report(data.health, health.events)
-        write = partial(write_final_folder, data, metrics, summary, run_health, settings)
+        write = partial(write_final_folder, data, metrics, summary, health_report(data.health, health.events), settings)
         with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
             return finish(accelerator, state, settings.run, write)
 
