@@ -67,7 +67,7 @@ from hfbert.pretraining.cli import parse_args as parse_run_flags
 from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, device_peak_flops, flops_per_token
 from hfbert.pretraining.loop import ProgressBar, fit, train_step
 from hfbert.pretraining.optimization import setup_training
-from hfbert.pretraining.run import prepare_run_data, start_fresh_model
+from hfbert.pretraining.run import build_model, prepare_run_data
 from hfbert.pretraining.run import start as start_run
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "no": torch.float32}
@@ -126,8 +126,7 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     optimization = settings.optimization
     accelerator, precision = start_run(settings)
     data = prepare_run_data(settings, accelerator, checkpoint=None)
-    model = HfBertForPreTraining(data.config)
-    start_callbacks = start_fresh_model(model, settings.model, optimization.seed)
+    model, start_callbacks = build_model(settings, data.config, None, HfBertForPreTraining)
     set_seed(optimization.seed, device_specific=True)
     device, eval_batch_size = accelerator.device, settings.run.per_device_eval_batch_size
     batches, eval_loader = build_loaders(

@@ -78,8 +78,7 @@ def device_peak_flops(device: torch.device, precision: str) -> tuple[float | Non
     if precision not in ("fp16", "bf16"):
         return None, "MFU not logged in fp32: the datasheet peaks are fp16/bf16 tensor-core ones"
     properties = torch.cuda.get_device_properties(device)
-    capability = (properties.major, properties.minor)
-    found = datasheet_peak(properties.name, capability, properties.multi_processor_count)
+    found = datasheet_peak(properties.name, (properties.major, properties.minor), properties.multi_processor_count)
     if found is None:
         return None, (
             f"MFU unknown for {properties.name} (compute capability {properties.major}.{properties.minor}, "

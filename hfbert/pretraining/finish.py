@@ -78,11 +78,10 @@ def write_final_folder(
             progress.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining",
             reference_lines=report_reference_lines(health),
         )
-        fill_mask = None
-        if analysis is not None:  # computed on the weights in memory, on CPU copies of the model
-            fill_mask = write_samples(
-                staging, analysis, sentences, other_sentence=data.other_sentence, model_name=model_name
-            )
+        # computed on the weights in memory, on CPU copies of the model
+        fill_mask = None if analysis is None else write_samples(
+            staging, analysis, sentences, other_sentence=data.other_sentence, model_name=model_name
+        )
         card = build_model_card(
             model_name=model_name,
             training_config=summary,
@@ -110,9 +109,8 @@ def finish(
     output_dir = Path(run.output_dir)
     state_dict = accelerator.get_state_dict(state.model)  # on every process: gathers FSDP shards
     write_main = None
-    if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(state.model)  # compiled in place: never a wrapper
-        write_main = partial(write, unwrapped, state_dict, state.progress)
+    if accelerator.is_main_process:  # compiled in place: the unwrapped model is never a wrapper
+        write_main = partial(write, accelerator.unwrap_model(state.model), state_dict, state.progress)
     final = write_on_every_process(accelerator, write_main, output_dir, output_dir) or FinalFolder(output_dir)
     if accelerator.is_main_process and run.push_to_hub:  # after the agreement: not a write of the folder
         logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")

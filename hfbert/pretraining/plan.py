@@ -33,6 +33,7 @@ from hfbert.pretraining.data import (
 )
 from hfbert.pretraining.evaluation import flops_per_token
 from hfbert.pretraining.instances import MIN_NSP_DOCUMENTS, check_documents_for_nsp, check_validation_for_mlm
+from hfbert.pretraining.optimization import plan_budget
 from hfbert.pretraining.settings import DataSettings, PretrainingSettings, read_config_file
 from hfbert.pretraining.source_model import SourceModel, source_run_config
 from hfbert.tokenization import train_tokenizer
@@ -52,17 +53,22 @@ MEASURED_UPDATES_PER_SECOND = {
 ADAM_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
 
 
-def corpus_size(settings: PretrainingSettings) -> tuple[int | None, int | None]:
-    """The training corpus's bytes (None: a Hub corpus, unknown before download), and its files when
-    --train_file names a folder or a glob (else None)."""
+def corpus_estimate(settings: PretrainingSettings) -> tuple[int | None, str]:
+    """The training corpus's tokens, estimated from its bytes (None: a Hub corpus, unknown before download), and
+    the plan's line of it (with its files when --train_file names a folder or a glob)."""
     corpus = settings.corpus
     if corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
-        return None, None
+        return None, "a Hub dataset: its size is unknown until it is downloaded"
     if corpus.dataset_name is not None:  # a local folder laid out like a Hub dataset: every file counts
-        return sum(p.stat().st_size for p in Path(corpus.dataset_name).rglob("*") if p.is_file()), None
-    files = local_files(corpus)["train"]
+        files = [path for path in Path(corpus.dataset_name).rglob("*") if path.is_file()]
+    else:
+        files = local_files(corpus)["train"]
     size = sum(path.stat().st_size for path in files)
-    return size, len(files) if corpus.train_file and is_file_collection(corpus.train_file) else None
+    tokens = round(size * TOKENS_PER_BYTE)
+    text = f"{size_text(size)}, ~{tokens:,} tokens"
+    if corpus.train_file and is_file_collection(corpus.train_file):  # a folder or a glob: its files counted
+        text = f"{len(files):,} files, {text}"
+    return tokens, text
 
 
 def model_config(settings: PretrainingSettings, source: SourceModel | None) -> HfBertConfig:
@@ -77,8 +83,8 @@ def model_config(settings: PretrainingSettings, source: SourceModel | None) -> H
 def device_kind(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    return "cpu, AVX-512" if "avx512_bf16" in flags or "avx512f" in flags else "cpu, AVX2 only"
+    # the vector instructions torch's CPU kernels run with on this machine
+    return "cpu, AVX-512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "cpu, AVX2 only"
 
 
 def size_text(count: float) -> str:
@@ -94,13 +100,7 @@ def plan_lines(
         parameters = sum(p.numel() for p in HfBertForPreTraining(config).parameters())
     batch, processes = optimization.per_device_train_batch_size, accelerator.num_processes
     global_batch = batch * processes * optimization.gradient_accumulation_steps
-    corpus_bytes, files = corpus_size(settings)
-    corpus_tokens = None if corpus_bytes is None else round(corpus_bytes * TOKENS_PER_BYTE)
-    corpus = "a Hub dataset: its size is unknown until it is downloaded"
-    if corpus_bytes is not None:
-        corpus = f"{size_text(corpus_bytes)}, ~{corpus_tokens:,} tokens"
-        if files is not None:
-            corpus = f"{files:,} files, {corpus}"
+    corpus_tokens, corpus = corpus_estimate(settings)
     peak = ADAM_BYTES_PER_PARAMETER * parameters + activation_bytes(config, batch, settings.data.max_seq_length)
     lines = [
         f"model: {config.num_hidden_layers} layers x {config.hidden_size}, vocabulary {config.vocab_size}: "
@@ -134,14 +134,15 @@ def budget_lines(
     key = (device_kind(accelerator.device), settings.model.model_size, optimization.per_device_train_batch_size,
            data.max_seq_length)  # fmt: skip
     speed = MEASURED_UPDATES_PER_SECOND.get(key) if accelerator.num_processes == 1 else None
-    updates = optimization.max_train_steps
-    if updates is None and optimization.max_train_seconds is not None:
-        updates = None if speed is None else int(optimization.max_train_seconds * speed[0])
-    elif updates is None and corpus_tokens is not None:
-        instances = data.dupe_factor * corpus_tokens / instance_tokens
-        updates = optimization.num_train_epochs * math.ceil(instances / global_batch)
+    seconds = optimization.max_train_seconds
+    if corpus_tokens is None and optimization.max_train_steps is None and seconds is None:
+        return ["updates: those of the epochs, unknown until the Hub dataset is downloaded"]
+    instances = None if corpus_tokens is None else data.dupe_factor * corpus_tokens / instance_tokens
+    batches = None if instances is None else math.ceil(instances / optimization.per_device_train_batch_size)
+    updates = plan_budget(optimization, batches, accelerator.num_processes).planned_train_steps  # the run's count
+    if updates is None and speed is not None:
+        updates = int(seconds * speed[0])
     if updates is None:
-        seconds = optimization.max_train_seconds
         return [f"updates: as many as fit in {seconds:g} s (the step is not measured on this device)"]
     tokens_seen = updates * global_batch * instance_tokens
     lines = [f"updates: {updates:,}; ~{tokens_seen:,.0f} tokens seen"]

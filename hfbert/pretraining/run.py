@@ -72,16 +72,14 @@ from hfbert.pretraining.data import (
 )
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
-from hfbert.pretraining.health import RunHealth
 from hfbert.pretraining.health.report import health_report
-from hfbert.pretraining.health.signatures import BudgetLimits
+from hfbert.pretraining.health.signatures import BudgetLimits, RunHealth
 from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
-from hfbert.pretraining.optimization import Budget, TrainingState, setup_training
+from hfbert.pretraining.optimization import Budget, setup_training
 from hfbert.pretraining.plan import plan_lines, rehearse_data_stage
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import (
-    ModelSettings,
     PretrainingSettings,
     check_config_file,
     check_resume_settings,
@@ -96,7 +94,7 @@ logger = logging.getLogger(__name__)
 ModelClass = Callable[[HfBertConfig], torch.nn.Module]
 
 
-def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator) -> tuple[str | None, int]:
+def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator) -> tuple[Path | None, int]:
     """The checkpoint to resume (None: 'auto' found none, a fresh start), verified against its manifest, its
     place in the data checked to continue on this launch and the flags compared; and the gradient accumulation
     that continues its global batch on this number of processes. A cached run's place is global: on another
@@ -116,7 +114,7 @@ def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator) 
     if settings.corpus.streaming:
         workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
         check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu)
-    return str(checkpoint), settings.optimization.gradient_accumulation_steps
+    return checkpoint, settings.optimization.gradient_accumulation_steps
 
 
 def check_before_work(
@@ -150,9 +148,8 @@ def check_before_work(
     checkpoint = None
     if run.resume_from_checkpoint is not None:
         # Every process resumes the folder the main process verified, with the accumulation it chose.
-        resumed, accumulation = checked_on_main_process(accelerator, partial(verify_data_resume, settings, accelerator))
+        checkpoint, accumulation = checked_on_main_process(accelerator, partial(verify_data_resume, settings, accelerator))
         set_accumulation(accelerator, settings.optimization, accumulation)
-        checkpoint = None if resumed is None else Path(resumed)
     source = check_source_model(settings.model, settings.data)
     if settings.corpus.streaming:
         check_stream_tokenizer(settings.data, None if checkpoint is None else checkpoint / TOKENIZER_FOLDER, source)
@@ -180,20 +177,19 @@ def prepare_run_data(
     """The data stage, then the run folder made ready (checkpoints of a replaced run removed, an interrupted
     final folder published). Seeds the run first, so the model built next starts from the same weights."""
     set_seed(settings.optimization.seed)
+    output_dir = Path(settings.run.output_dir)
     data = prepare(
         settings.corpus,
         settings.data,
         settings.model,
         settings.optimization.seed,
-        Path(settings.run.output_dir),
+        output_dir,
         accelerator,
         checkpoint_tokenizer=None if checkpoint is None else checkpoint / TOKENIZER_FOLDER,
         source=source,
     )
-    output_dir = Path(settings.run.output_dir)
     if accelerator.is_main_process:
-        resume = settings.run.resume_from_checkpoint
-        if settings.run.overwrite_output_dir or starts_over_with_auto(output_dir, resume):
+        if settings.run.overwrite_output_dir or starts_over_with_auto(output_dir, settings.run.resume_from_checkpoint):
             remove_checkpoints(output_dir)
         publish_files(output_dir)  # finishes a final folder whose publication was interrupted
     accelerator.wait_for_everyone()
@@ -209,9 +205,9 @@ def run_summary(
     budget: Budget,
     num_processes: int,
 ) -> dict[str, Any]:
-    """Facts of the run for training_args.json, the tracker and the model card."""
-    corpus = settings.corpus
-    return {
+    """Facts of the run for training_args.json, the tracker and the model card; the plan they make is logged."""
+    corpus, optimization = settings.corpus, settings.optimization
+    summary = {
         **settings.to_dict(),
         "model_class": type(model).__name__,
         "num_parameters": sum(p.numel() for p in model.parameters()),
@@ -224,74 +220,36 @@ def run_summary(
         "eval_instances": len(data.evaluation),
         "corpus": corpus.dataset_name or corpus.train_file or "shipped WikiText-2 sample",
     }
-
-
-def log_plan(data: PretrainingData, settings: PretrainingSettings, budget: Budget, summary: dict[str, Any]) -> None:
-    optimization = settings.optimization
-    train_count = summary["train_instances"]
     training = (
-        f"{train_count} training instances"
-        if train_count is not None
+        f"{summary['train_instances']} training instances"
+        if summary["train_instances"] is not None
         else f"a stream of training instances (windows of {settings.data.stream_window_documents} documents)"
     )
     logger.info(
         f"{training}, {summary['eval_instances']} evaluation instances; "
         f"{budget.describe()}, each of {optimization.per_device_train_batch_size} x "
-        f"{summary['num_processes']} x {optimization.gradient_accumulation_steps} instances; "
+        f"{num_processes} x {optimization.gradient_accumulation_steps} instances; "
         f"{summary['num_parameters'] / 1e6:.1f}M parameters."
     )
-
-
-def loop_callbacks(
-    settings: PretrainingSettings, accelerator: Accelerator, model: torch.nn.Module, budget: Budget
-) -> list[Callback]:
-    """What the loop does besides the step, for every run: the bar, the [CLS] penalty, the trackers."""
-    callbacks: list[Callback] = [ProgressBar(accelerator, budget)]
-    if settings.optimization.cls_attention_spread:
-        callbacks.append(ClsAttentionSpread(model, settings.optimization.cls_attention_spread))
-    if settings.run.with_tracking:
-        callbacks.append(Tracker(accelerator))
-    return callbacks
-
-
-def start_fresh_model(model: torch.nn.Module, settings: ModelSettings, seed: int) -> list[Callback]:
-    """Initialise a freshly built `model` (HfBertForPreTraining, or another BERT through the same pipeline,
-    see benchmarks/time_to_quality.py) as --attention_init says; returns the callbacks its start needs (the
-    structured start's fade, under --structured_attention_fade). A resumed run then loads its checkpoint over
-    these weights, and the fade goes on from the checkpoint's progress."""
-    if settings.attention_init != "structured":
-        return []  # bert: the model's own initialisation, as built
-    fade = settings.structured_attention_fade or 0.0
-    components = init_structured_attention(model, seed=seed, keep_random_rows=fade > 0)
-    return [StructuredFade(model, components, fade)] if fade > 0 else []
+    return summary
 
 
 def build_model(
     settings: PretrainingSettings, config: HfBertConfig, source: SourceModel | None, model_class: ModelClass
 ) -> tuple[torch.nn.Module, list[Callback]]:
     """The model to train, chosen once, here: `source`'s weights (--model_name_or_path, nothing initialised),
-    or `model_class(config)` started as --attention_init says; and the callbacks of its start (the fade)."""
+    or `model_class(config)` (HfBertForPreTraining, or another BERT through the same pipeline, see
+    benchmarks/time_to_quality.py) started as --attention_init says; and the callbacks of its start (the
+    structured start's fade, under --structured_attention_fade). A resumed run then loads its checkpoint over
+    these weights, and the fade goes on from the checkpoint's progress."""
     if source is not None:
         return load_source_model(source, config), []
     model = model_class(config)
-    return model, start_fresh_model(model, settings.model, settings.optimization.seed)
-
-
-def model_flops(
-    model: torch.nn.Module, static_slots: int | None, accelerator: Accelerator, precision: str
-) -> ModelFlops:
-    """What the logged model FLOP/s and MFU are computed from (the peak that MFU is against is logged)."""
-    peak_flops, peak_line = device_peak_flops(accelerator.device, precision)
-    logger.info(peak_line)
-    return ModelFlops(model.config, static_slots, peak_flops)
-
-
-def resume_from(accelerator: Accelerator, state: TrainingState, checkpoint: Path, seed: int) -> None:
-    """Load `checkpoint` into the prepared state and go on from its place in the data, on this run's split."""
-    logger.info(f"Resuming from {checkpoint}")
-    load_checkpoint(accelerator, checkpoint)
-    continue_on_this_split(accelerator, state.progress, checkpoint, seed)
-    state.batches.resume(checkpoint, accelerator)
+    if settings.model.attention_init != "structured":
+        return model, []  # bert: the model's own initialisation, as built
+    fade = settings.model.structured_attention_fade or 0.0
+    components = init_structured_attention(model, seed=settings.optimization.seed, keep_random_rows=fade > 0)
+    return model, [StructuredFade(model, components, fade)] if fade > 0 else []
 
 
 def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForPreTraining) -> FinalFolder:
@@ -315,24 +273,31 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         slots = resolve_max_predictions(settings.data, optimization, device)
         state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
         summary = run_summary(settings, model, data, precision, slots, budget, accelerator.num_processes)
-        log_plan(data, settings, budget, summary)
-        if checkpoint is not None:
-            resume_from(accelerator, state, checkpoint, optimization.seed)
+        if checkpoint is not None:  # go on from its place in the data, on this run's split
+            logger.info(f"Resuming from {checkpoint}")
+            load_checkpoint(accelerator, checkpoint)
+            continue_on_this_split(accelerator, state.progress, checkpoint, optimization.seed)
+            state.batches.resume(checkpoint, accelerator)
+        peak_flops, peak_line = device_peak_flops(device, precision)  # the peak the logged MFU is against
+        logger.info(peak_line)
+        flops = ModelFlops(model.config, static_slots=slots, peak_flops_per_process=peak_flops)
+        # What the loop does besides the step: the start's, the bar, the [CLS] penalty, the trackers, the health.
+        callbacks = [*start_callbacks, ProgressBar(accelerator, budget)]
+        if optimization.cls_attention_spread:
+            callbacks.append(ClsAttentionSpread(model, optimization.cls_attention_spread))
         if settings.run.with_tracking:
             accelerator.init_trackers("hfbert-pretraining", config=summary)
-        flops = model_flops(model, slots, accelerator, precision)
+            callbacks.append(Tracker(accelerator))
         # the budget as training_args.json records it: a replay of log_history.json judges as this run did
         health = RunHealth(data.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
-        callbacks = Callbacks([*start_callbacks, *loop_callbacks(settings, accelerator, model, budget), health])
         try:
-            metrics = fit(accelerator, state, budget, eval_loader, callbacks, settings, data, flops)
+            metrics = fit(accelerator, state, budget, eval_loader, Callbacks([*callbacks, health]), settings, data, flops)
         except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit
             release_ddp_wrapper(accelerator, state)
             stopped.process_group_ended = end_process_group(accelerator)
             raise
         release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
-        run_health = health_report(data.health, health.events)
-        write = partial(write_final_folder, data, metrics, summary, run_health, settings)
+        write = partial(write_final_folder, data, metrics, summary, health_report(data.health, health.events), settings)
         with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
             return finish(accelerator, state, settings.run, write)
 

@@ -9,8 +9,3 @@
 
 What each warning means and what to change: docs/run_health.md.
 """
-
-from hfbert.pretraining.health.corpus import Baselines, CorpusHealth, CorpusStatistics, HealthEvent
-from hfbert.pretraining.health.signatures import RunHealth, detect_events
-
-__all__ = ["Baselines", "CorpusHealth", "CorpusStatistics", "HealthEvent", "RunHealth", "detect_events"]

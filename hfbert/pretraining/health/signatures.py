@@ -138,15 +138,13 @@ def _spike(name: str, value: float, earlier: deque[float], factor: float) -> str
 
 def training_row_events(row: dict[str, Any], state: SignatureState) -> list[HealthEvent]:
     """Loss spikes and gradient-norm jumps; then the row joins the running windows."""
-    found = []
     loss, grad_norm = row.get("loss"), row.get("grad_norm")
     spike = _spike("training loss", loss, state.losses, LOSS_SPIKE_FACTOR) if _finite(loss) else None
     if spike is None and _finite(grad_norm):
         spike = _spike("the largest gradient norm", grad_norm, state.grad_norms, GRAD_NORM_JUMP_FACTOR)
-    if spike is not None:
-        found.append(HealthEvent("loss_spike", int(row["step"]), (
-            f"update {row['step']}: {spike}: the learning rate is too high for this model and batch; lower "
-            "--learning_rate, lengthen --num_warmup_steps, keep --max_grad_norm at 1.0")))
+    found = [] if spike is None else [HealthEvent("loss_spike", int(row["step"]), (
+        f"update {row['step']}: {spike}: the learning rate is too high for this model and batch; lower "
+        "--learning_rate, lengthen --num_warmup_steps, keep --max_grad_norm at 1.0"))]
     if _finite(loss):
         state.losses.append(float(loss))
         state.window_losses.append(float(loss))
@@ -342,39 +340,38 @@ class RunHealth(Callback):
     def events(self) -> list[HealthEvent]:
         return [*self.corpus_events, *self.state.events]
 
+    def say(self, line: str, level: int = logging.INFO) -> None:
+        if self.main_process:
+            logger.log(level, line)
+
     def announce(self, event: HealthEvent) -> None:
-        if not self.main_process:
-            return
         if event.resolved_at is not None:
-            logger.info(f"Run health, {event.kind} (update {event.update}): outgrown at update "
-                        f"{event.resolved_at}: {OUTGROWN_WHEN[event.kind]}")
+            self.say(f"Run health, {event.kind} (update {event.update}): outgrown at update {event.resolved_at}: "
+                     f"{OUTGROWN_WHEN[event.kind]}")
         else:
             level = logging.INFO if event.kind in NOTE_KINDS else logging.WARNING
-            logger.log(level, f"Run health, {event.kind}: {event.message}")
+            self.say(f"Run health, {event.kind}: {event.message}", level)
 
     def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
         self.state, replayed = detect_events(progress.log_history, self.baselines, self.budget)
-        if not self.main_process:
-            return
         if progress.completed_steps == 0 and self.corpus is not None:
-            logger.info(f"Run health: {describe_statistics(self.corpus)}")
+            self.say(f"Run health: {describe_statistics(self.corpus)}")
             for event in self.corpus_events:
                 self.announce(event)
         elif replayed:
-            logger.info(f"Run health: resumed with the earlier events: {summary_line(replayed)}")
+            self.say(f"Run health: resumed with the earlier events: {summary_line(replayed)}")
 
     def on_log(self, row: dict[str, Any], share: float) -> None:
         for event in observe_row(row, self.state, self.baselines, self.budget):
             self.announce(event)
 
     def on_evaluate(self, row: dict[str, Any], share: float) -> None:
-        if self.state.evaluations == 0 and self.baselines is not None and self.main_process:
-            logger.info(f"Run health at the first evaluation: {self.baselines.describe()}")
+        if self.state.evaluations == 0 and self.baselines is not None:
+            self.say(f"Run health at the first evaluation: {self.baselines.describe()}")
         self.on_log(row, share)
 
     def on_fit_end(self, progress: TrainingProgress) -> None:
-        if self.main_process:
-            logger.info(f"Run health: {summary_line(self.events)}")
+        self.say(f"Run health: {summary_line(self.events)}")
 
 
 def describe_statistics(corpus: CorpusHealth) -> str:
