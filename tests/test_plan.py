@@ -6,6 +6,7 @@ import shutil
 from functools import partial
 
 import pytest
+from accelerate import Accelerator
 from conftest import DAMAGES, damage
 from datasets import Dataset
 from test_pretraining_settings import REFUSED_FLAGS
@@ -22,9 +23,9 @@ from test_training import (
 from hfbert import HfBertConfig
 from hfbert.checkpointing import run_folder_lock
 from hfbert.errors import Refusal
-from hfbert.pretraining.cli import main
+from hfbert.pretraining.cli import main, parse_args
 from hfbert.pretraining.evaluation import flops_per_token
-from hfbert.pretraining.plan import INSTANCE_FILL, TOKENS_PER_BYTE
+from hfbert.pretraining.plan import INSTANCE_FILL, TOKENS_PER_BYTE, budget_lines
 
 
 def plan_of(argv, capsys) -> str:
@@ -296,3 +297,11 @@ def test_the_dry_run_refuses_nodes_that_disagree_with_the_line_of_the_run(tmp_pa
     assert sorted(str(path) for path in tmp_path.rglob("*") if not path.name.startswith("node")) == before
     assert len(dry) == 2 and dry == refusal_lines()
     assert "--learning_rate 0.0003 (rank 0: 0.001)" in dry[0]
+
+
+def test_an_epoch_budget_on_a_hub_corpus_not_yet_downloaded_has_unknown_updates(tmp_path):
+    # The corpus's size is unknown before the download (corpus_tokens None): the plan says so, not a crash.
+    settings = parse_args(["--output_dir", str(tmp_path / "run"), "--model_size", "tiny", "--num_train_epochs", "2"])
+    config = HfBertConfig.from_preset("tiny")
+    lines = budget_lines(settings, Accelerator(cpu=True), config, 32, None)
+    assert lines == ["updates: those of the epochs, unknown until the Hub dataset is downloaded"]
