@@ -371,10 +371,12 @@ class PretrainingSettings:
         """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
         for group in (self.corpus, self.data, self.model, self.optimization, self.run):
             _check_finite(group)
-        _check_data(self.data)
-        _check_model(self.model, self.data)
-        _check_optimization(self.optimization)
-        _check_run(self.run)
+        flat = self.to_dict()
+        for names, in_range, rule in FLAG_RANGES:
+            for name in names:
+                if flat[name] is not None and not in_range(flat[name]):
+                    raise Refusal(f"--{name} {flat[name]} {rule}")
+        _check_combinations(self)
         check_output_apart_from_source(self.model, self.run)
         if self.corpus.streaming:
             check_streaming(self)
@@ -411,29 +413,32 @@ def _check_finite(group: Any) -> None:
             raise Refusal(f"--{name} {value} must be a finite number{example}")
 
 
-def _check_positive(group: Any, names: tuple[str, ...], optional: bool) -> None:
-    """Refuse a flag of `group` given <= 0; `optional`: the flag may be left unset (None)."""
-    for name in names:
-        value = getattr(group, name)
-        if value is not None and value <= 0:
-            raise Refusal(f"--{name} {value} must be > 0{' (or leave it unset)' if optional else ''}")
+# Each flag's range, checked in this order (a flag left unset, None, is not): the flags, whether a value is in
+# it, and what the refusal says after "--flag value".
+FLAG_RANGES = (
+    (("max_seq_length", "dupe_factor", "per_device_train_batch_size", "gradient_accumulation_steps",
+      "num_train_epochs", "learning_rate", "adam_epsilon", "per_device_eval_batch_size", "logging_steps",
+      "ddp_timeout"), lambda value: value > 0, "must be > 0"),
+    (("vocab_size", "max_eval_samples", "max_predictions_per_seq", "preprocessing_num_workers", "max_train_steps",
+      "max_train_seconds", "eval_steps", "checkpoints_total_limit"), lambda value: value > 0,
+     "must be > 0 (or leave it unset)"),
+    (("dataloader_num_workers",), lambda value: value >= 0, "must be >= 0 (or leave it unset)"),
+    (("max_seq_length",), lambda value: value >= 8, "must be >= 8 ([CLS] A [SEP] B [SEP])"),
+    (("mlm_probability", "eval_mlm_probability"), lambda value: 0 < value < 1, "must be in (0, 1), e.g. 0.15"),
+    (("short_seq_prob",), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+    (("validation_split_percentage",), lambda value: 0 < value < 100, "must be in (0, 100)"),
+    (("dropout",), lambda value: 0 <= value < 1, "must be in [0, 1)"),
+    (("structured_attention_fade",), lambda value: 0 <= value <= 1,
+     "must be a fraction of the budget in [0, 1], e.g. 1"),
+    (("adam_beta1", "adam_beta2"), lambda value: 0 <= value < 1, "must be in [0, 1), e.g. 0.9 or 0.999"),
+    (("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight", "cls_attention_spread"),
+     lambda value: value >= 0, "must be >= 0"),
+)  # fmt: skip
 
 
-def _check_data(data: DataSettings) -> None:
-    _check_positive(data, ("max_seq_length", "dupe_factor"), optional=False)
-    optional = ("vocab_size", "max_eval_samples", "max_predictions_per_seq", "preprocessing_num_workers")
-    _check_positive(data, optional, optional=True)
-    if data.dataloader_num_workers is not None and data.dataloader_num_workers < 0:
-        raise Refusal(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
-    if data.max_seq_length < 8:
-        raise Refusal(f"--max_seq_length {data.max_seq_length} must be >= 8 ([CLS] A [SEP] B [SEP])")
-    for name in ("mlm_probability", "eval_mlm_probability"):
-        if not 0.0 < getattr(data, name) < 1.0:
-            raise Refusal(f"--{name} {getattr(data, name)} must be in (0, 1), e.g. 0.15")
-    if not 0.0 <= data.short_seq_prob <= 1.0:
-        raise Refusal(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
-    if not 0 < data.validation_split_percentage < 100:
-        raise Refusal(f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)")
+def _check_combinations(settings: PretrainingSettings) -> None:
+    """Refuse flags that are each in range but contradict one another (or the --model_size preset)."""
+    data, model, optimization, run = settings.data, settings.model, settings.optimization, settings.run
     # --objective mlm builds its segments without randomness, so more passes would only repeat them.
     if data.objective == "mlm" and data.dupe_factor != 1:
         raise Refusal(
@@ -441,14 +446,7 @@ def _check_data(data: DataSettings) -> None:
             "cut without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
             "--num_train_epochs or --max_train_steps instead"
         )
-
-
-def _check_model(model: ModelSettings, data: DataSettings) -> None:
-    if model.dropout is not None and not 0.0 <= model.dropout < 1.0:
-        raise Refusal(f"--dropout {model.dropout} must be in [0, 1)")
     fade = model.structured_attention_fade
-    if fade is not None and not 0.0 <= fade <= 1.0:
-        raise Refusal(f"--structured_attention_fade {fade} must be a fraction of the budget in [0, 1], e.g. 1")
     if fade and model.attention_init != "structured":
         raise Refusal(
             f"--structured_attention_fade {fade} fades the structured start, and --attention_init "
@@ -458,28 +456,11 @@ def _check_model(model: ModelSettings, data: DataSettings) -> None:
     if model.config_name is None and model.model_name_or_path is None:
         preset = HfBertConfig.from_preset(model.model_size)
         check_max_seq_length(data.max_seq_length, preset, f"--model_size {model.model_size}")
-
-
-def _check_optimization(optimization: OptimizationSettings) -> None:
-    sizes = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs")
-    _check_positive(optimization, (*sizes, "learning_rate", "adam_epsilon"), optional=False)
-    _check_positive(optimization, ("max_train_steps", "max_train_seconds"), optional=True)
-    for name in ("adam_beta1", "adam_beta2"):
-        if not 0.0 <= getattr(optimization, name) < 1.0:
-            raise Refusal(f"--{name} {getattr(optimization, name)} must be in [0, 1), e.g. 0.9 or 0.999")
-    for name in ("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight", "cls_attention_spread"):
-        if getattr(optimization, name) < 0:
-            raise Refusal(f"--{name} {getattr(optimization, name)} must be >= 0")
     if optimization.cls_attention_spread and optimization.torch_compile is True:
         raise Refusal(
             f"--cls_attention_spread {optimization.cls_attention_spread} reads the attention through forward "
             "hooks, which a compiled model is not tested with; drop --torch_compile or --cls_attention_spread"
         )
-
-
-def _check_run(run: RunSettings) -> None:
-    _check_positive(run, ("per_device_eval_batch_size", "logging_steps"), optional=False)
-    _check_positive(run, ("eval_steps", "checkpoints_total_limit"), optional=True)
     steps = run.checkpointing_steps
     if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
         raise Refusal(f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'")
@@ -490,7 +471,6 @@ def _check_run(run: RunSettings) -> None:
         )
     if run.push_to_hub and not run.hub_model_id:
         raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
-    _check_positive(run, ("ddp_timeout",), optional=False)
 
 
 def _path_relation(output_dir: Path, source: Path) -> str | None:
