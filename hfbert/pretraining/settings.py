@@ -341,27 +341,24 @@ class PretrainingSettings:
         """Flags that shape only a fresh model, or only a stream: where they do not apply, one given is refused
         (rather than ignored, then recorded as the run's setting) and the run records None; a run from weights
         takes its size from the source unless --model_size is given (then checked against it)."""
-        if self.model.model_name_or_path is not None:
-            for group, name in ((self.data, "vocab_size"), (self.model, "attention_init"),
-                                (self.model, "structured_attention_fade")):  # fmt: skip
-                if self.was_given(group, name):
-                    raise Refusal(
-                        f"--{name} {getattr(group, name)} only shapes a fresh model, and --model_name_or_path "
-                        f"{self.model.model_name_or_path} starts from weights: {FRESH_MODEL_FLAGS[name]}; drop --{name}"
-                    )
-                setattr(group, name, None)
-            if not self.was_given(self.model, "model_size"):
-                self.model.model_size = None
+        source = self.model.model_name_or_path
+        # What a refusal says between "--flag value" and "drop --flag", for each flag that does not apply here.
+        not_applying = {
+            name: f"only shapes a fresh model, and --model_name_or_path {source} starts from weights: {why};"
+            for name, why in FRESH_MODEL_FLAGS.items()
+            if source is not None
+        }
+        if not self.corpus.streaming:
+            not_applying |= dict.fromkeys(STREAM_FLAGS, "applies to --streaming runs only; add --streaming or")
+        for name, reason in not_applying.items():
+            group = self.data if hasattr(self.data, name) else self.model
+            if self.was_given(group, name):
+                raise Refusal(f"--{name} {getattr(group, name)} {reason} drop --{name}")
+            setattr(group, name, None)
+        if source is not None and not self.was_given(self.model, "model_size"):
+            self.model.model_size = None
         elif self.model.attention_init == "bert" and not self.model.structured_attention_fade:
             self.model.structured_attention_fade = None  # no structured start to fade (a positive one is refused)
-        if not self.corpus.streaming:
-            for name in STREAM_FLAGS:
-                if self.was_given(self.data, name):
-                    raise Refusal(
-                        f"--{name} {getattr(self.data, name)} applies to --streaming runs only; add --streaming or "
-                        f"drop --{name}"
-                    )
-                setattr(self.data, name, None)
 
     def was_given(self, group: Any, name: str) -> bool:
         """Whether a flag was given: named (`given`), or, in settings built in code, other than its default."""
