@@ -11,7 +11,7 @@ from hfbert.errors import Refusal, stops_in_one_line
 from hfbert.flags import RefusingHfArgumentParser
 from hfbert.pretraining.cluster import exit_now, stop_with_the_launcher
 from hfbert.pretraining.loop import Preempted
-from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
+from hfbert.pretraining.recipes import apply_recipe, list_recipes, naming_the_recipe
 from hfbert.pretraining.run import dry_run, pretrain
 from hfbert.pretraining.settings import (
     DataSettings,
@@ -30,7 +30,8 @@ def build_parser() -> RefusingHfArgumentParser:
     )
     parser.add_argument(
         "--list_recipes",
-        action=ListRecipesAction,
+        action="version",  # argparse's print-and-exit action: the list is printed as --help is, before any check
+        version=list_recipes(),
         help="Print the shipped recipes (for --recipe), one a line: its name, then what it is; and exit.",
     )
     return parser

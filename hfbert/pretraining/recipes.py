@@ -14,7 +14,6 @@ about a flag the recipe set names the recipe file and the key.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
@@ -54,17 +53,6 @@ def list_recipes() -> str:
     recipes = shipped_recipes()
     width = max(len(name) for name in recipes)
     return "\n".join(f"{name:<{width}}  {recipe_summary(path)}" for name, path in recipes.items())
-
-
-class ListRecipesAction(argparse.Action):
-    """--list_recipes: print the shipped recipes and exit, as --help does (before any other flag is checked)."""
-
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, default: Any = argparse.SUPPRESS, help: str | None = None):
-        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None) -> None:
-        print(list_recipes())
-        parser.exit()
 
 
 def find_recipe(name_or_path: str) -> Path:
