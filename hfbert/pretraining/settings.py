@@ -470,32 +470,25 @@ def _check_combinations(settings: PretrainingSettings) -> None:
         raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
 
 
-def _path_relation(output_dir: Path, source: Path) -> str | None:
-    """How the run folder overlaps the source folder ('is', 'contains', 'is inside'), or None."""
-    output_resolved, source_resolved = output_dir.resolve(), source.resolve()
-    if output_resolved == source_resolved or (output_dir.exists() and os.path.samefile(output_dir, source)):
-        return "is"
-    if output_resolved in source_resolved.parents:
-        return "contains"
-    if source_resolved in output_resolved.parents:
-        return "is inside"
-    return None
-
-
 def check_output_apart_from_source(model: ModelSettings, run: RunSettings) -> None:
     """A run never writes into its own source: --overwrite_output_dir would delete the source's checkpoints,
     the final save would replace its weights and the card would say the model was pretrained from itself."""
-    if model.model_name_or_path is None:
-        return
-    source = Path(model.model_name_or_path).expanduser()
-    if not source.exists():
+    if model.model_name_or_path is None or not Path(model.model_name_or_path).expanduser().exists():
         return  # a Hub id, or a missing folder (refused with the fix when the source is read)
-    relation = _path_relation(Path(run.output_dir).expanduser(), source)
-    if relation is not None:
-        raise Refusal(
-            f"--output_dir {run.output_dir} {relation} the --model_name_or_path folder {model.model_name_or_path}: "
-            "the run would write into or over the weights it starts from; pass a new --output_dir outside it"
-        )
+    output = Path(run.output_dir).expanduser().resolve()
+    source = Path(model.model_name_or_path).expanduser().resolve()
+    if output == source or (output.exists() and os.path.samefile(output, source)):
+        relation = "is"
+    elif output in source.parents:
+        relation = "contains"
+    elif source in output.parents:
+        relation = "is inside"
+    else:
+        return
+    raise Refusal(
+        f"--output_dir {run.output_dir} {relation} the --model_name_or_path folder {model.model_name_or_path}: "
+        "the run would write into or over the weights it starts from; pass a new --output_dir outside it"
+    )
 
 
 def check_max_seq_length(max_seq_length: int, config: HfBertConfig, source: str) -> None:
