@@ -30,7 +30,7 @@ def build_parser() -> RefusingHfArgumentParser:
     )
     parser.add_argument(
         "--list_recipes",
-        action="version",  # argparse's print-and-exit action: the list is printed as --help is, before any check
+        action="version",  # argparse's print-and-exit action: printed as --help is, before any check
         version=list_recipes(),
         help="Print the shipped recipes (for --recipe), one a line: its name, then what it is; and exit.",
     )

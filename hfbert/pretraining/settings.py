@@ -342,15 +342,15 @@ class PretrainingSettings:
         (rather than ignored, then recorded as the run's setting) and the run records None; a run from weights
         takes its size from the source unless --model_size is given (then checked against it)."""
         source = self.model.model_name_or_path
-        # What a refusal says between "--flag value" and "drop --flag", for each flag that does not apply here.
-        not_applying = {
+        # What a refusal says between "--flag value" and "drop --flag", for each flag that does not apply.
+        dropped = {
             name: f"only shapes a fresh model, and --model_name_or_path {source} starts from weights: {why};"
             for name, why in FRESH_MODEL_FLAGS.items()
             if source is not None
         }
         if not self.corpus.streaming:
-            not_applying |= dict.fromkeys(STREAM_FLAGS, "applies to --streaming runs only; add --streaming or")
-        for name, reason in not_applying.items():
+            dropped |= dict.fromkeys(STREAM_FLAGS, "applies to --streaming runs only; add --streaming or")
+        for name, reason in dropped.items():
             group = self.data if hasattr(self.data, name) else self.model
             if self.was_given(group, name):
                 raise Refusal(f"--{name} {getattr(group, name)} {reason} drop --{name}")
@@ -366,9 +366,13 @@ class PretrainingSettings:
 
     def validate(self) -> None:
         """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
-        for group in (self.corpus, self.data, self.model, self.optimization, self.run):
-            _check_finite(group)
         flat = self.to_dict()
+        for field in (field for group in self.groups() for field in fields(group)):
+            # nan passes every range below (nan <= 0 is False): --max_grad_norm nan would disable clipping.
+            value = flat.get(field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                example = f", e.g. {field.default}" if isinstance(field.default, float) else ""
+                raise Refusal(f"--{field.name} {value} must be a finite number{example}")
         for names, in_range, rule in FLAG_RANGES:
             for name in names:
                 if flat[name] is not None and not in_range(flat[name]):
@@ -390,24 +394,15 @@ class PretrainingSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, flat (flag name -> value), without the Hub token."""
-        flat: dict[str, Any] = {}
-        for group in (self.corpus, self.data, self.model, self.optimization, self.run):
-            flat.update(asdict(group))
-        flat.pop("hub_token", None)
-        return flat
+        flat = {name: value for group in self.groups() for name, value in asdict(group).items()}
+        return {name: value for name, value in flat.items() if name != "hub_token"}
+
+    def groups(self) -> tuple[Any, ...]:
+        return self.corpus, self.data, self.model, self.optimization, self.run
 
 
 def _default(group: Any, name: str) -> Any:
     return next(f.default for f in fields(group) if f.name == name)
-
-
-def _check_finite(group: Any) -> None:
-    # nan passes every comparison below (nan <= 0 is False): --max_grad_norm nan would disable clipping.
-    for name, value in asdict(group).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            default = _default(group, name)
-            example = f", e.g. {default}" if isinstance(default, float) else ""
-            raise Refusal(f"--{name} {value} must be a finite number{example}")
 
 
 # Each flag's range, checked in this order (a flag left unset, None, is not): the flags, whether a value is in
@@ -416,12 +411,13 @@ FLAG_RANGES = (
     (("max_seq_length", "dupe_factor", "per_device_train_batch_size", "gradient_accumulation_steps",
       "num_train_epochs", "learning_rate", "adam_epsilon", "per_device_eval_batch_size", "logging_steps",
       "ddp_timeout"), lambda value: value > 0, "must be > 0"),
-    (("vocab_size", "max_eval_samples", "max_predictions_per_seq", "preprocessing_num_workers", "max_train_steps",
-      "max_train_seconds", "eval_steps", "checkpoints_total_limit"), lambda value: value > 0,
-     "must be > 0 (or leave it unset)"),
+    (("vocab_size", "max_eval_samples", "max_predictions_per_seq", "preprocessing_num_workers",
+      "max_train_steps", "max_train_seconds", "eval_steps", "checkpoints_total_limit"),
+     lambda value: value > 0, "must be > 0 (or leave it unset)"),
     (("dataloader_num_workers",), lambda value: value >= 0, "must be >= 0 (or leave it unset)"),
     (("max_seq_length",), lambda value: value >= 8, "must be >= 8 ([CLS] A [SEP] B [SEP])"),
-    (("mlm_probability", "eval_mlm_probability"), lambda value: 0 < value < 1, "must be in (0, 1), e.g. 0.15"),
+    (("mlm_probability", "eval_mlm_probability"), lambda value: 0 < value < 1,
+     "must be in (0, 1), e.g. 0.15"),
     (("short_seq_prob",), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
     (("validation_split_percentage",), lambda value: 0 < value < 100, "must be in (0, 100)"),
     (("dropout",), lambda value: 0 <= value < 1, "must be in [0, 1)"),
@@ -486,8 +482,9 @@ def check_output_apart_from_source(model: ModelSettings, run: RunSettings) -> No
     else:
         return
     raise Refusal(
-        f"--output_dir {run.output_dir} {relation} the --model_name_or_path folder {model.model_name_or_path}: "
-        "the run would write into or over the weights it starts from; pass a new --output_dir outside it"
+        f"--output_dir {run.output_dir} {relation} the --model_name_or_path folder "
+        f"{model.model_name_or_path}: the run would write into or over the weights it starts from; pass a "
+        "new --output_dir outside it"
     )
 
 
@@ -587,24 +584,22 @@ def check_resume_settings(
             f"{str(current[CORPUS_FINGERPRINT])[:12]}... now): restore the files it was trained on"
         )
     notes = []
-    budget = {name: getattr(settings.optimization, name) for name in BUDGET_FLAGS}
-    for name, value in budget.items():
-        if name not in saved or saved[name] == value:
+    fade, schedule = settings.model.structured_attention_fade, settings.optimization.lr_scheduler_type
+    for name in BUDGET_FLAGS:
+        if saved.get(name, current[name]) == current[name]:
             continue
-        if settings.model.structured_attention_fade:
-            changed.append(
-                f"--{name} {saved[name]!r} in the checkpoint, {value!r} now (--structured_attention_fade "
-                f"{settings.model.structured_attention_fade} is laid out over the planned budget)"
-            )
-        elif settings.optimization.lr_scheduler_type == "constant":
-            notes.append(f"--{name} changed from {saved[name]!r} to {value!r}: training continues to the new budget")
+        if fade:
+            why = f"--structured_attention_fade {fade} is laid out over the planned budget"
+        elif schedule == "constant":
+            then, now = saved[name], current[name]
+            notes.append(f"--{name} changed from {then!r} to {now!r}: training continues to the new budget")
+            continue
         else:
-            changed.append(
-                f"--{name} {saved[name]!r} in the checkpoint, {value!r} now (the "
-                f"{settings.optimization.lr_scheduler_type} learning-rate schedule is laid out over the "
-                "planned budget, so changing it makes the learning rate jump; only a constant schedule can be "
-                "extended)"
+            why = (
+                f"the {schedule} learning-rate schedule is laid out over the planned budget, so changing it "
+                "makes the learning rate jump; only a constant schedule can be extended"
             )
+        changed.append(f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now ({why})")
     if changed:
         raise Refusal(
             f"--resume_from_checkpoint {checkpoint}: these flags differ from the run that wrote the checkpoint: "
