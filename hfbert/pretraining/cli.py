@@ -45,8 +45,6 @@ def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
     try:
         return PretrainingSettings(*parser.parse_flags(argv), given=parser.given_flags(argv))
     except Refusal as refusal:
-        if recipe is None:
-            raise
         raise naming_the_recipe(refusal, recipe, from_recipe) from None
 
 

@@ -101,22 +101,16 @@ def _flag_text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def recipe_from_argv(argv: list[str]) -> tuple[str | None, list[str]]:
-    """The recipe the command line names (`--recipe X`, or a .yaml/.json file as the first argument, turned
-    into `--recipe X`), and the command line with that positional file so turned."""
+def apply_recipe(argv: list[str], parser: RefusingHfArgumentParser) -> tuple[list[str], Path | None, set[str]]:
+    """The command line with the recipe's flags in front (so the command line's win), the recipe's file, and
+    the flags it set that the command line does not override. The recipe is `--recipe X`, or a .yaml/.json file
+    given as the first argument (turned into `--recipe X`)."""
     if argv and not argv[0].startswith("-") and argv[0].endswith(RECIPE_SUFFIXES):
         argv = ["--recipe", argv[0], *argv[1:]]
     # parse_known_args also takes --recipe=X and the abbreviations the full parser would take.
     scan = RefusingHfArgumentParser(add_help=False)
     scan.add_argument(f"--{RECIPE_FLAG}")
-    known, _ = scan.parse_known_args(argv)
-    return known.recipe, argv
-
-
-def apply_recipe(argv: list[str], parser: RefusingHfArgumentParser) -> tuple[list[str], Path | None, set[str]]:
-    """The command line with the recipe's flags in front (so the command line's win), the recipe's file, and
-    the flags it set that the command line does not override."""
-    name, argv = recipe_from_argv(argv)
+    name = scan.parse_known_args(argv)[0].recipe
     if name is None:
         return argv, None, set()
     path = find_recipe(name)
@@ -128,8 +122,9 @@ def apply_recipe(argv: list[str], parser: RefusingHfArgumentParser) -> tuple[lis
     return [*flags, *argv], path, set(values) - given
 
 
-def naming_the_recipe(refusal: Refusal, path: Path, from_recipe: set[str]) -> Refusal:
-    """A refusal that names a flag the recipe set (and the command line did not) says so, with the file."""
+def naming_the_recipe(refusal: Refusal, path: Path | None, from_recipe: set[str]) -> Refusal:
+    """A refusal that names a flag the recipe at `path` set (and the command line did not) says so, with the file
+    (`refusal` itself where it names none, or there is no recipe)."""
     message = str(refusal)
     keys = [key for key in dict.fromkeys(re.findall(r"--(\w+)", message)) if key in from_recipe]
     if not keys:
