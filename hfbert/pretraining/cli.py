@@ -138,16 +138,6 @@ def apply_recipe(argv: list[str], parser: RefusingHfArgumentParser) -> tuple[lis
     return [*flags, *argv], path, set(values) - given
 
 
-def naming_the_recipe(refusal: Refusal, path: Path | None, from_recipe: set[str]) -> Refusal:
-    """A refusal that names a flag the recipe at `path` set (and the command line did not) says so, with the file
-    (`refusal` itself where it names none, or there is no recipe)."""
-    message = str(refusal)
-    keys = [key for key in dict.fromkeys(re.findall(r"--(\w+)", message)) if key in from_recipe]
-    if not keys:
-        return refusal
-    return Refusal(f"recipe {path}, key {', '.join(keys)}: {message}")
-
-
 def build_parser() -> RefusingHfArgumentParser:
     """run_pretraining.py's flags: the corpus flags it shares with train_tokenizer.py, then its own groups,
     and --list_recipes."""
@@ -171,7 +161,11 @@ def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
     try:
         return PretrainingSettings(*parser.parse_flags(argv), given=parser.given_flags(argv))
     except Refusal as refusal:
-        raise naming_the_recipe(refusal, recipe, from_recipe) from None
+        # A refusal that names a flag the recipe set (and the command line did not) says so, with the file.
+        keys = [key for key in dict.fromkeys(re.findall(r"--(\w+)", str(refusal))) if key in from_recipe]
+        if not keys:
+            raise
+        raise Refusal(f"recipe {recipe}, key {', '.join(keys)}: {refusal}") from None
 
 
 def main(argv: list[str] | None = None, launcher_pid: int | None = None) -> None:

@@ -23,7 +23,7 @@ from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import check_local_path_exists
-from hfbert.flags import BUDGET, MUST_MATCH, declared
+from hfbert.flags import MUST_MATCH, declared
 
 # The flags that only shape a fresh model, and why each has no meaning for a run from weights.
 FRESH_MODEL_FLAGS = {
@@ -193,13 +193,13 @@ class OptimizationSettings:
         "mlm + w * penalty + nsp). [CLS] is what a fine-tuned classifier reads, and no MLM loss reads its "
         "row. 0: none. Not with --torch_compile.",
     )
-    num_train_epochs: Annotated[int, BUDGET] = HfArg(
+    num_train_epochs: int = HfArg(
         default=3, help="Epochs, unless --max_train_steps or --max_train_seconds is given."
     )
-    max_train_steps: Annotated[int | None, BUDGET] = HfArg(
+    max_train_steps: int | None = HfArg(
         default=None, help="Optimizer updates; overrides epochs."
     )
-    max_train_seconds: Annotated[float | None, BUDGET] = HfArg(
+    max_train_seconds: float | None = HfArg(
         default=None,
         help="Stop after this much training time (evaluation and saving excluded), e.g. 600; the "
         "learning-rate schedule then reaches zero exactly at the budget.",
@@ -315,7 +315,8 @@ class RunSettings:
         return self.checkpointing_steps == "epoch"
 
 
-# The budget flags (declared BUDGET): a resume may change them when the learning rate does not depend on them.
+# The budget flags: recorded by a checkpoint, and a resume may change them where the learning rate does not
+# depend on them.
 BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
 # Recorded with the settings: sha256 of the corpus's files (hfbert.corpus_source.corpus_fingerprint), not a flag.
 CORPUS_FINGERPRINT = "corpus_sha256"
@@ -384,13 +385,11 @@ class PretrainingSettings:
 
     def checkpoint_settings(self) -> dict[str, Any]:
         """What a checkpoint records of the settings: the flags declared MUST_MATCH (a resumed run repeats
-        them), those declared BUDGET, and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
+        them), the budget (`BUDGET_FLAGS`), and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
         groups = (self.corpus, self.data, self.model, self.optimization)
-        return {
-            name: getattr(group, name)
-            for group in groups
-            for name in (*declared(group, MUST_MATCH), *declared(group, BUDGET))
-        } | {CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus)}
+        recorded = {name: getattr(group, name) for group in groups for name in declared(group, MUST_MATCH)}
+        budget = {name: getattr(self.optimization, name) for name in BUDGET_FLAGS}
+        return recorded | budget | {CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus)}
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, flat (flag name -> value), without the Hub token."""
