@@ -43,7 +43,6 @@ from hfbert.pretraining.settings import (
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 RECIPE_SUFFIXES = (".yaml", ".yml", ".json")
-RECIPE_FLAG = "recipe"
 # A corpus source on the command line replaces the recipe's whole source (not only the flag it names), so that
 # `--recipe bert-base-phase1 --train_file my.txt` is that recipe on my.txt rather than a refusal for giving
 # both --dataset_name and --train_file.
@@ -97,8 +96,8 @@ def read_recipe(path: Path, parser: RefusingHfArgumentParser) -> dict[str, Any]:
         raise Refusal(f"recipe {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {reason}") from None
     if not isinstance(values, dict):
         raise Refusal(f"recipe {path}: holds no mapping of flag names to values (e.g. `learning_rate: 1.0e-3`)")
-    if RECIPE_FLAG in values:
-        raise Refusal(f"recipe {path}: key {RECIPE_FLAG}: a recipe cannot name another recipe")
+    if "recipe" in values:
+        raise Refusal(f"recipe {path}: key recipe: a recipe cannot name another recipe")
     defaults = {field.name: field.default for dtype in parser.dataclass_types for field in dataclasses.fields(dtype)}
     unknown = sorted(set(values) - defaults.keys())
     if unknown:
@@ -125,7 +124,7 @@ def apply_recipe(argv: list[str], parser: RefusingHfArgumentParser) -> tuple[lis
         argv = ["--recipe", argv[0], *argv[1:]]
     # parse_known_args also takes --recipe=X and the abbreviations the full parser would take.
     scan = RefusingHfArgumentParser(add_help=False)
-    scan.add_argument(f"--{RECIPE_FLAG}")
+    scan.add_argument("--recipe")
     name = scan.parse_known_args(argv)[0].recipe
     if name is None:
         return argv, None, set()
