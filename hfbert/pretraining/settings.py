@@ -397,6 +397,7 @@ class PretrainingSettings:
         return {name: value for name, value in flat.items() if name != "hub_token"}
 
     def groups(self) -> tuple[Any, ...]:
+        """The settings groups, in the order their flags are declared."""
         return self.corpus, self.data, self.model, self.optimization, self.run
 
 
