@@ -15,9 +15,8 @@ from transformers import HfArgumentParser
 
 from hfbert.errors import Refusal, program_name
 
-# What a field may declare in its Annotated extras: how a resumed run treats the flag.
+# What a field may declare in its Annotated extras: a resumed run must repeat the flag.
 MUST_MATCH = "a resumed run must repeat the checkpoint's value"
-BUDGET = "recorded; a resume may change it where the learning rate does not depend on it"
 
 
 def declared(group: object, rule: str) -> list[str]:

@@ -428,7 +428,7 @@ def copied_recipe(flags: dict[str, str]) -> str | None:
     name it (recipes share values: own-text is the quick start's)."""
     import yaml
 
-    from hfbert.pretraining.recipes import shipped_recipes
+    from hfbert.pretraining.cli import shipped_recipes
 
     if "recipe" in flags:
         return None
@@ -442,7 +442,7 @@ def copied_recipe(flags: dict[str, str]) -> str | None:
 
 
 def test_no_doc_command_spells_out_a_recipe_and_every_named_recipe_is_shipped():
-    from hfbert.pretraining.recipes import shipped_recipes
+    from hfbert.pretraining.cli import shipped_recipes
 
     copies, unknown = [], []
     for block in ALL_BLOCKS:

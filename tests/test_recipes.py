@@ -15,8 +15,7 @@ from conftest import tiny_config
 from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 from hfbert.errors import Refusal
 from hfbert.modeling_hfbert import HfBertForPreTraining
-from hfbert.pretraining.cli import main, parse_args
-from hfbert.pretraining.recipes import RECIPES_DIR, recipe_summary, shipped_recipes
+from hfbert.pretraining.cli import RECIPES_DIR, main, parse_args, recipe_summary, shipped_recipes
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = [

@@ -1,17 +1,37 @@
 """run_pretraining.py's command line (also `python -m hfbert.pretraining` and hfbert-pretrain): flags ->
-`PretrainingSettings` -> `hfbert.pretraining.run.pretrain`."""
+`PretrainingSettings` -> `hfbert.pretraining.run.pretrain`; and its recipes.
+
+Recipes: run_pretraining.py's flags as a file, `--recipe NAME|PATH` (or the file as the one positional
+argument, as transformers' examples take `python run_mlm.py args.json`).
+
+A recipe is a YAML (or JSON) mapping of flag names to values, with a header comment saying what it
+reproduces, its source, and what it gave where it was measured (or "not run here"); its first comment line
+is what `--list_recipes` prints. The shipped ones are `hfbert/recipes/*.yaml`, named by their stem.
+
+Its keys must be fields of the parser's dataclasses (as `HfArgumentParser.parse_dict(...,
+allow_extra_keys=False)` asks); its values go through the same parser as flags placed before the command
+line's, so they get exactly the command line's type and choice checks (parse_dict would hand them to the
+dataclasses unchecked) and a flag given on the command line wins (argparse keeps the last value). A refusal
+about a flag the recipe set names the recipe file and the key.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal, stops_in_one_line
 from hfbert.flags import RefusingHfArgumentParser
 from hfbert.pretraining.cluster import exit_now, stop_with_the_launcher
 from hfbert.pretraining.loop import Preempted
-from hfbert.pretraining.recipes import ListRecipesAction, apply_recipe, naming_the_recipe
 from hfbert.pretraining.run import dry_run, pretrain
 from hfbert.pretraining.settings import (
     DataSettings,
@@ -20,6 +40,101 @@ from hfbert.pretraining.settings import (
     PretrainingSettings,
     RunSettings,
 )
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+RECIPE_SUFFIXES = (".yaml", ".yml", ".json")
+# A corpus source on the command line replaces the recipe's whole source (not only the flag it names), so that
+# `--recipe bert-base-phase1 --train_file my.txt` is that recipe on my.txt rather than a refusal for giving
+# both --dataset_name and --train_file.
+CORPUS_SOURCE_FLAGS = ("dataset_name", "train_file")
+CORPUS_SOURCE_KEYS = ("dataset_name", "dataset_config_name", "train_file", "validation_file")
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """The recipes shipped in the package, by name (the file's stem)."""
+    return {path.stem: path for path in sorted(RECIPES_DIR.glob("*.yaml"))}
+
+
+def recipe_summary(path: Path) -> str:
+    """The recipe's first comment line: what it is."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#") and line.lstrip("#").strip():
+            return line.lstrip("#").strip()
+    return "(no header comment)"
+
+
+def list_recipes() -> str:
+    """One shipped recipe a line: its name, then what it is."""
+    recipes = shipped_recipes()
+    width = max(len(name) for name in recipes)
+    return "\n".join(f"{name:<{width}}  {recipe_summary(path)}" for name, path in recipes.items())
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A shipped recipe's file by name, or a recipe file's path; anything else is refused listing the names."""
+    shipped = shipped_recipes()
+    if name_or_path in shipped:
+        return shipped[name_or_path]
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    if path.suffix in RECIPE_SUFFIXES:
+        raise Refusal(f"--recipe {name_or_path}: no such file")
+    raise Refusal(
+        f"--recipe {name_or_path} is neither a shipped recipe ({', '.join(shipped)}; --list_recipes says what "
+        f"each is) nor a recipe file ({', '.join(RECIPE_SUFFIXES)})"
+    )
+
+
+def read_recipe(path: Path, parser: RefusingHfArgumentParser) -> dict[str, Any]:
+    """The recipe's flags (name -> value), its keys checked against the fields of `parser`'s dataclasses."""
+    text = path.read_text(encoding="utf-8")
+    try:  # as HfArgumentParser.parse_json_file / parse_yaml_file read them
+        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        reason = " ".join(str(error).split())
+        raise Refusal(f"recipe {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {reason}") from None
+    if not isinstance(values, dict):
+        raise Refusal(f"recipe {path}: holds no mapping of flag names to values (e.g. `learning_rate: 1.0e-3`)")
+    if "recipe" in values:
+        raise Refusal(f"recipe {path}: key recipe: a recipe cannot name another recipe")
+    defaults = {field.name: field.default for dtype in parser.dataclass_types for field in dataclasses.fields(dtype)}
+    unknown = sorted(set(values) - defaults.keys())
+    if unknown:
+        raise Refusal(
+            f"recipe {path}: key {', '.join(map(str, unknown))} is not a run_pretraining.py flag (see --help)"
+        )
+    for key, value in values.items():
+        if isinstance(value, (list, dict)):
+            raise Refusal(f"recipe {path}: key {key}: {value!r} is not a single value")
+        if value is None and defaults[key] is not None:
+            raise Refusal(f"recipe {path}: key {key}: null, and --{key} cannot be unset (its default is {defaults[key]!r})")
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def _flag_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def apply_recipe(argv: list[str], parser: RefusingHfArgumentParser) -> tuple[list[str], Path | None, set[str]]:
+    """The command line with the recipe's flags in front (so the command line's win), the recipe's file, and
+    the flags it set that the command line does not override. The recipe is `--recipe X`, or a .yaml/.json file
+    given as the first argument (turned into `--recipe X`)."""
+    if argv and not argv[0].startswith("-") and argv[0].endswith(RECIPE_SUFFIXES):
+        argv = ["--recipe", argv[0], *argv[1:]]
+    # parse_known_args also takes --recipe=X and the abbreviations the full parser would take.
+    scan = RefusingHfArgumentParser(add_help=False)
+    scan.add_argument("--recipe")
+    name = scan.parse_known_args(argv)[0].recipe
+    if name is None:
+        return argv, None, set()
+    path = find_recipe(name)
+    values = read_recipe(path, parser)
+    given = parser.given_flags(argv)
+    if given & set(CORPUS_SOURCE_FLAGS):
+        values = {key: value for key, value in values.items() if key not in CORPUS_SOURCE_KEYS}
+    flags = [word for key, value in values.items() for word in (f"--{key}", _flag_text(value))]
+    return [*flags, *argv], path, set(values) - given
 
 
 def build_parser() -> RefusingHfArgumentParser:
@@ -30,7 +145,8 @@ def build_parser() -> RefusingHfArgumentParser:
     )
     parser.add_argument(
         "--list_recipes",
-        action=ListRecipesAction,
+        action="version",  # argparse's print-and-exit action: printed as --help is, before any check
+        version=list_recipes(),
         help="Print the shipped recipes (for --recipe), one a line: its name, then what it is; and exit.",
     )
     return parser
@@ -44,9 +160,11 @@ def parse_args(argv: list[str] | None = None) -> PretrainingSettings:
     try:
         return PretrainingSettings(*parser.parse_flags(argv), given=parser.given_flags(argv))
     except Refusal as refusal:
-        if recipe is None:
+        # A refusal that names a flag the recipe set (and the command line did not) says so, with the file.
+        keys = [key for key in dict.fromkeys(re.findall(r"--(\w+)", str(refusal))) if key in from_recipe]
+        if not keys:
             raise
-        raise naming_the_recipe(refusal, recipe, from_recipe) from None
+        raise Refusal(f"recipe {recipe}, key {', '.join(keys)}: {refusal}") from None
 
 
 def main(argv: list[str] | None = None, launcher_pid: int | None = None) -> None:

@@ -23,7 +23,7 @@ from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import check_local_path_exists
-from hfbert.flags import BUDGET, MUST_MATCH, declared
+from hfbert.flags import MUST_MATCH, declared
 
 # The flags that only shape a fresh model, and why each has no meaning for a run from weights.
 FRESH_MODEL_FLAGS = {
@@ -193,13 +193,13 @@ class OptimizationSettings:
         "mlm + w * penalty + nsp). [CLS] is what a fine-tuned classifier reads, and no MLM loss reads its "
         "row. 0: none. Not with --torch_compile.",
     )
-    num_train_epochs: Annotated[int, BUDGET] = HfArg(
+    num_train_epochs: int = HfArg(
         default=3, help="Epochs, unless --max_train_steps or --max_train_seconds is given."
     )
-    max_train_steps: Annotated[int | None, BUDGET] = HfArg(
+    max_train_steps: int | None = HfArg(
         default=None, help="Optimizer updates; overrides epochs."
     )
-    max_train_seconds: Annotated[float | None, BUDGET] = HfArg(
+    max_train_seconds: float | None = HfArg(
         default=None,
         help="Stop after this much training time (evaluation and saving excluded), e.g. 600; the "
         "learning-rate schedule then reaches zero exactly at the budget.",
@@ -315,7 +315,8 @@ class RunSettings:
         return self.checkpointing_steps == "epoch"
 
 
-# The budget flags (declared BUDGET): a resume may change them when the learning rate does not depend on them.
+# The budget flags: recorded by a checkpoint, and a resume may change them where the learning rate does not
+# depend on them.
 BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
 # Recorded with the settings: sha256 of the corpus's files (hfbert.corpus_source.corpus_fingerprint), not a flag.
 CORPUS_FINGERPRINT = "corpus_sha256"
@@ -341,27 +342,24 @@ class PretrainingSettings:
         """Flags that shape only a fresh model, or only a stream: where they do not apply, one given is refused
         (rather than ignored, then recorded as the run's setting) and the run records None; a run from weights
         takes its size from the source unless --model_size is given (then checked against it)."""
-        if self.model.model_name_or_path is not None:
-            for group, name in ((self.data, "vocab_size"), (self.model, "attention_init"),
-                                (self.model, "structured_attention_fade")):  # fmt: skip
-                if self.was_given(group, name):
-                    raise Refusal(
-                        f"--{name} {getattr(group, name)} only shapes a fresh model, and --model_name_or_path "
-                        f"{self.model.model_name_or_path} starts from weights: {FRESH_MODEL_FLAGS[name]}; drop --{name}"
-                    )
-                setattr(group, name, None)
-            if not self.was_given(self.model, "model_size"):
-                self.model.model_size = None
+        source = self.model.model_name_or_path
+        # What a refusal says between "--flag value" and "drop --flag", for each flag that does not apply.
+        dropped = {
+            name: f"only shapes a fresh model, and --model_name_or_path {source} starts from weights: {why};"
+            for name, why in FRESH_MODEL_FLAGS.items()
+            if source is not None
+        }
+        if not self.corpus.streaming:
+            dropped |= dict.fromkeys(STREAM_FLAGS, "applies to --streaming runs only; add --streaming or")
+        for name, reason in dropped.items():
+            group = self.data if hasattr(self.data, name) else self.model
+            if self.was_given(group, name):
+                raise Refusal(f"--{name} {getattr(group, name)} {reason} drop --{name}")
+            setattr(group, name, None)
+        if source is not None and not self.was_given(self.model, "model_size"):
+            self.model.model_size = None
         elif self.model.attention_init == "bert" and not self.model.structured_attention_fade:
             self.model.structured_attention_fade = None  # no structured start to fade (a positive one is refused)
-        if not self.corpus.streaming:
-            for name in STREAM_FLAGS:
-                if self.was_given(self.data, name):
-                    raise Refusal(
-                        f"--{name} {getattr(self.data, name)} applies to --streaming runs only; add --streaming or "
-                        f"drop --{name}"
-                    )
-                setattr(self.data, name, None)
 
     def was_given(self, group: Any, name: str) -> bool:
         """Whether a flag was given: named (`given`), or, in settings built in code, other than its default."""
@@ -369,71 +367,71 @@ class PretrainingSettings:
 
     def validate(self) -> None:
         """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
-        for group in (self.corpus, self.data, self.model, self.optimization, self.run):
-            _check_finite(group)
-        _check_data(self.data)
-        _check_model(self.model, self.data)
-        _check_optimization(self.optimization)
-        _check_run(self.run)
+        flat = self.to_dict()
+        for field in (field for group in self.groups() for field in fields(group)):
+            # nan passes every range below (nan <= 0 is False): --max_grad_norm nan would disable clipping.
+            value = flat.get(field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                example = f", e.g. {field.default}" if isinstance(field.default, float) else ""
+                raise Refusal(f"--{field.name} {value} must be a finite number{example}")
+        for names, in_range, rule in FLAG_RANGES:
+            for name in names:
+                if flat[name] is not None and not in_range(flat[name]):
+                    raise Refusal(f"--{name} {flat[name]} {rule}")
+        _check_combinations(self)
         check_output_apart_from_source(self.model, self.run)
         if self.corpus.streaming:
             check_streaming(self)
 
     def checkpoint_settings(self) -> dict[str, Any]:
         """What a checkpoint records of the settings: the flags declared MUST_MATCH (a resumed run repeats
-        them), those declared BUDGET, and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
+        them), the budget (`BUDGET_FLAGS`), and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
         groups = (self.corpus, self.data, self.model, self.optimization)
-        return {
-            name: getattr(group, name)
-            for group in groups
-            for name in (*declared(group, MUST_MATCH), *declared(group, BUDGET))
-        } | {CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus)}
+        recorded = {name: getattr(group, name) for group in groups for name in declared(group, MUST_MATCH)}
+        budget = {name: getattr(self.optimization, name) for name in BUDGET_FLAGS}
+        return recorded | budget | {CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus)}
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, flat (flag name -> value), without the Hub token."""
-        flat: dict[str, Any] = {}
-        for group in (self.corpus, self.data, self.model, self.optimization, self.run):
-            flat.update(asdict(group))
-        flat.pop("hub_token", None)
-        return flat
+        flat = {name: value for group in self.groups() for name, value in asdict(group).items()}
+        return {name: value for name, value in flat.items() if name != "hub_token"}
+
+    def groups(self) -> tuple[Any, ...]:
+        """The settings groups, in the order their flags are declared."""
+        return self.corpus, self.data, self.model, self.optimization, self.run
 
 
 def _default(group: Any, name: str) -> Any:
     return next(f.default for f in fields(group) if f.name == name)
 
 
-def _check_finite(group: Any) -> None:
-    # nan passes every comparison below (nan <= 0 is False): --max_grad_norm nan would disable clipping.
-    for name, value in asdict(group).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            default = _default(group, name)
-            example = f", e.g. {default}" if isinstance(default, float) else ""
-            raise Refusal(f"--{name} {value} must be a finite number{example}")
+# Each flag's range, checked in this order (a flag left unset, None, is not): the flags, whether a value is in
+# it, and what the refusal says after "--flag value".
+FLAG_RANGES = (
+    (("max_seq_length", "dupe_factor", "per_device_train_batch_size", "gradient_accumulation_steps",
+      "num_train_epochs", "learning_rate", "adam_epsilon", "per_device_eval_batch_size", "logging_steps",
+      "ddp_timeout"), lambda value: value > 0, "must be > 0"),
+    (("vocab_size", "max_eval_samples", "max_predictions_per_seq", "preprocessing_num_workers",
+      "max_train_steps", "max_train_seconds", "eval_steps", "checkpoints_total_limit"),
+     lambda value: value > 0, "must be > 0 (or leave it unset)"),
+    (("dataloader_num_workers",), lambda value: value >= 0, "must be >= 0 (or leave it unset)"),
+    (("max_seq_length",), lambda value: value >= 8, "must be >= 8 ([CLS] A [SEP] B [SEP])"),
+    (("mlm_probability", "eval_mlm_probability"), lambda value: 0 < value < 1,
+     "must be in (0, 1), e.g. 0.15"),
+    (("short_seq_prob",), lambda value: 0 <= value <= 1, "must be in [0, 1]"),
+    (("validation_split_percentage",), lambda value: 0 < value < 100, "must be in (0, 100)"),
+    (("dropout",), lambda value: 0 <= value < 1, "must be in [0, 1)"),
+    (("structured_attention_fade",), lambda value: 0 <= value <= 1,
+     "must be a fraction of the budget in [0, 1], e.g. 1"),
+    (("adam_beta1", "adam_beta2"), lambda value: 0 <= value < 1, "must be in [0, 1), e.g. 0.9 or 0.999"),
+    (("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight", "cls_attention_spread"),
+     lambda value: value >= 0, "must be >= 0"),
+)  # fmt: skip
 
 
-def _check_positive(group: Any, names: tuple[str, ...], optional: bool) -> None:
-    """Refuse a flag of `group` given <= 0; `optional`: the flag may be left unset (None)."""
-    for name in names:
-        value = getattr(group, name)
-        if value is not None and value <= 0:
-            raise Refusal(f"--{name} {value} must be > 0{' (or leave it unset)' if optional else ''}")
-
-
-def _check_data(data: DataSettings) -> None:
-    _check_positive(data, ("max_seq_length", "dupe_factor"), optional=False)
-    optional = ("vocab_size", "max_eval_samples", "max_predictions_per_seq", "preprocessing_num_workers")
-    _check_positive(data, optional, optional=True)
-    if data.dataloader_num_workers is not None and data.dataloader_num_workers < 0:
-        raise Refusal(f"--dataloader_num_workers {data.dataloader_num_workers} must be >= 0 (or leave it unset)")
-    if data.max_seq_length < 8:
-        raise Refusal(f"--max_seq_length {data.max_seq_length} must be >= 8 ([CLS] A [SEP] B [SEP])")
-    for name in ("mlm_probability", "eval_mlm_probability"):
-        if not 0.0 < getattr(data, name) < 1.0:
-            raise Refusal(f"--{name} {getattr(data, name)} must be in (0, 1), e.g. 0.15")
-    if not 0.0 <= data.short_seq_prob <= 1.0:
-        raise Refusal(f"--short_seq_prob {data.short_seq_prob} must be in [0, 1]")
-    if not 0 < data.validation_split_percentage < 100:
-        raise Refusal(f"--validation_split_percentage {data.validation_split_percentage} must be in (0, 100)")
+def _check_combinations(settings: PretrainingSettings) -> None:
+    """Refuse flags that are each in range but contradict one another (or the --model_size preset)."""
+    data, model, optimization, run = settings.data, settings.model, settings.optimization, settings.run
     # --objective mlm builds its segments without randomness, so more passes would only repeat them.
     if data.objective == "mlm" and data.dupe_factor != 1:
         raise Refusal(
@@ -441,14 +439,7 @@ def _check_data(data: DataSettings) -> None:
             "cut without randomness; the masks change every epoch anyway): drop --dupe_factor and raise "
             "--num_train_epochs or --max_train_steps instead"
         )
-
-
-def _check_model(model: ModelSettings, data: DataSettings) -> None:
-    if model.dropout is not None and not 0.0 <= model.dropout < 1.0:
-        raise Refusal(f"--dropout {model.dropout} must be in [0, 1)")
     fade = model.structured_attention_fade
-    if fade is not None and not 0.0 <= fade <= 1.0:
-        raise Refusal(f"--structured_attention_fade {fade} must be a fraction of the budget in [0, 1], e.g. 1")
     if fade and model.attention_init != "structured":
         raise Refusal(
             f"--structured_attention_fade {fade} fades the structured start, and --attention_init "
@@ -458,28 +449,11 @@ def _check_model(model: ModelSettings, data: DataSettings) -> None:
     if model.config_name is None and model.model_name_or_path is None:
         preset = HfBertConfig.from_preset(model.model_size)
         check_max_seq_length(data.max_seq_length, preset, f"--model_size {model.model_size}")
-
-
-def _check_optimization(optimization: OptimizationSettings) -> None:
-    sizes = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs")
-    _check_positive(optimization, (*sizes, "learning_rate", "adam_epsilon"), optional=False)
-    _check_positive(optimization, ("max_train_steps", "max_train_seconds"), optional=True)
-    for name in ("adam_beta1", "adam_beta2"):
-        if not 0.0 <= getattr(optimization, name) < 1.0:
-            raise Refusal(f"--{name} {getattr(optimization, name)} must be in [0, 1), e.g. 0.9 or 0.999")
-    for name in ("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight", "cls_attention_spread"):
-        if getattr(optimization, name) < 0:
-            raise Refusal(f"--{name} {getattr(optimization, name)} must be >= 0")
     if optimization.cls_attention_spread and optimization.torch_compile is True:
         raise Refusal(
             f"--cls_attention_spread {optimization.cls_attention_spread} reads the attention through forward "
             "hooks, which a compiled model is not tested with; drop --torch_compile or --cls_attention_spread"
         )
-
-
-def _check_run(run: RunSettings) -> None:
-    _check_positive(run, ("per_device_eval_batch_size", "logging_steps"), optional=False)
-    _check_positive(run, ("eval_steps", "checkpoints_total_limit"), optional=True)
     steps = run.checkpointing_steps
     if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
         raise Refusal(f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'")
@@ -490,35 +464,28 @@ def _check_run(run: RunSettings) -> None:
         )
     if run.push_to_hub and not run.hub_model_id:
         raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
-    _check_positive(run, ("ddp_timeout",), optional=False)
-
-
-def _path_relation(output_dir: Path, source: Path) -> str | None:
-    """How the run folder overlaps the source folder ('is', 'contains', 'is inside'), or None."""
-    output_resolved, source_resolved = output_dir.resolve(), source.resolve()
-    if output_resolved == source_resolved or (output_dir.exists() and os.path.samefile(output_dir, source)):
-        return "is"
-    if output_resolved in source_resolved.parents:
-        return "contains"
-    if source_resolved in output_resolved.parents:
-        return "is inside"
-    return None
 
 
 def check_output_apart_from_source(model: ModelSettings, run: RunSettings) -> None:
     """A run never writes into its own source: --overwrite_output_dir would delete the source's checkpoints,
     the final save would replace its weights and the card would say the model was pretrained from itself."""
-    if model.model_name_or_path is None:
-        return
-    source = Path(model.model_name_or_path).expanduser()
-    if not source.exists():
+    if model.model_name_or_path is None or not Path(model.model_name_or_path).expanduser().exists():
         return  # a Hub id, or a missing folder (refused with the fix when the source is read)
-    relation = _path_relation(Path(run.output_dir).expanduser(), source)
-    if relation is not None:
-        raise Refusal(
-            f"--output_dir {run.output_dir} {relation} the --model_name_or_path folder {model.model_name_or_path}: "
-            "the run would write into or over the weights it starts from; pass a new --output_dir outside it"
-        )
+    output = Path(run.output_dir).expanduser().resolve()
+    source = Path(model.model_name_or_path).expanduser().resolve()
+    if output == source or (output.exists() and os.path.samefile(output, source)):
+        relation = "is"
+    elif output in source.parents:
+        relation = "contains"
+    elif source in output.parents:
+        relation = "is inside"
+    else:
+        return
+    raise Refusal(
+        f"--output_dir {run.output_dir} {relation} the --model_name_or_path folder "
+        f"{model.model_name_or_path}: the run would write into or over the weights it starts from; pass a "
+        "new --output_dir outside it"
+    )
 
 
 def check_max_seq_length(max_seq_length: int, config: HfBertConfig, source: str) -> None:
@@ -617,24 +584,22 @@ def check_resume_settings(
             f"{str(current[CORPUS_FINGERPRINT])[:12]}... now): restore the files it was trained on"
         )
     notes = []
-    budget = {name: getattr(settings.optimization, name) for name in BUDGET_FLAGS}
-    for name, value in budget.items():
-        if name not in saved or saved[name] == value:
+    fade, schedule = settings.model.structured_attention_fade, settings.optimization.lr_scheduler_type
+    for name in BUDGET_FLAGS:
+        if saved.get(name, current[name]) == current[name]:
             continue
-        if settings.model.structured_attention_fade:
-            changed.append(
-                f"--{name} {saved[name]!r} in the checkpoint, {value!r} now (--structured_attention_fade "
-                f"{settings.model.structured_attention_fade} is laid out over the planned budget)"
-            )
-        elif settings.optimization.lr_scheduler_type == "constant":
-            notes.append(f"--{name} changed from {saved[name]!r} to {value!r}: training continues to the new budget")
+        if fade:
+            why = f"--structured_attention_fade {fade} is laid out over the planned budget"
+        elif schedule == "constant":
+            then, now = saved[name], current[name]
+            notes.append(f"--{name} changed from {then!r} to {now!r}: training continues to the new budget")
+            continue
         else:
-            changed.append(
-                f"--{name} {saved[name]!r} in the checkpoint, {value!r} now (the "
-                f"{settings.optimization.lr_scheduler_type} learning-rate schedule is laid out over the "
-                "planned budget, so changing it makes the learning rate jump; only a constant schedule can be "
-                "extended)"
+            why = (
+                f"the {schedule} learning-rate schedule is laid out over the planned budget, so changing it "
+                "makes the learning rate jump; only a constant schedule can be extended"
             )
+        changed.append(f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now ({why})")
     if changed:
         raise Refusal(
             f"--resume_from_checkpoint {checkpoint}: these flags differ from the run that wrote the checkpoint: "
