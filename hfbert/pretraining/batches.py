@@ -119,11 +119,7 @@ class DataCollatorForPretraining:
     generator seeded by ``seed`` and the batch's draw ids, so the same rows always get the same masks; without
     draw ids, masks come from torch's global RNG, as in transformers' collators.
 
-    Not transformers' `DataCollatorForLanguageModeling`: its masks come from one generator that advances batch
-    after batch (seeded by seed + worker id), not from the rows' draw ids, so they change with the worker and
-    process count and with where a resume starts; it also lacks the static form and ``pad_to_length`` /
-    ``pad_to_batch_size``, draws random replacements among special tokens, and finds whole words only from
-    offset mappings the instances do not keep.
+    Not transformers' `DataCollatorForLanguageModeling`: its masks follow one running generator, not draw ids.
     """
 
     tokenizer: Any
@@ -187,9 +183,8 @@ class DataCollatorForPretraining:
             "labels": labels,
         }
         if "next_sentence_label" in columns:  # padding rows added by pad_to_batch_size carry -100
-            nsp = torch.full((len(input_ids),), IGNORE_INDEX, dtype=torch.long)
-            nsp[: len(columns["next_sentence_label"])] = torch.as_tensor(columns["next_sentence_label"])
-            batch["next_sentence_label"] = nsp
+            nsp = torch.as_tensor(columns["next_sentence_label"], dtype=torch.long)
+            batch["next_sentence_label"] = F.pad(nsp, (0, len(input_ids) - len(nsp)), value=IGNORE_INDEX)
         if self.max_predictions_per_seq is not None:
             if self.whole_word_masking:
                 masked_ids, labels = self.drop_words_beyond_slots(input_ids, masked_ids, labels, generator)
@@ -211,16 +206,10 @@ class DataCollatorForPretraining:
         because tokenizer.pad over Python lists costs tens of milliseconds a batch."""
         lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
         longest = int(lengths.max())
-        if self.pad_to_length is not None:
-            if longest > self.pad_to_length:
-                raise ValueError(
-                    f"A row of {longest} tokens is longer than pad_to_length {self.pad_to_length}"
-                )
-            width = self.pad_to_length
-        elif self.pad_to_multiple_of is not None:
-            width = self.pad_to_multiple_of * math.ceil(longest / self.pad_to_multiple_of)
-        else:
-            width = longest
+        if self.pad_to_length is not None and longest > self.pad_to_length:
+            raise ValueError(f"A row of {longest} tokens is longer than pad_to_length {self.pad_to_length}")
+        multiple = self.pad_to_multiple_of or 1
+        width = self.pad_to_length or multiple * math.ceil(longest / multiple)
         rows = max(len(lengths), self.pad_to_batch_size or 0)
         attention_mask = np.zeros((rows, width), dtype=np.int64)
         attention_mask[: len(lengths)] = np.arange(width) < lengths[:, None]
@@ -246,11 +235,7 @@ class DataCollatorForPretraining:
         chosen = (choice < self.mlm_probability) & eligible
         kind = torch.rand(input_ids.shape, generator=generator)
         to_mask = chosen & (kind < self.mask_replace_prob)
-        to_random = (
-            chosen
-            & (kind >= self.mask_replace_prob)
-            & (kind < self.mask_replace_prob + self.random_replace_prob)
-        )
+        to_random = chosen & ~to_mask & (kind < self.mask_replace_prob + self.random_replace_prob)
         picks = torch.randint(len(self._non_special_ids), input_ids.shape, generator=generator)
         masked = torch.where(to_random, torch.from_numpy(self._non_special_ids[picks.numpy()]), input_ids)
         masked = masked.masked_fill(to_mask, self.tokenizer.mask_token_id)

@@ -32,14 +32,8 @@ from hfbert.errors import Refusal
 
 Objective = Literal["mlm+nsp", "mlm"]  # what --objective names
 
-INSTANCE_FEATURES = Features(
-    {
-        "input_ids": List(Value("int32")),
-        "token_type_ids": List(Value("int8")),
-        "next_sentence_label": Value("int8"),
-    }
-)
 MLM_INSTANCE_FEATURES = Features({"input_ids": List(Value("int32")), "token_type_ids": List(Value("int8"))})
+INSTANCE_FEATURES = Features({**MLM_INSTANCE_FEATURES, "next_sentence_label": Value("int8")})
 COUNT_FEATURES = Features({"instances": Value("int32")})
 MIN_NSP_DOCUMENTS = 2
 BOUNDARY_HINT = (
@@ -244,17 +238,9 @@ def nsp_pairs(
             else:
                 b_document, b_start, b_stop = document, a_stop, starts[i + 1]
             cut_a, cut_b = truncation(a_stop - a_start, b_stop - b_start, max_num_tokens, rng)
-            spans.append(
-                Span(
-                    document,
-                    a_start + cut_a[0],
-                    a_stop - cut_a[1],
-                    b_document,
-                    b_start + cut_b[0],
-                    b_stop - cut_b[1],
-                    is_random_next,
-                )
-            )
+            a_range = (a_start + cut_a[0], a_stop - cut_a[1])
+            b_range = (b_start + cut_b[0], b_stop - cut_b[1])
+            spans.append(Span(document, *a_range, b_document, *b_range, is_random_next))
             first = i + 1
             target_seq_length = draw_target_length()
         i += 1
