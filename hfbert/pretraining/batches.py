@@ -155,10 +155,8 @@ class DataCollatorForPretraining:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} {value} must be a positive integer, or None")
-        special = np.zeros(len(self.tokenizer), dtype=bool)
-        special[sorted(set(self.tokenizer.all_special_ids))] = True
-        self._special = special
-        self._non_special_ids = np.flatnonzero(~special)
+        self._special = np.isin(np.arange(len(self.tokenizer)), self.tokenizer.all_special_ids)
+        self._non_special_ids = np.flatnonzero(~self._special)
         # WordPiece's prefix of a piece that continues a word ('##'), read from the tokenizer's model.
         model = getattr(getattr(self.tokenizer, "backend_tokenizer", None), "model", None)
         prefix = getattr(model, "continuing_subword_prefix", None) or "##"
@@ -330,11 +328,7 @@ class EpochDraws(Sampler[int]):
         # Kept as an int64 tensor (8 bytes an instance) and turned into Python ints a block at a time: a list
         # of every index costs ~36 bytes an instance in every process.
         order = torch.randperm(self.num_instances, generator=generator)
-        return (
-            offset + index
-            for start in range(0, self.num_instances, _SAMPLER_BLOCK)
-            for index in order[start : start + _SAMPLER_BLOCK].tolist()
-        )
+        return (offset + index for block in order.split(_SAMPLER_BLOCK) for index in block.tolist())
 
     def windows(self, generator: torch.Generator) -> Iterator[np.ndarray]:
         """The epoch's instance indices, a shuffled window at a time."""
