@@ -437,8 +437,7 @@ def collate_stream(collator: DataCollatorForPretraining, rows: list[dict]) -> tu
     errors = [row[ERROR_KEY] for row in rows if ERROR_KEY in row]
     if errors:
         return None, errors[0]
-    columns = {key: [row[key] for row in rows] for key in rows[0] if key != POSITION_KEY}
-    return collator(columns), rows[-1][POSITION_KEY]
+    return collator(rows), rows[-1][POSITION_KEY]  # the collator reads its own columns only
 
 
 @dataclass

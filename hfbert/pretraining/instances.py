@@ -18,7 +18,7 @@ import functools
 import itertools
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -178,6 +178,11 @@ class InstanceRecipe:
             "next_sentence_label": int(span.is_random_next),
         }
 
+    def columns(self, documents: TokenizedDocuments, spans: Iterable[Span]) -> dict[str, list]:
+        """The rows of `spans` as columns, as a ``datasets.Dataset`` answers for a batch of rows."""
+        rows = [self.row(documents, span) for span in spans]
+        return {name: [row[name] for row in rows] for name in self.features()}
+
     def features(self) -> Features:
         return INSTANCE_FEATURES if self.pairs else MLM_INSTANCE_FEATURES
 
@@ -269,7 +274,10 @@ def random_next_segment(
     one on, until ``target_length`` tokens are reached. No sentence adds more than an instance holds (an
     unpunctuated line can be megabytes long); such a sentence always reaches the target, so it is the last one
     and the segment stays one contiguous range."""
-    other = other_document_index(document, len(documents), rng)
+    # google retries randint up to 10 times and may still return the same document; drawing uniformly among
+    # the other documents gives the distribution it aims for and never the same one.
+    other = rng.randint(0, len(documents) - 2)
+    other = other + 1 if other >= document else other
     offsets = documents.sentence_offsets(other)
     first = rng.randint(0, len(offsets) - 2)
     start = stop = int(offsets[first])
@@ -279,13 +287,6 @@ def random_next_segment(
         if stop - start >= target_length:
             break
     return other, start, stop
-
-
-def other_document_index(document: int, num_documents: int, rng: random.Random) -> int:
-    # google retries randint up to 10 times and may still return the same document; drawing uniformly among
-    # the other documents gives the distribution it aims for and never the same one.
-    other_index = rng.randint(0, num_documents - 2)
-    return other_index + 1 if other_index >= document else other_index
 
 
 def truncation(
@@ -415,12 +416,8 @@ def _rows_batch(
     recipe: InstanceRecipe,
     pass_index: int,
 ) -> dict[str, list]:
-    rows = [
-        recipe.row(documents, span)
-        for index in indices
-        for span in recipe.spans(documents, pass_index, index)
-    ]
-    return {name: [row[name] for row in rows] for name in recipe.features()}
+    spans = (span for index in indices for span in recipe.spans(documents, pass_index, index))
+    return recipe.columns(documents, spans)
 
 
 def write_instances(
@@ -461,8 +458,7 @@ class DrawnInstances:
     def __getitem__(self, index: int | Sequence[int]) -> dict[str, Any]:
         if isinstance(index, int | np.integer):
             return self.recipe.row(self.documents, self.span(int(index)))
-        rows = [self.recipe.row(self.documents, self.span(int(i))) for i in index]
-        return {name: [row[name] for row in rows] for name in self.recipe.features()}
+        return self.recipe.columns(self.documents, (self.span(int(i)) for i in index))
 
     def write(self, num_proc: int | None = None) -> Dataset:
         """Every instance written as one dataset, in index order: for tools that want rows on disk (a
