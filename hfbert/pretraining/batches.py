@@ -174,23 +174,17 @@ class DataCollatorForPretraining:
         generator = self.batch_generator(columns.get(DRAW_KEY))
         input_ids, token_type_ids, attention_mask = self.pad(columns["input_ids"], columns["token_type_ids"])
         masked_ids, labels = self.mask_tokens(input_ids, generator)
-        batch = {
-            "input_ids": masked_ids,
-            "attention_mask": attention_mask,
-            "token_type_ids": token_type_ids,
-            "labels": labels,
-        }
+        batch = {"attention_mask": attention_mask, "token_type_ids": token_type_ids}
         if "next_sentence_label" in columns:  # padding rows added by pad_to_batch_size carry -100
             nsp = torch.as_tensor(columns["next_sentence_label"], dtype=torch.long)
             batch["next_sentence_label"] = F.pad(nsp, (0, len(input_ids) - len(nsp)), value=IGNORE_INDEX)
         if self.max_predictions_per_seq is not None:
             if self.whole_word_masking:
                 masked_ids, labels = self.drop_words_beyond_slots(input_ids, masked_ids, labels, generator)
-            positions, labels, masked_ids = masked_positions_from_labels(
+            batch["masked_positions"], labels, masked_ids = masked_positions_from_labels(
                 labels, self.max_predictions_per_seq, masked_ids, generator=generator
             )
-            batch.update(input_ids=masked_ids, labels=labels, masked_positions=positions)
-        return batch
+        return {"input_ids": masked_ids, "labels": labels, **batch}
 
     def batch_generator(self, draws: Sequence[int] | None) -> torch.Generator | None:
         """The batch's own generator, seeded by `seed` and its draw ids; None (global RNG) without them."""
@@ -338,9 +332,8 @@ class EpochDraws(Sampler[int]):
         ends = np.cumsum(counts)  # where each unit ends in the epoch's order
         cuts = np.searchsorted(ends, np.arange(SHUFFLE_WINDOW, self.num_instances, SHUFFLE_WINDOW)) + 1
         window_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        # A cut inside the last unit leaves the last window empty: it adds no instances.
         for number, (first, last) in enumerate(itertools.pairwise([0, *np.unique(cuts).tolist(), len(units)])):
-            if first == last:
-                continue
             window_counts = counts[first:last]
             # Each unit's instances in order: its start, repeated, plus 0, 1, ... within the unit.
             unit_starts = np.cumsum(window_counts) - window_counts  # where each unit starts in the window

@@ -345,16 +345,15 @@ def load_run_tokenizer(
     if isinstance(documents, IterableDatasetDict):
         check_stream_tokenizer(data, checkpoint_tokenizer, source)
     if checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir():
-        checkpoint = checkpoint_tokenizer.parent
         tokenizer = AutoTokenizer.from_pretrained(checkpoint_tokenizer)
         logger.info(f"Resuming with the tokenizer saved in {checkpoint_tokenizer} (none is trained)")
         if data.tokenizer_name is not None:
             named = load_tokenizer(data.tokenizer_name)
             if named.get_vocab() != tokenizer.get_vocab():
                 raise Refusal(
-                    f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint} was trained "
-                    f"with ({len(named)} vs {len(tokenizer)} tokens, or other ids); drop --tokenizer_name to "
-                    "resume with the checkpoint's own tokenizer"
+                    f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint_tokenizer.parent} "
+                    f"was trained with ({len(named)} vs {len(tokenizer)} tokens, or other ids); drop --tokenizer_name "
+                    "to resume with the checkpoint's own tokenizer"
                 )
         return tokenizer
     if data.tokenizer_name is not None:

@@ -441,9 +441,8 @@ class DrawnInstances:
     def __init__(self, tokenized: Dataset, recipe: InstanceRecipe, counts: Sequence[np.ndarray]):
         self.documents = TokenizedDocuments(tokenized)
         self.recipe = recipe
-        self.num_documents = len(tokenized)
-        if any(len(count) != self.num_documents for count in counts):
-            raise ValueError(f"every pass needs one count per document ({self.num_documents})")
+        if any(len(count) != len(tokenized) for count in counts):
+            raise ValueError(f"every pass needs one count per document ({len(tokenized)})")
         self.passes = len(counts)
         self.unit_offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts), dtype=np.int64)])
         self._spans: OrderedDict[int, list[Span]] = OrderedDict()
@@ -475,7 +474,7 @@ class DrawnInstances:
     def unit_spans(self, unit: int) -> list[Span]:
         spans = self._spans.get(unit)
         if spans is None:
-            pass_index, document = divmod(unit, self.num_documents)
+            pass_index, document = divmod(unit, len(self.documents))
             spans = self.recipe.spans(self.documents, pass_index, document)
             self._spans[unit] = spans
             self._cached_spans += len(spans)
