@@ -88,11 +88,8 @@ def masked_positions_from_labels(
     filled = chosen.gather(1, order)
     positions = order.masked_fill(~filled, 0)
     masked_labels = labels.gather(1, order).masked_fill(~filled, IGNORE_INDEX)
-    if slots < max_predictions_per_seq:  # P > T: pad with empty slots
-        extra = max_predictions_per_seq - slots
-        positions = F.pad(positions, (0, extra), value=0)
-        masked_labels = F.pad(masked_labels, (0, extra), value=IGNORE_INDEX)
-    return positions, masked_labels, input_ids
+    extra = (0, max_predictions_per_seq - slots)  # P > T: empty slots past the row
+    return F.pad(positions, extra), F.pad(masked_labels, extra, value=IGNORE_INDEX), input_ids
 
 
 @dataclass
@@ -166,11 +163,9 @@ class DataCollatorForPretraining:
     def __call__(
         self, features: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]
     ) -> dict[str, torch.Tensor]:
-        columns = (
-            features
-            if isinstance(features, Mapping)
-            else {key: [feature[key] for feature in features] for key in features[0]}
-        )
+        columns = features
+        if not isinstance(columns, Mapping):  # a list of rows
+            columns = {key: [row[key] for row in features] for key in features[0]}
         generator = self.batch_generator(columns.get(DRAW_KEY))
         input_ids, token_type_ids, attention_mask = self.pad(columns["input_ids"], columns["token_type_ids"])
         masked_ids, labels = self.mask_tokens(input_ids, generator)
@@ -203,9 +198,8 @@ class DataCollatorForPretraining:
         multiple = self.pad_to_multiple_of or 1
         width = self.pad_to_length or multiple * math.ceil(longest / multiple)
         rows = max(len(lengths), self.pad_to_batch_size or 0)
-        attention_mask = np.zeros((rows, width), dtype=np.int64)
-        attention_mask[: len(lengths)] = np.arange(width) < lengths[:, None]
-        is_token = attention_mask.astype(bool)
+        is_token = np.arange(width) < np.pad(lengths, (0, rows - len(lengths)))[:, None]  # padding rows: none
+        attention_mask = is_token.astype(np.int64)
         total = int(lengths.sum())
         ids = np.full((rows, width), self.tokenizer.pad_token_id, dtype=np.int64)
         ids[is_token] = np.fromiter(itertools.chain.from_iterable(input_ids), dtype=np.int64, count=total)
