@@ -88,11 +88,8 @@ def masked_positions_from_labels(
     filled = chosen.gather(1, order)
     positions = order.masked_fill(~filled, 0)
     masked_labels = labels.gather(1, order).masked_fill(~filled, IGNORE_INDEX)
-    if slots < max_predictions_per_seq:  # P > T: pad with empty slots
-        extra = max_predictions_per_seq - slots
-        positions = F.pad(positions, (0, extra), value=0)
-        masked_labels = F.pad(masked_labels, (0, extra), value=IGNORE_INDEX)
-    return positions, masked_labels, input_ids
+    extra = (0, max_predictions_per_seq - slots)  # P > T: empty slots past the row
+    return F.pad(positions, extra), F.pad(masked_labels, extra, value=IGNORE_INDEX), input_ids
 
 
 @dataclass
@@ -119,11 +116,7 @@ class DataCollatorForPretraining:
     generator seeded by ``seed`` and the batch's draw ids, so the same rows always get the same masks; without
     draw ids, masks come from torch's global RNG, as in transformers' collators.
 
-    Not transformers' `DataCollatorForLanguageModeling`: its masks come from one generator that advances batch
-    after batch (seeded by seed + worker id), not from the rows' draw ids, so they change with the worker and
-    process count and with where a resume starts; it also lacks the static form and ``pad_to_length`` /
-    ``pad_to_batch_size``, draws random replacements among special tokens, and finds whole words only from
-    offset mappings the instances do not keep.
+    Not transformers' `DataCollatorForLanguageModeling`: its masks follow one running generator, not draw ids.
     """
 
     tokenizer: Any
@@ -159,10 +152,8 @@ class DataCollatorForPretraining:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} {value} must be a positive integer, or None")
-        special = np.zeros(len(self.tokenizer), dtype=bool)
-        special[sorted(set(self.tokenizer.all_special_ids))] = True
-        self._special = special
-        self._non_special_ids = np.flatnonzero(~special)
+        self._special = np.isin(np.arange(len(self.tokenizer)), self.tokenizer.all_special_ids)
+        self._non_special_ids = np.flatnonzero(~self._special)
         # WordPiece's prefix of a piece that continues a word ('##'), read from the tokenizer's model.
         model = getattr(getattr(self.tokenizer, "backend_tokenizer", None), "model", None)
         prefix = getattr(model, "continuing_subword_prefix", None) or "##"
@@ -172,32 +163,23 @@ class DataCollatorForPretraining:
     def __call__(
         self, features: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]
     ) -> dict[str, torch.Tensor]:
-        columns = (
-            features
-            if isinstance(features, Mapping)
-            else {key: [feature[key] for feature in features] for key in features[0]}
-        )
+        columns = features
+        if not isinstance(columns, Mapping):  # a list of rows
+            columns = {key: [row[key] for row in features] for key in features[0]}
         generator = self.batch_generator(columns.get(DRAW_KEY))
         input_ids, token_type_ids, attention_mask = self.pad(columns["input_ids"], columns["token_type_ids"])
         masked_ids, labels = self.mask_tokens(input_ids, generator)
-        batch = {
-            "input_ids": masked_ids,
-            "attention_mask": attention_mask,
-            "token_type_ids": token_type_ids,
-            "labels": labels,
-        }
+        batch = {"attention_mask": attention_mask, "token_type_ids": token_type_ids}
         if "next_sentence_label" in columns:  # padding rows added by pad_to_batch_size carry -100
-            nsp = torch.full((len(input_ids),), IGNORE_INDEX, dtype=torch.long)
-            nsp[: len(columns["next_sentence_label"])] = torch.as_tensor(columns["next_sentence_label"])
-            batch["next_sentence_label"] = nsp
+            nsp = torch.as_tensor(columns["next_sentence_label"], dtype=torch.long)
+            batch["next_sentence_label"] = F.pad(nsp, (0, len(input_ids) - len(nsp)), value=IGNORE_INDEX)
         if self.max_predictions_per_seq is not None:
             if self.whole_word_masking:
                 masked_ids, labels = self.drop_words_beyond_slots(input_ids, masked_ids, labels, generator)
-            positions, labels, masked_ids = masked_positions_from_labels(
+            batch["masked_positions"], labels, masked_ids = masked_positions_from_labels(
                 labels, self.max_predictions_per_seq, masked_ids, generator=generator
             )
-            batch.update(input_ids=masked_ids, labels=labels, masked_positions=positions)
-        return batch
+        return {"input_ids": masked_ids, "labels": labels, **batch}
 
     def batch_generator(self, draws: Sequence[int] | None) -> torch.Generator | None:
         """The batch's own generator, seeded by `seed` and its draw ids; None (global RNG) without them."""
@@ -211,20 +193,13 @@ class DataCollatorForPretraining:
         because tokenizer.pad over Python lists costs tens of milliseconds a batch."""
         lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
         longest = int(lengths.max())
-        if self.pad_to_length is not None:
-            if longest > self.pad_to_length:
-                raise ValueError(
-                    f"A row of {longest} tokens is longer than pad_to_length {self.pad_to_length}"
-                )
-            width = self.pad_to_length
-        elif self.pad_to_multiple_of is not None:
-            width = self.pad_to_multiple_of * math.ceil(longest / self.pad_to_multiple_of)
-        else:
-            width = longest
+        if self.pad_to_length is not None and longest > self.pad_to_length:
+            raise ValueError(f"A row of {longest} tokens is longer than pad_to_length {self.pad_to_length}")
+        multiple = self.pad_to_multiple_of or 1
+        width = self.pad_to_length or multiple * math.ceil(longest / multiple)
         rows = max(len(lengths), self.pad_to_batch_size or 0)
-        attention_mask = np.zeros((rows, width), dtype=np.int64)
-        attention_mask[: len(lengths)] = np.arange(width) < lengths[:, None]
-        is_token = attention_mask.astype(bool)
+        is_token = np.arange(width) < np.pad(lengths, (0, rows - len(lengths)))[:, None]  # padding rows: none
+        attention_mask = is_token.astype(np.int64)
         total = int(lengths.sum())
         ids = np.full((rows, width), self.tokenizer.pad_token_id, dtype=np.int64)
         ids[is_token] = np.fromiter(itertools.chain.from_iterable(input_ids), dtype=np.int64, count=total)
@@ -246,11 +221,7 @@ class DataCollatorForPretraining:
         chosen = (choice < self.mlm_probability) & eligible
         kind = torch.rand(input_ids.shape, generator=generator)
         to_mask = chosen & (kind < self.mask_replace_prob)
-        to_random = (
-            chosen
-            & (kind >= self.mask_replace_prob)
-            & (kind < self.mask_replace_prob + self.random_replace_prob)
-        )
+        to_random = chosen & ~to_mask & (kind < self.mask_replace_prob + self.random_replace_prob)
         picks = torch.randint(len(self._non_special_ids), input_ids.shape, generator=generator)
         masked = torch.where(to_random, torch.from_numpy(self._non_special_ids[picks.numpy()]), input_ids)
         masked = masked.masked_fill(to_mask, self.tokenizer.mask_token_id)
@@ -345,11 +316,7 @@ class EpochDraws(Sampler[int]):
         # Kept as an int64 tensor (8 bytes an instance) and turned into Python ints a block at a time: a list
         # of every index costs ~36 bytes an instance in every process.
         order = torch.randperm(self.num_instances, generator=generator)
-        return (
-            offset + index
-            for start in range(0, self.num_instances, _SAMPLER_BLOCK)
-            for index in order[start : start + _SAMPLER_BLOCK].tolist()
-        )
+        return (offset + index for block in order.split(_SAMPLER_BLOCK) for index in block.tolist())
 
     def windows(self, generator: torch.Generator) -> Iterator[np.ndarray]:
         """The epoch's instance indices, a shuffled window at a time."""
@@ -359,9 +326,8 @@ class EpochDraws(Sampler[int]):
         ends = np.cumsum(counts)  # where each unit ends in the epoch's order
         cuts = np.searchsorted(ends, np.arange(SHUFFLE_WINDOW, self.num_instances, SHUFFLE_WINDOW)) + 1
         window_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        # A cut inside the last unit leaves the last window empty: it adds no instances.
         for number, (first, last) in enumerate(itertools.pairwise([0, *np.unique(cuts).tolist(), len(units)])):
-            if first == last:
-                continue
             window_counts = counts[first:last]
             # Each unit's instances in order: its start, repeated, plus 0, 1, ... within the unit.
             unit_starts = np.cumsum(window_counts) - window_counts  # where each unit starts in the window
@@ -458,8 +424,7 @@ def collate_stream(collator: DataCollatorForPretraining, rows: list[dict]) -> tu
     errors = [row[ERROR_KEY] for row in rows if ERROR_KEY in row]
     if errors:
         return None, errors[0]
-    columns = {key: [row[key] for row in rows] for key in rows[0] if key != POSITION_KEY}
-    return collator(columns), rows[-1][POSITION_KEY]
+    return collator(rows), rows[-1][POSITION_KEY]  # the collator reads its own columns only
 
 
 @dataclass

@@ -183,11 +183,7 @@ def check_validation_split(total: int, validation: int | None, percentage: int, 
     def held_out(share: int) -> int:  # what Dataset.train_test_split(test_size=share / 100) holds out
         return math.ceil(share / 100 * total)
 
-    workable = [
-        share
-        for share in range(1, 100)
-        if held_out(share) >= min_documents and total - held_out(share) >= min_documents
-    ]
+    workable = [share for share in range(1, 100) if min_documents <= held_out(share) <= total - min_documents]
     if not workable:
         both = _why_documents(min_documents, "each of the training and validation splits")
         documents = count_of_documents(total)
@@ -292,10 +288,8 @@ def tokenize_batch(
     # a fifth of the tokenizing time, for the same ids. Truncation and padding are call-time state that a
     # wrapper call may have left set; sentences longer than an instance are cut later, when pairing.
     backend = tokenizer.backend_tokenizer
-    if backend.truncation is not None:
-        backend.no_truncation()
-    if backend.padding is not None:
-        backend.no_padding()
+    backend.no_truncation()
+    backend.no_padding()
     encodings = iter(backend.encode_batch_fast(flat_sentences, add_special_tokens=False))
     names = ["sentences", *(STATISTICS_FEATURES if indices is not None else [])]
     columns: dict[str, list] = {name: [] for name in names}
@@ -351,16 +345,15 @@ def load_run_tokenizer(
     if isinstance(documents, IterableDatasetDict):
         check_stream_tokenizer(data, checkpoint_tokenizer, source)
     if checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir():
-        checkpoint = checkpoint_tokenizer.parent
         tokenizer = AutoTokenizer.from_pretrained(checkpoint_tokenizer)
         logger.info(f"Resuming with the tokenizer saved in {checkpoint_tokenizer} (none is trained)")
         if data.tokenizer_name is not None:
             named = load_tokenizer(data.tokenizer_name)
             if named.get_vocab() != tokenizer.get_vocab():
                 raise Refusal(
-                    f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint} was trained "
-                    f"with ({len(named)} vs {len(tokenizer)} tokens, or other ids); drop --tokenizer_name to "
-                    "resume with the checkpoint's own tokenizer"
+                    f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint_tokenizer.parent} "
+                    f"was trained with ({len(named)} vs {len(tokenizer)} tokens, or other ids); drop --tokenizer_name "
+                    "to resume with the checkpoint's own tokenizer"
                 )
         return tokenizer
     if data.tokenizer_name is not None:

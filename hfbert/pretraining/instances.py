@@ -18,7 +18,7 @@ import functools
 import itertools
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -32,14 +32,8 @@ from hfbert.errors import Refusal
 
 Objective = Literal["mlm+nsp", "mlm"]  # what --objective names
 
-INSTANCE_FEATURES = Features(
-    {
-        "input_ids": List(Value("int32")),
-        "token_type_ids": List(Value("int8")),
-        "next_sentence_label": Value("int8"),
-    }
-)
 MLM_INSTANCE_FEATURES = Features({"input_ids": List(Value("int32")), "token_type_ids": List(Value("int8"))})
+INSTANCE_FEATURES = Features({**MLM_INSTANCE_FEATURES, "next_sentence_label": Value("int8")})
 COUNT_FEATURES = Features({"instances": Value("int32")})
 MIN_NSP_DOCUMENTS = 2
 BOUNDARY_HINT = (
@@ -184,6 +178,11 @@ class InstanceRecipe:
             "next_sentence_label": int(span.is_random_next),
         }
 
+    def columns(self, documents: TokenizedDocuments, spans: Iterable[Span]) -> dict[str, list]:
+        """The rows of `spans` as columns, as a ``datasets.Dataset`` answers for a batch of rows."""
+        rows = [self.row(documents, span) for span in spans]
+        return {name: [row[name] for row in rows] for name in self.features()}
+
     def features(self) -> Features:
         return INSTANCE_FEATURES if self.pairs else MLM_INSTANCE_FEATURES
 
@@ -244,17 +243,9 @@ def nsp_pairs(
             else:
                 b_document, b_start, b_stop = document, a_stop, starts[i + 1]
             cut_a, cut_b = truncation(a_stop - a_start, b_stop - b_start, max_num_tokens, rng)
-            spans.append(
-                Span(
-                    document,
-                    a_start + cut_a[0],
-                    a_stop - cut_a[1],
-                    b_document,
-                    b_start + cut_b[0],
-                    b_stop - cut_b[1],
-                    is_random_next,
-                )
-            )
+            a_range = (a_start + cut_a[0], a_stop - cut_a[1])
+            b_range = (b_start + cut_b[0], b_stop - cut_b[1])
+            spans.append(Span(document, *a_range, b_document, *b_range, is_random_next))
             first = i + 1
             target_seq_length = draw_target_length()
         i += 1
@@ -283,7 +274,10 @@ def random_next_segment(
     one on, until ``target_length`` tokens are reached. No sentence adds more than an instance holds (an
     unpunctuated line can be megabytes long); such a sentence always reaches the target, so it is the last one
     and the segment stays one contiguous range."""
-    other = other_document_index(document, len(documents), rng)
+    # google retries randint up to 10 times and may still return the same document; drawing uniformly among
+    # the other documents gives the distribution it aims for and never the same one.
+    other = rng.randint(0, len(documents) - 2)
+    other = other + 1 if other >= document else other
     offsets = documents.sentence_offsets(other)
     first = rng.randint(0, len(offsets) - 2)
     start = stop = int(offsets[first])
@@ -293,13 +287,6 @@ def random_next_segment(
         if stop - start >= target_length:
             break
     return other, start, stop
-
-
-def other_document_index(document: int, num_documents: int, rng: random.Random) -> int:
-    # google retries randint up to 10 times and may still return the same document; drawing uniformly among
-    # the other documents gives the distribution it aims for and never the same one.
-    other_index = rng.randint(0, num_documents - 2)
-    return other_index + 1 if other_index >= document else other_index
 
 
 def truncation(
@@ -429,12 +416,8 @@ def _rows_batch(
     recipe: InstanceRecipe,
     pass_index: int,
 ) -> dict[str, list]:
-    rows = [
-        recipe.row(documents, span)
-        for index in indices
-        for span in recipe.spans(documents, pass_index, index)
-    ]
-    return {name: [row[name] for row in rows] for name in recipe.features()}
+    spans = (span for index in indices for span in recipe.spans(documents, pass_index, index))
+    return recipe.columns(documents, spans)
 
 
 def write_instances(
@@ -458,9 +441,8 @@ class DrawnInstances:
     def __init__(self, tokenized: Dataset, recipe: InstanceRecipe, counts: Sequence[np.ndarray]):
         self.documents = TokenizedDocuments(tokenized)
         self.recipe = recipe
-        self.num_documents = len(tokenized)
-        if any(len(count) != self.num_documents for count in counts):
-            raise ValueError(f"every pass needs one count per document ({self.num_documents})")
+        if any(len(count) != len(tokenized) for count in counts):
+            raise ValueError(f"every pass needs one count per document ({len(tokenized)})")
         self.passes = len(counts)
         self.unit_offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts), dtype=np.int64)])
         self._spans: OrderedDict[int, list[Span]] = OrderedDict()
@@ -475,8 +457,7 @@ class DrawnInstances:
     def __getitem__(self, index: int | Sequence[int]) -> dict[str, Any]:
         if isinstance(index, int | np.integer):
             return self.recipe.row(self.documents, self.span(int(index)))
-        rows = [self.recipe.row(self.documents, self.span(int(i))) for i in index]
-        return {name: [row[name] for row in rows] for name in self.recipe.features()}
+        return self.recipe.columns(self.documents, (self.span(int(i)) for i in index))
 
     def write(self, num_proc: int | None = None) -> Dataset:
         """Every instance written as one dataset, in index order: for tools that want rows on disk (a
@@ -493,7 +474,7 @@ class DrawnInstances:
     def unit_spans(self, unit: int) -> list[Span]:
         spans = self._spans.get(unit)
         if spans is None:
-            pass_index, document = divmod(unit, self.num_documents)
+            pass_index, document = divmod(unit, len(self.documents))
             spans = self.recipe.spans(self.documents, pass_index, document)
             self._spans[unit] = spans
             self._cached_spans += len(spans)

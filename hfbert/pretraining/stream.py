@@ -142,15 +142,13 @@ class StreamedInstances(torch.utils.data.IterableDataset):
             documents = copy.deepcopy(documents)  # loading a state changes every later iteration of it
             documents.load_state_dict(state)
         size = self.stream.window_documents
-        window, window_state, before, paragraphs = first_window, state, state, []
+        window, window_state, paragraphs = first_window, state, []
         for batch in documents.iter(batch_size=1):
-            if not paragraphs:
-                window_state = before
             paragraphs.append(batch["paragraphs"][0])
-            before = documents.state_dict()
             if len(paragraphs) == size:
                 yield window, window_state, paragraphs
-                window, paragraphs = window + 1, []
+                # The state at the window's last document: where the next window starts.
+                window, window_state, paragraphs = window + 1, documents.state_dict(), []
         if paragraphs:
             yield window, window_state, paragraphs
 
