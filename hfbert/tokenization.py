@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import datasets
 import regex
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """BERT's special tokens; their position is their id, as in Hugging Face's BERT checkpoints."""
-PAD_TOKEN, UNK_TOKEN, CLS_TOKEN, SEP_TOKEN, MASK_TOKEN = SPECIAL_TOKENS
 _PARAGRAPHS_PER_BATCH = 1000
 _DOCUMENTS_PER_READ = 256
 # Files that make a folder a saved tokenizer (overwriting one needs no --overwrite_output_dir).
@@ -200,42 +199,12 @@ def possible_continuation_forms(
     return sorted(CONTINUING_SUBWORD_PREFIX + character for character in forms)
 
 
-def _bert_tokenizer(vocab: dict[str, int], lowercase: bool, model_max_length: int) -> BertTokenizer:
-    return BertTokenizer(
-        vocab=vocab,
-        do_lower_case=lowercase,
-        pad_token=PAD_TOKEN,
-        unk_token=UNK_TOKEN,
-        cls_token=CLS_TOKEN,
-        sep_token=SEP_TOKEN,
-        mask_token=MASK_TOKEN,
-        model_max_length=model_max_length,
-    )
-
-
-def _untrained_bert_tokenizer(lowercase: bool, model_max_length: int) -> BertTokenizer:
-    return _bert_tokenizer(
-        {token: token_id for token_id, token in enumerate(SPECIAL_TOKENS)}, lowercase, model_max_length
-    )
-
-
 def check_vocab_size(vocab_size: int) -> None:
     """Raise Refusal for a --vocab_size that leaves no room beside `SPECIAL_TOKENS` (before any reading)."""
     if vocab_size <= len(SPECIAL_TOKENS):
         raise Refusal(
             f"--vocab_size {vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "
             "pass a larger --vocab_size (e.g. 30522)"
-        )
-
-
-def check_special_token_ids(tokenizer: PreTrainedTokenizerBase) -> None:
-    """Raise Refusal unless ``tokenizer`` maps `SPECIAL_TOKENS` to ids 0, 1, 2, ... in that order."""
-    ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
-    if ids != list(range(len(SPECIAL_TOKENS))):
-        raise Refusal(
-            f"tokenizer special token ids {dict(zip(SPECIAL_TOKENS, ids, strict=True))} differ from BERT's "
-            f"ids 0-{len(SPECIAL_TOKENS) - 1} in the order {SPECIAL_TOKENS}; train a new tokenizer with "
-            "hfbert's train_tokenizer.py"
         )
 
 
@@ -304,12 +273,13 @@ def train_tokenizer(
         if isinstance(documents, ParagraphBatches)
         else ParagraphBatches(documents, show_progress=show_progress)
     )
-    untrained = _untrained_bert_tokenizer(lowercase, model_max_length)
+    # BertTokenizer's defaults are BERT's special tokens, at ids 0-4 in the order of SPECIAL_TOKENS.
+    untrained = BertTokenizer(do_lower_case=lowercase, model_max_length=model_max_length)
     forms = possible_continuation_forms(
         batches.iter_batches("Reading documents (1/2: characters)"), untrained
     )
     vocab = train_vocabulary(batches, untrained, forms, vocab_size, min_frequency, show_progress)
-    tokenizer = _bert_tokenizer(vocab, lowercase, model_max_length)
+    tokenizer = BertTokenizer(vocab=vocab, do_lower_case=lowercase, model_max_length=model_max_length)
     if len(tokenizer) <= len(SPECIAL_TOKENS):
         raise Refusal("the corpus gave the tokenizer trainer no text; pass a corpus with text")
     if len(tokenizer) > vocab_size:
@@ -319,40 +289,30 @@ def train_tokenizer(
             f"{len(tokenizer) - len(SPECIAL_TOKENS)} single characters (and their ## forms) of this corpus; "
             f"pass --vocab_size well above {len(tokenizer)} so that words can be learned"
         )
-    check_special_token_ids(tokenizer)
     return tokenizer
 
 
-@dataclass
-class TokenizerQuality:
-    """How a tokenizer splits a corpus."""
+class TokenizerQuality(NamedTuple):
+    """How a tokenizer splits a corpus: its words (pre-tokenized; punctuation marks count as words), WordPiece
+    tokens, the fraction of them that are [UNK] and the average tokens per word."""
 
     words: int
     tokens: int
-    unknown_tokens: int
-
-    @property
-    def unk_rate(self) -> float:
-        """Fraction of tokens that are [UNK]."""
-        return self.unknown_tokens / max(self.tokens, 1)
-
-    @property
-    def tokens_per_word(self) -> float:
-        """Average WordPiece tokens per pre-tokenized word (punctuation marks count as words)."""
-        return self.tokens / max(self.words, 1)
+    unk_rate: float
+    tokens_per_word: float
 
 
 def measure_tokenizer(
     tokenizer: PreTrainedTokenizerBase, documents: datasets.Dataset | datasets.IterableDataset
 ) -> TokenizerQuality:
     """Count words, tokens and [UNK] tokens of ``tokenizer`` over the paragraphs of ``documents``."""
-    quality = TokenizerQuality(words=0, tokens=0, unknown_tokens=0)
+    words = tokens = unknown_tokens = 0
     for batch in ParagraphBatches(documents, show_progress=False):
         for encoding in tokenizer.backend_tokenizer.encode_batch(batch, add_special_tokens=False):
-            quality.tokens += len(encoding.ids)
-            quality.unknown_tokens += encoding.ids.count(tokenizer.unk_token_id)
-            quality.words += len({word_id for word_id in encoding.word_ids if word_id is not None})
-    return quality
+            tokens += len(encoding.ids)
+            unknown_tokens += encoding.ids.count(tokenizer.unk_token_id)
+            words += len({word_id for word_id in encoding.word_ids if word_id is not None})
+    return TokenizerQuality(words, tokens, unknown_tokens / max(tokens, 1), tokens / max(words, 1))
 
 
 def model_config_for_tokenizer(
