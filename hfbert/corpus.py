@@ -60,7 +60,7 @@ _HOW_DOCUMENTS_END = {
     "blank_line": "documents end at blank lines",
     "heading": "documents start at WikiText article headings",
 }
-_BINARY_CHECK_BYTES = 8000  # as git does: a NUL byte in the first 8,000 bytes means binary
+_BINARY_CHECK_BYTES = 8000
 DOCUMENT_FEATURES = datasets.Features({"paragraphs": datasets.List(datasets.Value("string"))})
 _ROWS_PER_READ = 1000
 # Documents per Arrow write and per datasets.map batch: a batch's Python lists (and the tokenizer's encodings)
@@ -139,13 +139,6 @@ def resolve_document_boundary(args: CorpusArguments) -> DocumentBoundary:
     return "row"
 
 
-def _clean_paragraphs(lines: Iterable[str], boundary: DocumentBoundary) -> Iterator[str]:
-    for line in lines:
-        paragraph = clean_wikitext_line(line) if boundary == "heading" else line.strip()
-        if paragraph:
-            yield paragraph
-
-
 def iter_documents(
     rows: datasets.Dataset | datasets.IterableDataset,
     text_column: str,
@@ -159,16 +152,9 @@ def iter_documents(
     independent `map` batches. Documents without any paragraph are dropped.
     """
     texts = (text for batch in rows.iter(batch_size=_ROWS_PER_READ) for text in batch[text_column])
-    if boundary == "row":
-        for text in texts:
-            paragraphs = list(_clean_paragraphs(text.splitlines(), boundary))
-            if paragraphs:
-                yield {"paragraphs": paragraphs}
-    elif whole_files:
-        for text in texts:
-            yield from _group_lines([text], boundary)
-    else:
-        yield from _group_lines(texts, boundary)
+    # Rows are grouped one at a time where a row (or a file) ends a document, else all together.
+    for group in ([text] for text in texts) if whole_files or boundary == "row" else [texts]:
+        yield from _group_lines(group, boundary)
 
 
 def _group_lines(texts: Iterable[str], boundary: DocumentBoundary) -> Iterator[dict[str, list[str]]]:
@@ -176,21 +162,29 @@ def _group_lines(texts: Iterable[str], boundary: DocumentBoundary) -> Iterator[d
     for text in texts:
         # An empty row is a blank line; a row may also hold several lines.
         for line in text.splitlines() or [""]:
-            starts = is_wikitext_article_heading(line) if boundary == "heading" else not line.strip()
+            if boundary == "heading":
+                starts = is_wikitext_article_heading(line)
+                paragraph = clean_wikitext_line(line)
+            else:
+                paragraph = line.strip()
+                starts = boundary == "blank_line" and not paragraph
             if starts and paragraphs:
                 yield {"paragraphs": paragraphs}
                 paragraphs = []
-            paragraphs.extend(_clean_paragraphs([line], boundary))
+            if paragraph:
+                paragraphs.append(paragraph)
     if paragraphs:
         yield {"paragraphs": paragraphs}
 
 
+_LOCAL_SOURCE_HINT = (
+    "pass local files with --train_file/--validation_file, or a local folder laid out like the Hub repo "
+    "with --dataset_name PATH"
+)
+
+
 def _check_hub_reachable(dataset_name: str) -> None:
     """Fail in seconds when the Hub cannot be reached (datasets itself retries for ~25 s, then fails vaguely)."""
-    local_files_hint = (
-        "pass local files with --train_file/--validation_file, or a local folder laid out like the Hub repo "
-        "with --dataset_name PATH"
-    )
     if datasets.config.HF_HUB_OFFLINE:
         return  # load_dataset then uses the local cache, or raises ConnectionError at once
     try:
@@ -199,7 +193,7 @@ def _check_hub_reachable(dataset_name: str) -> None:
         raise CorpusError(
             f"--dataset_name {dataset_name} is neither a local folder nor a dataset on the Hub you can access "
             f"(check the spelling, or log in with `hf auth login` for a gated or private dataset); "
-            f"or {local_files_hint}"
+            f"or {_LOCAL_SOURCE_HINT}"
         ) from error
     except HfHubHTTPError:
         raise
@@ -207,7 +201,7 @@ def _check_hub_reachable(dataset_name: str) -> None:
     except Exception as error:
         raise CorpusError(
             f"cannot reach the Hugging Face Hub to load --dataset_name {dataset_name} ({error!r}); "
-            f"{local_files_hint}, or set HF_DATASETS_OFFLINE=1 to use a copy already in the datasets cache"
+            f"{_LOCAL_SOURCE_HINT}, or set HF_DATASETS_OFFLINE=1 to use a copy already in the datasets cache"
         ) from error
 
 
@@ -228,8 +222,7 @@ def _load_hub_dataset(
     except ConnectionError as error:  # raised at once in offline mode when the dataset is not cached
         raise CorpusError(
             f"--dataset_name {args.dataset_name} is not in the local datasets cache and the Hub is offline "
-            f"(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); pass local files with --train_file/--validation_file, "
-            f"or a local folder laid out like the Hub repo with --dataset_name PATH"
+            f"(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); {_LOCAL_SOURCE_HINT}"
         ) from error
     except FileNotFoundError as error:
         raise CorpusError(f"--dataset_name {args.dataset_name}: {error}") from error
@@ -256,14 +249,6 @@ def find_invalid_utf8(path: str | os.PathLike) -> tuple[int, int, bytes] | None:
             offset += consumed
             pending = data[consumed:]
     return (offset, line, pending) if pending else None
-
-
-def find_binary_bytes(path: str | os.PathLike) -> int | None:
-    """Byte offset of the first NUL byte in the first 8,000 bytes of ``path`` (decompressed), else None: text
-    files have none, binary files (and a file of NULs) almost always do."""
-    with _open_binary(Path(path)) as file:
-        offset = file.read(_BINARY_CHECK_BYTES).find(b"\0")
-    return None if offset < 0 else offset
 
 
 def find_invalid_json_line(path: str | os.PathLike) -> tuple[int, str] | None:
@@ -331,17 +316,19 @@ def check_corpus_files(args: CorpusArguments) -> dict[str, list[Path]]:
 @functools.lru_cache(maxsize=4096)
 def _file_refusal(path: Path, _size: int, _mtime_ns: int) -> str | None:
     """Why ``path`` cannot be read as corpus text (unreadable, binary, not UTF-8, a bad JSON line), else None."""
+    if format_suffix(path) == ".parquet":
+        return None
     try:
-        binary_at = None if format_suffix(path) == ".parquet" else find_binary_bytes(path)
+        # As git does: a NUL byte in the first 8,000 bytes (decompressed) means binary; text files have none.
+        with _open_binary(path) as file:
+            binary_at = file.read(_BINARY_CHECK_BYTES).find(b"\0")
     except OSError as error:
         return f"cannot be read ({error.strerror or error}); make it readable (chmod a+r) or leave it out"
-    if binary_at is not None:
+    if binary_at >= 0:
         return (
             f"is not a text file: it has a NUL byte at byte offset {binary_at}, as binary files do; pass text "
             "files (.txt or WikiText .raw, UTF-8) or .jsonl/.csv/.parquet files"
         )
-    if format_suffix(path) == ".parquet":
-        return None
     invalid = find_invalid_utf8(path)
     if invalid is not None:
         offset, line, bad_bytes = invalid
@@ -413,7 +400,12 @@ def _group_split(
         return datasets.IterableDataset.from_generator(
             iter_documents, features=DOCUMENT_FEATURES, gen_kwargs=gen_kwargs
         )
-    files = local_files(args).get(split, []) if args.dataset_name is None else []
+    # What names the rows' content: datasets' fingerprint of the source, else (streamed local files) the files'
+    # sha256: hashing the IterableDataset object itself would be slow.
+    if isinstance(rows, datasets.Dataset):
+        content = rows._fingerprint
+    else:
+        content = Hasher.hash([(split, sha256_file(path)) for path in local_files(args)[split]])
     grouping = list(gen_kwargs.values())[1:]  # the text column, the boundary and whether rows are files
     return datasets.Dataset.from_generator(
         iter_documents,
@@ -421,18 +413,8 @@ def _group_split(
         gen_kwargs=gen_kwargs,
         split=datasets.NamedSplit(split),
         writer_batch_size=DOCUMENTS_PER_BATCH,
-        fingerprint=Hasher.hash(
-            ["hfbert.corpus.iter_documents", _rows_fingerprint(rows, split, files), *grouping, _SOURCE]
-        ),
+        fingerprint=Hasher.hash(["hfbert.corpus.iter_documents", content, *grouping, _SOURCE]),
     )
-
-
-def _rows_fingerprint(rows: datasets.Dataset | datasets.IterableDataset, split: str, files: list[Path]) -> str:
-    """What names the rows' content: the files' sha256 (streamed local files), else datasets' fingerprint
-    of the source (hashing the Dataset object itself would be slow)."""
-    if isinstance(rows, datasets.Dataset):
-        return rows._fingerprint
-    return Hasher.hash([(split, sha256_file(path)) for path in files])
 
 
 @contextlib.contextmanager
