@@ -209,8 +209,7 @@ def _load_hub_dataset(
     args: CorpusArguments, num_proc: int | None
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     assert args.dataset_name is not None
-    is_local_folder = os.path.isdir(args.dataset_name)
-    if not is_local_folder:
+    if not os.path.isdir(args.dataset_name):
         _check_hub_reachable(args.dataset_name)
     try:
         return datasets.load_dataset(
@@ -352,8 +351,7 @@ def _file_refusal(path: Path, _size: int, _mtime_ns: int) -> str | None:
 def reads_whole_files(args: CorpusArguments) -> bool:
     """True when each row is a whole file: the plain text files of a folder or a glob (a file a document)."""
     return (
-        args.dataset_name is None
-        and args.train_file is not None
+        args.train_file is not None  # then no --dataset_name (CorpusArguments refuses both)
         and is_file_collection(args.train_file)
         and all(
             _BUILDER_BY_EXTENSION.get(format_suffix(path)) is None
