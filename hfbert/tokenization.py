@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import datasets
 import regex
-from huggingface_hub.errors import HFValidationError
-from huggingface_hub.utils import validate_repo_id
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
 from transformers.hf_argparser import HfArg
@@ -81,7 +79,8 @@ _BREAKS_AND_WORD_STARTS = re.compile(f"(?:^|[{_SURE_BREAKS}]+)[^{_SURE_BREAKS}]?
 
 
 class ParagraphBatches:
-    """Iterates over lists of paragraphs of ``documents``, counting the UTF-8 bytes it has read.
+    """Iterates over lists of paragraphs (about 1,000 a list) of ``documents``, counting the UTF-8 bytes it
+    has read.
 
     A re-iterable object rather than a generator so `train_tokenizer` callers can read ``bytes_read``
     (input throughput) after training.
@@ -90,11 +89,9 @@ class ParagraphBatches:
     def __init__(
         self,
         documents: datasets.Dataset | datasets.IterableDataset,
-        batch_size: int = _PARAGRAPHS_PER_BATCH,
         show_progress: bool = True,
     ) -> None:
         self.documents = documents
-        self.batch_size = batch_size
         self.show_progress = show_progress
         self.bytes_read = 0
 
@@ -111,7 +108,7 @@ class ParagraphBatches:
                 for paragraphs in rows["paragraphs"]:
                     batch.extend(paragraphs)
                     self.bytes_read += sum(len(paragraph.encode()) for paragraph in paragraphs)
-                if len(batch) >= self.batch_size:
+                if len(batch) >= _PARAGRAPHS_PER_BATCH:
                     yield batch
                     batch = []
                 progress.update(len(rows["paragraphs"]))
@@ -374,17 +371,13 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
         check_local_files(path, "--tokenizer_name", f"save the tokenizer there again, or {_LOAD_TOKENIZER_FIX}")
         return AutoTokenizer.from_pretrained(path)
     check_local_path_exists(str(name_or_path), "--tokenizer_name", _LOAD_TOKENIZER_FIX)
-    missing = f"--tokenizer_name {name_or_path}: no such folder ({path.absolute()})"
-    try:
-        validate_repo_id(str(name_or_path))
-    except HFValidationError:
-        raise Refusal(f"{missing}; {_LOAD_TOKENIZER_FIX}") from None
-    try:
+    try:  # a name that is no valid repo id fails at once, before any download, naming what is wrong
         return AutoTokenizer.from_pretrained(str(name_or_path))
     except (OSError, ValueError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise Refusal(
-            f"{missing}, nor a tokenizer that could be loaded from the Hub ({reason}); {_LOAD_TOKENIZER_FIX}"
+            f"--tokenizer_name {name_or_path}: no such folder ({path.absolute()}), nor a tokenizer that could be "
+            f"loaded from the Hub ({reason}); {_LOAD_TOKENIZER_FIX}"
         ) from error
 
 
@@ -394,11 +387,11 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
     folder = Path(output_dir)
     if folder.exists() and not folder.is_dir():
         raise Refusal(f"--output_dir {folder} is a file; pass a folder path")
-    model_files = [name for name in FINAL_MODEL_FILES if (folder / name).exists()]
-    if model_files or find_checkpoints(folder):
-        found = ", ".join(model_files or [path.name for path in find_checkpoints(folder)])
+    found = [name for name in FINAL_MODEL_FILES if (folder / name).exists()]
+    if found or find_checkpoints(folder):
+        found = found or [path.name for path in find_checkpoints(folder)]
         raise Refusal(
-            f"--output_dir {folder} holds a pretraining run ({found}): its tokenizer belongs to that model, and "
+            f"--output_dir {folder} holds a pretraining run ({', '.join(found)}): its tokenizer belongs to that model, and "
             "a new one would silently disagree with it; pass another --output_dir"
         )
     if (

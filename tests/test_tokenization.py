@@ -169,7 +169,7 @@ def test_measure_tokenizer(sample_tokenizer, sample_documents):
 
 
 def test_paragraph_batches_count_bytes(sample_documents):
-    batches = ParagraphBatches(sample_documents["train"], batch_size=100, show_progress=False)
+    batches = ParagraphBatches(sample_documents["train"], show_progress=False)
     paragraphs = [paragraph for batch in batches for paragraph in batch]
     expected = [paragraph for document in sample_documents["train"] for paragraph in document["paragraphs"]]
     assert paragraphs == expected
