@@ -52,7 +52,6 @@ from hfbert.corpus_source import (
 from hfbert.errors import Refusal
 from hfbert.files import describe_write_failure, is_disk_full, sha256_file
 
-SPLITS = ("train", "validation")
 # Extensions with a structured `datasets` builder; every other extension is read as plain text.
 _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 _HOW_DOCUMENTS_END = {
@@ -366,10 +365,9 @@ def _load_local_files(args: CorpusArguments) -> datasets.IterableDatasetDict:
     documents, and datasets' Arrow copy of the raw rows would add the corpus's size to the cache again.
     The plain text files of a folder or a glob are read whole, one row each."""
     files = check_corpus_files(args)
-    extension = format_suffix(files["train"][0])
     whole = {"sample_by": "document"} if reads_whole_files(args) else {}
     return datasets.load_dataset(
-        _BUILDER_BY_EXTENSION.get(extension, "text"),
+        _BUILDER_BY_EXTENSION.get(format_suffix(files["train"][0]), "text"),
         # escaped: datasets resolves data files as patterns, and a file named "notes[1].txt" matches no file
         data_files={split: [glob.escape(str(path)) for path in paths] for split, paths in files.items()},
         streaming=True,
@@ -440,7 +438,7 @@ def _checked_rows(
     if "train" not in source:
         raise CorpusError(f"{_describe_source(args)} has no 'train' split (it has {list(source)})")
     boundary = resolve_document_boundary(args)
-    split_rows = {split: source[split] for split in SPLITS if split in source}
+    split_rows = {split: source[split] for split in ("train", "validation") if split in source}
     # Every split is checked before any is grouped and written, so a refusal leaves nothing in the cache.
     for split, rows in split_rows.items():
         if rows.column_names is not None and args.text_column not in rows.column_names:

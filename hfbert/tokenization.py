@@ -227,12 +227,7 @@ def train_vocabulary(
             new_special_tokens=forms,
             show_progress=show_progress,
         )
-        missed = {
-            token
-            for token in trained.get_vocab()
-            if token.startswith(CONTINUING_SUBWORD_PREFIX)
-            and len(token) == len(CONTINUING_SUBWORD_PREFIX) + 1
-        } - set(forms)
+        missed = {token for token in trained.get_vocab() if token[:-1] == CONTINUING_SUBWORD_PREFIX} - set(forms)
         if not missed:
             break
         forms = sorted({*forms, *missed})
@@ -265,11 +260,9 @@ def train_tokenizer(
     Words longer than `MAX_WORD_CHARS` characters are left out (see `bound_paragraphs`).
     """
     check_vocab_size(vocab_size)
-    batches = (
-        documents
-        if isinstance(documents, ParagraphBatches)
-        else ParagraphBatches(documents, show_progress=show_progress)
-    )
+    batches = documents
+    if not isinstance(batches, ParagraphBatches):
+        batches = ParagraphBatches(documents, show_progress=show_progress)
     # BertTokenizer's defaults are BERT's special tokens, at ids 0-4 in the order of SPECIAL_TOKENS.
     untrained = BertTokenizer(do_lower_case=lowercase, model_max_length=model_max_length)
     forms = possible_continuation_forms(
