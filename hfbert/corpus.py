@@ -116,26 +116,22 @@ def _open_binary(path: Path) -> fsspec.core.OpenFile:
     return fsspec.open(str(path), "rb", compression="infer")  # decompressed as datasets reads it
 
 
-def _is_wikitext_source(args: CorpusArguments) -> bool:
-    if args.dataset_name is not None:
-        return "wikitext" in args.dataset_name.lower()
-    return args.train_file is None or format_suffix(args.train_file) == ".raw"
-
-
 # ---------------------------------------------------------------------------------------------------------
 
 
 def resolve_document_boundary(args: CorpusArguments) -> DocumentBoundary:
-    """The document boundary rule for ``args``: the explicit flag, else the default for its source."""
+    """The document boundary rule for ``args``: the explicit flag, else the default for its source (heading for
+    WikiText: a dataset name with 'wikitext', the shipped sample, a .raw file; row for other datasets, for
+    parquet/json/csv files and for the files of a folder or a glob; blank_line for one other text file)."""
     if args.document_boundary is not None:
         return args.document_boundary
-    if args.train_file is not None and is_file_collection(args.train_file):
-        return "row"
-    if _is_wikitext_source(args):
+    if args.dataset_name is not None:
+        return "heading" if "wikitext" in args.dataset_name.lower() else "row"
+    if args.train_file is None:  # the shipped WikiText sample
         return "heading"
-    if args.train_file is not None and format_suffix(args.train_file) not in _BUILDER_BY_EXTENSION:
-        return "blank_line"
-    return "row"
+    if is_file_collection(args.train_file) or format_suffix(args.train_file) in _BUILDER_BY_EXTENSION:
+        return "row"
+    return "heading" if format_suffix(args.train_file) == ".raw" else "blank_line"
 
 
 def iter_documents(
