@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import datasets
 import regex
@@ -38,6 +38,7 @@ from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
 from transformers.hf_argparser import HfArg
 
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
+from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import describe_documents, load_documents
 from hfbert.corpus_source import CorpusArguments
 from hfbert.errors import Refusal, run_cli
@@ -50,9 +51,6 @@ from hfbert.files import (
     write_tokenizer,
 )
 from hfbert.flags import RefusingHfArgumentParser
-
-if TYPE_CHECKING:
-    from hfbert.configuration_hfbert import HfBertConfig
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """BERT's special tokens; their position is their id, as in Hugging Face's BERT checkpoints."""
@@ -133,10 +131,7 @@ def bound_paragraphs(paragraphs: list[str], max_chars: int = MAX_PIECE_CHARS) ->
     for paragraph in paragraphs:
         if len(paragraph) > MAX_WORD_CHARS and _LONG_RUN.search(paragraph):
             paragraph = _OVERLONG_WORD.sub(" ", paragraph)
-        if len(paragraph) <= max_chars:
-            bounded.append(paragraph)
-            continue
-        start = 0
+        start = 0  # a paragraph of at most max_chars goes whole, as paragraph[0:]
         while len(paragraph) - start > max_chars:
             end = start + max_chars
             cut = paragraph.rfind(" ", start, end)
@@ -313,8 +308,6 @@ def model_config_for_tokenizer(
     The one place a config is derived from a tokenizer. ``overrides`` may change any field, including
     ``vocab_size`` (e.g. rounded up to a multiple of 8), as long as the tokenizer still fits.
     """
-    from hfbert.configuration_hfbert import HfBertConfig
-
     config_fields = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, **overrides}
     config = HfBertConfig.from_preset(preset, **config_fields)
     check_tokenizer_matches_config(tokenizer, config)
