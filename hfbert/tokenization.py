@@ -27,7 +27,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -76,6 +76,7 @@ _LONG_RUN = re.compile(f"[^{_SURE_BREAKS}]{{{MAX_WORD_CHARS + 1}}}")
 _BREAKS_AND_WORD_STARTS = re.compile(f"(?:^|[{_SURE_BREAKS}]+)[^{_SURE_BREAKS}]?")
 
 
+@dataclass
 class ParagraphBatches:
     """Iterates over lists of paragraphs (about 1,000 a list) of ``documents``, counting the UTF-8 bytes it
     has read.
@@ -84,14 +85,9 @@ class ParagraphBatches:
     (input throughput) after training.
     """
 
-    def __init__(
-        self,
-        documents: datasets.Dataset | datasets.IterableDataset,
-        show_progress: bool = True,
-    ) -> None:
-        self.documents = documents
-        self.show_progress = show_progress
-        self.bytes_read = 0
+    documents: datasets.Dataset | datasets.IterableDataset
+    show_progress: bool = True
+    bytes_read: int = field(default=0, init=False)
 
     def __iter__(self) -> Iterator[list[str]]:
         return self.iter_batches()
