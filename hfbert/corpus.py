@@ -52,7 +52,6 @@ from hfbert.corpus_source import (
 from hfbert.errors import Refusal
 from hfbert.files import describe_write_failure, is_disk_full, sha256_file
 
-SPLITS = ("train", "validation")
 # Extensions with a structured `datasets` builder; every other extension is read as plain text.
 _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 _HOW_DOCUMENTS_END = {
@@ -60,7 +59,7 @@ _HOW_DOCUMENTS_END = {
     "blank_line": "documents end at blank lines",
     "heading": "documents start at WikiText article headings",
 }
-_BINARY_CHECK_BYTES = 8000  # as git does: a NUL byte in the first 8,000 bytes means binary
+_BINARY_CHECK_BYTES = 8000
 DOCUMENT_FEATURES = datasets.Features({"paragraphs": datasets.List(datasets.Value("string"))})
 _ROWS_PER_READ = 1000
 # Documents per Arrow write and per datasets.map batch: a batch's Python lists (and the tokenizer's encodings)
@@ -117,33 +116,22 @@ def _open_binary(path: Path) -> fsspec.core.OpenFile:
     return fsspec.open(str(path), "rb", compression="infer")  # decompressed as datasets reads it
 
 
-def _is_wikitext_source(args: CorpusArguments) -> bool:
-    if args.dataset_name is not None:
-        return "wikitext" in args.dataset_name.lower()
-    return args.train_file is None or format_suffix(args.train_file) == ".raw"
-
-
 # ---------------------------------------------------------------------------------------------------------
 
 
 def resolve_document_boundary(args: CorpusArguments) -> DocumentBoundary:
-    """The document boundary rule for ``args``: the explicit flag, else the default for its source."""
+    """The document boundary rule for ``args``: the explicit flag, else the default for its source (heading for
+    WikiText: a dataset name with 'wikitext', the shipped sample, a .raw file; row for other datasets, for
+    parquet/json/csv files and for the files of a folder or a glob; blank_line for one other text file)."""
     if args.document_boundary is not None:
         return args.document_boundary
-    if args.train_file is not None and is_file_collection(args.train_file):
-        return "row"
-    if _is_wikitext_source(args):
+    if args.dataset_name is not None:
+        return "heading" if "wikitext" in args.dataset_name.lower() else "row"
+    if args.train_file is None:  # the shipped WikiText sample
         return "heading"
-    if args.train_file is not None and format_suffix(args.train_file) not in _BUILDER_BY_EXTENSION:
-        return "blank_line"
-    return "row"
-
-
-def _clean_paragraphs(lines: Iterable[str], boundary: DocumentBoundary) -> Iterator[str]:
-    for line in lines:
-        paragraph = clean_wikitext_line(line) if boundary == "heading" else line.strip()
-        if paragraph:
-            yield paragraph
+    if is_file_collection(args.train_file) or format_suffix(args.train_file) in _BUILDER_BY_EXTENSION:
+        return "row"
+    return "heading" if format_suffix(args.train_file) == ".raw" else "blank_line"
 
 
 def iter_documents(
@@ -159,16 +147,9 @@ def iter_documents(
     independent `map` batches. Documents without any paragraph are dropped.
     """
     texts = (text for batch in rows.iter(batch_size=_ROWS_PER_READ) for text in batch[text_column])
-    if boundary == "row":
-        for text in texts:
-            paragraphs = list(_clean_paragraphs(text.splitlines(), boundary))
-            if paragraphs:
-                yield {"paragraphs": paragraphs}
-    elif whole_files:
-        for text in texts:
-            yield from _group_lines([text], boundary)
-    else:
-        yield from _group_lines(texts, boundary)
+    # Rows are grouped one at a time where a row (or a file) ends a document, else all together.
+    for group in ([text] for text in texts) if whole_files or boundary == "row" else [texts]:
+        yield from _group_lines(group, boundary)
 
 
 def _group_lines(texts: Iterable[str], boundary: DocumentBoundary) -> Iterator[dict[str, list[str]]]:
@@ -176,21 +157,29 @@ def _group_lines(texts: Iterable[str], boundary: DocumentBoundary) -> Iterator[d
     for text in texts:
         # An empty row is a blank line; a row may also hold several lines.
         for line in text.splitlines() or [""]:
-            starts = is_wikitext_article_heading(line) if boundary == "heading" else not line.strip()
+            if boundary == "heading":
+                starts = is_wikitext_article_heading(line)
+                paragraph = clean_wikitext_line(line)
+            else:
+                paragraph = line.strip()
+                starts = boundary == "blank_line" and not paragraph
             if starts and paragraphs:
                 yield {"paragraphs": paragraphs}
                 paragraphs = []
-            paragraphs.extend(_clean_paragraphs([line], boundary))
+            if paragraph:
+                paragraphs.append(paragraph)
     if paragraphs:
         yield {"paragraphs": paragraphs}
 
 
+_LOCAL_SOURCE_HINT = (
+    "pass local files with --train_file/--validation_file, or a local folder laid out like the Hub repo "
+    "with --dataset_name PATH"
+)
+
+
 def _check_hub_reachable(dataset_name: str) -> None:
     """Fail in seconds when the Hub cannot be reached (datasets itself retries for ~25 s, then fails vaguely)."""
-    local_files_hint = (
-        "pass local files with --train_file/--validation_file, or a local folder laid out like the Hub repo "
-        "with --dataset_name PATH"
-    )
     if datasets.config.HF_HUB_OFFLINE:
         return  # load_dataset then uses the local cache, or raises ConnectionError at once
     try:
@@ -199,7 +188,7 @@ def _check_hub_reachable(dataset_name: str) -> None:
         raise CorpusError(
             f"--dataset_name {dataset_name} is neither a local folder nor a dataset on the Hub you can access "
             f"(check the spelling, or log in with `hf auth login` for a gated or private dataset); "
-            f"or {local_files_hint}"
+            f"or {_LOCAL_SOURCE_HINT}"
         ) from error
     except HfHubHTTPError:
         raise
@@ -207,7 +196,7 @@ def _check_hub_reachable(dataset_name: str) -> None:
     except Exception as error:
         raise CorpusError(
             f"cannot reach the Hugging Face Hub to load --dataset_name {dataset_name} ({error!r}); "
-            f"{local_files_hint}, or set HF_DATASETS_OFFLINE=1 to use a copy already in the datasets cache"
+            f"{_LOCAL_SOURCE_HINT}, or set HF_DATASETS_OFFLINE=1 to use a copy already in the datasets cache"
         ) from error
 
 
@@ -215,8 +204,7 @@ def _load_hub_dataset(
     args: CorpusArguments, num_proc: int | None
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     assert args.dataset_name is not None
-    is_local_folder = os.path.isdir(args.dataset_name)
-    if not is_local_folder:
+    if not os.path.isdir(args.dataset_name):
         _check_hub_reachable(args.dataset_name)
     try:
         return datasets.load_dataset(
@@ -228,8 +216,7 @@ def _load_hub_dataset(
     except ConnectionError as error:  # raised at once in offline mode when the dataset is not cached
         raise CorpusError(
             f"--dataset_name {args.dataset_name} is not in the local datasets cache and the Hub is offline "
-            f"(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); pass local files with --train_file/--validation_file, "
-            f"or a local folder laid out like the Hub repo with --dataset_name PATH"
+            f"(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); {_LOCAL_SOURCE_HINT}"
         ) from error
     except FileNotFoundError as error:
         raise CorpusError(f"--dataset_name {args.dataset_name}: {error}") from error
@@ -256,14 +243,6 @@ def find_invalid_utf8(path: str | os.PathLike) -> tuple[int, int, bytes] | None:
             offset += consumed
             pending = data[consumed:]
     return (offset, line, pending) if pending else None
-
-
-def find_binary_bytes(path: str | os.PathLike) -> int | None:
-    """Byte offset of the first NUL byte in the first 8,000 bytes of ``path`` (decompressed), else None: text
-    files have none, binary files (and a file of NULs) almost always do."""
-    with _open_binary(Path(path)) as file:
-        offset = file.read(_BINARY_CHECK_BYTES).find(b"\0")
-    return None if offset < 0 else offset
 
 
 def find_invalid_json_line(path: str | os.PathLike) -> tuple[int, str] | None:
@@ -331,17 +310,19 @@ def check_corpus_files(args: CorpusArguments) -> dict[str, list[Path]]:
 @functools.lru_cache(maxsize=4096)
 def _file_refusal(path: Path, _size: int, _mtime_ns: int) -> str | None:
     """Why ``path`` cannot be read as corpus text (unreadable, binary, not UTF-8, a bad JSON line), else None."""
+    if format_suffix(path) == ".parquet":
+        return None
     try:
-        binary_at = None if format_suffix(path) == ".parquet" else find_binary_bytes(path)
+        # As git does: a NUL byte in the first 8,000 bytes (decompressed) means binary; text files have none.
+        with _open_binary(path) as file:
+            binary_at = file.read(_BINARY_CHECK_BYTES).find(b"\0")
     except OSError as error:
         return f"cannot be read ({error.strerror or error}); make it readable (chmod a+r) or leave it out"
-    if binary_at is not None:
+    if binary_at >= 0:
         return (
             f"is not a text file: it has a NUL byte at byte offset {binary_at}, as binary files do; pass text "
             "files (.txt or WikiText .raw, UTF-8) or .jsonl/.csv/.parquet files"
         )
-    if format_suffix(path) == ".parquet":
-        return None
     invalid = find_invalid_utf8(path)
     if invalid is not None:
         offset, line, bad_bytes = invalid
@@ -365,8 +346,7 @@ def _file_refusal(path: Path, _size: int, _mtime_ns: int) -> str | None:
 def reads_whole_files(args: CorpusArguments) -> bool:
     """True when each row is a whole file: the plain text files of a folder or a glob (a file a document)."""
     return (
-        args.dataset_name is None
-        and args.train_file is not None
+        args.train_file is not None  # then no --dataset_name (CorpusArguments refuses both)
         and is_file_collection(args.train_file)
         and all(
             _BUILDER_BY_EXTENSION.get(format_suffix(path)) is None
@@ -381,10 +361,9 @@ def _load_local_files(args: CorpusArguments) -> datasets.IterableDatasetDict:
     documents, and datasets' Arrow copy of the raw rows would add the corpus's size to the cache again.
     The plain text files of a folder or a glob are read whole, one row each."""
     files = check_corpus_files(args)
-    extension = format_suffix(files["train"][0])
     whole = {"sample_by": "document"} if reads_whole_files(args) else {}
     return datasets.load_dataset(
-        _BUILDER_BY_EXTENSION.get(extension, "text"),
+        _BUILDER_BY_EXTENSION.get(format_suffix(files["train"][0]), "text"),
         # escaped: datasets resolves data files as patterns, and a file named "notes[1].txt" matches no file
         data_files={split: [glob.escape(str(path)) for path in paths] for split, paths in files.items()},
         streaming=True,
@@ -413,7 +392,12 @@ def _group_split(
         return datasets.IterableDataset.from_generator(
             iter_documents, features=DOCUMENT_FEATURES, gen_kwargs=gen_kwargs
         )
-    files = local_files(args).get(split, []) if args.dataset_name is None else []
+    # What names the rows' content: datasets' fingerprint of the source, else (streamed local files) the files'
+    # sha256: hashing the IterableDataset object itself would be slow.
+    if isinstance(rows, datasets.Dataset):
+        content = rows._fingerprint
+    else:
+        content = Hasher.hash([(split, sha256_file(path)) for path in local_files(args)[split]])
     grouping = list(gen_kwargs.values())[1:]  # the text column, the boundary and whether rows are files
     return datasets.Dataset.from_generator(
         iter_documents,
@@ -421,18 +405,8 @@ def _group_split(
         gen_kwargs=gen_kwargs,
         split=datasets.NamedSplit(split),
         writer_batch_size=DOCUMENTS_PER_BATCH,
-        fingerprint=Hasher.hash(
-            ["hfbert.corpus.iter_documents", _rows_fingerprint(rows, split, files), *grouping, _SOURCE]
-        ),
+        fingerprint=Hasher.hash(["hfbert.corpus.iter_documents", content, *grouping, _SOURCE]),
     )
-
-
-def _rows_fingerprint(rows: datasets.Dataset | datasets.IterableDataset, split: str, files: list[Path]) -> str:
-    """What names the rows' content: the files' sha256 (streamed local files), else datasets' fingerprint
-    of the source (hashing the Dataset object itself would be slow)."""
-    if isinstance(rows, datasets.Dataset):
-        return rows._fingerprint
-    return Hasher.hash([(split, sha256_file(path)) for path in files])
 
 
 @contextlib.contextmanager
@@ -460,7 +434,7 @@ def _checked_rows(
     if "train" not in source:
         raise CorpusError(f"{_describe_source(args)} has no 'train' split (it has {list(source)})")
     boundary = resolve_document_boundary(args)
-    split_rows = {split: source[split] for split in SPLITS if split in source}
+    split_rows = {split: source[split] for split in ("train", "validation") if split in source}
     # Every split is checked before any is grouped and written, so a refusal leaves nothing in the cache.
     for split, rows in split_rows.items():
         if rows.column_names is not None and args.text_column not in rows.column_names:

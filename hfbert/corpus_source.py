@@ -80,15 +80,12 @@ class CorpusArguments:
                 f"both --dataset_name {self.dataset_name} and --train_file {self.train_file} were given; "
                 "pass only one of them"
             )
-        if self.validation_file is not None and self.train_file is None:
-            raise CorpusError(
-                f"--validation_file {self.validation_file} was given without --train_file; pass --train_file too"
-            )
-        if self.dataset_config_name is not None and self.dataset_name is None:
-            raise CorpusError(
-                f"--dataset_config_name {self.dataset_config_name} was given without --dataset_name; "
-                "pass --dataset_name too"
-            )
+        for flag, value, needed, needed_value in (
+            ("--validation_file", self.validation_file, "--train_file", self.train_file),
+            ("--dataset_config_name", self.dataset_config_name, "--dataset_name", self.dataset_name),
+        ):
+            if value is not None and needed_value is None:
+                raise CorpusError(f"{flag} {value} was given without {needed}; pass {needed} too")
 
 
 def is_file_collection(path: str) -> bool:

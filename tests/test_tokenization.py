@@ -169,7 +169,7 @@ def test_measure_tokenizer(sample_tokenizer, sample_documents):
 
 
 def test_paragraph_batches_count_bytes(sample_documents):
-    batches = ParagraphBatches(sample_documents["train"], batch_size=100, show_progress=False)
+    batches = ParagraphBatches(sample_documents["train"], show_progress=False)
     paragraphs = [paragraph for batch in batches for paragraph in batch]
     expected = [paragraph for document in sample_documents["train"] for paragraph in document["paragraphs"]]
     assert paragraphs == expected
@@ -334,7 +334,7 @@ def test_training_is_reproducible_across_processes():
 
 def trainer_continuation_forms(documents, lowercase: bool) -> set[str]:
     """The ## forms the tokenizers trainer itself creates (it keeps them all, however small the vocabulary)."""
-    untrained = hfbert.tokenization._untrained_bert_tokenizer(lowercase, 512)
+    untrained = BertTokenizer(do_lower_case=lowercase)
     alphabet = untrained.train_new_from_iterator(
         ParagraphBatches(documents, show_progress=False), vocab_size=6, continuing_subword_prefix="##"
     )
@@ -343,7 +343,7 @@ def trainer_continuation_forms(documents, lowercase: bool) -> set[str]:
 
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_continuation_forms_are_the_trainers(sample_documents, lowercase):
-    untrained = hfbert.tokenization._untrained_bert_tokenizer(lowercase, 512)
+    untrained = BertTokenizer(do_lower_case=lowercase)
     forms = possible_continuation_forms(
         ParagraphBatches(sample_documents["train"], show_progress=False), untrained
     )
@@ -353,7 +353,7 @@ def test_continuation_forms_are_the_trainers(sample_documents, lowercase):
 
 
 def test_continuation_forms_of_tricky_characters():
-    untrained = hfbert.tokenization._untrained_bert_tokenizer(True, 512)
+    untrained = BertTokenizer()
     paragraphs = [
         "£5 costs (£) more",  # £ only starts words: no ##£
         "Café",  # é continues a word and loses its accent: ##e
