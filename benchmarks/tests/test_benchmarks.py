@@ -51,6 +51,7 @@ def model_dir(tmp_path_factory, sample_tokenizer):
     return folder
 
 
+@pytest.mark.slow  # a benchmark's own run, tens of seconds: out of the README's test command
 def test_heldout_nsp_scores_fresh_pairings(model_dir, capsys):
     accuracies = heldout_nsp.main([str(model_dir), "--pairings", "2", "--batch_size", "16"])
     assert len(accuracies) == 2 and all(0.0 <= value <= 1.0 for value in accuracies)
@@ -770,6 +771,7 @@ def test_own_text_pretrains_on_the_corpus_and_reports_every_model_and_the_comman
         assert own_text.main(argv)["movie_sentences"]["accuracy"] == report["accuracy"]  # read back
 
 
+@pytest.mark.slow  # a benchmark's own run, tens of seconds: out of the README's test command
 def test_own_text_why_probes_words_and_encoders_on_the_finetuning_rows_and_checks_the_tokenizers(
     tmp_path, model_dir, capsys
 ):
