@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from hfbert import HfBertConfig
 from hfbert.checkpointing import (
     MANIFEST_NAME,
     PROGRESS_FILE,
@@ -810,6 +811,11 @@ def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_j
     checkpoint = save_checkpoint(run[0], output_dir, 6, total_limit=1, json_files=stream_state)
     assert json.loads((checkpoint / "stream_state.json").read_text()) == {"offset": 12}
     assert "stream_state.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
+    # The model's config beside the weights: a checkpoint is a folder --model_name_or_path can start from.
+    config = HfBertConfig.from_preset("tiny", vocab_size=123)
+    checkpoint = save_checkpoint(run[0], output_dir, 7, total_limit=1, model_config=config)
+    assert HfBertConfig.from_pretrained(checkpoint).vocab_size == 123
+    assert "config.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
     with pytest.raises(CheckpointError, match=r"^--checkpoints_total_limit 0 must be >= 1 \(or unset to keep all\)$"):
         save_checkpoint(run[0], output_dir, 8, total_limit=0)
 
