@@ -356,8 +356,9 @@ class PretrainingSettings:
             if self.was_given(group, name):
                 raise Refusal(f"--{name} {getattr(group, name)} {reason} drop --{name}")
             setattr(group, name, None)
-        if source is not None and not self.was_given(self.model, "model_size"):
-            self.model.model_size = None
+        if source is not None:
+            if not self.was_given(self.model, "model_size"):
+                self.model.model_size = None
         elif self.model.attention_init == "bert" and not self.model.structured_attention_fade:
             self.model.structured_attention_fade = None  # no structured start to fade (a positive one is refused)
 
