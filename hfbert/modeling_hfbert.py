@@ -21,6 +21,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.loss.loss_utils import ForMaskedLMLoss, ForTokenClassification, fixed_cross_entropy
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -150,15 +151,49 @@ def check_masked_positions(
     check_range("masked_positions", masked_positions, seq_len, "seq_len")
 
 
-def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, training_path: bool) -> torch.Tensor:
-    """Cross-entropy of MLM logits against labels (-100 ignored), in fp32. On the training paths (masked rows,
-    static slots) a batch in which nothing was masked adds zero loss, not 0/0 = NaN; otherwise transformers'
-    semantics (the mean over labelled tokens)."""
-    logits_2d, labels_1d = logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1)
-    if training_path:
-        counted = (labels_1d != IGNORE_INDEX).sum().clamp(min=1)
-        return F.cross_entropy(logits_2d, labels_1d, reduction="sum") / counted
-    return F.cross_entropy(logits_2d, labels_1d)
+# `num_items_in_batch` (every head's forward): the labelled items of the whole accumulated batch over every
+# process, as transformers' Trainer counts them (labels != -100). A loss given it is its sum over this batch
+# divided by it, so the micro-batches of an accumulation add up to the loss of one batch of all their rows;
+# without it, the mean over this batch (transformers' loss).
+NumItems = torch.Tensor | int | None
+
+
+def masked_lm_loss(
+    logits: torch.Tensor, labels: torch.Tensor, training_path: bool, num_items_in_batch: NumItems = None
+) -> torch.Tensor:
+    """Cross-entropy of MLM logits against labels (-100 ignored), in fp32, over `num_items_in_batch` masked
+    tokens where given. Otherwise, on the training paths (masked rows, static slots) the mean over this batch's
+    masked tokens, and a batch in which nothing was masked adds zero loss, not 0/0 = NaN; elsewhere
+    transformers' semantics (the mean over labelled tokens)."""
+    if num_items_in_batch is None and training_path:
+        num_items_in_batch = (labels != IGNORE_INDEX).sum().clamp(min=1)
+    return ForMaskedLMLoss(logits, labels, logits.size(-1), num_items_in_batch)
+
+
+def summed_loss(
+    loss_function: Callable[..., torch.Tensor],
+    source: torch.Tensor,
+    target: torch.Tensor,
+    num_items_in_batch: NumItems,
+) -> torch.Tensor:
+    """An elementwise loss (MSE, BCE) as transformers' fixed_cross_entropy takes cross-entropy: the mean, or the
+    sum divided by `num_items_in_batch` where given."""
+    if num_items_in_batch is None:
+        return loss_function(source, target)
+    return loss_function(source, target, reduction="sum") / num_items_in_batch
+
+
+def next_sentence_loss(
+    logits: torch.Tensor, labels: torch.Tensor, mlm_labels: torch.Tensor | None, num_items_in_batch: NumItems
+) -> torch.Tensor:
+    """NSP's cross-entropy in fp32, over `num_items_in_batch` rows where given. Beside MLM (`mlm_labels`),
+    Trainer's one count is of the MLM labels, masked tokens rather than rows: this batch's NSP mean is then
+    weighted by its share of those tokens, which is its share of the rows (and the update exact) when every
+    micro-batch has the same masked tokens per row."""
+    if num_items_in_batch is None or mlm_labels is None:
+        return fixed_cross_entropy(logits.float(), labels.reshape(-1), num_items_in_batch)
+    share = (mlm_labels != IGNORE_INDEX).sum() / num_items_in_batch
+    return F.cross_entropy(logits.float(), labels.reshape(-1)) * share
 
 
 def gather_positions(hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -747,6 +782,7 @@ class HfBertMaskedLMMixin:
         labels: torch.Tensor | None,
         mlm_masked_rows_only: bool,
         masked_positions: torch.Tensor | None,
+        num_items_in_batch: NumItems,
         kwargs: dict,
     ) -> tuple[BaseModelOutputWithPooling, torch.Tensor, torch.Tensor | None]:
         """Encode `inputs` (HfBertModel.forward's first five arguments), then MLM logits and loss: (encoder
@@ -779,7 +815,8 @@ class HfBertMaskedLMMixin:
         logits = self.cls.predictions(rows)
         loss = None
         if labels is not None:
-            loss = masked_lm_loss(logits, labels, training_path=mlm_masked_rows_only or masked_positions is not None)
+            training_path = mlm_masked_rows_only or masked_positions is not None
+            loss = masked_lm_loss(logits, labels, training_path, num_items_in_batch)
         return outputs, logits, loss
 
 
@@ -804,6 +841,7 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         next_sentence_label: torch.Tensor | None = None,
         mlm_masked_rows_only: bool = False,
         masked_positions: torch.Tensor | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> HfBertForPreTrainingOutput | tuple:
         """Pretraining forward pass.
@@ -817,16 +855,21 @@ class HfBertForPreTraining(HfBertMaskedLMMixin, HfBertPreTrainedModel):
             masked_positions: (B, P) positions of the MLM targets, `labels` (B, P) with -100 on empty slots
                 (see `hfbert.pretraining.batches.masked_positions_from_labels`): the same path with static shapes (torch.compile);
                 `prediction_logits` is (B, P, V).
+            num_items_in_batch: transformers' Trainer's count of the accumulated batch's `labels`, its masked
+                tokens: MLM's loss is its sum over them, NSP's mean is weighted by this batch's share of them
+                (see `next_sentence_loss`). Without it each loss is this batch's mean.
             Other arguments: see `HfBertModel.forward`.
         """
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         outputs, logits, mlm_loss = self.masked_lm(
-            inputs, labels, mlm_masked_rows_only, masked_positions, kwargs
+            inputs, labels, mlm_masked_rows_only, masked_positions, num_items_in_batch, kwargs
         )
         seq_relationship_logits = self.cls.seq_relationship(outputs.pooler_output)  # (B, 2)
         nsp_loss = None
         if next_sentence_label is not None:
-            nsp_loss = F.cross_entropy(seq_relationship_logits.float(), next_sentence_label.reshape(-1))
+            nsp_loss = next_sentence_loss(
+                seq_relationship_logits, next_sentence_label, labels, num_items_in_batch
+            )
         parts = [part for part in (mlm_loss, nsp_loss) if part is not None]
         return HfBertForPreTrainingOutput(
             loss=sum(parts) if parts else None,
@@ -859,11 +902,15 @@ class HfBertForMaskedLM(HfBertMaskedLMMixin, HfBertPreTrainedModel):
         labels: torch.Tensor | None = None,
         mlm_masked_rows_only: bool = False,
         masked_positions: torch.Tensor | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput | tuple:
-        """Masked-LM forward pass; `logits` are (B, T, V), or (M, V) / (B, P, V) as in HfBertForPreTraining."""
+        """Masked-LM forward pass; `logits` are (B, T, V), or (M, V) / (B, P, V) as in HfBertForPreTraining;
+        the loss is over `num_items_in_batch` masked tokens where given."""
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        outputs, logits, loss = self.masked_lm(inputs, labels, mlm_masked_rows_only, masked_positions, kwargs)
+        outputs, logits, loss = self.masked_lm(
+            inputs, labels, mlm_masked_rows_only, masked_positions, num_items_in_batch, kwargs
+        )
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -887,14 +934,18 @@ class HfBertForNextSentencePrediction(HfBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> NextSentencePredictorOutput | tuple:
-        """`labels` (B,): 0 if segment B follows segment A, 1 if it is random."""
+        """`labels` (B,): 0 if segment B follows segment A, 1 if it is random; the loss is over
+        `num_items_in_batch` rows where given."""
         outputs = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         logits = self.cls.seq_relationship(outputs.pooler_output)  # (B, 2)
-        loss = F.cross_entropy(logits.float(), labels.reshape(-1)) if labels is not None else None
+        loss = None
+        if labels is not None:
+            loss = next_sentence_loss(logits, labels, None, num_items_in_batch)
         return NextSentencePredictorOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -924,15 +975,17 @@ class HfBertClassifierModel(HfBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput | TokenClassifierOutput | tuple:
-        """`labels`: see the subclass."""
+        """`labels`: see the subclass; the loss is over `num_items_in_batch` labelled items where given (rows,
+        rows x labels for multi-label, labelled tokens)."""
         outputs = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         features = outputs.last_hidden_state if self.per_token else outputs.pooler_output
         logits = self.classifier(self.dropout(features))  # (B, T, num_labels) or (B, num_labels)
-        loss = self.classification_loss(logits, labels) if labels is not None else None
+        loss = self.classification_loss(logits, labels, num_items_in_batch) if labels is not None else None
         return self.output_class(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -947,8 +1000,11 @@ class HfBertForSequenceClassification(HfBertClassifierModel):
     per_token = False
     output_class = SequenceClassifierOutput
 
-    def classification_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """transformers' sequence-classification loss, picked by `config.problem_type` (inferred once)."""
+    def classification_loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems
+    ) -> torch.Tensor:
+        """transformers' sequence-classification loss, picked by `config.problem_type` (inferred once); over
+        `num_items_in_batch` in every problem type (transformers' own takes it for single-label only)."""
         config = self.config
         if config.problem_type is None:
             if config.num_labels == 1:
@@ -958,10 +1014,14 @@ class HfBertForSequenceClassification(HfBertClassifierModel):
             else:
                 config.problem_type = "multi_label_classification"
         if config.problem_type == "regression":
-            return F.mse_loss(logits.squeeze(-1).float(), labels.float().reshape(logits.shape[:-1]))
+            targets = labels.float().reshape(logits.shape[:-1])
+            return summed_loss(F.mse_loss, logits.squeeze(-1).float(), targets, num_items_in_batch)
         if config.problem_type == "single_label_classification":
-            return F.cross_entropy(logits.float().view(-1, config.num_labels), labels.view(-1))
-        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            flat_logits = logits.float().view(-1, config.num_labels)
+            return fixed_cross_entropy(flat_logits, labels.view(-1), num_items_in_batch)
+        return summed_loss(
+            F.binary_cross_entropy_with_logits, logits.float(), labels.float(), num_items_in_batch
+        )
 
 
 class HfBertForTokenClassification(HfBertClassifierModel):
@@ -973,8 +1033,10 @@ class HfBertForTokenClassification(HfBertClassifierModel):
     per_token = True
     output_class = TokenClassifierOutput
 
-    def classification_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+    def classification_loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems
+    ) -> torch.Tensor:
+        return ForTokenClassification(logits, labels, self.config, num_items_in_batch=num_items_in_batch)
 
 
 class HfBertForQuestionAnswering(HfBertPreTrainedModel):
@@ -996,16 +1058,25 @@ class HfBertForQuestionAnswering(HfBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> QuestionAnsweringModelOutput | tuple:
-        """`start_positions` / `end_positions` (B,): token index of the answer span; out-of-range ones are ignored."""
+        """`start_positions` / `end_positions` (B,): token index of the answer span; out-of-range ones are ignored.
+        The loss is over `num_items_in_batch` rows where given (transformers' Trainer, which counts `labels`
+        only, passes none: it divides each micro-batch's mean by the accumulation steps instead)."""
         outputs = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs
         )
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
         start_logits, end_logits = (part.squeeze(-1).contiguous() for part in logits.split(1, dim=-1))
         # transformers' span loss (positions outside the sequence carry none), in fp32; None without both labels
-        loss = self.loss_function(start_logits.float(), end_logits.float(), start_positions, end_positions)
+        loss = self.loss_function(
+            start_logits.float(),
+            end_logits.float(),
+            start_positions,
+            end_positions,
+            num_items_in_batch=num_items_in_batch,
+        )
         return QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits,

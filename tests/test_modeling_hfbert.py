@@ -39,6 +39,7 @@ HEADS = [
     HfBertForTokenClassification,
     HfBertForQuestionAnswering,
 ]
+LOSS_HEADS = [head for head in HEADS if head is not HfBertModel]
 TIGHT = dict(atol=1e-5, rtol=1e-5)
 
 
@@ -49,6 +50,7 @@ def twin_of(model_class: type) -> type:
 
 def bert_config(config: HfBertConfig) -> BertConfig:
     fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    fields += ("hidden_dropout_prob", "attention_probs_dropout_prob", "num_labels", "problem_type")
     return BertConfig(
         **{name: getattr(config, name) for name in fields},
         max_position_embeddings=config.max_position_embeddings,
@@ -120,9 +122,7 @@ def test_outputs_match_transformers(model_class, attn_implementation):
         assert_close(actual[key], expected[key], **TIGHT, msg=f"{model_class.__name__}.{key}")
 
 
-@pytest.mark.parametrize(
-    "model_class", [head for head in HEADS if head is not HfBertModel], ids=lambda c: c.__name__
-)
+@pytest.mark.parametrize("model_class", LOSS_HEADS, ids=lambda c: c.__name__)
 def test_loss_matches_transformers(model_class):
     reference, ours = twins(model_class)
     batch = padded_batch()
@@ -201,6 +201,57 @@ def test_pretraining_loss_is_the_part_whose_labels_are_given():
     assert_close(mlm_only.loss, both.mlm_loss)
     assert_close(nsp_only.loss, both.nsp_loss)
     assert model(**batch).loss is None
+
+
+def labelled_items(labels: dict[str, torch.Tensor]) -> int:
+    """What transformers' Trainer counts for num_items_in_batch: `labels` != -100 (QA has no `labels`: rows)."""
+    counted = labels.get("labels", labels.get("start_positions"))
+    return int((counted != -100).sum())
+
+
+@pytest.mark.parametrize("model_class", LOSS_HEADS, ids=lambda c: c.__name__)
+def test_a_loss_given_num_items_in_batch_is_its_sum_over_that_count(model_class):
+    """Its own count gives transformers' mean; twice it (this batch half of an accumulation), half the loss."""
+    _, ours = twins(model_class)
+    batch = padded_batch()
+    labels = labels_for(model_class, batch)
+    mean = ours(**batch, **labels).loss
+    count = labelled_items(labels)
+    assert_close(ours(**batch, **labels, num_items_in_batch=torch.tensor(count)).loss, mean, **TIGHT)
+    assert_close(ours(**batch, **labels, num_items_in_batch=2 * count).loss, mean / 2, **TIGHT)
+
+
+@pytest.mark.parametrize("problem_type", ["regression", "multi_label_classification"])
+def test_sequence_classification_takes_num_items_in_batch_in_every_problem_type(problem_type):
+    num_labels = 1 if problem_type == "regression" else 3
+    model = HfBertForSequenceClassification(tiny_config(num_labels=num_labels, problem_type=problem_type)).eval()
+    batch = padded_batch()
+    labels = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])[:, :num_labels].squeeze(-1)
+    mean = model(**batch, labels=labels).loss
+    count = labels.numel()  # Trainer's count: every float label, a row's num_labels of them for multi-label
+    assert_close(model(**batch, labels=labels, num_items_in_batch=2 * count).loss, mean / 2, **TIGHT)
+
+
+@pytest.mark.parametrize("path", ["dense head", "masked rows", "static slots"])
+def test_pretraining_nsp_under_num_items_in_batch_is_weighted_by_this_batchs_share_of_the_masked_tokens(path):
+    """Trainer's count is MLM's masked tokens; NSP's rows normalise exactly only when every micro-batch has the
+    same masked tokens per row (docs/model.md). A batch with nothing masked adds no NSP loss then."""
+    _, model = twins(HfBertForPreTraining)
+    batch = padded_batch()
+    labels = labels_for(HfBertForPreTraining, batch)
+    inputs = {**batch, **labels}
+    if path == "static slots":
+        positions, slot_labels, input_ids = masked_positions_from_labels(labels["labels"], 4, batch["input_ids"])
+        inputs.update(input_ids=input_ids, labels=slot_labels, masked_positions=positions)
+    options = {"mlm_masked_rows_only": path == "masked rows"}
+    mean = model(**inputs, **options)
+    masked = labelled_items(labels)  # 4 in 3 rows
+    given = model(**inputs, **options, num_items_in_batch=torch.tensor(10))
+    assert_close(given.mlm_loss, mean.mlm_loss * masked / 10, **TIGHT)
+    assert_close(given.nsp_loss, mean.nsp_loss * masked / 10, **TIGHT)
+    nothing_masked = {**inputs, "labels": torch.full_like(inputs["labels"], -100)}
+    empty = model(**nothing_masked, **options, num_items_in_batch=torch.tensor(10))
+    assert empty.nsp_loss == 0 and empty.mlm_loss == 0
 
 
 # ------------------------------------------------------------------------------------------- save / load

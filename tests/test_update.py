@@ -181,3 +181,48 @@ def test_the_update_compiles_by_default_on_cuda_and_as_the_flag_says(
     data = DataSettings()
     batches, _ = built_loaders(sample_tokenizer, data, optimization, "cuda")  # a device object, no GPU needed
     assert (batches.loader.collate_fn.pad_to_length == data.max_seq_length) == on_cuda
+
+
+def micro_batch(masked_per_row: int, seed: int) -> dict[str, torch.Tensor]:
+    """Two unpadded rows of 16 tokens with `masked_per_row` MLM labels each."""
+    input_ids = torch.randint(5, 1000, (2, 16), generator=torch.Generator().manual_seed(seed))
+    labels = torch.full_like(input_ids, -100)
+    labels[:, 1 : 1 + masked_per_row] = input_ids[:, 1 : 1 + masked_per_row]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "token_type_ids": (torch.arange(16) >= 8).long().expand(2, -1).clone(),
+        "labels": labels,
+        "next_sentence_label": torch.tensor([0, 1]),
+    }
+
+
+def test_an_accumulated_update_weighs_each_micro_batchs_own_mean_equally_whatever_its_masked_tokens():
+    """hfbert's own loop: accelerate divides each micro-batch's loss (its own means over its masked tokens and
+    rows) by the accumulation steps, so with 1 and 8 masked tokens a row the update is the mean of the two
+    micro-batches' means, not the mean over all their masked tokens that one batch of the 4 rows gives."""
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    optimization = OptimizationSettings(max_grad_norm=0.0)
+    torch.manual_seed(0)
+    model = HfBertForPreTraining(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    micro_batches = [micro_batch(1, seed=1), micro_batch(8, seed=2)]
+
+    def sgd_update(loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        gradients = dict(zip(start, torch.autograd.grad(loss, list(model.parameters())), strict=True))
+        return {name: weight - gradients[name] for name, weight in start.items()}
+
+    outputs = [model(**batch, mlm_masked_rows_only=True) for batch in micro_batches]
+    mean_of_means = sgd_update(sum(out.mlm_loss + out.nsp_loss for out in outputs) / 2)
+    one_batch = {key: torch.cat([batch[key] for batch in micro_batches]) for key in micro_batches[0]}
+    pooled = model(**one_batch, mlm_masked_rows_only=True)
+    pooled_update = sgd_update(pooled.mlm_loss + pooled.nsp_loss)
+
+    prepared, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1.0))
+    state = TrainingState(prepared, optimizer, TrainingProgress(), batches=None)
+    window = TrainingWindow(accelerator.device, 0.0)
+    for batch in micro_batches:
+        train_step(accelerator, state, batch, optimization, window, Callbacks())
+    for name, weight in model.named_parameters():
+        assert_close(weight, mean_of_means[name], atol=1e-6, rtol=1e-5, msg=name)
+    assert not torch.allclose(model.cls.predictions.bias, pooled_update["cls.predictions.bias"], atol=1e-2)
