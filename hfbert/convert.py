@@ -19,7 +19,13 @@ from transformers import AutoTokenizer, BertConfig
 import hfbert
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.errors import Refusal
-from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, check_local_path_exists, staged_folder
+from hfbert.files import (
+    FINAL_FOLDER_FIX,
+    check_folder_readable,
+    check_local_path_exists,
+    running_no_folder_code,
+    staged_folder,
+)
 from hfbert.flags import RefusingHfArgumentParser
 
 _BOOKKEEPING_KEYS = {"model_type", "architectures", "auto_map", "transformers_version", "dtype"}
@@ -99,6 +105,10 @@ def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_be
     architecture = config.architectures[0]
     if not to_bert and not architecture.startswith("Bert"):
         raise Refusal(f"{source} holds a {architecture}, not a BERT model; pass a transformers BERT folder")
+    tokenizer = None
+    if (source / "tokenizer_config.json").exists() or (source / "vocab.txt").exists():
+        with running_no_folder_code(f"source {source}", f"tokenizer (in {source})"):
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     libraries = {"HfBert": hfbert, "Bert": transformers}
     prefix, twin_prefix = ("HfBert", "Bert") if to_bert else ("Bert", "HfBert")
     model, info = getattr(libraries[prefix], architecture).from_pretrained(source, output_loading_info=True)
@@ -108,8 +118,8 @@ def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_be
     twin.load_state_dict(model.state_dict(), strict=True)
     with staged_folder(output_dir) as staging:
         twin.save_pretrained(staging)
-        if (source / "tokenizer_config.json").exists() or (source / "vocab.txt").exists():
-            AutoTokenizer.from_pretrained(source).save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
     return output_dir
 
 

@@ -47,6 +47,7 @@ from hfbert.corpus_source import (
     CorpusError,
     DocumentBoundary,
     is_file_collection,
+    links_leading_out,
     local_files,
 )
 from hfbert.errors import Refusal
@@ -54,6 +55,7 @@ from hfbert.files import describe_write_failure, is_disk_full, sha256_file
 
 # Extensions with a structured `datasets` builder; every other extension is read as plain text.
 _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+_LINKS_NAMED = 3  # the skipped links a count names; the rest are counted
 _HOW_DOCUMENTS_END = {
     "row": "a row a document",
     "blank_line": "documents end at blank lines",
@@ -206,6 +208,12 @@ def _load_hub_dataset(
     assert args.dataset_name is not None
     if not os.path.isdir(args.dataset_name):
         _check_hub_reachable(args.dataset_name)
+    elif links := links_leading_out(args.dataset_name):  # datasets would follow them: they cannot be skipped
+        leads = "1 link leads" if len(links) == 1 else f"{len(links):,} links lead"
+        raise CorpusError(
+            f"--dataset_name {args.dataset_name}: {leads} out of the folder ({_some_of(links)}), and datasets would "
+            "read what it points to; copy that into the folder in its place, or remove the link"
+        )
     try:
         return datasets.load_dataset(
             args.dataset_name,
@@ -285,11 +293,13 @@ def check_corpus_files(args: CorpusArguments) -> dict[str, list[Path]]:
         flag, given = flags[split]
         collection = given is not None and is_file_collection(given)
         if collection and not paths:
+            skipped = skipped_links(given)
             raise CorpusError(
-                f"{flag} {given} holds no file (hidden files are skipped); pass a folder of text files"
+                f"{flag} {given} holds no file (hidden files are skipped{f'; {skipped}' if skipped else ''}); "
+                "pass a folder of text files"
                 if Path(given).is_dir()
-                else f"{flag} {given} matches no file; check the pattern, and quote it so that the "
-                "shell passes it as it is"
+                else f"{flag} {given} matches no file{f' ({skipped})' if skipped else ''}; check the pattern, "
+                "and quote it so that the shell passes it as it is"
             )
         for path in paths:
             name = f"{flag} {given}: {path}" if collection else f"{flag} {path}"
@@ -341,6 +351,21 @@ def _file_refusal(path: Path, _size: int, _mtime_ns: int) -> str | None:
                 'as {"text": "..."}: fix or remove that line'
             )
     return None
+
+
+def skipped_links(given: str | None) -> str | None:
+    """What a folder or a glob (`given`) left out, as its count and refusals say it: '2 links leading out of
+    texts/ skipped (texts/a.txt, texts/b.txt)'; None when nothing was (or `given` is one file, or None)."""
+    links = links_leading_out(given) if given is not None and is_file_collection(given) else []
+    if not links:
+        return None
+    return f"{len(links):,} link{'s' if len(links) != 1 else ''} leading out of {given} skipped ({_some_of(links)})"
+
+
+def _some_of(paths: list[Path]) -> str:
+    """The first `_LINKS_NAMED` of `paths`, and how many more."""
+    more = len(paths) - _LINKS_NAMED
+    return ", ".join(map(str, paths[:_LINKS_NAMED])) + (f", and {more:,} more" if more > 0 else "")
 
 
 def reads_whole_files(args: CorpusArguments) -> bool:
@@ -493,7 +518,9 @@ def describe_documents(
         source = f"{_describe_source(args)}, validation split"
     count = None if args.dataset_name is not None else len(local_files(args)[split])
     files = "" if count is None else f"{count:,} file" + ("s" if count != 1 else "")
+    links = skipped_links(args.train_file if split == "train" else args.validation_file)
+    skipped = f"; {links}" if links else ""
     if args.streaming:
-        return f"{source}: {files or 'its ' + split + ' split'}, streamed ({how})"
+        return f"{source}: {files or 'its ' + split + ' split'}, streamed ({how}){skipped}"
     counted = f"{len(documents):,} documents" + (f" from {files}" if files else "")
-    return f"{source}: {counted} ({how})"
+    return f"{source}: {counted} ({how}){skipped}"

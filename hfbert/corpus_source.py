@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,12 +97,31 @@ def is_file_collection(path: str) -> bool:
 
 def collection_files(path: str) -> list[Path]:
     """The files of a folder (recursively) or a glob, sorted, as `datasets` resolves data files: hidden files
-    and folders are skipped unless the pattern names them."""
+    and folders are skipped unless the pattern names them, folder links are not followed, and a file link that
+    leads out of the folder (the glob's folder: its part before the first wildcard) is skipped
+    (`links_leading_out`): a corpus is what is in the folder the user named."""
+    return _matched_files(path)[0]
+
+
+def links_leading_out(path: str) -> list[Path]:
+    """The file links of a folder or a glob that `collection_files` skips: they lead out of its folder."""
+    return _matched_files(path)[1]
+
+
+def _matched_files(path: str) -> tuple[list[Path], list[Path]]:
+    """(the files of a folder or a glob inside it, the links among them that lead out of it), each sorted."""
     pattern = f"{path.rstrip('/')}/**" if Path(path).is_dir() else path
     try:
-        return sorted(Path(name) for name in resolve_pattern(pattern, base_path=os.getcwd()))
+        matched = sorted(Path(name) for name in resolve_pattern(pattern, base_path=os.getcwd()))
     except FileNotFoundError:  # nothing matched
-        return []
+        return [], []
+    fixed = list(itertools.takewhile(lambda part: not glob.has_magic(part), Path(pattern).parts))
+    folder = Path(*fixed).resolve() if fixed else Path.cwd().resolve()
+    inside: list[Path] = []
+    leading_out: list[Path] = []
+    for file in matched:
+        (inside if file.resolve().is_relative_to(folder) else leading_out).append(file)
+    return inside, leading_out
 
 
 def local_files(args: CorpusArguments) -> dict[str, list[Path]]:

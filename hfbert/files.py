@@ -337,3 +337,34 @@ def holds_model(folder: str | os.PathLike) -> bool:
 def holds_tokenizer(folder: str | os.PathLike) -> bool:
     """Whether `folder` holds a tokenizer's vocabulary (one of `TOKENIZER_FILES`)."""
     return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
+# How transformers says that only a folder's own Python loads it: the end of the ValueError that
+# `from_pretrained(..., trust_remote_code=False)` raises. Left at None, it asks "run the custom code? [y/N]"
+# on stdin instead, and `echo y | ...` runs the folder's code: hfbert passes False wherever the user did not ask.
+REMOTE_CODE_MARK = "trust_remote_code=True"
+# What a command without --trust_remote_code says to do about such a folder.
+NO_FOLDER_CODE_FIX = (
+    "hfbert runs a folder's own code only in `python -m hfbert.finetune --trust_remote_code`: pass an hfbert "
+    "run's folder or a BERT folder, whose model and tokenizer transformers knows"
+)
+
+
+def folder_code_refusal(where: str, what: str, fix: str = NO_FOLDER_CODE_FIX) -> Refusal:
+    """The refusal of a folder whose `what` (its model type, its tokenizer) only the Python it ships defines."""
+    return Refusal(
+        f"{where}: its {what} is not one transformers or hfbert knows, and loading it would run the Python code "
+        f"the folder ships; {fix}"
+    )
+
+
+@contextmanager
+def running_no_folder_code(where: str, what: str, fix: str = NO_FOLDER_CODE_FIX) -> Iterator[None]:
+    """Around a `from_pretrained(..., trust_remote_code=False)`: transformers' refusal to run the folder's own
+    code as `folder_code_refusal`, one line; every other error as it is."""
+    try:
+        yield
+    except ValueError as error:
+        if REMOTE_CODE_MARK not in str(error):
+            raise
+        raise folder_code_refusal(where, what, fix) from None

@@ -38,8 +38,9 @@ class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.Argum
 class RefusingHfArgumentParser(HfArgumentParser):
     """HfArgumentParser whose command-line errors, unknown flags included, are one-line refusals (which
     `hfbert.errors.run_cli` prints) instead of argparse printing the whole usage before them (57 lines for
-    run_pretraining.py); `--help` shows each flag's default where it has one. The parser of every hfbert command:
-    it may also take no dataclasses and declare flags with `add_argument`, as argparse does.
+    run_pretraining.py); `--help` shows each flag's default where it has one; no `<script>.args` file is read. The
+    parser of every hfbert command: it may also take no dataclasses and declare flags with `add_argument`, as
+    argparse does.
 
     Two things a field's metadata may ask beyond HfArgumentParser's: `positional` (an argument without dashes)
     and `type` (a conversion other than the annotation's, such as a number or a word)."""
@@ -74,8 +75,11 @@ class RefusingHfArgumentParser(HfArgumentParser):
         )
 
     def parse_flags(self, argv: list[str] | None) -> list[Any]:
-        """The dataclasses of `argv` (sys.argv's when None)."""
-        *groups, unknown = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        """The dataclasses of `argv` (sys.argv's when None), and of nothing else: HfArgumentParser would also
+        read a `<script>.args` file beside the entry point, flags nobody typed or logged."""
+        *groups, unknown = self.parse_args_into_dataclasses(
+            args=argv, return_remaining_strings=True, look_for_args_file=False
+        )
         if unknown:  # HfArgumentParser itself raises a bare ValueError for them
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
         return groups

@@ -40,11 +40,18 @@ from hfbert.analysis import (
 )
 from hfbert.convert import check_encoder_weights_loaded
 from hfbert.errors import Refusal
-from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, holds_model, holds_tokenizer
+from hfbert.files import (
+    FINAL_FOLDER_FIX,
+    check_folder_readable,
+    holds_model,
+    holds_tokenizer,
+    running_no_folder_code,
+)
 from hfbert.flags import RefusingHfArgumentParser
 from hfbert.pretraining.samples import MASK
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
+MODEL_TYPE = "model type (config.json)"  # what a folder's own code would define, in its refusal
 REPORT_NAME = "inspect.md"
 
 
@@ -134,11 +141,14 @@ def check_length(analysis: ModelAnalysis, what: str, text: str, text_pair: str |
 def load_analysis(checkpoint: Path, tokenizer_folder: Path, device: str = "cpu") -> ModelAnalysis:
     """A model folder loaded once for every analysis (eager attention, eval mode, no gradients)."""
     check_device(device)
+    where = f"checkpoint {checkpoint}"
     with quiet_libraries():
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
-        model, info = AutoModelForPreTraining.from_pretrained(
-            checkpoint, attn_implementation="eager", output_loading_info=True
-        )
+        with running_no_folder_code(where, f"tokenizer (in {tokenizer_folder})"):
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder, trust_remote_code=False)
+        with running_no_folder_code(where, MODEL_TYPE):
+            model, info = AutoModelForPreTraining.from_pretrained(
+                checkpoint, attn_implementation="eager", output_loading_info=True, trust_remote_code=False
+            )
     check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
     return ModelAnalysis(model, tokenizer, info["missing_keys"], device)
 
@@ -168,7 +178,8 @@ def inspect_checkpoint(
     """
     folder, tokenizer_folder = check_model_folder(checkpoint, tokenizer_name)
     tasks = choose_tasks(tasks, text, pair, sentences)
-    config = AutoConfig.from_pretrained(folder)
+    with running_no_folder_code(f"checkpoint {folder}", MODEL_TYPE):
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     layer = config.num_hidden_layers - 1 if layer is None else layer
     if "attention" in tasks:
         check_index("--layer", layer, config.num_hidden_layers, "layers")

@@ -64,9 +64,11 @@ def build_model_card(
     license: str = "apache-2.0",
     samples_name: str | None = None,
     health_section: str | None = None,
+    hub_model_id: str | None = None,
 ) -> ModelCard:
     """The model card of a pretrained hfbert model: Hub metadata, training configuration, evaluation numbers,
-    how to load it, the training curves and, given `health_section` (markdown from
+    how to load it (from `hub_model_id`, the repo it is pushed to, namespace included; else from `model_name`),
+    the training curves and, given `health_section` (markdown from
     `hfbert.pretraining.health.report.health_card_section`), the run's health."""
     metrics = _metric_values(eval_results)
     base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
@@ -96,7 +98,7 @@ def build_model_card(
     )
     body = card_body(
         model_name, data_source(dataset_name, dataset_config_name, training_config), metrics, samples_name,
-        training_config, health_section,
+        training_config, health_section, hub_model_id,
     )
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
 
@@ -147,8 +149,9 @@ in pretraining remove most of their harm, not all of it (the README's main job, 
 """
 
 
-def _usage_sections(model_name: str, training_config: dict[str, Any]) -> str:
-    """The card's "How to load it" and "Fine-tuning" sections."""
+def _usage_sections(model_name: str, repo_id: str, training_config: dict[str, Any]) -> str:
+    """The card's "How to load it" (from `repo_id`) and "Fine-tuning" (of the folder `model_name`, as a clone of
+    the repo names it: hfbert.finetune reads local folders) sections."""
     return f"""## How to load it
 
 With the `hfbert` package installed, importing it registers the model with the Auto classes:
@@ -157,8 +160,8 @@ With the `hfbert` package installed, importing it registers the model with the A
 import hfbert  # registers the "hfbert" model type with transformers' Auto classes
 from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
-tokenizer = AutoTokenizer.from_pretrained("{model_name}")
-model = AutoModelForMaskedLM.from_pretrained("{model_name}")
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
+model = AutoModelForMaskedLM.from_pretrained("{repo_id}")
 fill_mask = pipeline("fill-mask", model=model, tokenizer=tokenizer)
 print(fill_mask("The capital of France is [MASK]."))
 ```
@@ -168,8 +171,8 @@ Without `hfbert` installed, let transformers use the model code stored next to t
 ```python
 from transformers import AutoModelForMaskedLM, pipeline
 
-model = AutoModelForMaskedLM.from_pretrained("{model_name}", trust_remote_code=True)
-fill_mask = pipeline("fill-mask", model="{model_name}", trust_remote_code=True)
+model = AutoModelForMaskedLM.from_pretrained("{repo_id}", trust_remote_code=True)
+fill_mask = pipeline("fill-mask", model="{repo_id}", trust_remote_code=True)
 ```
 
 ## Fine-tuning
@@ -198,8 +201,10 @@ def card_body(
     samples_name: str | None,
     training_config: dict[str, Any],
     health_section: str | None = None,
+    hub_model_id: str | None = None,
 ) -> str:
-    """The card's markdown below the metadata: what the model is, how to load it, its numbers and config."""
+    """The card's markdown below the metadata: what the model is, how to load it (from `hub_model_id`, else
+    `model_name`), its numbers and config."""
     base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
     start = f"from `{base_model}`" if base_model else "from scratch"
     objectives = _OBJECTIVES[training_config.get("objective", "mlm+nsp")]
@@ -219,7 +224,7 @@ A BERT model pretrained {start} with `hfbert` on {objectives}, trained on {data_
 model: the weights are in `model.safetensors`, and `config.json` maps the Auto classes (`auto_map`) to the
 model code shipped in this folder.
 
-{_usage_sections(model_name, training_config)}## Evaluation
+{_usage_sections(model_name, hub_model_id or model_name, training_config)}## Evaluation
 
 Measured on the validation split at the end of training (`eval_results.json`):
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from hfbert.errors import Refusal
 from hfbert.files import publish_files
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.model_card import push_to_hub
+from hfbert.model_card import check_hub_model_id, push_to_hub
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hub_token", default=None, help="Hub token (default: the logged-in one)")
     parser.add_argument("--private", action="store_true", help="create the repo as private")
     args = parser.parse_args(argv)
+    check_hub_model_id(args.hub_model_id)  # before publish_files, which may finish an interrupted publication
     if not args.run_dir.is_dir():
         raise Refusal(f"{args.run_dir} is not a folder; pass the --output_dir of a finished run")
     publish_files(args.run_dir)  # completes a final folder whose publication was interrupted

@@ -47,6 +47,7 @@ from hfbert.files import (
     check_local_files,
     check_local_path_exists,
     describe_write_failure,
+    running_no_folder_code,
     staged_files,
     write_tokenizer,
 )
@@ -351,10 +352,11 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
                 f"tokenizer.json, tokenizer_config.json or vocab.txt); {_LOAD_TOKENIZER_FIX}"
             )
         check_local_files(path, "--tokenizer_name", f"save the tokenizer there again, or {_LOAD_TOKENIZER_FIX}")
-        return AutoTokenizer.from_pretrained(path)
+        with running_no_folder_code(f"--tokenizer_name {name_or_path}", f"tokenizer (in {path})"):
+            return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     check_local_path_exists(str(name_or_path), "--tokenizer_name", _LOAD_TOKENIZER_FIX)
     try:  # a name that is no valid repo id fails at once, before any download, naming what is wrong
-        return AutoTokenizer.from_pretrained(str(name_or_path))
+        return AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False)
     except (OSError, ValueError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise Refusal(

@@ -1,8 +1,13 @@
 """Shared fixtures. Every test is offline: the Hub is never contacted."""
 
+import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 # Hermetic: no Hub, and a datasets cache of this session's own (subprocesses inherit it).
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="hfbert-tests-datasets-")
@@ -77,6 +82,36 @@ def run_inputs(tmp_path_factory, sample_tokenizer) -> dict[str, Path]:
     sample_tokenizer.save_pretrained(folder / "tokenizer")
     tiny_config(vocab_size=len(sample_tokenizer)).save_pretrained(folder / "model-config")
     return {"tokenizer": folder / "tokenizer", "config": folder / "model-config" / "config.json"}
+
+
+def folder_with_its_own_code(folder, path, marker, part: str = "config"):
+    """A copy of `folder` whose config (`part` "config") or tokenizer ("tokenizer") names a class nothing
+    registers, with the code for it in the folder; the code writes `marker` when imported (what running a
+    folder's code can do)."""
+    shutil.copytree(folder, path)
+    if part == "config":
+        config_file, module = "config.json", "configuration_shipped"
+        base, shipped = "BertConfig", "ShippedConfig"
+        named = {"model_type": "shipped", "auto_map": {"AutoConfig": f"{module}.{shipped}"}}
+    else:
+        config_file, module = "tokenizer_config.json", "tokenization_shipped"
+        base, shipped = "BertTokenizer", "ShippedTokenizer"
+        named = {"tokenizer_class": shipped, "auto_map": {"AutoTokenizer": [f"{module}.{shipped}", None]}}
+    config = json.loads((path / config_file).read_text())
+    (path / config_file).write_text(json.dumps(config | named))
+    (path / f"{module}.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        f"from transformers import {base}\n\n\nclass {shipped}({base}):\n    model_type = 'shipped'\n"
+    )
+    return path
+
+
+@contextmanager
+def yes_typed_at_any_prompt() -> Iterator[mock.Mock]:
+    """What `echo y | COMMAND` answers transformers' "Do you wish to run the custom code? [y/N]"; yields the
+    mock of `input`, so that a test can assert that nothing was asked."""
+    with mock.patch("builtins.input", return_value="y") as asked:
+        yield asked
 
 
 DAMAGES = ("truncated", "garbled")

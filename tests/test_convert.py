@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 import transformers
-from conftest import DAMAGES, damage, tiny_config
+from conftest import DAMAGES, damage, folder_with_its_own_code, tiny_config, yes_typed_at_any_prompt
 from test_modeling_hfbert import padded_batch
 from torch.testing import assert_close
 
@@ -117,6 +117,24 @@ def refusal_line(capsys, argv) -> str:
     assert stopped.value.code == REFUSAL_EXIT_CODE
     [line] = capsys.readouterr().err.splitlines()
     return line
+
+
+@pytest.mark.parametrize("part", ["config", "tokenizer"])
+def test_a_folder_whose_own_code_would_load_it_is_refused_in_one_line_without_running_it(
+    tmp_path, capsys, sample_tokenizer, part
+):
+    """A tokenizer naming its own class made transformers ask "run the custom code? [y/N]"; "y" ran it."""
+    marker = tmp_path / "the-folders-code-ran"
+    HfBertForPreTraining(tiny_config()).save_pretrained(tmp_path / "hfbert")
+    sample_tokenizer.save_pretrained(tmp_path / "hfbert")
+    shipped = folder_with_its_own_code(tmp_path / "hfbert", tmp_path / "shipped", marker, part)
+    with yes_typed_at_any_prompt() as asked:
+        line = refusal_line(capsys, ["to-transformers", str(shipped), str(tmp_path / "out")])
+    assert not asked.called and not marker.exists() and not (tmp_path / "out").exists()
+    expected = "holds a 'shipped' model, not 'hfbert'" if part == "config" else (
+        f"source {shipped}: its tokenizer (in {shipped}) is not one transformers or hfbert knows"
+    )
+    assert expected in line
 
 
 @pytest.mark.parametrize("source", ["path/to/bert-base-uncased", "./bert", "/no/such/bert"])

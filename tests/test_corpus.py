@@ -23,7 +23,13 @@ from hfbert.corpus import (
     load_documents,
     resolve_document_boundary,
 )
-from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments, CorpusError
+from hfbert.corpus_source import (
+    SHIPPED_SAMPLE_DIR,
+    SHIPPED_SAMPLE_FILES,
+    CorpusArguments,
+    CorpusError,
+    corpus_fingerprint,
+)
 from hfbert.errors import Refusal
 
 HUB_CONFIG = "wikitext-2-raw-v1"
@@ -472,6 +478,65 @@ def test_a_bad_folder_or_glob_is_one_line_naming_the_file_before_any_read(tmp_pa
     before = arrow_files()
     with pytest.raises(CorpusError, match="^" + message.format(folder=re.escape(str(folder)))):
         load_documents(CorpusArguments(train_file=train_file, validation_file=validation_file))
+    assert arrow_files() == before
+
+
+def folder_with_links_out(tmp_path) -> Path:
+    """texts/ with two files, a link to one of them, and links that lead out of it: two to a file (absolute and
+    relative) and one to a folder."""
+    folder = write_texts(tmp_path / "texts", {"a.txt": "Kept.\n", "sub/b.txt": "Kept too.\n"})
+    secret = write_texts(tmp_path / "elsewhere", {"password.txt": "hunter2\n"}) / "password.txt"
+    (folder / "password.txt").symlink_to(secret)
+    (folder / "relative.txt").symlink_to(Path("..") / "elsewhere" / "password.txt")
+    (folder / "alias.txt").symlink_to("a.txt")  # inside the folder: read
+    (folder / "linked").symlink_to(secret.parent, target_is_directory=True)  # folder links are not followed
+    return folder
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("glob", [False, True])
+def test_a_file_link_leading_out_of_a_folder_is_skipped_and_the_count_says_so(tmp_path, caplog, streaming, glob):
+    """A link to a file holding a password was read, and its text quoted in samples.md, which is pushed."""
+    folder = folder_with_links_out(tmp_path)
+    train_file = f"{folder}/*.txt" if glob else str(folder)
+    with caplog.at_level("INFO", logger="hfbert.corpus"):
+        documents = load_documents(CorpusArguments(train_file=train_file, streaming=streaming))
+    assert paragraphs_of(documents["train"]) == [["Kept."], ["Kept."], *([] if glob else [["Kept too."]])]
+    found = ("3 files" if streaming else "3 documents from 3 files") if not glob else (
+        "2 files" if streaming else "2 documents from 2 files"
+    )
+    skipped = f"2 links leading out of {train_file} skipped ({folder}/password.txt, {folder}/relative.txt)"
+    assert f"--train_file {train_file}: {found}" in caplog.text and skipped in caplog.text
+    fingerprint = corpus_fingerprint(CorpusArguments(train_file=train_file))
+    (tmp_path / "elsewhere" / "password.txt").write_text("changed, and not read\n")
+    assert corpus_fingerprint(CorpusArguments(train_file=train_file)) == fingerprint
+
+
+def test_a_folder_of_links_leading_out_of_it_holds_no_file(tmp_path):
+    folder = folder_with_links_out(tmp_path)
+    for name in ("a.txt", "alias.txt", "sub/b.txt"):
+        (folder / name).unlink()
+    with pytest.raises(CorpusError, match=re.escape(
+        f"--train_file {folder} holds no file (hidden files are skipped; 2 links leading out of {folder} skipped "
+        f"({folder}/password.txt, {folder}/relative.txt)); pass a folder of text files"
+    )):  # fmt: skip
+        load_documents(CorpusArguments(train_file=str(folder)))
+
+
+def test_a_dataset_folder_with_a_file_link_leading_out_of_it_is_refused_before_any_read(hub_layout_folder, tmp_path):
+    """datasets follows file links when it reads a local dataset folder, so it cannot skip them as a folder of
+    --train_file does."""
+    secret = write_texts(tmp_path / "elsewhere", {"password.parquet": "hunter2"}) / "password.parquet"
+    link = hub_layout_folder / HUB_CONFIG / "test-00000-of-00001.parquet"
+    link.unlink()
+    link.symlink_to(secret)
+    arguments = CorpusArguments(dataset_name=str(hub_layout_folder), dataset_config_name=HUB_CONFIG)
+    before = arrow_files()
+    with pytest.raises(CorpusError, match=re.escape(
+        f"--dataset_name {hub_layout_folder}: 1 link leads out of the folder ({link}), and datasets would read "
+        "what it points to; copy that into the folder in its place, or remove the link"
+    )):  # fmt: skip
+        load_documents(arguments)
     assert arrow_files() == before
 
 

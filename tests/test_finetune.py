@@ -15,7 +15,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from conftest import damage, tiny_config
+from conftest import damage, folder_with_its_own_code, tiny_config
 from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
@@ -1070,20 +1070,6 @@ def test_a_collapsed_seed_is_named_in_the_output_the_results_and_the_card_and_on
         "seeds": [1, 2, 3], "per_seed": [0.75, 0.5, 0.75], "learning_rate": 0.001, "learning_rate_choice": "as passed",
         "num_train_epochs": 20.0, "collapsed_seeds": ["2"],
     }  # fmt: skip
-
-
-def folder_with_its_own_code(folder, path, marker):
-    """A copy of `folder` whose config names a model type nothing registers, with the code for it in the folder;
-    the code writes `marker` when imported (what running a folder's code can do)."""
-    shutil.copytree(folder, path)
-    config = json.loads((path / "config.json").read_text())
-    config.update(model_type="shipped", auto_map={"AutoConfig": "configuration_shipped.ShippedConfig"})
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "configuration_shipped.py").write_text(
-        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
-        "from transformers import BertConfig\n\n\nclass ShippedConfig(BertConfig):\n    model_type = 'shipped'\n"
-    )
-    return path
 
 
 def test_no_code_from_a_folder_runs_unless_the_user_passes_trust_remote_code(tmp_path, folder, topic_files):

@@ -21,14 +21,14 @@ SENTENCES = [
 OTHER = "The band toured Europe in the summer ."
 
 
-def write(output_dir, model, tokenizer, sentences=(SENTENCES, OTHER)) -> FinalFolder:
+def write(output_dir, model, tokenizer, sentences=(SENTENCES, OTHER), flags=()) -> FinalFolder:
     data = PretrainingData(tokenizer, model.config, train=None, evaluation=None, sample_sentences=sentences[0],
                            other_sentence=sentences[1])  # fmt: skip
     history = [{"step": 1, "loss": 7.0, "learning_rate": 1e-4}, {"step": 2, "eval_mlm_loss": 6.5}]
     progress = TrainingProgress(completed_steps=2, train_seconds=3.0, log_history=history)
     metrics = {"eval_mlm_loss": 6.5, "eval_mlm_accuracy": 0.01}
     summary = {"precision": "no", "corpus": "shipped WikiText-2 sample"}
-    settings = parse_args(["--output_dir", str(output_dir)])
+    settings = parse_args(["--output_dir", str(output_dir), *flags])
     return write_final_folder(data, metrics, summary, None, settings, model, model.state_dict(), progress)
 
 
@@ -59,6 +59,15 @@ def test_without_sample_sentences_there_are_no_samples(tmp_path, sample_tokenize
     final = write(tmp_path / "run", HfBertForPreTraining(tiny_config()), sample_tokenizer, sentences=([], None))
     assert final.fill_mask is None and not (final.path / "samples.md").exists()
     assert "samples.md" not in (final.path / "README.md").read_text()
+
+
+def test_the_cards_snippets_load_the_hub_model_id_namespace_included(tmp_path, sample_tokenizer):
+    """With --hub_model_id me/hfbert-x they said from_pretrained("hfbert-x"), which is not the pushed repo."""
+    folder = write(tmp_path / "run", HfBertForPreTraining(tiny_config()), sample_tokenizer, ([], None),
+                   flags=["--hub_model_id", "me/hfbert-x"]).path  # fmt: skip
+    card = (folder / "README.md").read_text()
+    assert card.count('from_pretrained("me/hfbert-x"') == 3 and 'pipeline("fill-mask", model="me/hfbert-x"' in card
+    assert '"hfbert-x"' not in card and "\n# hfbert-x\n" in card  # the title is the model's name
 
 
 class OtherRankOfTwo:

@@ -3,7 +3,7 @@ import struct
 
 import pytest
 import torch
-from conftest import DAMAGES, damage, tiny_config
+from conftest import DAMAGES, damage, folder_with_its_own_code, tiny_config, yes_typed_at_any_prompt
 from transformers import BertConfig, BertForPreTraining
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
@@ -163,6 +163,20 @@ def refused(argv, capsys) -> str:
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("python -m hfbert.inspect: error: ")
     return line
+
+
+@pytest.mark.parametrize("part", ["config", "tokenizer"])
+def test_a_folder_whose_own_code_would_load_it_is_refused_in_one_line_without_running_it(
+    checkpoint, tmp_path, capsys, part
+):
+    """transformers asked "run the custom code? [y/N]", and `echo y | python -m hfbert.inspect ...` ran it."""
+    marker = tmp_path / "the-folders-code-ran"
+    shipped = folder_with_its_own_code(checkpoint, tmp_path / "shipped", marker, part)
+    with yes_typed_at_any_prompt() as asked:
+        line = refused([str(shipped), "--text", TEXT], capsys)
+    assert not asked.called and not marker.exists() and not (shipped / "inspect").exists()
+    what = "model type (config.json)" if part == "config" else f"tokenizer (in {shipped})"
+    assert f"checkpoint {shipped}: its {what} is not one transformers or hfbert knows" in line
 
 
 def test_cli_refusal_is_one_line(checkpoint, tmp_path, capsys):

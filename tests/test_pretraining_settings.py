@@ -30,6 +30,9 @@ REFUSED_FLAGS = [
     (["--cls_attention_spread", "1", "--torch_compile"], "drop --torch_compile or --cls_attention_spread"),
     (["--validation_split_percentage", "0"], "must be in (0, 100)"),
     (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
+    # Validated pushed or not: the model card's Python snippets load it (quotes and newlines landed in them raw).
+    (["--hub_model_id", 'me/x")\nimport os'], '--hub_model_id me/x")\nimport os: Repo id must'),
+    (["--hub_model_id", "a/b/c"], "--hub_model_id a/b/c: Repo id must"),
     (["--max_grad_norm", "nan"], "--max_grad_norm nan must be a finite number, e.g. 1.0"),
     (["--max_train_seconds", "nan"], "--max_train_seconds nan must be a finite number"),
     (["--max_train_seconds", "inf"], "--max_train_seconds inf must be a finite number"),

@@ -7,7 +7,7 @@ import pytest
 from conftest import DAMAGES, damage, tiny_config
 
 from hfbert import HfBertForPreTraining
-from hfbert.errors import REFUSAL_EXIT_CODE, run_cli
+from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 from hfbert.files import FINAL_READY, write_json_atomic
 from hfbert.push import main
 
@@ -48,6 +48,15 @@ def test_push_first_finishes_an_interrupted_publication(run_folder, capsys):
     shutil.move(run_folder / "model.safetensors", ready / "model.safetensors")
     assert "model.safetensors" in push(run_folder, capsys)
     assert not ready.exists()
+
+
+def test_a_hub_model_id_the_hub_would_reject_is_refused_before_the_folder_is_touched(run_folder):
+    ready = run_folder / FINAL_READY  # an interrupted publication, which a push would finish first
+    ready.mkdir()
+    shutil.move(run_folder / "model.safetensors", ready / "model.safetensors")
+    with pytest.raises(Refusal, match="--hub_model_id a/b/c: Repo id must"):
+        main([str(run_folder), "--hub_model_id", "a/b/c"])
+    assert (ready / "model.safetensors").is_file() and not (run_folder / "model.safetensors").exists()
 
 
 @pytest.mark.parametrize("how", DAMAGES)

@@ -6,12 +6,13 @@ import pytest
 import torch
 import transformers
 from accelerate import Accelerator
-from conftest import tiny_config
+from conftest import folder_with_its_own_code, tiny_config, yes_typed_at_any_prompt
 
 from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.checkpointing import MANIFEST_NAME, _write_manifest
 from hfbert.convert import bert_config_for
-from hfbert.errors import Refusal
+from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, stops_in_one_line
+from hfbert.pretraining.cli import main
 from hfbert.pretraining.settings import ModelSettings
 from hfbert.pretraining.source_model import (
     check_source_fits,
@@ -117,6 +118,30 @@ def test_folders_that_hold_no_model_are_refused(tmp_path, tokenizer):
     )
     with pytest.raises(ValueError, match="'gpt2' model, not BERT"):
         find_source_model(str(tmp_path / "gpt2"))
+
+
+@pytest.mark.parametrize(
+    "flag, part",
+    [("--model_name_or_path", "config"), ("--model_name_or_path", "tokenizer"), ("--tokenizer_name", "tokenizer")],
+)
+def test_a_folder_whose_own_code_would_load_it_is_refused_in_one_line_without_running_it(
+    tmp_path, tokenizer, capsys, flag, part
+):
+    """transformers asked "run the custom code? [y/N]", and `echo y | run_pretraining.py ...` ran it."""
+    marker = tmp_path / "the-folders-code-ran"
+    hfbert_folder(tmp_path / "run", tokenizer)
+    shipped = folder_with_its_own_code(tmp_path / "run", tmp_path / "shipped", marker, part)
+    capsys.readouterr()
+    argv = [flag, str(shipped), "--output_dir", str(tmp_path / "out"), "--max_train_steps", "1"]
+    with yes_typed_at_any_prompt() as asked, pytest.raises(SystemExit) as exited, stops_in_one_line("x.py"):
+        main(argv)
+    assert exited.value.code == REFUSAL_EXIT_CODE and not asked.called and not marker.exists()
+    what = "model type (config.json)" if part == "config" else f"tokenizer (in {shipped})"
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        f"x.py: error: {flag} {shipped}: its {what} is not one transformers or hfbert knows, and "
+        "loading it would run the Python code the folder ships; "
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_unreachable_hub_id_is_named():

@@ -25,7 +25,14 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICA
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
 from hfbert.checkpointing import MANIFEST_NAME, TOKENIZER_FOLDER, verify_checkpoint
 from hfbert.errors import Refusal
-from hfbert.files import TOKENIZER_FILES, check_folder_readable, holds_model, holds_tokenizer
+from hfbert.files import (
+    REMOTE_CODE_MARK,
+    TOKENIZER_FILES,
+    check_folder_readable,
+    folder_code_refusal,
+    holds_model,
+    holds_tokenizer,
+)
 from hfbert.finetune.settings import (
     LARGER_MODEL_EPOCHS,
     LARGER_MODEL_RATES,
@@ -44,7 +51,7 @@ COMPARISON_ROLE = "comparison"
 FOLDER_FIX = (
     "pass a finished run's output folder (or one of its checkpoint-<step> folders, or any BERT folder)"
 )
-REMOTE_CODE_MARK = "trust_remote_code=True"  # how transformers says a folder needs its own code to load
+TRUST_REMOTE_CODE_FIX = "pass --trust_remote_code if you trust that code"
 
 
 def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
@@ -76,13 +83,6 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
     return tokenizer_folder
 
 
-def remote_code_refusal(where: str, what: str) -> Refusal:
-    return Refusal(
-        f"{where}: its {what} is not one transformers or hfbert knows, and loading it would run the Python code "
-        "the folder ships; pass --trust_remote_code if you trust that code"
-    )
-
-
 @dataclass(frozen=True)
 class Candidate:
     """One model the run fine-tunes: the one under test (role "model") or the comparison."""
@@ -107,7 +107,7 @@ def load_config(folder: str, where: str, trust_remote_code: bool) -> Any:
         return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as error:
         if REMOTE_CODE_MARK in str(error):
-            raise remote_code_refusal(where, "model type (config.json)") from None
+            raise folder_code_refusal(where, "model type (config.json)", TRUST_REMOTE_CODE_FIX) from None
         raise Refusal(
             f"{where}: its config.json cannot be read ({str(error).splitlines()[0]}); {FOLDER_FIX}"
         ) from None
@@ -118,7 +118,8 @@ def load_tokenizer(tokenizer_folder: Path, where: str, trust_remote_code: bool) 
         return AutoTokenizer.from_pretrained(tokenizer_folder, trust_remote_code=trust_remote_code)
     except Exception as error:  # the Rust tokenizers raise plain Exceptions; transformers KeyError, OSError
         if REMOTE_CODE_MARK in str(error):
-            raise remote_code_refusal(where, f"tokenizer (in {tokenizer_folder})") from None
+            what = f"tokenizer (in {tokenizer_folder})"
+            raise folder_code_refusal(where, what, TRUST_REMOTE_CODE_FIX) from None
         raise Refusal(
             f"{where}: its tokenizer in {tokenizer_folder} cannot be loaded ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}); save the tokenizer the model was trained with "

@@ -49,6 +49,7 @@ from hfbert.corpus import (
 )
 from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
+from hfbert.files import running_no_folder_code
 from hfbert.initialization import check_structured_attention_config
 from hfbert.pretraining.health.corpus import (
     STATISTICS_FEATURES,
@@ -345,7 +346,8 @@ def load_run_tokenizer(
     if isinstance(documents, IterableDatasetDict):
         check_stream_tokenizer(data, checkpoint_tokenizer, source)
     if checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint_tokenizer)
+        with running_no_folder_code(f"the checkpoint {checkpoint_tokenizer.parent}", "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(checkpoint_tokenizer, trust_remote_code=False)
         logger.info(f"Resuming with the tokenizer saved in {checkpoint_tokenizer} (none is trained)")
         if data.tokenizer_name is not None:
             named = load_tokenizer(data.tokenizer_name)
@@ -359,7 +361,7 @@ def load_run_tokenizer(
     if data.tokenizer_name is not None:
         return load_tokenizer(data.tokenizer_name)
     if source is not None:
-        return AutoTokenizer.from_pretrained(source.tokenizer_location)
+        return AutoTokenizer.from_pretrained(source.tokenizer_location, trust_remote_code=False)  # checked before
     trained = output_dir / TRAINED_TOKENIZER_DIR
     if accelerator.is_main_process:
         logger.info(
@@ -368,7 +370,7 @@ def load_run_tokenizer(
         )
         save_tokenizer(train_tokenizer(documents["train"], vocab_size=data.vocab_size), trained)
     accelerator.wait_for_everyone()
-    return AutoTokenizer.from_pretrained(trained)
+    return AutoTokenizer.from_pretrained(trained, trust_remote_code=False)
 
 
 def build_model_config(

@@ -90,6 +90,7 @@ def write_final_folder(
             dataset_config_name=settings.corpus.dataset_config_name,
             samples_name=None if fill_mask is None else SAMPLES_NAME,
             health_section=None if health is None else health_card_section(health),
+            hub_model_id=run.hub_model_id,
         )
         card.save(staging / MODEL_CARD_NAME)  # staged: published with the rest of the folder
     return FinalFolder(output_dir, fill_mask)

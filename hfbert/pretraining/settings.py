@@ -24,6 +24,7 @@ from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import check_local_path_exists
 from hfbert.flags import MUST_MATCH, declared
+from hfbert.model_card import check_hub_model_id
 
 # The flags that only shape a fresh model, and why each has no meaning for a run from weights.
 FRESH_MODEL_FLAGS = {
@@ -465,6 +466,8 @@ def _check_combinations(settings: PretrainingSettings) -> None:
         )
     if run.push_to_hub and not run.hub_model_id:
         raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
+    if run.hub_model_id is not None:  # pushed or not: the model card's snippets load it
+        check_hub_model_id(run.hub_model_id)
 
 
 def check_output_apart_from_source(model: ModelSettings, run: RunSettings) -> None:

@@ -25,7 +25,14 @@ from hfbert.checkpointing import MANIFEST_NAME, damaged_file, find_checkpoints
 from hfbert.configuration_hfbert import PRESET_FIELDS, PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for, check_encoder_weights_loaded, hfbert_config_for
 from hfbert.errors import Refusal
-from hfbert.files import check_local_files, check_local_path_exists, holds_weights
+from hfbert.files import (
+    REMOTE_CODE_MARK,
+    check_local_files,
+    check_local_path_exists,
+    folder_code_refusal,
+    holds_weights,
+    running_no_folder_code,
+)
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.settings import DataSettings, ModelSettings
 from hfbert.tokenization import load_tokenizer
@@ -62,8 +69,10 @@ def _tokenizer_location(folder: Path) -> str | None:
 
 def _read_config(location: str, name: str) -> Any:
     try:
-        return AutoConfig.from_pretrained(location)
+        return AutoConfig.from_pretrained(location, trust_remote_code=False)
     except (OSError, ValueError, KeyError, StrictDataclassClassValidationError) as error:
+        if REMOTE_CODE_MARK in str(error):
+            raise folder_code_refusal(f"{FLAG} {name}", "model type (config.json)") from None
         # HfBertConfig's own ValueError reaches here wrapped by huggingface_hub's strict dataclass validation
         error = error.__cause__ if isinstance(error, StrictDataclassClassValidationError) else error
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -171,7 +180,10 @@ def check_source_model(model: ModelSettings, data: DataSettings) -> SourceModel 
         return None
     source = find_source_model(model.model_name_or_path)
     location = source.tokenizer_location
-    source_tokenizer = AutoTokenizer.from_pretrained(location) if location else None
+    source_tokenizer = None
+    if location:
+        with running_no_folder_code(f"{FLAG} {source.name}", f"tokenizer (in {location})"):
+            source_tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=False)
     if data.tokenizer_name is not None:
         tokenizer = load_tokenizer(data.tokenizer_name)
     elif source_tokenizer is not None:
