@@ -316,6 +316,28 @@ QUICK_START_OUTPUT = "quick-start-output.txt"
 ACCELERATE_DEFAULTS_WARNING = "were not passed to `accelerate launch` and had defaults used instead"
 
 
+MAIN_LINE_LIMIT = 160  # characters of the quick start's command after its install steps
+
+
+def launch_words(block: DocBlock) -> list[str]:
+    """The words before run_pretraining.py in the block's command that runs it, install steps dropped."""
+    (command,) = [command for command in block.commands() if "run_pretraining.py" in command]
+    words = shlex.split(command.split(" && ")[-1])
+    return words[: words.index("run_pretraining.py")]
+
+
+def test_the_readme_launch_lines_mean_what_they_say_and_the_main_line_is_short():
+    """The quick start and "Your own text" give the launcher no precision: `accelerate launch` writes
+    --mixed_precision no also when it is not given, so hfbert's own --mixed_precision auto decides, and a `no`
+    before the script would read as fp32 while the run trains in bf16 on a CPU with native bf16."""
+    for block in blocks_of("tiny", "files"):
+        assert "--mixed_precision" not in launch_words(block), f"{block.id}: a launcher precision hfbert overrides"
+    (quick_start,) = blocks_of("tiny")
+    (command,) = quick_start.commands()
+    main_line = command.split(" && ")[-1]
+    assert len(main_line) <= MAIN_LINE_LIMIT, f"{quick_start.id}: {len(main_line)} characters: {main_line}"
+
+
 @pytest.mark.slow
 def test_the_quick_start_runs_at_a_tiny_budget(docs_sandbox):
     (quick_start,) = blocks_of("tiny")
@@ -575,7 +597,9 @@ def test_the_own_text_commands_run_on_a_small_corpus_the_test_makes(corpus, tmp_
     commands = [f"{command} {FINETUNE_BUDGET}" if "hfbert.finetune" in command else command for command in commands]
     text = "\n".join(commands).replace("--train_file my_texts/", f"--train_file {corpus}") + "\n"
     assert "--train_file my_texts/ " in block.text and "--compare random_init" in block.text
-    check_ran(block, run_block(block, cwd, text))
+    result = run_block(block, cwd, text)
+    check_ran(block, result)
+    assert ACCELERATE_DEFAULTS_WARNING not in result.stdout + result.stderr, "accelerate's defaults block printed"
     results = json.loads((cwd / "runs" / "my-bert" / "finetune_results.json").read_text())
     assert set(results["models"]) == {"model", "comparison"} and "gain" in results
     recorded = json.loads((cwd / "runs" / "my-bert" / "training_args.json").read_text())

@@ -1,6 +1,7 @@
 """--dry_run (hfbert.pretraining.plan): the plan printed after the checks, nothing written."""
 
 import json
+import logging
 import math
 import shutil
 from functools import partial
@@ -179,7 +180,7 @@ REFUSALS_BEFORE_WORK = {
         without_tokenizer(run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2", "--max_seq_length", "256"))
     ),
     "a corpus too small to hold out validation documents": lambda tmp_path, run_inputs: corpus_args(
-        run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {f"{i}.txt": GOOD_TEXT for i in range(20)})
+        run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, {f"{i}.txt": GOOD_TEXT for i in range(3)})
     ),
     "a corpus of one document, for --objective mlm": lambda tmp_path, run_inputs: [
         *corpus_args(run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, texts(1))), "--objective", "mlm"
@@ -269,13 +270,31 @@ def test_a_corpus_folder_or_glob_that_the_dry_run_passes_is_trained_on(tmp_path,
     assert statistics["documents"] == 120 - 6  # a file a document, 5% held out for validation
 
 
-def test_an_mlm_run_holds_out_one_document_where_nsp_needs_two(tmp_path, run_inputs, capsys):
-    """20 documents, 5% held out: one validation document, refused for NSP (REFUSALS_BEFORE_WORK) and enough for
-    --objective mlm, which draws no B segment from another document; the dry run and the run agree."""
-    args = [*corpus_args(run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, texts(20))), "--objective", "mlm"]
-    assert "updates: 2;" in plan_of(args, capsys)
-    train_in_process(args)
-    assert json.loads((tmp_path / "run" / "run_health.json").read_text())["statistics"]["documents"] == 19
+def held_out_lines(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if "--validation_split_percentage" in record.getMessage()]
+
+
+@pytest.mark.parametrize(("objective", "held_out"), [("mlm+nsp", 2), ("mlm", 1)])
+def test_a_small_corpus_holds_out_what_the_objective_needs_and_the_dry_run_says_so(
+    tmp_path, run_inputs, capsys, caplog, objective, held_out
+):
+    """20 documents, 5% held out: one validation document, enough for --objective mlm (no B segment from another
+    document); NSP holds out 2 and says so in one INFO line, the same in the dry run as in the run."""
+    args = [*corpus_args(run_inputs, tmp_path / "run", a_corpus_folder(tmp_path, texts(20))), "--objective", objective]
+    with caplog.at_level(logging.INFO, "hfbert"):
+        assert "updates: 2;" in plan_of(args, capsys)
+        said_by_the_dry_run = held_out_lines(caplog)
+        caplog.clear()
+        train_in_process(args)
+    assert held_out_lines(caplog) == said_by_the_dry_run
+    said = (
+        "--validation_split_percentage 5 holds out 1 of the 20 documents; next-sentence prediction needs at least 2 "
+        "documents in each split (B segments come from another document), so 2 are held out for validation and 18 "
+        "train (--validation_file gives a validation corpus of your own)"
+    )
+    assert said_by_the_dry_run == ([] if held_out == 1 else [said])
+    statistics = json.loads((tmp_path / "run" / "run_health.json").read_text())["statistics"]
+    assert statistics["documents"] == 20 - held_out
 
 
 @pytest.mark.slow

@@ -49,6 +49,21 @@ def test_precision_choice(monkeypatch, native):
     assert resolve_mixed_precision("auto", "fp16", None) == fallback
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16-cpu", "cpu-without-bf16"])
+def test_a_launcher_no_that_hfbert_overrides_is_said_with_where_fp32_is_chosen(monkeypatch, native):
+    """accelerate launch writes 'no' also when --mixed_precision was not given to it, so it chooses nothing; where
+    --mixed_precision auto then picks another precision, the reason says so and names the flag that gives fp32."""
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+    overridden = "accelerate launch's --mixed_precision no (also written when not given) chooses nothing"
+    fp32 = "for fp32 pass --mixed_precision no after the script"
+    for capability in (None, HOPPER):
+        chosen, reason = resolve_mixed_precision("auto", "no", capability)
+        assert (chosen != "no") == (overridden in reason and fp32 in reason), (capability, reason)
+    assert resolve_mixed_precision("auto", "no", None)[0] == ("bf16" if native else "no")
+    assert overridden not in resolve_mixed_precision("auto", None, HOPPER)[1]  # no launcher: nothing to say
+    assert resolve_mixed_precision("no", "no", HOPPER) == ("no", "--mixed_precision")
+
+
 @pytest.mark.parametrize(
     "requested, launcher, capability",
     [("bf16", None, VOLTA), ("auto", "bf16", (7, 5)), ("bf16", "fp16", (6, 1))],

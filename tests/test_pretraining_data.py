@@ -1,4 +1,6 @@
 import copy
+import logging
+import math
 import random
 import time
 from collections import defaultdict
@@ -402,18 +404,6 @@ def test_validation_share_is_split_off_like_train_test_split(tmp_path):
 @pytest.mark.parametrize(
     ("count", "percentage", "expected"),
     [
-        # The 5% share of 20 documents is one document: NSP cannot draw a random B from another one.
-        (
-            20,
-            5,
-            [
-                "--validation_split_percentage 5 holds out",
-                "1 of the 20 documents",
-                "19 for training",
-                "--validation_split_percentage 6 (anything from 6 to 90",
-                "--validation_file",
-            ],
-        ),
         (
             40,
             99,
@@ -421,12 +411,13 @@ def test_validation_share_is_split_off_like_train_test_split(tmp_path):
                 "--validation_split_percentage 99",
                 "40 of the 40 documents",
                 "0 for training",
-                "--validation_split_percentage 95 (anything from 3 to 95",
+                "--validation_split_percentage 95 (anything from 1 to 95",
                 "--validation_file",
             ],
         ),
         # Too few documents for any split: datasets said "the resulting train set will be empty".
         (1, 5, ["the training corpus has 1 document", "--validation_file", "--document_boundary"]),
+        (3, 5, ["the training corpus has 3 documents", "--validation_file", "--document_boundary"]),
         (3, 50, ["the training corpus has 3 documents", "--validation_file", "--document_boundary"]),
     ],
 )
@@ -438,6 +429,31 @@ def test_a_split_without_two_documents_is_refused_with_the_fix(tmp_path, count, 
     for part in expected:
         assert part in str(error.value)
     assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize(("count", "min_documents", "held_out"), [(12, 2, 2), (8, 2, 2), (4, 2, 2), (40, 2, 2), (12, 1, 1)])
+def test_a_share_below_what_the_objective_needs_holds_out_that_many_and_says_so(
+    tmp_path, caplog, count, min_documents, held_out
+):
+    """5% of a dozen documents is one (rounded up), where NSP needs 2 in each split (B comes from another
+    document): 2 are held out, as Dataset.train_test_split(test_size=2) picks them, and one INFO line says so.
+    Where 5% is enough (40 documents; 1 for --objective mlm) nothing is said."""
+    train = saved_documents(tmp_path, count)
+    with caplog.at_level(logging.INFO, "hfbert"):
+        split = split_validation_documents(DatasetDict(train=train), 5, seed=42, min_documents=min_documents)
+    assert (len(split["validation"]), len(split["train"])) == (held_out, count - held_out)
+    expected = train.train_test_split(test_size=held_out, seed=42)
+    assert split["validation"]["paragraphs"] == expected["test"]["paragraphs"]
+    said = [(record.levelno, record.getMessage()) for record in caplog.records if "validation" in record.getMessage()]
+    if math.ceil(count * 5 / 100) >= min_documents:
+        assert said == []
+    else:
+        assert said == [(
+            logging.INFO,
+            f"--validation_split_percentage 5 holds out 1 of the {count} documents; next-sentence prediction needs "
+            f"at least 2 documents in each split (B segments come from another document), so 2 are held out for "
+            f"validation and {count - 2} train (--validation_file gives a validation corpus of your own)",
+        )]  # fmt: skip
 
 
 def test_a_validation_file_with_one_document_is_refused_with_the_fix(tmp_path):

@@ -3,6 +3,7 @@ sample, the command line overrides a recipe, a bad recipe is refused in one line
 --list_recipes lists them, and a run records its recipe."""
 
 import json
+import logging
 import re
 import shlex
 from pathlib import Path
@@ -208,3 +209,30 @@ def test_the_quick_recipe_runs_cut_short_and_records_its_recipe(tmp_path):
     assert recorded["recipe"] == "quick-start"
     assert recorded["max_train_steps"] == 2 and recorded["structured_attention_fade"] == 1.0  # override, recipe
     assert re.search(r"\| recipe \| quick-start \|", (output_dir / "README.md").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("shape", "articles"), [("folder", 12), ("glob", 8)])
+def test_the_own_text_recipe_trains_a_few_files_with_the_default_split(tmp_path, sample_documents, caplog, shape, articles):
+    """The README's own-text command on a first try with a dozen articles (a folder) or 8 (a glob), at the doc
+    test's budget: 5% rounds to one document, NSP needs two, so two are held out (one INFO line) and it trains."""
+    texts = tmp_path / "my_texts"
+    texts.mkdir()
+    for number, row in enumerate(sample_documents["train"].select(range(articles))):
+        (texts / f"article{number:02}.txt").write_text("\n".join(row["paragraphs"]) + "\n", encoding="utf-8")
+    if shape == "glob":
+        (texts / "notes.md").write_text("Not a text of the glob.\n", encoding="utf-8")
+    corpus = f"{texts}/" if shape == "folder" else f"{texts}/*.txt"
+    output_dir = tmp_path / "run"
+    cut_short = ["--max_train_steps", "2", "--eval_steps", "2", "--checkpointing_steps", "2"]
+    try:
+        with caplog.at_level(logging.INFO, "hfbert"):
+            main(["--recipe", "own-text", "--train_file", corpus, "--output_dir", str(output_dir), *cut_short])
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    assert json.loads((output_dir / "eval_results.json").read_text())["step"] == 2
+    assert f"holds out 1 of the {articles} documents" in caplog.text
+    assert f"so 2 are held out for validation and {articles - 2} train" in caplog.text
+    statistics = json.loads((output_dir / "run_health.json").read_text())["statistics"]
+    assert statistics["documents"] == articles - 2

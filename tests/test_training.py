@@ -943,11 +943,11 @@ def test_a_missing_tokenizer_folder_is_named_before_any_work(tmp_path, run_input
     assert not (tmp_path / "run").exists()
 
 
-def test_a_small_corpus_without_validation_file_names_the_flags(tmp_path, run_inputs):
+def test_a_corpus_too_small_to_split_names_the_flags(tmp_path, run_inputs):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(f"Document {i} has one sentence. And another one here." for i in range(20)))
+    corpus.write_text("\n\n".join(f"Document {i} has one sentence. And another one here." for i in range(3)))
     args = run_args(run_inputs, tmp_path / "run", "--max_train_steps", "2", "--train_file", str(corpus))
-    with pytest.raises(ValueError, match=r"--validation_split_percentage.*--validation_file"):
+    with pytest.raises(ValueError, match=r"the training corpus has 3 documents .*cannot be split.*--validation_file"):
         train_in_process(args)
     assert not (tmp_path / "run").exists()
 

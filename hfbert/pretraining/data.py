@@ -127,14 +127,22 @@ def split_validation_documents(documents: DatasetDict, percentage: int, seed: in
     """Splits ``train`` and ``validation`` for pretraining, each with at least ``min_documents`` documents
     (`split_needs`).
 
-    Without a ``validation`` split, ``percentage`` percent of the training documents (rounded up) are held out
-    with ``Dataset.train_test_split(seed=seed)``; `check_validation_split` refuses what cannot be split first.
-    ``documents`` is returned as it is when it already has a validation split.
+    Without a ``validation`` split, ``percentage`` percent of the training documents (rounded up), and at least
+    ``min_documents``, are held out with ``Dataset.train_test_split(seed=seed)`` (one INFO line when the share is
+    fewer); `check_validation_split` refuses what cannot be split first. ``documents`` is returned as it is when
+    it already has a validation split.
     """
+    total = len(documents["train"])
     validation = len(documents["validation"]) if "validation" in documents else None
-    held_out = check_validation_split(len(documents["train"]), validation, percentage, min_documents)
+    held_out = check_validation_split(total, validation, percentage, min_documents)
     if validation is not None:
         return documents
+    if held_out > share_of_documents(percentage, total):
+        logger.info(
+            f"--validation_split_percentage {percentage} holds out {share_of_documents(percentage, total)} of the "
+            f"{total} documents; {_why_documents(min_documents)}, so {held_out} are held out for validation and "
+            f"{total - held_out} train (--validation_file gives a validation corpus of your own)"
+        )
     # An int test_size holds out the same documents as percentage / 100 and cannot round differently.
     split = documents["train"].train_test_split(test_size=held_out, seed=seed)
     return DatasetDict(train=split["train"], validation=split["test"])
@@ -160,11 +168,17 @@ def _why_documents(min_documents: int, splits: str = "each split") -> str:
     )
 
 
+def share_of_documents(percentage: int, total: int) -> int:
+    """What Dataset.train_test_split(test_size=percentage / 100) holds out of `total` documents: rounded up."""
+    return math.ceil(percentage / 100 * total)
+
+
 def check_validation_split(total: int, validation: int | None, percentage: int, min_documents: int) -> int:
     """The documents `split_validation_documents` holds out of ``total`` training documents (``validation``:
     the documents of a validation split, None without one). Each split needs ``min_documents`` (`split_needs`):
-    refused otherwise, saying how many documents each split would get and which flag fixes it
-    (--validation_split_percentage, --validation_file, --document_boundary)."""
+    a share that rounds below it holds out ``min_documents``; a corpus that cannot give both splits as many, or a
+    share that leaves training fewer, is refused, saying how many documents each split would get and which flag
+    fixes it (--validation_split_percentage, --validation_file, --document_boundary)."""
     if validation is not None:
         splits = (("training", total, "the training corpus"), ("validation", validation, "--validation_file"))
         for split, count, source in splits:
@@ -181,10 +195,10 @@ def check_validation_split(total: int, validation: int | None, percentage: int, 
             "corpus held out for evaluation); or pass --validation_file"
         )
 
-    def held_out(share: int) -> int:  # what Dataset.train_test_split(test_size=share / 100) holds out
-        return math.ceil(share / 100 * total)
+    def held_out(share: int) -> int:  # the share, and at least what each split needs
+        return max(share_of_documents(share, total), min_documents)
 
-    workable = [share for share in range(1, 100) if min_documents <= held_out(share) <= total - min_documents]
+    workable = [share for share in range(1, 100) if held_out(share) <= total - min_documents]
     if not workable:
         both = _why_documents(min_documents, "each of the training and validation splits")
         documents = count_of_documents(total)
@@ -195,7 +209,7 @@ def check_validation_split(total: int, validation: int | None, percentage: int, 
             f"{BOUNDARY_HINT}"
         )
     validation_count = held_out(percentage)
-    if percentage not in workable:
+    if percentage not in workable:  # refused, not cut: a share this high was asked for, not rounded
         suggestion = min(workable, key=lambda share: abs(share - percentage))
         raise Refusal(
             f"--validation_split_percentage {percentage} holds out {validation_count} of the {total} documents "

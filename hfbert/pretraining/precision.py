@@ -44,7 +44,13 @@ def resolve_mixed_precision(
     if requested == "auto" and launcher_choice in ("fp16", "bf16"):
         requested, reason = launcher_choice, "accelerate launch --mixed_precision"
     elif requested == "auto":
-        return auto_precision(cuda_capability)
+        chosen, reason = auto_precision(cuda_capability)
+        if launcher_choice == "no" and chosen != "no":  # a user who wrote `no` there meant fp32: say where it is
+            reason += (
+                "; accelerate launch's --mixed_precision no (also written when not given) chooses nothing: "
+                "for fp32 pass --mixed_precision no after the script"
+            )
+        return chosen, reason
     if requested == "bf16" and cuda_capability is not None and cuda_capability < BF16_CAPABILITY:
         major, minor = cuda_capability
         raise Refusal(
