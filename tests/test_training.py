@@ -915,7 +915,7 @@ def datasets_cache_files() -> set[Path]:
 
 @pytest.mark.slow
 def test_a_resume_and_a_second_identical_run_reuse_the_preprocessing_cache(tmp_path, run_inputs):
-    # The resume loads its tokenizer from checkpoint-2/tokenizer, another folder than --tokenizer_name.
+    # The resume loads its tokenizer from checkpoint-2, another folder than --tokenizer_name.
     args = run_args(run_inputs, tmp_path / "first", "--max_train_steps", "4", "--checkpointing_steps", "2")
     train_in_process([*args, "--dupe_factor", "2"])
     after_first = datasets_cache_files()
@@ -930,7 +930,7 @@ def test_a_resume_and_a_second_identical_run_reuse_the_preprocessing_cache(tmp_p
 def test_resume_into_a_new_folder_uses_the_checkpoints_own_tokenizer(tmp_path, run_inputs):
     first = tmp_path / "first"
     train_in_process(run_args(run_inputs, first, "--max_train_steps", "4", "--checkpointing_steps", "2"))
-    saved_vocab = json.loads((first / "checkpoint-2" / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
+    saved_vocab = json.loads((first / "checkpoint-2" / "tokenizer.json").read_text())["model"]["vocab"]
     # Without --tokenizer_name a fresh run would train a new tokenizer; a resumed one must use its checkpoint's.
     args = run_args(run_inputs, tmp_path / "second", "--max_train_steps", "4")
     del args[args.index("--tokenizer_name") : args.index("--tokenizer_name") + 2]

@@ -108,7 +108,7 @@ def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator) 
         saved = keep_global_batch(
             saved, saved_processes, settings.optimization, accelerator.num_processes, str(checkpoint), on_cpu
         )
-    for note in check_resume_settings(saved, settings, str(checkpoint)):
+    for note in check_resume_settings(saved, settings, str(checkpoint), accelerator.device.type):
         logger.warning(note)
     if settings.corpus.streaming:
         workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
