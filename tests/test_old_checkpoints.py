@@ -33,6 +33,8 @@ def resume(commit: str, folder: Path) -> subprocess.CompletedProcess:
 def test_a_checkpoint_of_57d1933_resumes_bit_for_bit_as_57d1933_resumed_it(tmp_path):
     result = resume("57d1933", tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Its own tokenizer, where 57d1933 kept it (one trained anew would here be the same one)
+    assert "Resuming with the tokenizer saved in run/checkpoint-10/tokenizer (none is trained)" in result.stderr
     expected = load_file(tmp_path / "resumed-by-57d1933.safetensors")
     actual = load_file(tmp_path / "run" / "model.safetensors")
     assert expected.keys() == actual.keys()

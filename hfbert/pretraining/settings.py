@@ -579,13 +579,12 @@ def flag_difference(name: str, saved: Any, settings: PretrainingSettings, device
     """How the flag `name` differs from the checkpoint's `saved` value, None where it does not: a flag the command
     leaves unset compares by what it resolves to on `device_type` (an older hfbert may have recorded its own
     default, such as --torch_compile False where today's is None)."""
-    now = getattr(settings.group_of(name), name)
+    group = settings.group_of(name)
+    now = getattr(group, name)
     if saved == now:
         return None
-    if settings.was_given(settings.group_of(name), name):
+    if name not in RESOLVED_WHEN_UNSET or settings.was_given(group, name):
         return f"--{name} {saved!r} in the checkpoint, {now!r} now"
-    if name not in RESOLVED_WHEN_UNSET:
-        return f"--{name} {saved!r} in the checkpoint, unset now (its default {now!r})"
     resolved = RESOLVED_WHEN_UNSET[name](settings, device_type)
     return None if saved == resolved else f"--{name} {saved!r} in the checkpoint, unset now ({resolved!r} on {device_type})"
 
