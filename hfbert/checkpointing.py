@@ -2,7 +2,8 @@
 
 A checkpoint is a folder `checkpoint-<completed_steps>` holding what `Accelerator.save_state` writes (model
 weights as safetensors, optimizer, scheduler, grad scaler, one RNG file per process, registered objects such
-as `TrainingProgress`) plus `checkpoint_manifest.json` (size and sha256 of every file). The state is first
+as `TrainingProgress`), the model's config and code and the tokenizer beside the weights (so that it loads as a
+model folder), plus `checkpoint_manifest.json` (size and sha256 of every file). The state is first
 written to `.tmp-checkpoint-<step>`; the manifest is written last and only then is the folder renamed into
 place, so a folder named `checkpoint-<step>` with a manifest is complete by construction. A killed save
 leaves only a temporary folder, which every reader ignores and the next save removes.
@@ -46,12 +47,14 @@ from hfbert.files import (
     check_folder_writable,
     check_readable,
     describe_write_failure,
+    holds_tokenizer,
     is_disk_full,
     read_json,
     sha256_file,
     write_json_atomic,
     write_tokenizer,
 )
+from hfbert.modeling_hfbert import save_model_files
 
 logger = logging.getLogger(__name__)
 
@@ -273,8 +276,10 @@ def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
         shutil.rmtree(doomed)
 
 
-# Saved inside every checkpoint: the settings that shape the run (compared on resume) and the tokenizer it uses.
+# Saved inside every checkpoint: the settings that shape the run (compared on resume).
 RUN_SETTINGS_NAME = "run_settings.json"
+# A checkpoint is a model folder: its tokenizer lies beside the weights, config and code. An hfbert up to commit
+# 88be5f0 saved the tokenizer in this subfolder instead, where it is still read.
 TOKENIZER_FOLDER = "tokenizer"
 # The temporary folders of a checkpoint save (the next save removes them); with the final folder's, the
 # folders of an earlier run that --overwrite_output_dir removes, and (with the trained tokenizer) the names
@@ -282,6 +287,12 @@ TOKENIZER_FOLDER = "tokenizer"
 _CHECKPOINT_STAGING = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
 _LEFTOVER_PREFIXES = (*_CHECKPOINT_STAGING, FINAL_STAGING, FINAL_READY)
 _RUN_MARKERS = (*_LEFTOVER_PREFIXES, ".tokenizer")
+
+
+def tokenizer_folder(folder: str | os.PathLike) -> Path | None:
+    """Where a model folder or checkpoint keeps its tokenizer: at its top, or in `TOKENIZER_FOLDER` (a checkpoint
+    of an older hfbert); None where it holds none."""
+    return next((place for place in (Path(folder), Path(folder) / TOKENIZER_FOLDER) if holds_tokenizer(place)), None)
 
 
 def checkpoint_folder(output_dir: str | os.PathLike, step: int) -> Path:
@@ -302,8 +313,9 @@ def save_checkpoint(
     """Save the full training state to `output_dir/checkpoint-<step>`, crash-safely. Call on EVERY process.
 
     The state goes to `.tmp-checkpoint-<step>` (accelerate writes the shared files from the main process and
-    one RNG file per process; the `tokenizer`, the `model_config` and `json_files` (file name -> JSON data:
-    the run's settings as `RUN_SETTINGS_NAME`, a stream's position) are saved beside them), then the main
+    one RNG file per process; the `tokenizer` and the `model_config` with the model's code (`save_model_files`),
+    which make it a model folder, and `json_files` (file name -> JSON data: the run's settings as
+    `RUN_SETTINGS_NAME`, a stream's position) are saved beside them), then the main
     process writes the manifest and puts the folder in place (`_put_in_place`). A failed write (e.g. a full
     disk) raises `CheckpointError` and leaves earlier checkpoints untouched. Returns the checkpoint folder.
     """
@@ -329,9 +341,9 @@ def save_checkpoint(
 
     def write_main_files() -> None:
         if tokenizer is not None:
-            write_tokenizer(tokenizer, temp_folder / TOKENIZER_FOLDER)
-        if model_config is not None:  # with model.safetensors: a folder --model_name_or_path can start from
-            model_config.save_pretrained(temp_folder)
+            write_tokenizer(tokenizer, temp_folder)
+        if model_config is not None:
+            save_model_files(model_config, temp_folder)
         for name, content in (json_files or {}).items():
             write_json_atomic(temp_folder / name, content)
         _write_manifest(temp_folder, step, accelerator.num_processes)

@@ -10,6 +10,8 @@ Shapes in comments: B batch, T sequence length, d hidden size, nh heads, hs head
 M number of masked positions in the batch, P masked slots per row (the static path).
 """
 
+import copy
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -21,6 +23,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.dynamic_module_utils import custom_object_save
 from transformers.loss.loss_utils import ForMaskedLMLoss, ForTokenClassification, fixed_cross_entropy
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -631,9 +634,25 @@ class HfBertPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        # Every Auto class, not only the one this head is registered for, must load the folder remotely.
-        self.config.auto_map = {**AUTO_MAP, **(getattr(self.config, "auto_map", None) or {})}
+        map_every_auto_class(self.config)
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+def map_every_auto_class(config: HfBertConfig) -> None:
+    """Name every Auto class in `config.auto_map`, not only the one a head is registered for, so that each loads
+    a saved folder remotely."""
+    config.auto_map = {**AUTO_MAP, **(getattr(config, "auto_map", None) or {})}
+
+
+def save_model_files(config: HfBertConfig, save_directory: str | os.PathLike) -> None:
+    """What `save_pretrained` writes beside the weights: config.json, naming every Auto class, and the model's
+    code (this file and configuration_hfbert.py, copied by transformers' own `custom_object_save`). Beside weights
+    written otherwise (a training checkpoint's model.safetensors), the folder loads as a saved model does, also
+    where hfbert is not installed."""
+    config = copy.deepcopy(config)  # the caller's config is left as it was
+    map_every_auto_class(config)
+    config.save_pretrained(save_directory)
+    custom_object_save(HfBertPreTrainedModel, save_directory)
 
 
 @dataclass

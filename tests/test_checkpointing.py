@@ -27,6 +27,7 @@ from hfbert.checkpointing import (
     PROGRESS_FILE,
     RUN_LOCK_NAME,
     RUN_SETTINGS_NAME,
+    TOKENIZER_FOLDER,
     CheckpointError,
     CheckpointWriteError,
     TrainingProgress,
@@ -40,9 +41,11 @@ from hfbert.checkpointing import (
     resolve_resume_checkpoint,
     run_folder_lock,
     save_checkpoint,
+    tokenizer_folder,
     verify_checkpoint,
 )
 from hfbert.files import write_json_atomic
+from hfbert.modeling_hfbert import AUTO_MAP
 
 SEED = 1234
 BATCHES_PER_EPOCH = 10
@@ -818,6 +821,24 @@ def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_j
     assert "config.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
     with pytest.raises(CheckpointError, match=r"^--checkpoints_total_limit 0 must be >= 1 \(or unset to keep all\)$"):
         save_checkpoint(run[0], output_dir, 8, total_limit=0)
+
+
+def test_a_checkpoint_is_a_model_folder_with_its_tokenizer_config_and_code_beside_the_weights(tmp_path, sample_tokenizer):
+    config = HfBertConfig.from_preset("tiny", vocab_size=len(sample_tokenizer))
+    checkpoint = save_checkpoint(build_run()[0], tmp_path, 3, tokenizer=sample_tokenizer, model_config=config)
+    model_files = {"config.json", "configuration_hfbert.py", "modeling_hfbert.py", "tokenizer.json", "tokenizer_config.json"}
+    assert model_files <= {path.name for path in checkpoint.iterdir()}
+    assert model_files <= set(json.loads((checkpoint / MANIFEST_NAME).read_text())["files"])
+    assert json.loads((checkpoint / "config.json").read_text())["auto_map"] == AUTO_MAP  # every Auto class
+    assert getattr(config, "auto_map", None) is None  # the run's own config is left as it was
+    assert tokenizer_folder(checkpoint) == checkpoint
+    # An hfbert up to 88be5f0 kept the tokenizer in tokenizer/, where it is still found; a folder without one has none.
+    (checkpoint / TOKENIZER_FOLDER).mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (checkpoint / name).rename(checkpoint / TOKENIZER_FOLDER / name)
+    assert tokenizer_folder(checkpoint) == checkpoint / TOKENIZER_FOLDER
+    shutil.rmtree(checkpoint / TOKENIZER_FOLDER)
+    assert tokenizer_folder(checkpoint) is None
 
 
 def test_each_refused_run_folder_is_told_whole(tmp_path):

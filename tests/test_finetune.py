@@ -329,7 +329,8 @@ def topic_files(tmp_path):
 
 
 def checkpoint_like(folder, path):
-    """A run's checkpoint-<step> folder: the model and config, the tokenizer below, a sha256 manifest."""
+    """A checkpoint-<step> folder as an hfbert up to 88be5f0 wrote it: the model and config, the tokenizer below
+    (tokenizer/), a sha256 manifest."""
     path.mkdir(parents=True)
     for name in ("config.json", "model.safetensors", "configuration_hfbert.py", "modeling_hfbert.py"):
         shutil.copy(folder / name, path / name)

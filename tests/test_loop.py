@@ -12,7 +12,7 @@ import torch
 from accelerate import Accelerator
 from test_training import run_args, train_in_process
 
-from hfbert.checkpointing import RUN_SETTINGS_NAME, TOKENIZER_FOLDER, TrainingProgress
+from hfbert.checkpointing import RUN_SETTINGS_NAME, TrainingProgress
 from hfbert.pretraining import loop
 from hfbert.pretraining.callbacks import Callback
 from hfbert.pretraining.loop import (
@@ -57,7 +57,7 @@ def test_a_checkpoint_records_the_runs_settings_tokenizer_and_config_and_the_lim
     newest = output_dir / "checkpoint-4"
     settings = json.loads((newest / RUN_SETTINGS_NAME).read_text())
     assert settings["max_train_steps"] == 4 and settings["learning_rate"] == 1e-3
-    assert (newest / TOKENIZER_FOLDER / "tokenizer.json").is_file()
+    assert (newest / "tokenizer.json").is_file()  # beside the weights: a checkpoint is a model folder
     config = json.loads((newest / "config.json").read_text())
     assert config["hidden_size"] == json.loads(run_inputs["config"].read_text())["hidden_size"]
 

@@ -2,12 +2,17 @@
 
 import json
 import re
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
 from hfbert.errors import Refusal
 from hfbert.pretraining.cli import parse_args
-from hfbert.pretraining.settings import check_resume_settings
+from hfbert.pretraining.settings import UPDATE_CHANGES, UPDATE_REVISION, check_resume_settings
+
+REPO = Path(__file__).resolve().parents[1]
 
 REFUSED_FLAGS = [
     (["--logging_steps", "0"], "--logging_steps 0 must be > 0"),
@@ -66,23 +71,23 @@ def test_resume_refuses_another_fade_or_spread_and_a_longer_budget_under_a_fade(
               "--structured_attention_fade", "0.5"]  # fmt: skip
     saved = parse_args([*fading, "--max_train_steps", "10"]).checkpoint_settings()
     with pytest.raises(ValueError, match=r"--max_train_steps 10 in the checkpoint, 20 now \(--structured_attention_fade"):
-        check_resume_settings(saved, parse_args([*fading, "--max_train_steps", "20"]), "ckpt")
+        check_resume_settings(saved, parse_args([*fading, "--max_train_steps", "20"]), "ckpt", "cpu")
     other = parse_args([*fading[:-1], "1", "--max_train_steps", "10"])
     with pytest.raises(ValueError, match=r"--structured_attention_fade 0.5 in the checkpoint, 1.0 now"):
-        check_resume_settings(saved, other, "ckpt")
+        check_resume_settings(saved, other, "ckpt", "cpu")
     spread = parse_args([*fading, "--max_train_steps", "10", "--cls_attention_spread", "1"])
     with pytest.raises(ValueError, match=r"--cls_attention_spread 0.0 in the checkpoint, 1.0 now"):
-        check_resume_settings(saved, spread, "ckpt")
+        check_resume_settings(saved, spread, "ckpt", "cpu")
 
 
 def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
     saved = parse_args(["--output_dir", "o", "--max_train_steps", "10"]).checkpoint_settings()
     changed = parse_args(["--output_dir", "o", "--max_train_steps", "10", "--model_size", "small"])
     with pytest.raises(ValueError, match=r"--model_size 'mini' in the checkpoint, 'small' now"):
-        check_resume_settings(saved, changed, "ckpt")
+        check_resume_settings(saved, changed, "ckpt", "cpu")
     longer = parse_args(["--output_dir", "o", "--max_train_steps", "20"])
     with pytest.raises(ValueError) as refused:
-        check_resume_settings(saved, longer, "ckpt")
+        check_resume_settings(saved, longer, "ckpt", "cpu")
     assert str(refused.value) == (
         "--resume_from_checkpoint ckpt: these flags differ from the run that wrote the checkpoint: "
         "--max_train_steps 10 in the checkpoint, 20 now (the linear learning-rate schedule is laid out over the "
@@ -92,9 +97,9 @@ def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
     )
     constant = ["--output_dir", "o", "--lr_scheduler_type", "constant"]
     saved = parse_args([*constant, "--max_train_steps", "10"]).checkpoint_settings()
-    notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt")
+    notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt", "cpu")
     assert notes == ["--max_train_steps changed from 10 to 20: training continues to the new budget"]
-    assert check_resume_settings(None, longer, "old")[0].startswith("old records no run settings")
+    assert check_resume_settings(None, longer, "old", "cpu")[0].startswith("old records no run settings")
 
 
 def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
@@ -102,15 +107,58 @@ def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
     corpus.write_text("First sentence here. Second one.\n")
     flags = ["--output_dir", "o", "--train_file", str(corpus), "--max_train_steps", "10"]
     saved = parse_args(flags).checkpoint_settings()
-    assert check_resume_settings(saved, parse_args(flags), "ckpt") == []
+    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu") == []
     corpus.write_text("First sentence here. Second one, edited.\n")
     now = parse_args(flags).checkpoint_settings()["corpus_sha256"]
     with pytest.raises(ValueError) as refused:
-        check_resume_settings(saved, parse_args(flags), "ckpt")
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu")
     assert (
         f"the corpus ({corpus}) has changed since the checkpoint was written (content sha256 "
         f"{saved['corpus_sha256'][:12]}... then, {now[:12]}... now): restore the files it was trained on"
     ) in str(refused.value)
+
+
+def test_a_flag_the_command_leaves_unset_compares_by_what_it_resolves_to():
+    flags = ["--output_dir", "o", "--max_train_steps", "10"]
+    saved = parse_args(flags).checkpoint_settings() | {"torch_compile": False}  # an hfbert whose default was False
+    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu") == []  # unset: eager on a CPU
+    with pytest.raises(Refusal, match=r": --torch_compile False in the checkpoint, unset now \(True on cuda\)\. "):
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cuda")
+    with pytest.raises(Refusal, match=r": --torch_compile False in the checkpoint, True now\. "):  # given
+        check_resume_settings(saved, parse_args([*flags, "--torch_compile"]), "ckpt", "cpu")
+    saved = saved | {"torch_compile": None, "learning_rate": 2e-4}
+    with pytest.raises(Refusal, match=r": --learning_rate 0.0002 in the checkpoint, 0.0001 now\. "):  # its default
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu")
+
+
+def test_a_checkpoint_records_the_hfbert_that_wrote_it():
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    recorded = parse_args(["--output_dir", "o"]).checkpoint_settings()["hfbert"]
+    assert recorded == {"version": version("hfbert"), "commit": commit or None, "update_revision": UPDATE_REVISION}
+
+
+def test_a_checkpoint_whose_update_this_hfbert_does_not_repeat_is_refused_naming_its_writer():
+    flags = ["--output_dir", "o", "--max_train_steps", "10"]
+    current = parse_args(flags).checkpoint_settings()
+    writer = {"version": "0.1.0", "commit": "0123456789abcdef", "update_revision": 1}
+    with pytest.raises(Refusal) as refused:
+        check_resume_settings(current | {"hfbert": writer}, parse_args(flags), "run/checkpoint-10", "cpu")
+    assert str(refused.value) == (
+        "--resume_from_checkpoint run/checkpoint-10 was written by hfbert 0.1.0 at commit 0123456, whose update "
+        f"this hfbert does not repeat bit for bit ({UPDATE_CHANGES[2]}): finish the run with that hfbert, or start "
+        "a new run from its weights with --model_name_or_path run/checkpoint-10"
+    )
+    newer = writer | {"commit": None, "update_revision": UPDATE_REVISION + 1}
+    with pytest.raises(Refusal, match=rf"by hfbert 0.1.0, whose .* \(its update's revision {UPDATE_REVISION + 1} is newer"):
+        check_resume_settings(current | {"hfbert": newer}, parse_args(flags), "ckpt", "cpu")
+    # An hfbert up to 88be5f0 named no writer: one that recorded --torch_compile False for a command leaving it
+    # unset had that default (before ca7ff39, the update of revision 1); the others continue bit for bit.
+    legacy = {name: value for name, value in current.items() if name != "hfbert"}
+    assert check_resume_settings(legacy, parse_args(flags), "ckpt", "cpu") == []
+    with pytest.raises(Refusal, match=r"was written by an hfbert before commit ca7ff39 \(it names no version"):
+        check_resume_settings(legacy | {"torch_compile": False}, parse_args(flags), "ckpt", "cpu")
+    given = parse_args([*flags, "--torch_compile", "false"])
+    assert check_resume_settings(legacy | {"torch_compile": False}, given, "ckpt", "cpu") == []
 
 
 @pytest.mark.parametrize("output", ["run", "run/checkpoint-10", "run/checkpoint-10/phase2", "run/checkpoint-10/.."])
@@ -155,7 +203,7 @@ def test_a_run_from_weights_resumes_a_checkpoint_that_recorded_the_ignored_vocab
     # hfbert before the refusal recorded the default --vocab_size of a run from weights, which it ignored
     source = ["--output_dir", "o", "--model_name_or_path", "someone/bert"]
     saved = parse_args(source).checkpoint_settings() | {"vocab_size": 30522}
-    assert check_resume_settings(saved, parse_args(source), "ckpt") == []
+    assert check_resume_settings(saved, parse_args(source), "ckpt", "cpu") == []
 
 
 @pytest.mark.parametrize("flag", ["--stream_window_documents", "--stream_validation_documents"])

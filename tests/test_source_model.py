@@ -85,7 +85,7 @@ def test_checkpoint_folder_with_config_gives_the_checkpointed_weights(tmp_path, 
     checkpoint = tmp_path / "checkpoint-7"
     accelerator.save_state(str(checkpoint), safe_serialization=True)
     model.config.save_pretrained(checkpoint)
-    tokenizer.save_pretrained(checkpoint / "tokenizer")
+    tokenizer.save_pretrained(checkpoint / "tokenizer")  # where an hfbert up to 88be5f0 saved it
     source = find_source_model(str(checkpoint))
     assert source.tokenizer_location == str(checkpoint / "tokenizer")
     assert_same_weights(load_source_model(source, source.config), accelerator.unwrap_model(prepared).state_dict())

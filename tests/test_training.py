@@ -103,7 +103,7 @@ def listing(folder: Path) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_accelerate_launch_produces_a_folder_that_loads_everywhere(tmp_path, run_inputs):
+def test_accelerate_launch_produces_a_folder_and_checkpoints_that_load_everywhere(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
@@ -128,20 +128,33 @@ def test_accelerate_launch_produces_a_folder_that_loads_everywhere(tmp_path, run
     card = (output_dir / "README.md").read_text()
     assert card.startswith("---\n") and "library_name: transformers" in card and "eval" in card.lower()
 
-    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer, pipeline
+    # Every checkpoint loads as the final folder does (the last one with its weights), with hfbert and without.
+    for folder in (output_dir, output_dir / "checkpoint-12", output_dir / "checkpoint-24"):
+        assert_loads_with_hfbert(folder)
+        assert_loads_without_hfbert(folder)
+    final, last = (load_pretraining_model(folder).state_dict() for folder in (output_dir, output_dir / "checkpoint-24"))
+    assert final.keys() == last.keys() and all(torch.equal(final[name], last[name]) for name in final)
+
+
+def load_pretraining_model(folder: Path) -> torch.nn.Module:
+    from transformers import AutoModelForPreTraining
+
+    return AutoModelForPreTraining.from_pretrained(folder)
+
+
+def assert_loads_with_hfbert(folder: Path) -> None:
+    """This process, where hfbert is imported, loads the folder through the Auto classes and fill-mask."""
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, pipeline
 
     import hfbert
 
-    assert type(AutoModel.from_pretrained(output_dir)) is hfbert.HfBertModel
-    assert type(AutoModelForPreTraining.from_pretrained(output_dir)) is hfbert.HfBertForPreTraining
-    assert type(AutoModelForMaskedLM.from_pretrained(output_dir)) is hfbert.HfBertForMaskedLM
-    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    assert type(AutoModel.from_pretrained(folder)) is hfbert.HfBertModel
+    assert type(load_pretraining_model(folder)) is hfbert.HfBertForPreTraining
+    assert type(AutoModelForMaskedLM.from_pretrained(folder)) is hfbert.HfBertForMaskedLM
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer.is_fast and tokenizer.pad_token_id == 0
-    predictions = pipeline("fill-mask", model=str(output_dir))(
-        f"the game was {tokenizer.mask_token} in 1994 ."
-    )
+    predictions = pipeline("fill-mask", model=str(folder))(f"the game was {tokenizer.mask_token} in 1994 .")
     assert len(predictions) == 5 and all("sequence" in p and "score" in p for p in predictions)
-    assert_loads_without_hfbert(output_dir)
 
 
 def assert_loads_without_hfbert(folder: Path) -> None:
@@ -902,7 +915,7 @@ def datasets_cache_files() -> set[Path]:
 
 @pytest.mark.slow
 def test_a_resume_and_a_second_identical_run_reuse_the_preprocessing_cache(tmp_path, run_inputs):
-    # The resume loads its tokenizer from checkpoint-2/tokenizer, another folder than --tokenizer_name.
+    # The resume loads its tokenizer from checkpoint-2, another folder than --tokenizer_name.
     args = run_args(run_inputs, tmp_path / "first", "--max_train_steps", "4", "--checkpointing_steps", "2")
     train_in_process([*args, "--dupe_factor", "2"])
     after_first = datasets_cache_files()
@@ -917,7 +930,7 @@ def test_a_resume_and_a_second_identical_run_reuse_the_preprocessing_cache(tmp_p
 def test_resume_into_a_new_folder_uses_the_checkpoints_own_tokenizer(tmp_path, run_inputs):
     first = tmp_path / "first"
     train_in_process(run_args(run_inputs, first, "--max_train_steps", "4", "--checkpointing_steps", "2"))
-    saved_vocab = json.loads((first / "checkpoint-2" / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
+    saved_vocab = json.loads((first / "checkpoint-2" / "tokenizer.json").read_text())["model"]["vocab"]
     # Without --tokenizer_name a fresh run would train a new tokenizer; a resumed one must use its checkpoint's.
     args = run_args(run_inputs, tmp_path / "second", "--max_train_steps", "4")
     del args[args.index("--tokenizer_name") : args.index("--tokenizer_name") + 2]

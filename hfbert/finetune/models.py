@@ -23,7 +23,7 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING as CLASSIFIERS
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
-from hfbert.checkpointing import MANIFEST_NAME, TOKENIZER_FOLDER, verify_checkpoint
+from hfbert.checkpointing import MANIFEST_NAME, TOKENIZER_FOLDER, tokenizer_folder, verify_checkpoint
 from hfbert.errors import Refusal
 from hfbert.files import (
     REMOTE_CODE_MARK,
@@ -31,7 +31,6 @@ from hfbert.files import (
     check_folder_readable,
     folder_code_refusal,
     holds_model,
-    holds_tokenizer,
 )
 from hfbert.finetune.settings import (
     LARGER_MODEL_EPOCHS,
@@ -57,7 +56,7 @@ TRUST_REMOTE_CODE_FIX = "pass --trust_remote_code if you trust that code"
 def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
     """Refuse, before any work, a folder that holds no model, a damaged one (unreadable JSON or safetensors,
     or files that differ from a checkpoint's sha256 manifest) or one without a tokenizer; returns the folder
-    that holds its tokenizer (the folder, or a checkpoint's tokenizer/)."""
+    that holds its tokenizer (the folder, or an older checkpoint's tokenizer/)."""
     path, where = Path(folder), f"{flag} {folder}"
     if path.is_file():
         raise Refusal(f"{where}: is a file; pass the folder that holds it ({path.parent}), or {FOLDER_FIX}")
@@ -69,18 +68,18 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
         )
     if (path / MANIFEST_NAME).is_file():  # a checkpoint: every file as it was saved
         verify_checkpoint(path)
-    tokenizer_folder = path if holds_tokenizer(path) else path / TOKENIZER_FOLDER  # a checkpoint keeps it below
-    if not holds_tokenizer(tokenizer_folder):
+    tokenizer_location = tokenizer_folder(path)
+    if tokenizer_location is None:
         raise Refusal(
             f"{where} holds no tokenizer ({', '.join(TOKENIZER_FILES)}, at its top or in {TOKENIZER_FOLDER}/); "
             f"{FOLDER_FIX}, or save the tokenizer it was trained with into it (tokenizer.save_pretrained(folder))"
         )
     try:
-        for place in {path, tokenizer_folder}:
+        for place in {path, tokenizer_location}:
             check_folder_readable(place, "copy or write the folder again")
     except ValueError as error:  # the file's own message, after the flag and folder
         raise Refusal(f"{where}: {error}") from None
-    return tokenizer_folder
+    return tokenizer_location
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from datasets.distributed import split_dataset_by_node
 from datasets.fingerprint import Hasher
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from hfbert.checkpointing import tokenizer_folder
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import (
     DOCUMENT_FEATURES,
@@ -351,23 +352,24 @@ def load_run_tokenizer(
     output_dir: Path,
     documents: DatasetDict | IterableDatasetDict,
     accelerator: Accelerator,
-    checkpoint_tokenizer: Path | None,
+    checkpoint: Path | None,
     source: SourceModel | None = None,
 ) -> Any:
-    """The tokenizer of the run: a resumed run's own (`checkpoint_tokenizer`, the folder its checkpoint holds),
-    --tokenizer_name, the source model's (--model_name_or_path), or one trained on the training corpus by the
-    main process into `output_dir/.tokenizer` (never on a stream)."""
+    """The tokenizer of the run: a resumed run's own (the one its `checkpoint` holds), --tokenizer_name, the
+    source model's (--model_name_or_path), or one trained on the training corpus by the main process into
+    `output_dir/.tokenizer` (never on a stream)."""
     if isinstance(documents, IterableDatasetDict):
-        check_stream_tokenizer(data, checkpoint_tokenizer, source)
-    if checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir():
-        with running_no_folder_code(f"the checkpoint {checkpoint_tokenizer.parent}", "tokenizer"):
-            tokenizer = AutoTokenizer.from_pretrained(checkpoint_tokenizer, trust_remote_code=False)
-        logger.info(f"Resuming with the tokenizer saved in {checkpoint_tokenizer} (none is trained)")
+        check_stream_tokenizer(data, checkpoint, source)
+    resumed = None if checkpoint is None else tokenizer_folder(checkpoint)
+    if resumed is not None:
+        with running_no_folder_code(f"the checkpoint {checkpoint}", "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(resumed, trust_remote_code=False)
+        logger.info(f"Resuming with the tokenizer saved in {resumed} (none is trained)")
         if data.tokenizer_name is not None:
             named = load_tokenizer(data.tokenizer_name)
             if named.get_vocab() != tokenizer.get_vocab():
                 raise Refusal(
-                    f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint_tokenizer.parent} "
+                    f"--tokenizer_name {data.tokenizer_name} differs from the tokenizer {checkpoint} "
                     f"was trained with ({len(named)} vs {len(tokenizer)} tokens, or other ids); drop --tokenizer_name "
                     "to resume with the checkpoint's own tokenizer"
                 )
@@ -440,14 +442,14 @@ def prepare(
     seed: int,
     output_dir: Path,
     accelerator: Accelerator,
-    checkpoint_tokenizer: Path | None = None,
+    checkpoint: Path | None = None,
     source: SourceModel | None = None,
 ) -> PretrainingData:
     """The data stage: corpus -> tokenizer -> model config -> the evaluation instances and the training
     instances, cached (`cached_instances`) or, with --streaming, a stream made into instances while training
     (`streamed_instances`); what the datasets cache holds is written by one process and read by the others
-    (`cache_writers_first`). `checkpoint_tokenizer`: the tokenizer folder of the checkpoint a resumed run
-    continues from; `source`: the model a run starts from (--model_name_or_path), whose tokenizer and config it
+    (`cache_writers_first`). `checkpoint`: the checkpoint a resumed run continues from (its tokenizer is the
+    run's); `source`: the model a run starts from (--model_name_or_path), whose tokenizer and config it
     takes."""
     if corpus.streaming:
         documents = load_documents(corpus)  # lazy: nothing is read but the first document of each split
@@ -457,7 +459,7 @@ def prepare(
             documents = split_validation_documents(
                 documents, data.validation_split_percentage, seed, split_needs(data.objective)
             )
-    tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
+    tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint, source)
     config = build_model_config(model, tokenizer, source)
     tokenizer.model_max_length = config.max_position_embeddings  # what the saved model accepts
     with cache_writers_first(accelerator), naming_cache_failures():
@@ -636,9 +638,9 @@ def check_documents_left_to_train(train: IterableDataset, data: DataSettings, nu
     )
 
 
-def check_stream_tokenizer(data: DataSettings, checkpoint_tokenizer: Path | None, source: SourceModel | None) -> None:
+def check_stream_tokenizer(data: DataSettings, checkpoint: Path | None, source: SourceModel | None) -> None:
     """A stream trains no tokenizer: refuse a run that names none and resumes no checkpoint holding one."""
-    has_tokenizer = checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir()
+    has_tokenizer = checkpoint is not None and tokenizer_folder(checkpoint) is not None
     if not (has_tokenizer or data.tokenizer_name is not None or source is not None):
         raise Refusal(
             "--streaming needs a trained tokenizer and --resume_from_checkpoint found no checkpoint to take one "

@@ -16,7 +16,7 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
-from hfbert.checkpointing import TOKENIZER_FOLDER
+from hfbert.checkpointing import tokenizer_folder
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import stream_documents
 from hfbert.corpus_source import is_file_collection, local_files
@@ -191,14 +191,13 @@ def rehearse_data_stage(
     if corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
         return
     documents = stream_documents(corpus) if corpus.streaming else streamed_splits(settings)
-    checkpoint_tokenizer = None if checkpoint is None else checkpoint / TOKENIZER_FOLDER
-    resumes_tokenizer = checkpoint_tokenizer is not None and checkpoint_tokenizer.is_dir()
+    resumes_tokenizer = checkpoint is not None and tokenizer_folder(checkpoint) is not None
     trains_tokenizer = data.tokenizer_name is None and source is None and not resumes_tokenizer
     if trains_tokenizer and not corpus.streaming:  # the run trains and saves one
         tokenizer = train_tokenizer(documents["train"], vocab_size=data.vocab_size, show_progress=False)
     else:  # no tokenizer to train (a stream never trains one): nothing is written
         output_dir = Path(settings.run.output_dir)
-        tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint_tokenizer, source)
+        tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint, source)
     build_model_config(settings.model, tokenizer, source)
     rehearse_documents_with_text(documents, tokenizer, data, corpus.streaming)
 

@@ -31,7 +31,6 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from hfbert.checkpointing import (
-    TOKENIZER_FOLDER,
     check_run_folder,
     check_run_folder_free,
     load_checkpoint,
@@ -109,7 +108,7 @@ def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator) 
         saved = keep_global_batch(
             saved, saved_processes, settings.optimization, accelerator.num_processes, str(checkpoint), on_cpu
         )
-    for note in check_resume_settings(saved, settings, str(checkpoint)):
+    for note in check_resume_settings(saved, settings, str(checkpoint), accelerator.device.type):
         logger.warning(note)
     if settings.corpus.streaming:
         workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
@@ -152,7 +151,7 @@ def check_before_work(
         set_accumulation(accelerator, settings.optimization, accumulation)
     source = check_source_model(settings.model, settings.data)
     if settings.corpus.streaming:
-        check_stream_tokenizer(settings.data, None if checkpoint is None else checkpoint / TOKENIZER_FOLDER, source)
+        check_stream_tokenizer(settings.data, checkpoint, source)
     if settings.data.tokenizer_name is not None and checkpoint is None:  # a resume uses its checkpoint's
         tokenizer = load_tokenizer(settings.data.tokenizer_name)
         build_model_config(settings.model, tokenizer, source)
@@ -185,7 +184,7 @@ def prepare_run_data(
         settings.optimization.seed,
         output_dir,
         accelerator,
-        checkpoint_tokenizer=None if checkpoint is None else checkpoint / TOKENIZER_FOLDER,
+        checkpoint=checkpoint,
         source=source,
     )
     if accelerator.is_main_process:

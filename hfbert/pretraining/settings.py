@@ -10,9 +10,12 @@ before any data is read or any file is written. Flag names follow transformers' 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import subprocess
 from dataclasses import asdict, dataclass, fields
+from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -321,6 +324,14 @@ class RunSettings:
 BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
 # Recorded with the settings: sha256 of the corpus's files (hfbert.corpus_source.corpus_fingerprint), not a flag.
 CORPUS_FINGERPRINT = "corpus_sha256"
+# Recorded with the settings, not a flag either: the hfbert that wrote the checkpoint (`running_hfbert`).
+WRITER = "hfbert"
+# A change after which the same checkpoint and batches train other weights raises the update's revision, saying
+# what changed: a checkpoint of another revision cannot continue its run bit for bit, and is refused.
+UPDATE_CHANGES = {2: "since commit cdd77a1 attention computes Q, K and V in one matmul, which rounds differently"}
+UPDATE_REVISION = max(UPDATE_CHANGES)
+# What a flag the command leaves unset resolves to on a device type, where that is not its value as it stands.
+RESOLVED_WHEN_UNSET = {"torch_compile": lambda settings, device_type: settings.optimization.compiles_update(device_type)}
 
 
 @dataclass
@@ -387,11 +398,16 @@ class PretrainingSettings:
 
     def checkpoint_settings(self) -> dict[str, Any]:
         """What a checkpoint records of the settings: the flags declared MUST_MATCH (a resumed run repeats
-        them), the budget (`BUDGET_FLAGS`), and the corpus's content fingerprint (`CORPUS_FINGERPRINT`)."""
+        them), the budget (`BUDGET_FLAGS`), the corpus's content fingerprint (`CORPUS_FINGERPRINT`) and the
+        hfbert that writes it (`WRITER`)."""
         groups = (self.corpus, self.data, self.model, self.optimization)
         recorded = {name: getattr(group, name) for group in groups for name in declared(group, MUST_MATCH)}
         budget = {name: getattr(self.optimization, name) for name in BUDGET_FLAGS}
-        return recorded | budget | {CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus)}
+        return recorded | budget | {CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus), WRITER: running_hfbert()}
+
+    def group_of(self, name: str) -> Any:
+        """The settings group that holds the flag `name`."""
+        return next(group for group in self.groups() if name in {field.name for field in fields(group)})
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, flat (flag name -> value), without the Hub token."""
@@ -562,22 +578,100 @@ def check_streaming(settings: PretrainingSettings) -> None:
             )
 
 
+def flag_difference(name: str, saved: Any, settings: PretrainingSettings, device_type: str) -> str | None:
+    """How the flag `name` differs from the checkpoint's `saved` value, None where it does not: a flag the command
+    leaves unset compares by what it resolves to on `device_type` (an older hfbert may have recorded its own
+    default, such as --torch_compile False where today's is None)."""
+    group = settings.group_of(name)
+    now = getattr(group, name)
+    if saved == now:
+        return None
+    if name not in RESOLVED_WHEN_UNSET or settings.was_given(group, name):
+        return f"--{name} {saved!r} in the checkpoint, {now!r} now"
+    resolved = RESOLVED_WHEN_UNSET[name](settings, device_type)
+    return None if saved == resolved else f"--{name} {saved!r} in the checkpoint, unset now ({resolved!r} on {device_type})"
+
+
+@functools.cache
+def running_hfbert() -> dict[str, Any]:
+    """This hfbert, as a checkpoint records the one that wrote it: its version, its commit where it runs from a git
+    clone (None otherwise, e.g. installed from a wheel) and its update's revision."""
+    package = Path(__file__).resolve().parents[1]
+    try:
+        found = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=package, capture_output=True, text=True, timeout=60
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        found = []
+    # The clone's own commit only: an installed hfbert may lie inside another project's repository.
+    commit = found[1] if len(found) == 2 and Path(found[0]).resolve() == package.parent else None
+    return {"version": version("hfbert"), "commit": commit, "update_revision": UPDATE_REVISION}
+
+
+@dataclass(frozen=True)
+class CheckpointWriter:
+    """The hfbert that wrote a checkpoint, as far as the checkpoint tells, and how to finish its run with it."""
+
+    description: str
+    update_revision: int
+    fix: str = "finish the run with that hfbert"
+
+
+def checkpoint_writer(saved: dict[str, Any], settings: PretrainingSettings) -> CheckpointWriter:
+    """The writer a checkpoint's run settings record. An hfbert up to commit 88be5f0 recorded none: where it
+    recorded --torch_compile False and the command leaves that flag unset, the run had that hfbert's default, so
+    an hfbert before commit ca7ff39 wrote it, whose update is revision 1 (ca7ff39 itself, with today's default
+    and revision 1, is not told apart); the others' update is today's."""
+    record = saved.get(WRITER)
+    if record is not None:
+        commit = f" at commit {record['commit'][:7]}" if record.get("commit") else ""
+        return CheckpointWriter(f"hfbert {record['version']}{commit}", record["update_revision"])
+    if saved.get("torch_compile") is False and not settings.was_given(settings.optimization, "torch_compile"):
+        return CheckpointWriter(
+            "an hfbert before commit ca7ff39 (it names no version and records --torch_compile False, that "
+            "hfbert's default; a run given --torch_compile false by a later hfbert resumes with it given again)",
+            1,
+            "finish the run with that hfbert (main's commit acd87e8, the last before ca7ff39, resumes it)",
+        )
+    return CheckpointWriter("an hfbert up to commit 88be5f0", UPDATE_REVISION)
+
+
+def check_update_revision(writer: CheckpointWriter, checkpoint: str) -> None:
+    """Refuse a checkpoint whose writer's update this hfbert does not repeat bit for bit, naming the writer, what
+    changed and what resumes it."""
+    revision = writer.update_revision
+    if revision == UPDATE_REVISION:
+        return
+    if revision > UPDATE_REVISION:  # a newer hfbert's: what changed is not known here
+        changes = f"its update's revision {revision} is newer than this hfbert's, {UPDATE_REVISION}"
+    else:
+        changes = "; ".join(change for number, change in sorted(UPDATE_CHANGES.items()) if revision < number)
+    raise Refusal(
+        f"--resume_from_checkpoint {checkpoint} was written by {writer.description}, whose update this hfbert does "
+        f"not repeat bit for bit ({changes}): {writer.fix}, or start a new run from its weights with "
+        f"--model_name_or_path {checkpoint}"
+    )
+
+
 def check_resume_settings(
-    saved: dict[str, Any] | None, settings: PretrainingSettings, checkpoint: str
+    saved: dict[str, Any] | None, settings: PretrainingSettings, checkpoint: str, device_type: str
 ) -> list[str]:
-    """Compare a checkpoint's recorded settings with this launch's; raise on any difference that would change
-    the run, naming each flag with both values. Returns notes on deliberate changes (for the log)."""
+    """Compare a checkpoint's recorded settings with this launch's on a `device_type` device; raise on any
+    difference that would change the run, naming each flag with both values, and on a checkpoint whose update
+    this hfbert does not repeat bit for bit, naming the hfbert that wrote it. Returns notes on deliberate changes
+    (for the log)."""
     if saved is None:
         return [f"{checkpoint} records no run settings (written by an older hfbert); flags are not checked"]
+    check_update_revision(checkpoint_writer(saved, settings), checkpoint)
     current = settings.checkpoint_settings()
     # A run from weights has no fresh-model flags (older hfbert recorded their ignored defaults): none to compare.
     unused = FRESH_MODEL_FLAGS if settings.model.model_name_or_path is not None else ()
     changed = [
-        f"--{name} {saved[name]!r} in the checkpoint, {current[name]!r} now"
+        difference
         for name in sorted(current)
-        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, *unused)
+        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, WRITER, *unused)
         and name in saved
-        and saved[name] != current[name]
+        and (difference := flag_difference(name, saved[name], settings, device_type)) is not None
     ]
     if saved.get(CORPUS_FINGERPRINT) not in (None, current[CORPUS_FINGERPRINT]):
         corpus = settings.corpus

@@ -21,7 +21,7 @@ from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, AutoTokenizer, BertForPreTraining, PreTrainedTokenizerBase
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with AutoConfig)
-from hfbert.checkpointing import MANIFEST_NAME, damaged_file, find_checkpoints
+from hfbert.checkpointing import MANIFEST_NAME, damaged_file, find_checkpoints, tokenizer_folder
 from hfbert.configuration_hfbert import PRESET_FIELDS, PRESETS, HfBertConfig
 from hfbert.convert import bert_config_for, check_encoder_weights_loaded, hfbert_config_for
 from hfbert.errors import Refusal
@@ -44,7 +44,6 @@ _FIX = (
     "pass an hfbert run's output folder, one of its checkpoint-<step> folders, a transformers BERT folder "
     "(config.json with model_type 'bert' and its weights) or a Hub id such as bert-base-uncased"
 )
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 # A weight beyond this is no trained model's: training from it ends in a NaN loss at the first step.
 ABSURD_WEIGHT = 1e4
 
@@ -58,13 +57,6 @@ class SourceModel:
     model_type: str  # "hfbert" or "bert"
     config: HfBertConfig  # the source's architecture as an hfbert config
     tokenizer_location: str | None  # the folder or Hub id of its tokenizer, if it has one
-
-
-def _tokenizer_location(folder: Path) -> str | None:
-    for candidate in (folder, folder / "tokenizer"):  # a final folder holds it at the top, a checkpoint below
-        if any((candidate / name).is_file() for name in _TOKENIZER_FILES):
-            return str(candidate)
-    return None
 
 
 def _read_config(location: str, name: str) -> Any:
@@ -97,7 +89,8 @@ def _local_location(name: str, path: Path) -> tuple[str, str | None]:
         raise Refusal(f"{FLAG} {name}: {path.absolute()} has a config.json but no model weights; {_FIX}")
     if (path / MANIFEST_NAME).is_file():
         _check_checkpoint_intact(name, path)
-    return str(path), _tokenizer_location(path)
+    tokenizer_location = tokenizer_folder(path)
+    return str(path), None if tokenizer_location is None else str(tokenizer_location)
 
 
 def _check_checkpoint_intact(name: str, checkpoint: Path) -> None:
