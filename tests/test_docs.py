@@ -513,6 +513,29 @@ def test_every_link_between_the_pages_resolves_to_its_section(doc):
     assert not broken_links(doc), f"{doc.relative_to(REPO)}: {broken_links(doc)}"
 
 
+COMMAND_WORDS = ("python", "accelerate", "torchrun", "bash", "pip", "sbatch", "cd")
+
+
+def commands_leaving_the_repository(text: str) -> list[str]:
+    """The commands of a page (fenced lines and code spans that start with a command) that name a path above the
+    repository root, from which every command in the docs and results pages runs."""
+    fenced = [line for block in re.findall(r"```.*?```", text, flags=re.S) for line in block.splitlines()]
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    commands = [line.strip() for line in fenced + spans if line.strip().startswith(COMMAND_WORDS)]
+    return [command for command in commands if re.search(r"(?:^|\s)\.\./", command)]
+
+
+@pytest.mark.parametrize("doc", LINKED_PAGES, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_command_runs_from_the_repository_alone(doc):
+    """A command that reaches outside the clone (../shared/tools/...) fails in everyone else's."""
+    assert not commands_leaving_the_repository(doc.read_text(encoding="utf-8")), doc.name
+
+
+def test_a_command_leaving_the_repository_is_caught():
+    text = "Count with `python ../shared/tools/count_code.py hfbert`, [a](../x.md).\n```bash\ncd ../other && ls\n```\n"
+    assert commands_leaving_the_repository(text) == ["cd ../other && ls", "python ../shared/tools/count_code.py hfbert"]
+
+
 def test_a_link_to_a_missing_section_is_caught(tmp_path):
     (tmp_path / "other.md").write_text("# Other\n\n## The main job (6,000 updates)\n\n```bash\n# not a heading\n```\n")
     doc = tmp_path / "doc.md"
