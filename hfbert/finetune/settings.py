@@ -167,8 +167,9 @@ class FinetuneTrainingArguments:
     reinit_query_key: bool = HfArg(
         default=False,
         help="draw the pretrained folders' attention queries and keys afresh before fine-tuning (the embeddings, "
-        "values and feed-forward layers stay pretrained): small hfbert folders pretrained from the "
-        "structured attention start, faded or not, fine-tune better so with few labels",
+        "values and feed-forward layers stay pretrained): small hfbert folders pretrained on WikiText from "
+        "the structured attention start, faded or not, fine-tuned better so with few labels; two pretrained on "
+        "their set's own text, no differently",
     )
 
     def __post_init__(self) -> None:
