@@ -329,6 +329,23 @@ def test_the_quick_start_runs_at_a_tiny_budget(docs_sandbox):
     assert ACCELERATE_DEFAULTS_WARNING not in output, "name accelerate's defaults in the quick start's command"
 
 
+def output_folder_names() -> list[str]:
+    """The names in docs/pretraining.md's "The output folder" table (`checkpoint-<step>/` as written)."""
+    section = PRETRAINING_DOC.read_text().split("## The output folder", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return [name for row in rows for name in re.findall(r"`([^`]+)`", row)]
+
+
+@pytest.mark.slow
+def test_the_output_folder_table_names_everything_the_quick_start_leaves(docs_sandbox):
+    """The table omitted `.tokenizer/`, which every run that trains its tokenizer leaves."""
+    (quick_start,) = blocks_of("tiny")
+    folder = docs_sandbox / re.search(r"--output_dir (\S+)", quick_start.text).group(1)
+    patterns = [re.escape(name.rstrip("/")).replace("<step>", r"\d+") for name in output_folder_names()]
+    unnamed = [path.name for path in folder.iterdir() if not any(re.fullmatch(p, path.name) for p in patterns)]
+    assert not unnamed, f"docs/pretraining.md's output folder table lacks {unnamed}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", blocks_of("run"), ids=lambda block: block.id)
 def test_doc_block_runs_as_written(block, docs_sandbox, tmp_path):
