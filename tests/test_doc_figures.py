@@ -3,8 +3,8 @@
 A **figure** is a measured number written in a doc's prose: a decimal (0.221, 12.2, +4.6, 1.6e-5), a ratio
 (3.3×, 2.07x), a percentage (46%), a time (490 s, 10 min 9 s), a speed (12.2 updates/s, 385,725 tokens/s) or a
 count of runs (204 trials). Not figures: anything in a fenced block or a code span (commands, flags and their values:
-`--max_train_steps 6000`), the number right after a flag's code span (its value or default: "`--dropout` 0.1",
-"`--ddp_timeout` (default 1800 s)"), version numbers (torch 2.13.0, transformers 5.23, CC BY-SA 3.0), line
+`--max_train_steps 6000`), the number right after a code span (a flag's value or default: "`--dropout` 0.1",
+"`--ddp_timeout` (default 1800 s)"; a library's version: "`BertForMaskedLM` (5.24)"), version numbers (torch 2.13.0, transformers 5.23, CC BY-SA 3.0), line
 numbers, link targets and HTML comments; bare whole numbers (6,000 updates, 150 labels, 3 seeds) are settings
 far more often than results and are not checked.
 
@@ -55,7 +55,7 @@ VERSION = re.compile(
     r"|\b(?:torch|transformers|accelerate|datasets|tokenizers|Python|CUDA|cu|capability|BY-SA|mutmut|version)"
     r"\s?\d+(?:\.\d+)+(?:'s)?"
 )
-FLAG_VALUE = re.compile(r"`--[\w-]+`\**,?\s*\(?(?:default:?\s*)?(?:" + NUMBER + r")(?:\s?(?:s|%))?")
+CODE_VALUE = re.compile(r"`[^`\n]+`\**,?\s*\(?(?:default:?\s*)?(?:" + NUMBER + r")(?:\s?(?:s|%))?")
 COMMIT = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w-])")
 MACHINE = re.compile(r"EPYC|Xeon|H100|H200|A100|\bCPU|\bGPU|\bcores?\b", re.I)
 MARKER = re.compile(r"<!--\s*(one-off|quoted|not figures:(?P<listed>.*?))\s*-->")
@@ -166,10 +166,10 @@ def passages(doc: Path) -> list[Passage]:
 
 
 def prose(text: str) -> str:
-    """What a reader reads as numbers: no comments, code spans (nor a flag's value after one), link targets or
+    """What a reader reads as numbers: no comments, code spans (nor the value right after one), link targets or
     version numbers (each replaced by a space, so that no two numbers run together)."""
     text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
-    text = FLAG_VALUE.sub(" ", text)
+    text = CODE_VALUE.sub(" ", text)
     text = re.sub(r"`[^`]*`", " ", text)
     text = re.sub(r"\]\([^)]*\)", "] ", text)
     text = re.sub(r"https?://\S+", " ", text)
@@ -267,7 +267,7 @@ def test_a_figure_is_found_and_a_setting_a_version_or_code_is_not():
     text = (
         "On a 2-core EPYC the loop ran 3.3× the Trainer (4,107 tokens/s, 52% MFU, 12.2 updates/s, 490 s; NSP "
         "0.686, +4.6 ± 3.5 points, 1.8–1.9× from the batch) in 204 random trials, with `--max_train_steps 6000` "
-        "and `--dropout` 0.1, `--ddp_timeout` (default 1800 s), -16% for mini, BERT-base 2 x, on torch 2.13.0 and transformers 5.23's tests, 6,000 updates, "
+        "and `--dropout` 0.1, `--ddp_timeout` (default 1800 s), `BertForMaskedLM` (5.24), -16% for mini, BERT-base 2 x, on torch 2.13.0 and transformers 5.23's tests, 6,000 updates, "
         "[a page](../x/1.5.md), ```x``` CC BY-SA 3.0."
     )
     assert figures(text) == ["3.3", "4,107", "52", "12.2", "490", "0.686", "4.6", "3.5", "1.8", "1.9", "204", "16"]
