@@ -135,3 +135,14 @@ def test_finetune_help_shows_the_defaults(capsys):
     assert "(default: 20 for a model of hidden size <= 256 (tiny, mini), 3 for larger" in text
     assert "(default: 1e-4 3e-4 1e-3 for a model of hidden size <= 256 (tiny, mini), 2e-5 3e-5 5e-5" in text
     assert "(default: None)" not in text
+
+
+def test_finetune_help_says_why_a_rate_is_dropped(capsys):
+    """A rate is dropped when a fold's fit collapsed or underfitted (hfbert.finetune.selection); the help named
+    collapse alone."""
+    from hfbert.finetune.settings import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a rate at which any fit collapsed or underfitted (its last epoch's training loss above 70% of its first" in text

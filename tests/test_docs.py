@@ -126,6 +126,8 @@ def test_help_points_to_doc_sections_that_exist():
 #   <!-- doc-test: parse (reason) -->  a long run_pretraining.py run: its flags are parsed and checked in process
 #   <!-- doc-test: hub -->            needs the Hub: with the Hub offline each command must end with one line that
 #                                     refuses and names the Hub, not with a traceback (run in process, see below)
+#   <!-- doc-test: pushed -->         loads a pushed model by its Hub id: run as written with the Hub offline, its
+#                                     cache holding the quick start's folder under that id as a push uploads it
 #   <!-- doc-test: skip (reason) -->  not run; the reason says why
 #
 # A block without a decision fails, as does an indented code block (a command this test would not see) and a
@@ -185,7 +187,7 @@ def doc_blocks(path: Path) -> tuple[list[DocBlock], list[str]]:
                     problems.append(f"{name}:{index + 1}: a ```{language} block without one <!-- doc-test: ... --> decision")
                 else:
                     kind, reason = decisions[0].group(1), decisions[0].group(2)
-                    if kind not in {"run", "hub", *KINDS_WITH_REASON}:
+                    if kind not in {"run", "hub", "pushed", *KINDS_WITH_REASON}:
                         problems.append(f"{name}:{index + 1}: unknown doc-test decision {kind!r}")
                     elif kind in KINDS_WITH_REASON and not (reason or "").strip():
                         problems.append(f"{name}:{index + 1}: doc-test: {kind} needs a (reason)")
@@ -232,8 +234,9 @@ def test_a_block_without_a_decision_or_reason_is_caught(tmp_path):
 def test_every_decision_kind_is_used_and_every_block_is_counted():
     """The docs' blocks by decision, so that a block that silently dropped out of the run shows here."""
     kinds = collections.Counter(block.kind for block in ALL_BLOCKS)
-    assert set(kinds) == {"run", "tiny", "files", "parse", "hub", "skip"}
+    assert set(kinds) == {"run", "tiny", "files", "parse", "hub", "pushed", "skip"}
     assert len(blocks_of("tiny")) == 1  # the quick start, which the sandbox below trains
+    assert len(blocks_of("pushed")) == 1  # loading the quick start's folder back by its Hub id
     assert len(blocks_of("files")) == 1  # "Your own text", run on the files the test below writes
 
 
@@ -283,14 +286,17 @@ def working_folder(folder: Path) -> Path:
     return folder
 
 
-def run_block(block: DocBlock, cwd: Path, text: str | None = None) -> subprocess.CompletedProcess:
+def run_block(
+    block: DocBlock, cwd: Path, text: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     text = block.text if text is None else text
     if block.language in {"python", "py"}:
         (cwd / "snippet.py").write_text(text)
         command = [sys.executable, "snippet.py"]
     else:
         command = ["bash", "-euo", "pipefail", "-c", text]
-    return subprocess.run(command, cwd=cwd, env=command_env(), capture_output=True, text=True, timeout=600)
+    env = {**command_env(), **(env or {})}
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def check_ran(block: DocBlock, result: subprocess.CompletedProcess) -> None:
@@ -351,6 +357,23 @@ def test_the_quick_start_runs_at_a_tiny_budget(docs_sandbox):
     assert ACCELERATE_DEFAULTS_WARNING not in output, "name accelerate's defaults in the quick start's command"
 
 
+def output_folder_names() -> list[str]:
+    """The names in docs/pretraining.md's "The output folder" table (`checkpoint-<step>/` as written)."""
+    section = PRETRAINING_DOC.read_text().split("## The output folder", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return [name for row in rows for name in re.findall(r"`([^`]+)`", row)]
+
+
+@pytest.mark.slow
+def test_the_output_folder_table_names_everything_the_quick_start_leaves(docs_sandbox):
+    """The table omitted `.tokenizer/`, which every run that trains its tokenizer leaves."""
+    (quick_start,) = blocks_of("tiny")
+    folder = docs_sandbox / re.search(r"--output_dir (\S+)", quick_start.text).group(1)
+    patterns = [re.escape(name.rstrip("/")).replace("<step>", r"\d+") for name in output_folder_names()]
+    unnamed = [path.name for path in folder.iterdir() if not any(re.fullmatch(p, path.name) for p in patterns)]
+    assert not unnamed, f"docs/pretraining.md's output folder table lacks {unnamed}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", blocks_of("run"), ids=lambda block: block.id)
 def test_doc_block_runs_as_written(block, docs_sandbox, tmp_path):
@@ -359,6 +382,32 @@ def test_doc_block_runs_as_written(block, docs_sandbox, tmp_path):
     cwd = working_folder(tmp_path / "root")
     (cwd / "runs").symlink_to(docs_sandbox / "runs")
     check_ran(block, run_block(block, cwd))
+
+
+def hub_cache_holding(folder: Path, repo_id: str, cache: Path) -> None:
+    """A Hub cache (huggingface_hub's layout: a snapshot and refs/main) holding what a push of `folder` uploads."""
+    from hfbert.model_card import upload_file_set
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    revision = "0" * 40
+    for name in upload_file_set(folder):
+        (repo / "snapshots" / revision / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "snapshots" / revision / name).symlink_to(folder / name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", blocks_of("pushed"), ids=lambda block: block.id)
+def test_a_pushed_model_loads_by_its_hub_id_as_written(block, docs_sandbox, tmp_path):
+    """Offline, from a Hub cache that holds the quick start's folder as `python -m hfbert.push` uploads it: the
+    snippet finds every file it needs under the id, the model's code included."""
+    (repo_id,) = set(re.findall(r'from_pretrained\("([\w-]+/[\w.-]+)"', block.text))
+    (quick_start,) = blocks_of("tiny")
+    folder = docs_sandbox / re.search(r"--output_dir (\S+)", quick_start.text).group(1)
+    hub_cache_holding(folder, repo_id, tmp_path / "hub")
+    cwd = working_folder(tmp_path / "root")
+    check_ran(block, run_block(block, cwd, env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}))
 
 
 @pytest.mark.parametrize("block", blocks_of("parse"), ids=lambda block: block.id)
@@ -533,6 +582,29 @@ LINKED_PAGES = [*DOC_FILES, *sorted((REPO / "benchmarks" / "results").glob("*.md
 @pytest.mark.parametrize("doc", LINKED_PAGES, ids=lambda path: str(path.relative_to(REPO)))
 def test_every_link_between_the_pages_resolves_to_its_section(doc):
     assert not broken_links(doc), f"{doc.relative_to(REPO)}: {broken_links(doc)}"
+
+
+COMMAND_WORDS = ("python", "accelerate", "torchrun", "bash", "pip", "sbatch", "cd")
+
+
+def commands_leaving_the_repository(text: str) -> list[str]:
+    """The commands of a page (fenced lines and code spans that start with a command) that name a path above the
+    repository root, from which every command in the docs and results pages runs."""
+    fenced = [line for block in re.findall(r"```.*?```", text, flags=re.S) for line in block.splitlines()]
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    commands = [line.strip() for line in fenced + spans if line.strip().startswith(COMMAND_WORDS)]
+    return [command for command in commands if re.search(r"(?:^|\s)\.\./", command)]
+
+
+@pytest.mark.parametrize("doc", LINKED_PAGES, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_command_runs_from_the_repository_alone(doc):
+    """A command that reaches outside the clone (../shared/tools/...) fails in everyone else's."""
+    assert not commands_leaving_the_repository(doc.read_text(encoding="utf-8")), doc.name
+
+
+def test_a_command_leaving_the_repository_is_caught():
+    text = "Count with `python ../shared/tools/count_code.py hfbert`, [a](../x.md).\n```bash\ncd ../other && ls\n```\n"
+    assert commands_leaving_the_repository(text) == ["cd ../other && ls", "python ../shared/tools/count_code.py hfbert"]
 
 
 def test_a_link_to_a_missing_section_is_caught(tmp_path):

@@ -301,6 +301,17 @@ def test_a_folder_pretrained_from_the_structured_start_gets_the_reinit_hint(tmp_
         assert "--reinit_query_key" in hint and str(tmp_path) in hint
 
 
+def test_the_reinit_hint_says_where_it_helped_and_where_it_did_not(tmp_path):
+    """The note said such folders fine-tuned better "in every measurement so far"; own_text.md measured two
+    folders from the same start (the own-text recipe) that did not."""
+    from hfbert.finetune.models import reinit_query_key_hint
+
+    (tmp_path / "training_args.json").write_text(json.dumps({"attention_init": "structured"}))
+    hint = reinit_query_key_hint(str(tmp_path))
+    assert "every measurement" not in hint
+    assert "downstream.md" in hint and "own_text.md" in hint
+
+
 def test_reinit_query_key_refuses_a_model_without_bert_attention():
     from hfbert.finetune.models import reinitialise_query_key
 

@@ -75,6 +75,41 @@ def test_an_epoch_budget_is_counted_from_the_corpus_and_a_time_budget_from_a_mea
     assert "updates: as many as fit in 60 s (the step is not measured on this device)" in timed
 
 
+def gpu_plan(monkeypatch, device_name: str, *flags: str) -> list[str]:
+    """The budget lines on a CUDA device of that name (no GPU needed: the device is only named and typed)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hfbert.pretraining import plan
+
+    monkeypatch.setattr(plan, "device_kind", lambda device: device_name)
+    settings = parse_args(["--output_dir", "run", "--model_size", "base", "--per_device_train_batch_size", "128",
+                           "--max_train_steps", "10000", *flags])  # fmt: skip
+    accelerator = SimpleNamespace(device=torch.device("cuda"), mixed_precision="fp16", num_processes=1)
+    config = HfBertConfig.from_preset("base", vocab_size=30522)
+    return budget_lines(settings, accelerator, config, 128, None)
+
+
+def test_the_plan_gives_a_gpu_run_the_time_measured_on_its_device_with_the_commit(monkeypatch):
+    """The plan knew CPU speeds only: a run on the H200 that gpu_h200.md measured was 'not measured'."""
+    (line,) = [line for line in gpu_plan(monkeypatch, "NVIDIA H200") if line.startswith("expected training time")]
+    rate = 385_725 / (128 * 122.3)  # the compiled loop's tokens/s, in updates of 128 instances of 122.3 tokens
+    assert line.startswith(f"expected training time: ~{10000 / rate / 60:.0f} min ({rate:.1f} updates/s")
+    assert "NVIDIA H200" in line and "2422e49" in line and "gpu_h200.md" in line
+    (eager,) = [line for line in gpu_plan(monkeypatch, "NVIDIA H200", "--torch_compile", "false") if "time" in line]
+    assert f"({308_700 / (128 * 122.3):.1f} updates/s" in eager
+    for device, flags in [("NVIDIA A100-SXM4-80GB", ()), ("NVIDIA H200", ("--max_seq_length", "512"))]:
+        (unmeasured,) = [line for line in gpu_plan(monkeypatch, device, *flags) if "time" in line]
+        assert unmeasured.startswith("expected training time: not measured"), unmeasured
+
+
+def test_the_plan_names_the_commit_and_page_of_the_cpu_speed_it_uses(tmp_path, capsys):
+    plan = plan_of(["--recipe", "quick-start", "--output_dir", str(tmp_path / "run")], capsys)
+    (line,) = [line for line in plan.splitlines() if "expected training time" in line]
+    assert ("27b5ed5" in line and "downstream.md" in line) or ("e097322" in line and "one_of_each.md" in line), line
+
+
 # --------------------------------------------------------------- the dry run refuses what the run refuses
 
 

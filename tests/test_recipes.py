@@ -130,6 +130,23 @@ def test_the_own_text_recipe_is_the_quick_starts_flags():
     assert own == quick and "train_file" not in own  # the corpus is the user's --train_file
 
 
+def test_every_recipe_from_the_structured_start_is_named_where_the_start_is_explained():
+    """--attention_init's help and docs/pretraining.md's Initialisation item list the recipes that start there (they
+    listed quick-start and quality-10min after own-text, a third, had come)."""
+    from hfbert.pretraining.cli import build_parser
+
+    structured = sorted(
+        name for name, path in shipped_recipes().items() if yaml.safe_load(path.read_text()).get("attention_init") == "structured"
+    )
+    (action,) = [action for action in build_parser()._actions if "--attention_init" in action.option_strings]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "pretraining.md").read_text()
+    (item,) = [block for block in doc.split("\n- ") if block.startswith("**Initialisation.**")]
+    assert len(structured) >= 3
+    for name in structured:
+        assert name in " ".join(action.help.split()), f"--attention_init's help does not name {name}"
+        assert f"`{name}`" in item or f"{name} " in item, f"docs/pretraining.md's Initialisation does not name {name}"
+
+
 def test_the_command_line_overrides_the_recipe():
     settings = parse_args(["--recipe", "quick-start", "--output_dir", "o", "--learning_rate", "2e-3", "--max_train_steps=10"])
     assert settings.optimization.learning_rate == 2e-3 and settings.optimization.max_train_steps == 10

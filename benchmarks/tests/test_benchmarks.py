@@ -21,6 +21,7 @@ from benchmarks import (
     bench_loop,
     bench_sampler_memory,
     count_baselines,
+    count_code,
     downstream_sets,
     heldout_nsp,
     run_health,
@@ -92,6 +93,16 @@ def recording_the_input_ids(collator_class: type, built: list[list[list[int]]]):
         return call(self, features, *args, **kwargs)
 
     return mock.patch.object(collator_class, "__call__", record)
+
+
+def test_count_code_counts_neither_blank_lines_comments_nor_docstrings(tmp_path, capsys):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text(
+        '"""Module\ndocstring."""\n\n# a comment\ndef f():\n    """Its docstring."""\n    return (1,\n            2)  # code\n'
+    )
+    (tmp_path / "pkg" / "b.txt").write_text("not python\n")
+    count_code.main([str(tmp_path / "pkg")])
+    assert capsys.readouterr().out == "1 files, 3 code lines, 8 lines\n"
 
 
 def test_bench_batches_times_every_batch_builder_on_the_same_batches(capsys):

@@ -23,11 +23,7 @@ import torch
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, Trainer, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, TrainerCallback
 
-from hfbert.finetune.settings import FinetuneTrainingArguments
-
-# A fit whose training loss ended above this share of its first epoch's did not learn its training rows. At 60
-# labels a rate that small chose 3e-4 over 1e-3 for a random-init twin on three noisy folds and lost 18 points.
-UNDERFIT_LOSS_SHARE = 0.7
+from hfbert.finetune.settings import UNDERFIT_LOSS_SHARE, FinetuneTrainingArguments
 
 
 def classification_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:

@@ -234,8 +234,8 @@ def reinitialise_query_key(model: torch.nn.Module) -> int:
 
 def reinit_query_key_hint(folder: str) -> str | None:
     """A note for a folder that `run_pretraining.py` pretrained from the structured attention start (its
-    training_args.json says so), faded or not: such folders fine-tuned better with --reinit_query_key in every
-    measurement. None for any other folder."""
+    training_args.json says so), faded or not: such folders pretrained on WikiText fine-tuned better with
+    --reinit_query_key, two pretrained on their set's own text no differently. None for any other folder."""
     try:
         training_args = json.loads((Path(folder) / TRAINING_ARGS_NAME).read_text())
     except (OSError, ValueError):
@@ -243,7 +243,8 @@ def reinit_query_key_hint(folder: str) -> str | None:
     if not isinstance(training_args, dict) or not pretrained_from_structured_start(training_args):
         return None
     return (
-        f"Note: {folder} was pretrained from the structured attention start. Such folders fine-tuned better "
-        "with --reinit_query_key in every measurement so far (tiny models, 150 and 1,500 labels: "
-        "benchmarks/results/downstream.md in the hfbert repository)."
+        f"Note: {folder} was pretrained from the structured attention start. Such folders pretrained on "
+        "WikiText fine-tuned better with --reinit_query_key (tiny models, 150 and 1,500 labels: "
+        "benchmarks/results/downstream.md in the hfbert repository), two pretrained on their set's own text no "
+        "differently (benchmarks/results/own_text.md): compare a run with it."
     )

@@ -9,6 +9,7 @@ downloaded, and the plan says so rather than guess.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -44,11 +45,50 @@ TOKENS_PER_BYTE = 0.216
 # An NSP instance holds this share of --max_seq_length on average (google's pairing, 10% shorter targets,
 # documents' ends): the shipped sample's 1,424 instances a pass of 148,266 tokens at length 128.
 INSTANCE_FILL = 0.81
-# Optimizer updates per second where measured (one process, the precision `auto` picks there, the quick-start
-# recipe's shape: tiny, batch 16, length 128), from the README main job's runs (hfbert/recipes/quick-start.yaml).
-MEASURED_UPDATES_PER_SECOND = {
-    ("cpu, AVX-512", "tiny", 16, 128): (16.9, "2-core Xeon, AVX-512, 6,000 updates in 354 s"),
-    ("cpu, AVX2 only", "tiny", 16, 128): (12.2, "2-core AMD EPYC, AVX2, 6,000 updates in 490 s"),
+
+
+@dataclass(frozen=True)
+class MeasuredSpeed:
+    """A process's optimizer updates per second where a results page measured them, and what it measured (the
+    figures, the device, the commit and the page, which the plan prints)."""
+
+    updates_per_second: float
+    measured: str
+
+
+def gpu_loop(tokens_per_second: int, device: str, commit: str, page: str) -> MeasuredSpeed:
+    """bench_loop's BERT-base at length 128, batch 128, on the shipped sample (122.3 tokens an instance)."""
+    return MeasuredSpeed(
+        tokens_per_second / (128 * 122.3),
+        f"{tokens_per_second:,} non-padding tokens/s of 122.3 an instance on an {device} at {commit}, {page}",
+    )
+
+
+def h200(tokens_per_second: int) -> MeasuredSpeed:
+    return gpu_loop(tokens_per_second, "NVIDIA H200", "2422e49", "benchmarks/results/gpu_h200.md")
+
+
+def h100(tokens_per_second: int) -> MeasuredSpeed:
+    return gpu_loop(tokens_per_second, "NVIDIA H100", "4a0a8f0", "benchmarks/results/gpu_h100.md")
+
+
+# Keyed by the device (`device_kind`), the model size, the per-device batch, the length and the update
+# (`update_kind`): the README main job's CPU runs (tiny, the quick-start recipe) and the GPU reports' loops.
+MEASURED_SPEEDS = {
+    ("cpu, AVX2 only", "tiny", 16, 128, "fp32, eager"): MeasuredSpeed(
+        6000 / 490, "6,000 updates in 490 s on a 2-core AMD EPYC at 27b5ed5, benchmarks/results/downstream.md"
+    ),
+    ("cpu, AVX-512", "tiny", 16, 128, "bf16, eager"): MeasuredSpeed(
+        6000 / 288, "6,000 updates in 288 s on a 2-core Xeon at e097322, benchmarks/results/one_of_each.md"
+    ),
+    ("NVIDIA H200", "base", 128, 128, "fp16, compiled"): h200(385_725),
+    ("NVIDIA H200", "base", 128, 128, "fp16, compiled, reduce-overhead"): h200(524_432),
+    ("NVIDIA H200", "base", 128, 128, "fp16, eager"): h200(308_700),
+    ("NVIDIA H200", "base", 128, 128, "fp16, eager, varlen"): h200(366_529),
+    ("NVIDIA H200", "base", 128, 128, "bf16, eager"): h200(336_547),
+    ("NVIDIA H200", "base", 128, 128, "fp16, eager, deterministic"): h200(232_027),
+    ("NVIDIA H100 80GB HBM3", "base", 128, 128, "fp16, eager"): h100(376_420),
+    ("NVIDIA H100 80GB HBM3", "base", 128, 128, "fp16, eager, deterministic"): h100(203_320),
 }
 ADAM_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
 
@@ -85,6 +125,22 @@ def device_kind(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     # the vector instructions torch's CPU kernels run with on this machine
     return "cpu, AVX-512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "cpu, AVX2 only"
+
+
+def update_kind(settings: PretrainingSettings, accelerator: Accelerator) -> str:
+    """How the run's update runs, as MEASURED_SPEEDS names it: its precision, eager or compiled (and the mode),
+    and the levers that change its speed."""
+    optimization = settings.optimization
+    compiled = optimization.compiles_update(accelerator.device.type)
+    parts = [{"no": "fp32"}.get(accelerator.mixed_precision, accelerator.mixed_precision)]
+    parts.append("compiled" if compiled else "eager")
+    if compiled and optimization.torch_compile_mode != "default":
+        parts.append(optimization.torch_compile_mode)
+    if optimization.attention_padding == "varlen":
+        parts.append("varlen")
+    if optimization.deterministic:
+        parts.append("deterministic")
+    return ", ".join(parts)
 
 
 def size_text(count: float) -> str:
@@ -131,9 +187,10 @@ def budget_lines(
     tokens and passes they take, their compute and their time."""
     data, optimization = settings.data, settings.optimization
     instance_tokens = INSTANCE_FILL * data.max_seq_length
-    key = (device_kind(accelerator.device), settings.model.model_size, optimization.per_device_train_batch_size,
-           data.max_seq_length)  # fmt: skip
-    speed = MEASURED_UPDATES_PER_SECOND.get(key) if accelerator.num_processes == 1 else None
+    device = device_kind(accelerator.device)
+    shape = (settings.model.model_size, optimization.per_device_train_batch_size, data.max_seq_length)
+    update = update_kind(settings, accelerator)
+    speed = MEASURED_SPEEDS.get((device, *shape, update)) if accelerator.num_processes == 1 else None
     seconds = optimization.max_train_seconds
     if corpus_tokens is None and optimization.max_train_steps is None and seconds is None:
         return ["updates: those of the epochs, unknown until the Hub dataset is downloaded"]
@@ -141,7 +198,7 @@ def budget_lines(
     batches = None if instances is None else math.ceil(instances / optimization.per_device_train_batch_size)
     updates = plan_budget(optimization, batches, accelerator.num_processes).planned_train_steps  # the run's count
     if updates is None and speed is not None:
-        updates = int(seconds * speed[0])
+        updates = int(seconds * speed.updates_per_second)
     if updates is None:
         return [f"updates: as many as fit in {seconds:g} s (the step is not measured on this device)"]
     tokens_seen = updates * global_batch * instance_tokens
@@ -153,10 +210,16 @@ def budget_lines(
     flops = flops_per_token(config, instance_tokens, head_rows) * tokens_seen
     lines.append(f"compute: ~{flops:.2e} FLOPs (the loop's own formula, forward and backward)")
     if speed is None:
-        lines.append("expected training time: not measured for this model, batch and device")
+        size, batch, length = shape
+        lines.append(
+            f"expected training time: not measured for {size}, batch {batch}, length {length}, {update}, "
+            f"{accelerator.num_processes} process(es) on {device}"
+        )
     else:
-        rate, where = speed
-        lines.append(f"expected training time: ~{updates / rate / 60:.0f} min ({rate} updates/s, {where})")
+        rate = speed.updates_per_second
+        lines.append(
+            f"expected training time: ~{updates / rate / 60:.0f} min ({rate:.1f} updates/s, {update}: {speed.measured})"
+        )
     return lines
 
 
@@ -203,7 +266,10 @@ def rehearse_data_stage(
 
 
 def rehearse_documents_with_text(
-    documents: datasets.IterableDatasetDict, tokenizer: PreTrainedTokenizerBase, data: DataSettings, streaming: bool
+    documents: datasets.IterableDatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    data: DataSettings,
+    streaming: bool,
 ) -> None:
     """The run's refusals of splits with too few documents with text after tokenizing, in the run's order: for
     NSP each split (a stream: its validation documents, `stream_validation_source`), for --objective mlm the

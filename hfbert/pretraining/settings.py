@@ -148,8 +148,8 @@ class ModelSettings:
         "initialisation, except that position embeddings start as a cos/sin code and three attention heads "
         "start looking at the previous token, the next token and the same word in the other segment "
         "(hfbert.initialization); on a short budget it is what lifts held-out MLM accuracy off the unigram "
-        "plateau and lets NSP generalise (docs/quality.md, 'Where the gain comes from'; the quick-start and "
-        "quality-10min recipes use it). Not with --model_name_or_path (its weights are the start).",
+        "plateau and lets NSP generalise (docs/quality.md, 'Where the gain comes from'; the quick-start, "
+        "quality-10min and own-text recipes use it). Not with --model_name_or_path (its weights are the start).",
     )
     structured_attention_fade: Annotated[float | None, MUST_MATCH] = HfArg(
         default=0.0,
