@@ -38,9 +38,15 @@ from hfbert.analysis import (
     similarity_section,
     write_text,
 )
-from hfbert.convert import check_encoder_weights_loaded
+from hfbert.convert import LOAD_CHECKED, check_weights_loaded
 from hfbert.errors import Refusal
-from hfbert.files import FINAL_FOLDER_FIX, check_folder_readable, holds_model, holds_tokenizer
+from hfbert.files import (
+    FINAL_FOLDER_FIX,
+    check_folder_readable,
+    holds_model,
+    holds_tokenizer,
+    refuse_pickled_weights,
+)
 from hfbert.flags import RefusingHfArgumentParser
 from hfbert.pretraining.samples import MASK
 
@@ -79,6 +85,7 @@ def check_model_folder(checkpoint: str | Path, tokenizer_name: str | Path | None
             f"{str(folder)!r} is not a saved model folder: it needs config.json and model.safetensors. A "
             "checkpoint-<step> folder holds resumable training state; inspect the run's output folder instead"
         )
+    refuse_pickled_weights(folder, str(folder))
     tokenizer_folder = folder if tokenizer_name is None else Path(tokenizer_name)
     if not holds_tokenizer(tokenizer_folder):
         where = "--tokenizer_name" if tokenizer_name is not None else "checkpoint folder"
@@ -136,10 +143,14 @@ def load_analysis(checkpoint: Path, tokenizer_folder: Path, device: str = "cpu")
     check_device(device)
     with quiet_libraries():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
-        model, info = AutoModelForPreTraining.from_pretrained(
-            checkpoint, attn_implementation="eager", output_loading_info=True
+        model, info = AutoModelForPreTraining.from_pretrained(checkpoint, attn_implementation="eager", **LOAD_CHECKED)
+    check_weights_loaded(str(checkpoint), info, FINAL_FOLDER_FIX)
+    if len(tokenizer) > model.config.vocab_size:  # its last ids would index past the embeddings
+        raise Refusal(
+            f"{checkpoint}: its tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size} "
+            "embeddings; pass --tokenizer_name with the tokenizer the model was trained with, or save that one "
+            "into the folder"
         )
-    check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
     return ModelAnalysis(model, tokenizer, info["missing_keys"], device)
 
 

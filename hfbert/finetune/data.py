@@ -27,6 +27,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from hfbert.errors import Refusal
+from hfbert.files import JSON_TOO_DEEP
 from hfbert.finetune.settings import FinetuneDataArguments
 
 
@@ -108,15 +109,18 @@ def _json_rows(path: Path, flag: str) -> list[dict[str, Any]]:
             rows = json.loads(text)
         except json.JSONDecodeError as error:
             raise Refusal(f"{flag} {path} is not JSON ({error}); {FILE_FIX}") from None
+        except RecursionError:
+            raise Refusal(f"{flag} {path} is not JSON ({JSON_TOO_DEEP}); {FILE_FIX}") from None
     else:  # JSON lines
         rows = []
         for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may be in a text
             if line.strip():
                 try:
                     rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
+                except (json.JSONDecodeError, RecursionError) as error:
+                    reason = getattr(error, "msg", JSON_TOO_DEEP)
                     raise Refusal(
-                        f"{flag} {path} line {number} is not JSON ({error.msg}); write one JSON object per line"
+                        f"{flag} {path} line {number} is not JSON ({reason}); write one JSON object per line"
                     ) from None
     if not all(isinstance(row, dict) for row in rows):
         raise Refusal(f"{flag} {path} holds JSON that is not one object per row; write one object per line")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -25,7 +26,13 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICA
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
 from hfbert.checkpointing import MANIFEST_NAME, TOKENIZER_FOLDER, verify_checkpoint
 from hfbert.errors import Refusal
-from hfbert.files import TOKENIZER_FILES, check_folder_readable, holds_model, holds_tokenizer
+from hfbert.files import (
+    TOKENIZER_FILES,
+    check_folder_readable,
+    holds_model,
+    holds_tokenizer,
+    refuse_pickled_weights,
+)
 from hfbert.finetune.settings import (
     LARGER_MODEL_EPOCHS,
     LARGER_MODEL_RATES,
@@ -37,6 +44,7 @@ from hfbert.finetune.settings import (
 )
 from hfbert.model_card import pretrained_from_structured_start
 from hfbert.pretraining.finish import TRAINING_ARGS_NAME
+from hfbert.pretraining.source_model import check_weights_usable
 
 # What the results are keyed by: the model under test, and what it is compared with (never a folder's name).
 MODEL_ROLE = "model"
@@ -49,8 +57,9 @@ REMOTE_CODE_MARK = "trust_remote_code=True"  # how transformers says a folder ne
 
 def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
     """Refuse, before any work, a folder that holds no model, a damaged one (unreadable JSON or safetensors,
-    or files that differ from a checkpoint's sha256 manifest) or one without a tokenizer; returns the folder
-    that holds its tokenizer (the folder, or a checkpoint's tokenizer/)."""
+    files that differ from a checkpoint's sha256 manifest, weights that are not finite), one whose weights are
+    a pickle only or one without a tokenizer; returns the folder that holds its tokenizer (the folder, or a
+    checkpoint's tokenizer/)."""
     path, where = Path(folder), f"{flag} {folder}"
     if path.is_file():
         raise Refusal(f"{where}: is a file; pass the folder that holds it ({path.parent}), or {FOLDER_FIX}")
@@ -60,6 +69,7 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
         raise Refusal(
             f"{where} holds no model (config.json and weights); {FOLDER_FIX}, not a tokenizer folder"
         )
+    refuse_pickled_weights(path, where)
     if (path / MANIFEST_NAME).is_file():  # a checkpoint: every file as it was saved
         verify_checkpoint(path)
     tokenizer_folder = path if holds_tokenizer(path) else path / TOKENIZER_FOLDER  # a checkpoint keeps it below
@@ -73,6 +83,8 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
             check_folder_readable(place, "copy or write the folder again")
     except ValueError as error:  # the file's own message, after the flag and folder
         raise Refusal(f"{where}: {error}") from None
+    for weights in sorted(path.glob("*.safetensors")):  # a file at a time: a sharded model's too
+        check_weights_usable(where, load_file(weights))
     return tokenizer_folder
 
 
@@ -200,7 +212,7 @@ def build_model(
         return AutoModelForSequenceClassification.from_config(
             config, trust_remote_code=candidate.trust_remote_code
         )
-    model = AutoModelForSequenceClassification.from_pretrained(candidate.folder, **options)
+    model = AutoModelForSequenceClassification.from_pretrained(candidate.folder, use_safetensors=True, **options)
     if reinit_query_key:
         reinitialise_query_key(model)
     return model
