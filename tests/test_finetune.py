@@ -1,5 +1,6 @@
 """python -m hfbert.finetune: a finished folder fine-tuned with transformers' Trainer against random init."""
 
+import csv
 import dataclasses
 import json
 import os
@@ -26,7 +27,7 @@ from hfbert.finetune.data import few_labels, load_task
 from hfbert.finetune.fit import FitResult, classification_metrics
 from hfbert.finetune.models import MODEL_ROLE, build_model, load_candidate
 from hfbert.finetune.run import RESULTS_NAME, main
-from hfbert.finetune.settings import RANDOM_INIT, FinetuneTrainingArguments
+from hfbert.finetune.settings import RANDOM_INIT, FinetuneDataArguments, FinetuneTrainingArguments
 
 TOPICS = {
     "sport": ["the team won the match", "he scored in the game", "the club played the season"],
@@ -1231,3 +1232,24 @@ def test_json_nested_deeper_than_the_parser_reads_is_refused_naming_the_file(tmp
         args_for(deep, *topic_files, tmp_path / "out"),
         r"config\.json is not valid JSON \(nested deeper than Python's JSON parser reads\)",
     )
+
+
+def test_a_csv_row_with_more_fields_than_the_header_is_refused_naming_its_line(tmp_path, folder, topic_files):
+    """`i liked it, a lot,1` (an unquoted comma) became a third class 'a lot'."""
+    train = write_bytes(
+        tmp_path / "train.csv", b"text,label\nthe ship sank,0\n\"the team, won\",1\ni liked it, a lot,1\nthe navy,0\n"
+    )
+    refused_before_training(
+        args_for(folder, train, topic_files[1], tmp_path / "out"),
+        r"^--train_file .*train\.csv line 4 has 3 fields, and its header 2 \(text, label\): quote a text that "
+        r'holds a comma \(e\.g\. "i liked it, a lot"\)$',
+    )
+
+
+def test_a_csv_cell_longer_than_the_csv_modules_default_limit_is_read(tmp_path):
+    """A valid csv with a 150 KB cell was refused as invalid csv (csv's field size limit, 128 KB)."""
+    long_text = "the ship sailed " * 10_000  # 160,000 characters
+    train = write_csv(tmp_path / "train.csv", [{"text": long_text, "label": 0}, {"text": "the team", "label": 1}])
+    task = load_task(FinetuneDataArguments(train_file=str(train), validation_file=str(train)))
+    assert task.train["text"][0] == long_text
+    assert csv.field_size_limit() == 131072  # the module's limit is as it was
