@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import re
+import reprlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -86,14 +87,46 @@ def find_recipe(name_or_path: str) -> Path:
     )
 
 
+# A recipe maps flag names to values: one level, and a second for a list or mapping value (refused as not a
+# single value, with the key named).
+RECIPE_DEPTH = 2
+
+
+def check_yaml_recipe(path: Path, text: str) -> None:
+    """Refuse, from the YAML parser's events (which never expand an alias), stopping at the first: an anchor
+    (&name) or alias (*name), which printing or walking the loaded value expands (a billion laughs: a few hundred
+    bytes that print as gigabytes); nesting deeper than `RECIPE_DEPTH` (PyYAML's scanner slows with the square of
+    the depth: minutes for 100,000 brackets, and its composer recurses once a level)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        where = f"recipe {path}: line {event.start_mark.line + 1}"
+        if getattr(event, "anchor", None) is not None:
+            raise Refusal(
+                f"{where}: YAML anchors and aliases (&name, *name) are not read in a recipe (an alias can expand a "
+                "small file to gigabytes); write each value out"
+            )
+        depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+        if depth > RECIPE_DEPTH:
+            raise Refusal(f"{where}: nested deeper than a recipe's values go (a recipe maps flag names to single values)")
+
+
 def read_recipe(path: Path, parser: RefusingHfArgumentParser) -> dict[str, Any]:
     """The recipe's flags (name -> value), its keys checked against the fields of `parser`'s dataclasses."""
-    text = path.read_text(encoding="utf-8")
+    text, kind = path.read_text(encoding="utf-8"), "JSON" if path.suffix == ".json" else "YAML"
     try:  # as HfArgumentParser.parse_json_file / parse_yaml_file read them
-        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        if kind == "YAML":
+            check_yaml_recipe(path, text)
+        values = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except Refusal:
+        raise
     except (ValueError, yaml.YAMLError) as error:
         reason = " ".join(str(error).split())
-        raise Refusal(f"recipe {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {reason}") from None
+        raise Refusal(f"recipe {path}: not valid {kind}: {reason}") from None
+    except RecursionError:  # json's parser recurses once a nesting level
+        raise Refusal(
+            f"recipe {path}: nested deeper than Python's JSON parser reads (a recipe maps flag names to single "
+            "values)"
+        ) from None
     if not isinstance(values, dict):
         raise Refusal(f"recipe {path}: holds no mapping of flag names to values (e.g. `learning_rate: 1.0e-3`)")
     if "recipe" in values:
@@ -105,8 +138,8 @@ def read_recipe(path: Path, parser: RefusingHfArgumentParser) -> dict[str, Any]:
             f"recipe {path}: key {', '.join(map(str, unknown))} is not a run_pretraining.py flag (see --help)"
         )
     for key, value in values.items():
-        if isinstance(value, (list, dict)):
-            raise Refusal(f"recipe {path}: key {key}: {value!r} is not a single value")
+        if isinstance(value, (list, dict)):  # shown cut short: a list may be as long as the file
+            raise Refusal(f"recipe {path}: key {key}: {reprlib.repr(value)} is not a single value")
         if value is None and defaults[key] is not None:
             raise Refusal(f"recipe {path}: key {key}: null, and --{key} cannot be unset (its default is {defaults[key]!r})")
     return {key: value for key, value in values.items() if value is not None}
