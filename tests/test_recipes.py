@@ -201,6 +201,19 @@ def test_a_recipe_of_aliases_deep_nesting_or_a_long_list_is_refused_in_one_short
     assert str(error.value) == "recipe " + message.format(path=path)
 
 
+def test_a_tokenizer_on_the_command_line_replaces_the_recipe_s_and_both_in_one_place_are_refused(tmp_path):
+    """As a corpus source does: --tokenizer_name replaces a recipe's --vocab_size (a tokenizer to train), and
+    --vocab_size a recipe's --tokenizer_name; both given in the recipe, or both on the command line, are refused."""
+    settings = parse_args(["--recipe", "quick-start", "--output_dir", "o", "--tokenizer_name", "tok"])
+    assert settings.data.tokenizer_name == "tok" and settings.data.vocab_size is None
+    settings = parse_args(["--recipe", "bert-base-phase1", "--output_dir", "o", "--vocab_size", "8192", *SAMPLE])
+    assert settings.data.tokenizer_name is None and settings.data.vocab_size == 8192
+    path = tmp_path / "both.yaml"
+    path.write_text("tokenizer_name: tok\nvocab_size: 8192\n")
+    with pytest.raises(Refusal, match=rf"^recipe {path}, key vocab_size, tokenizer_name: --vocab_size 8192 only sizes"):
+        parse_args(["--recipe", str(path), "--output_dir", "o"])
+
+
 def test_an_out_of_range_value_on_the_command_line_is_not_blamed_on_the_recipe():
     with pytest.raises(Refusal) as error:
         parse_args(["--recipe", "quick-start", "--output_dir", "o", "--learning_rate", "-1"])

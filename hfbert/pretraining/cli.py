@@ -44,11 +44,14 @@ from hfbert.pretraining.settings import (
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 RECIPE_SUFFIXES = (".yaml", ".yml", ".json")
-# A corpus source on the command line replaces the recipe's whole source (not only the flag it names), so that
-# `--recipe bert-base-phase1 --train_file my.txt` is that recipe on my.txt rather than a refusal for giving
-# both --dataset_name and --train_file.
-CORPUS_SOURCE_FLAGS = ("dataset_name", "train_file")
-CORPUS_SOURCE_KEYS = ("dataset_name", "dataset_config_name", "train_file", "validation_file")
+# A corpus source or a tokenizer on the command line replaces the recipe's whole source or tokenizer (not only
+# the flag it names), so that `--recipe bert-base-phase1 --train_file my.txt` is that recipe on my.txt rather than
+# a refusal for giving both --dataset_name and --train_file, and `--recipe quick-start --tokenizer_name tok` that
+# recipe with tok rather than a refusal of its --vocab_size: (command-line flags, the recipe keys they replace).
+REPLACED_BY_THE_COMMAND_LINE = (
+    (("dataset_name", "train_file"), ("dataset_name", "dataset_config_name", "train_file", "validation_file")),
+    (("tokenizer_name", "vocab_size"), ("tokenizer_name", "vocab_size")),
+)
 
 
 def shipped_recipes() -> dict[str, Path]:
@@ -164,8 +167,9 @@ def apply_recipe(argv: list[str], parser: RefusingHfArgumentParser) -> tuple[lis
     path = find_recipe(name)
     values = read_recipe(path, parser)
     given = parser.given_flags(argv)
-    if given & set(CORPUS_SOURCE_FLAGS):
-        values = {key: value for key, value in values.items() if key not in CORPUS_SOURCE_KEYS}
+    for flags, keys in REPLACED_BY_THE_COMMAND_LINE:
+        if given & set(flags):
+            values = {key: value for key, value in values.items() if key not in keys}
     flags = [word for key, value in values.items() for word in (f"--{key}", _flag_text(value))]
     return [*flags, *argv], path, set(values) - given
 
