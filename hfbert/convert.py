@@ -1,7 +1,8 @@
 """Move checkpoints between hfbert and `transformers`' own BERT.
 
 Parameter names are identical on both sides, so a conversion is: load with one library's `from_pretrained`
-(which understands every layout it ever wrote: legacy gamma/beta names, .bin, shards), load the state dict
+(which understands every safetensors layout it ever wrote: legacy gamma/beta names, shards; a pickled .bin is
+refused, never unpickled), load the state dict
 strictly into the twin class of the other library, and save. The head is kept: BertForMaskedLM <->
 HfBertForMaskedLM, BertForPreTraining <-> HfBertForPreTraining, and so on.
 
@@ -10,8 +11,9 @@ HfBertForMaskedLM, BertForPreTraining <-> HfBertForPreTraining, and so on.
 """
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import transformers
 from transformers import AutoTokenizer, BertConfig
@@ -23,10 +25,12 @@ from hfbert.files import (
     FINAL_FOLDER_FIX,
     check_folder_readable,
     check_local_path_exists,
+    refuse_pickled_weights,
     running_no_folder_code,
     staged_folder,
 )
 from hfbert.flags import RefusingHfArgumentParser
+from hfbert.modeling_hfbert import AUTO_MAP
 
 _BOOKKEEPING_KEYS = {"model_type", "architectures", "auto_map", "transformers_version", "dtype"}
 
@@ -54,15 +58,33 @@ HEAD_WEIGHT_PREFIXES = ("cls.", "bert.pooler.", "classifier.", "qa_outputs.")
 _MISMATCH_FIX = "its config.json and weights do not belong together: copy or download the folder again"
 
 
-def check_encoder_weights_loaded(folder: str, missing_keys: Sequence[str], fix: str) -> None:
-    """Refuse a model whose encoder weights were not all in `folder` (e.g. a config.json with more layers than
-    model.safetensors holds): from_pretrained fills them with random values and carries on."""
-    body = [key for key in missing_keys if not key.startswith(HEAD_WEIGHT_PREFIXES)]
+# How every command that checks what it loaded calls from_pretrained: weights of another shape reported in the
+# loading info (not raised as a RuntimeError), and never a pickle (`hfbert.files.refuse_pickled_weights`).
+LOAD_CHECKED = {"output_loading_info": True, "ignore_mismatched_sizes": True, "use_safetensors": True}
+
+
+def check_weights_loaded(folder: str, loading_info: Mapping[str, Any], fix: str) -> None:
+    """Refuse a model (from_pretrained with `LOAD_CHECKED`) whose encoder weights were not all in `folder` (e.g. a
+    config.json with more layers than model.safetensors holds) or any of whose weights has another shape there
+    than its config.json asks for: from_pretrained fills them with random values and carries on."""
+    body = [key for key in loading_info["missing_keys"] if not key.startswith(HEAD_WEIGHT_PREFIXES)]
     if body:
         shown = ", ".join(body[:4]) + (", ..." if len(body) > 4 else "")
         raise Refusal(f"{folder} lacks encoder weights that its config.json asks for ({shown}); {fix}")
+    mismatched = sorted(loading_info["mismatched_keys"])
+    if mismatched:
+        shown = ", ".join(
+            f"{key}: {list(in_file)} in the file, {list(in_model)} in the model"
+            for key, in_file, in_model in mismatched[:2]
+        )
+        more = f", and {len(mismatched) - 2} more" if len(mismatched) > 2 else ""
+        raise Refusal(f"{folder} holds weights of other shapes than its config.json asks for ({shown}{more}); {fix}")
 
 
+# The classes hfbert and transformers both have, by their name after HfBert / Bert: hfbert's model classes.
+TWIN_CLASSES = tuple(
+    reference.rpartition(".HfBert")[2] for auto_class, reference in AUTO_MAP.items() if auto_class != "AutoConfig"
+)
 _SOURCE_FIX = "pass a model folder (config.json and its weights) or a Hub model id"
 
 
@@ -98,6 +120,7 @@ def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_be
         check_folder_readable(
             source, f"copy or download {source} again (for an hfbert run's output folder: {FINAL_FOLDER_FIX})"
         )
+        refuse_pickled_weights(source, f"source {source}")
     # refused before the weights are read
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise Refusal(f"output_dir {output_dir} exists and is not an empty folder; pass a new output folder")
@@ -111,8 +134,15 @@ def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_be
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     libraries = {"HfBert": hfbert, "Bert": transformers}
     prefix, twin_prefix = ("HfBert", "Bert") if to_bert else ("Bert", "HfBert")
-    model, info = getattr(libraries[prefix], architecture).from_pretrained(source, output_loading_info=True)
-    check_encoder_weights_loaded(str(source), info["missing_keys"], _MISMATCH_FIX)
+    if not architecture.startswith(prefix) or architecture.removeprefix(prefix) not in TWIN_CLASSES:
+        names = [prefix + name for name in TWIN_CLASSES]
+        raise Refusal(
+            f"{source}/config.json names the architecture {architecture}, which "
+            f"{'to' if to_bert else 'from'}-transformers does not convert; it converts {', '.join(names[:-1])} "
+            f"and {names[-1]}"
+        )
+    model, info = getattr(libraries[prefix], architecture).from_pretrained(source, **LOAD_CHECKED)
+    check_weights_loaded(str(source), info, _MISMATCH_FIX)
     twin_config = bert_config_for(config) if to_bert else hfbert_config_for(config)
     twin = getattr(libraries[twin_prefix], architecture.replace(prefix, twin_prefix, 1))(twin_config)
     twin.load_state_dict(model.state_dict(), strict=True)

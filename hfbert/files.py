@@ -212,6 +212,10 @@ def _unreadable(path: Path, problem: str, fix: str) -> Refusal:
     return Refusal(f"{path} {problem}; {fix}")
 
 
+# Why json.loads raised RecursionError (its parser recurses once a nesting level).
+JSON_TOO_DEEP = "nested deeper than Python's JSON parser reads"
+
+
 def read_json(path: str | os.PathLike, fix: str) -> Any:
     """The parsed JSON in `path`; a Refusal naming the file, whether it is empty, truncated or not JSON
     at all, and `fix` (what the user can do), if it cannot be parsed."""
@@ -225,6 +229,8 @@ def read_json(path: str | os.PathLike, fix: str) -> Any:
         raise _unreadable(path, "is empty (a write was cut short)", fix)
     try:
         return json.loads(text)
+    except RecursionError:
+        raise _unreadable(path, f"is not valid JSON ({JSON_TOO_DEEP})", fix) from None
     except json.JSONDecodeError as error:
         ran_out = error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string")
         if ran_out:  # the text stops mid-value: a cut-short write or copy
@@ -234,9 +240,15 @@ def read_json(path: str | os.PathLike, fix: str) -> Any:
         raise _unreadable(path, problem, fix) from None
 
 
+# The last part of a trained parameter's name (gamma and beta: LayerNorm in old BERT files); buffers such as
+# old BERT files' position_ids are integers.
+WEIGHT_NAMES = ("weight", "bias", "gamma", "beta")
+
+
 def check_safetensors(path: str | os.PathLike, fix: str) -> None:
-    """Raise a Refusal naming `path`, what is wrong (truncated, not safetensors) and `fix`, unless its
-    header parses and the tensors it lists fit the file exactly. Reads the header only, not the tensors."""
+    """Raise a Refusal naming `path`, what is wrong (truncated, not safetensors, a weight that is not floating
+    point) and `fix`, unless its header parses, the tensors it lists fit the file exactly and every weight
+    (`WEIGHT_NAMES`) is floating point. Reads the header only, not the tensors."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as file:
@@ -248,7 +260,7 @@ def check_safetensors(path: str | os.PathLike, fix: str) -> None:
     try:
         header = json.loads(header_bytes)
         ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
         raise _unreadable(path, "is not a safetensors file (its header is not safetensors JSON)", fix) from None
     expected = 8 + header_size + max(ends, default=0)
     if expected != size:
@@ -259,6 +271,10 @@ def check_safetensors(path: str | os.PathLike, fix: str) -> None:
             pass
     except SafetensorError as error:
         raise _unreadable(path, f"is not a valid safetensors file ({error})", fix) from None
+    for name, entry in header.items():  # from_pretrained would cast integer weights to float without a word
+        if name.rsplit(".", 1)[-1] in WEIGHT_NAMES and not entry["dtype"].startswith(("F", "BF")):
+            problem = f"holds the weight {name} as {entry['dtype']}, not floating point"
+            raise _unreadable(path, f"{problem} (a model's weights are F32, F16 or BF16)", fix)
 
 
 def check_readable(paths: Iterable[str | os.PathLike], fix: str, *, torch_files: bool = False) -> None:
@@ -319,7 +335,10 @@ def check_local_path_exists(name: str, flag: str, fix: str, kind: str = "folder"
 # ----------------------------------------------------------------------------------------------------------
 
 # A model's weights: one safetensors file, a sharded model's index, or a torch.save file.
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+SAFETENSORS_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+WEIGHT_FILES = (*SAFETENSORS_WEIGHT_FILES, "pytorch_model.bin")
+# torch.save's weights (one file, or a sharded model's index): loading them unpickles them.
+PICKLED_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 # A tokenizer's vocabulary: tokenizer_config.json alone holds none.
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
@@ -327,6 +346,22 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 def holds_weights(folder: str | os.PathLike) -> bool:
     """Whether `folder` holds a model's weights (one of `WEIGHT_FILES`)."""
     return any((Path(folder) / name).is_file() for name in WEIGHT_FILES)
+
+
+def refuse_pickled_weights(folder: str | os.PathLike, where: str) -> None:
+    """Refuse a folder whose weights are a pickle only (`PICKLED_WEIGHT_FILES`, no safetensors beside them):
+    transformers' loader unpickles it (torch's restricted unpickler, whose refusals are tracebacks), and
+    unpickling a hostile file can run its code. Every command that loads weights asks this first."""
+    folder = Path(folder)
+    if any((folder / name).is_file() for name in SAFETENSORS_WEIGHT_FILES):
+        return
+    pickled = next((name for name in PICKLED_WEIGHT_FILES if (folder / name).is_file()), None)
+    if pickled is not None:
+        raise Refusal(
+            f"{where}: its weights are {pickled}, a pickle (torch.save's format), which hfbert never loads: "
+            "unpickling a file can run any code it holds; convert it to model.safetensors where you trust it "
+            "(from_pretrained with the model's class, then save_pretrained), or download the model's safetensors"
+        )
 
 
 def holds_model(folder: str | os.PathLike) -> bool:

@@ -38,13 +38,14 @@ from hfbert.analysis import (
     similarity_section,
     write_text,
 )
-from hfbert.convert import check_encoder_weights_loaded
+from hfbert.convert import LOAD_CHECKED, check_weights_loaded
 from hfbert.errors import Refusal
 from hfbert.files import (
     FINAL_FOLDER_FIX,
     check_folder_readable,
     holds_model,
     holds_tokenizer,
+    refuse_pickled_weights,
     running_no_folder_code,
 )
 from hfbert.flags import RefusingHfArgumentParser
@@ -86,6 +87,7 @@ def check_model_folder(checkpoint: str | Path, tokenizer_name: str | Path | None
             f"{str(folder)!r} is not a saved model folder: it needs config.json and model.safetensors. A "
             "checkpoint-<step> folder holds resumable training state; inspect the run's output folder instead"
         )
+    refuse_pickled_weights(folder, str(folder))
     tokenizer_folder = folder if tokenizer_name is None else Path(tokenizer_name)
     if not holds_tokenizer(tokenizer_folder):
         where = "--tokenizer_name" if tokenizer_name is not None else "checkpoint folder"
@@ -147,9 +149,15 @@ def load_analysis(checkpoint: Path, tokenizer_folder: Path, device: str = "cpu")
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder, trust_remote_code=False)
         with running_no_folder_code(where, MODEL_TYPE):
             model, info = AutoModelForPreTraining.from_pretrained(
-                checkpoint, attn_implementation="eager", output_loading_info=True, trust_remote_code=False
+                checkpoint, attn_implementation="eager", trust_remote_code=False, **LOAD_CHECKED
             )
-    check_encoder_weights_loaded(str(checkpoint), info["missing_keys"], FINAL_FOLDER_FIX)
+    check_weights_loaded(str(checkpoint), info, FINAL_FOLDER_FIX)
+    if len(tokenizer) > model.config.vocab_size:  # its last ids would index past the embeddings
+        raise Refusal(
+            f"{checkpoint}: its tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size} "
+            "embeddings; pass --tokenizer_name with the tokenizer the model was trained with, or save that one "
+            "into the folder"
+        )
     return ModelAnalysis(model, tokenizer, info["missing_keys"], device)
 
 

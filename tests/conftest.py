@@ -151,3 +151,43 @@ def read_only_folder(tmp_path):
         subprocess.run(["chattr", "-i", str(folder)], check=True)
     else:
         folder.chmod(0o755)
+
+
+class _CreatesWhenUnpickled:
+    """Unpickled, creates the file `path`: what a hostile pickle can do with any code it names."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def with_pickled_weights(folder: Path, copy: Path, marker: Path) -> Path:
+    """A copy of model folder `folder` whose weights are only a pytorch_model.bin that creates `marker` when
+    unpickled."""
+    import shutil
+
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save({"bert.embeddings.word_embeddings.weight": _CreatesWhenUnpickled(marker)}, copy / "pytorch_model.bin")
+    return copy
+
+
+def rewrite_weights(folder: Path, change) -> None:
+    """Replace `folder`'s model.safetensors by `change(its tensors)` (a dict of name -> tensor)."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    save_file(change(load_file(path)), path, metadata={"format": "pt"})
+
+
+QUERY_WEIGHT = "bert.encoder.layer.0.attention.self.query.weight"
+
+
+def query_of_another_shape(tensors: dict) -> dict:
+    """Layer 0's query projection cut to half its rows: a file that does not fit its config.json."""
+    return tensors | {QUERY_WEIGHT: tensors[QUERY_WEIGHT][: len(tensors[QUERY_WEIGHT]) // 2]}
+
+
+def query_as_int32(tensors: dict) -> dict:
+    return tensors | {QUERY_WEIGHT: tensors[QUERY_WEIGHT].to(torch.int32)}

@@ -5,12 +5,22 @@ import json
 import pytest
 import torch
 import transformers
-from conftest import DAMAGES, damage, folder_with_its_own_code, tiny_config, yes_typed_at_any_prompt
+from conftest import (
+    DAMAGES,
+    QUERY_WEIGHT,
+    damage,
+    folder_with_its_own_code,
+    query_of_another_shape,
+    rewrite_weights,
+    tiny_config,
+    with_pickled_weights,
+    yes_typed_at_any_prompt,
+)
 from test_modeling_hfbert import padded_batch
 from torch.testing import assert_close
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining
-from hfbert.convert import from_transformers, main, to_transformers
+from hfbert.convert import bert_config_for, from_transformers, main, to_transformers
 from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 
 
@@ -156,3 +166,59 @@ def test_a_folder_that_is_no_bert_is_one_line(tmp_path, capsys):
     )
     line = refusal_line(capsys, ["from-transformers", str(tmp_path / "gpt2"), str(tmp_path / "out")])
     assert "holds a 'gpt2' model, not 'bert'" in line
+
+
+# ------------------------------------------------------------------------------------------------ issue 64
+
+
+def stock_or_hfbert_folder(folder, direction):
+    """A folder `direction` reads: an hfbert one for to-transformers, a stock BERT one for from-transformers."""
+    if direction == "to-transformers":
+        HfBertForPreTraining(tiny_config()).save_pretrained(folder)
+    else:
+        transformers.BertForPreTraining(bert_config_for(tiny_config())).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("direction", ["to-transformers", "from-transformers"])
+def test_weights_only_as_a_pickle_are_refused_and_never_unpickled(tmp_path, capsys, direction):
+    source = stock_or_hfbert_folder(tmp_path / "source", direction)
+    pickled = with_pickled_weights(source, tmp_path / "pickled", tmp_path / "the pickle ran")
+    line = refusal_line(capsys, [direction, str(pickled), str(tmp_path / "out")])
+    assert line.startswith(f"python -m hfbert.convert: error: source {pickled}: its weights are pytorch_model.bin")
+    assert not (tmp_path / "the pickle ran").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("direction", ["to-transformers", "from-transformers"])
+def test_weights_of_another_shape_are_refused_in_one_line(tmp_path, capsys, direction):
+    """transformers' RuntimeError ("You set `ignore_mismatched_sizes` to `False`") ended in a traceback."""
+    source = stock_or_hfbert_folder(tmp_path / "source", direction)
+    rewrite_weights(source, query_of_another_shape)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main([direction, str(source), str(tmp_path / "out")]), prog="python -m hfbert.convert")
+    assert stopped.value.code == REFUSAL_EXIT_CODE
+    lines = capsys.readouterr().err.splitlines()  # transformers' load report of the mismatch, then the refusal
+    assert "Traceback" not in lines and lines[-1].startswith("python -m hfbert.convert: error: ")
+    assert f"{source} holds weights of other shapes than its config.json asks for ({QUERY_WEIGHT}: " in lines[-1]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("direction", "architecture"),
+    [("to-transformers", "HfBertForCausalLM"), ("to-transformers", "BertForPreTraining"),
+     ("from-transformers", "BertLMHeadModel"), ("from-transformers", "BertForMultipleChoice")],
+)  # fmt: skip
+def test_an_architecture_without_a_twin_is_refused_naming_those_that_convert(tmp_path, capsys, direction, architecture):
+    """An unknown name ended in an AttributeError traceback (getattr on the library)."""
+    source = stock_or_hfbert_folder(tmp_path / "source", direction)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps(config | {"architectures": [architecture]}))
+    line = refusal_line(capsys, [direction, str(source), str(tmp_path / "out")])
+    prefix = "HfBert" if direction == "to-transformers" else "Bert"
+    assert line.endswith(
+        f"{source}/config.json names the architecture {architecture}, which {direction} does not convert; it "
+        f"converts {prefix}Model, {prefix}ForPreTraining, {prefix}ForMaskedLM, {prefix}ForNextSentencePrediction, "
+        f"{prefix}ForSequenceClassification, {prefix}ForTokenClassification and {prefix}ForQuestionAnswering"
+    )
+    assert not (tmp_path / "out").exists()

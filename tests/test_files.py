@@ -7,7 +7,9 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 from conftest import DAMAGES, damage, tiny_config
+from safetensors.torch import save_file
 
 from hfbert import HfBertForPreTraining
 from hfbert.errors import Refusal
@@ -27,6 +29,7 @@ from hfbert.files import (
     looks_like_local_path,
     publish_files,
     read_json,
+    refuse_pickled_weights,
     sha256_file,
     staged_files,
     staged_folder,
@@ -342,3 +345,48 @@ def test_a_tokenizer_is_its_vocabulary_not_its_config(tmp_path):
         (tmp_path / name).write_text("")
         assert holds_tokenizer(tmp_path)
         (tmp_path / name).unlink()
+
+
+# ------------------------------------------------------------------------------------------------ issue 64
+
+
+def test_json_nested_deeper_than_the_parser_reads_is_named_not_a_recursion_error(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(Refusal) as error:
+        read_json(path, "FIX")
+    assert str(error.value) == f"{path} is not valid JSON (nested deeper than Python's JSON parser reads); FIX"
+    (tmp_path / "model.safetensors").write_bytes(safetensors_bytes(b"[" * 100_000 + b"]" * 100_000))
+    with pytest.raises(Refusal, match=r"is not a safetensors file \(its header is not safetensors JSON\); FIX$"):
+        check_safetensors(tmp_path / "model.safetensors", "FIX")
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_a_weight_stored_as_integers_is_refused_and_an_integer_buffer_is_not(tmp_path, dtype):
+    path = tmp_path / "model.safetensors"
+    weights = {"bert.embeddings.position_ids": torch.arange(8)[None], "cls.bias": torch.zeros(4)}
+    save_file(weights | {"bert.pooler.dense.weight": torch.ones(4, 4, dtype=dtype)}, path)
+    with pytest.raises(Refusal) as error:
+        check_safetensors(path, "FIX")
+    stored = {torch.int32: "I32", torch.int64: "I64", torch.bool: "BOOL"}[dtype]
+    assert str(error.value) == (
+        f"{path} holds the weight bert.pooler.dense.weight as {stored}, not floating point (a model's weights "
+        "are F32, F16 or BF16); FIX"
+    )
+    save_file(weights, path)  # position ids are integers in old BERT files, and no weight
+    check_safetensors(path, "FIX")
+
+
+@pytest.mark.parametrize("pickled", ["pytorch_model.bin", "pytorch_model.bin.index.json"])
+def test_a_folder_whose_weights_are_only_a_pickle_is_refused_naming_the_safetensors_fix(tmp_path, pickled):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / pickled).write_bytes(b"never read")
+    with pytest.raises(Refusal) as error:
+        refuse_pickled_weights(tmp_path, "--flag x")
+    assert str(error.value) == (
+        f"--flag x: its weights are {pickled}, a pickle (torch.save's format), which hfbert never loads: "
+        "unpickling a file can run any code it holds; convert it to model.safetensors where you trust it "
+        "(from_pretrained with the model's class, then save_pretrained), or download the model's safetensors"
+    )
+    (tmp_path / "model.safetensors").write_bytes(b"")  # beside safetensors, the pickle is never read
+    refuse_pickled_weights(tmp_path, "--flag x")

@@ -1,5 +1,6 @@
 """python -m hfbert.finetune: a finished folder fine-tuned with transformers' Trainer against random init."""
 
+import csv
 import dataclasses
 import json
 import os
@@ -15,7 +16,13 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from conftest import damage, folder_with_its_own_code, tiny_config
+from conftest import (
+    damage,
+    folder_with_its_own_code,
+    rewrite_weights,
+    tiny_config,
+    with_pickled_weights,
+)
 from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
@@ -26,7 +33,7 @@ from hfbert.finetune.data import few_labels, load_task
 from hfbert.finetune.fit import FitResult, classification_metrics
 from hfbert.finetune.models import MODEL_ROLE, build_model, load_candidate
 from hfbert.finetune.run import RESULTS_NAME, main
-from hfbert.finetune.settings import RANDOM_INIT, FinetuneTrainingArguments
+from hfbert.finetune.settings import RANDOM_INIT, FinetuneDataArguments, FinetuneTrainingArguments
 
 TOPICS = {
     "sport": ["the team won the match", "he scored in the game", "the club played the season"],
@@ -1179,3 +1186,74 @@ def test_a_hub_set_without_the_evaluation_split_is_refused_naming_its_splits():
     with mock.patch("hfbert.finetune.data.datasets.load_dataset", return_value=splits), pytest.raises(Refusal) as refused:
         _load_hub(settings.data)
     assert str(refused.value) == "--dataset_name someone/set has no 'validation' split; it has ['train']"
+
+
+# ------------------------------------------------------------------------------------------------ issue 64
+
+
+def test_a_folder_whose_weights_are_only_a_pickle_is_refused_and_never_unpickled(tmp_path, folder, topic_files):
+    marker = tmp_path / "the pickle ran"
+    pickled = with_pickled_weights(folder, tmp_path / "pickled", marker)
+    refused_before_training(
+        args_for(pickled, *topic_files, tmp_path / "out"),
+        rf"^model_dir {pickled}: its weights are pytorch_model.bin, a pickle .*convert it to model.safetensors",
+    )
+    refused_before_training(
+        args_for(folder, *topic_files, tmp_path / "out", "--compare", str(pickled)),
+        rf"^--compare {pickled}: its weights are pytorch_model.bin, a pickle",
+    )
+    assert not marker.exists()
+
+
+def test_non_finite_weights_are_refused_not_reported_as_a_collapsed_fit(tmp_path, folder, topic_files):
+    nan = tmp_path / "nan"
+    shutil.copytree(folder, nan)
+    name = "bert.encoder.layer.1.output.dense.weight"
+    rewrite_weights(nan, lambda tensors: tensors | {name: torch.full_like(tensors[name], float("nan"))})
+    refused_before_training(
+        args_for(nan, *topic_files, tmp_path / "out"),
+        rf"^model_dir {nan}: its weights are unusable: {name} holds 2048 non-finite values \(nan or inf\)",
+    )
+
+
+def test_json_nested_deeper_than_the_parser_reads_is_refused_naming_the_file(tmp_path, folder, topic_files):
+    """A RecursionError traceback, from the data file and from the folder's config.json alike."""
+    nested = "[" * 100_000 + "]" * 100_000
+    array = write_bytes(tmp_path / "nested.json", f"[{nested}]".encode())
+    lines = write_bytes(tmp_path / "nested.jsonl", f'{{"text": {nested}, "label": 1}}\n'.encode())
+    refused_before_training(
+        args_for(folder, topic_files[0], array, tmp_path / "out"),
+        r"nested\.json is not JSON \(nested deeper than Python's JSON parser reads\)",
+    )
+    refused_before_training(
+        args_for(folder, topic_files[0], lines, tmp_path / "out"),
+        r"nested\.jsonl line 1 is not JSON \(nested deeper than Python's JSON parser reads\)",
+    )
+    deep = tmp_path / "deep-config"
+    shutil.copytree(folder, deep)
+    (deep / "config.json").write_text((deep / "config.json").read_text().rstrip()[:-1] + f', "x": {nested}}}')
+    refused_before_training(
+        args_for(deep, *topic_files, tmp_path / "out"),
+        r"config\.json is not valid JSON \(nested deeper than Python's JSON parser reads\)",
+    )
+
+
+def test_a_csv_row_with_more_fields_than_the_header_is_refused_naming_its_line(tmp_path, folder, topic_files):
+    """`i liked it, a lot,1` (an unquoted comma) became a third class 'a lot'."""
+    train = write_bytes(
+        tmp_path / "train.csv", b"text,label\nthe ship sank,0\n\"the team, won\",1\ni liked it, a lot,1\nthe navy,0\n"
+    )
+    refused_before_training(
+        args_for(folder, train, topic_files[1], tmp_path / "out"),
+        r"^--train_file .*train\.csv line 4 has 3 fields, and its header 2 \(text, label\): quote a text that "
+        r'holds a comma \(e\.g\. "i liked it, a lot"\)$',
+    )
+
+
+def test_a_csv_cell_longer_than_the_csv_modules_default_limit_is_read(tmp_path):
+    """A valid csv with a 150 KB cell was refused as invalid csv (csv's field size limit, 128 KB)."""
+    long_text = "the ship sailed " * 10_000  # 160,000 characters
+    train = write_csv(tmp_path / "train.csv", [{"text": long_text, "label": 0}, {"text": "the team", "label": 1}])
+    task = load_task(FinetuneDataArguments(train_file=str(train), validation_file=str(train)))
+    assert task.train["text"][0] == long_text
+    assert csv.field_size_limit() == 131072  # the module's limit is as it was

@@ -1,9 +1,21 @@
+import re
 import shutil
 import struct
 
 import pytest
 import torch
-from conftest import DAMAGES, damage, folder_with_its_own_code, tiny_config, yes_typed_at_any_prompt
+from conftest import (
+    DAMAGES,
+    QUERY_WEIGHT,
+    damage,
+    folder_with_its_own_code,
+    query_as_int32,
+    query_of_another_shape,
+    rewrite_weights,
+    tiny_config,
+    with_pickled_weights,
+    yes_typed_at_any_prompt,
+)
 from transformers import BertConfig, BertForPreTraining
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining, HfBertModel
@@ -326,3 +338,47 @@ def test_a_damaged_model_folder_file_is_named_with_the_fix(checkpoint, tmp_path,
 def test_a_missing_folder_is_one_line(tmp_path, capsys):
     line = refused([str(tmp_path / "missing")], capsys)
     assert f"checkpoint folder {str(tmp_path / 'missing')!r} does not exist" in line
+
+
+# ------------------------------------------------------------------------------------------------ issue 64
+
+
+def test_weights_only_as_a_pickle_are_refused_and_never_unpickled(checkpoint, tmp_path, capsys):
+    marker = tmp_path / "the pickle ran"
+    folder = with_pickled_weights(checkpoint, tmp_path / "pickled", marker)
+    line = refused([str(folder), "--text", TEXT, "--output_dir", str(tmp_path / "out")], capsys)
+    assert "its weights are pytorch_model.bin, a pickle" in line and "convert it to model.safetensors" in line
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (query_of_another_shape, rf"holds weights of other shapes than its config.json asks for \({QUERY_WEIGHT}: "
+         r"\[16, 32\] in the file, \[32, 32\] in the model\)"),
+        (query_as_int32, rf"holds the weight {QUERY_WEIGHT} as I32, not floating point"),
+    ],
+)  # fmt: skip
+def test_weights_of_another_shape_or_not_floating_point_are_refused(checkpoint, tmp_path, capsys, change, message):
+    """A wrong shape ended in transformers' RuntimeError traceback; int32 weights were cast and inspected."""
+    folder = tmp_path / "changed"
+    shutil.copytree(checkpoint, folder)
+    rewrite_weights(folder, change)
+    line = refused([str(folder), "--text", TEXT, "--output_dir", str(tmp_path / "out")], capsys)
+    assert re.search(message, line), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(checkpoint, tmp_path, capsys, sample_tokenizer):
+    """Its ids past the embedding table ended in an IndexError traceback."""
+    folder = tmp_path / "larger-tokenizer"
+    shutil.copytree(checkpoint, folder)
+    larger = sample_tokenizer.__class__.from_pretrained(checkpoint)
+    larger.add_tokens(["zeppelin", "quasar"])
+    larger.save_pretrained(folder)
+    line = refused([str(folder), "--text", "A zeppelin or a quasar [MASK] .", "--output_dir", str(tmp_path / "o")], capsys)
+    assert line.endswith(
+        f"{folder}: its tokenizer has 1002 tokens but the model only 1000 embeddings; pass --tokenizer_name with "
+        "the tokenizer the model was trained with, or save that one into the folder"
+    )
+    assert not (tmp_path / "o").exists()

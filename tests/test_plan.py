@@ -1,5 +1,7 @@
 """--dry_run (hfbert.pretraining.plan): the plan printed after the checks, nothing written."""
 
+import bz2
+import gzip
 import json
 import logging
 import math
@@ -7,6 +9,7 @@ import shutil
 from functools import partial
 
 import pytest
+import torch
 from accelerate import Accelerator
 from conftest import DAMAGES, damage
 from datasets import Dataset
@@ -21,12 +24,14 @@ from test_training import (
     write_config,
 )
 
-from hfbert import HfBertConfig
+from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.checkpointing import run_folder_lock
+from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 from hfbert.errors import Refusal
 from hfbert.pretraining.cli import main, parse_args
 from hfbert.pretraining.evaluation import flops_per_token
 from hfbert.pretraining.plan import INSTANCE_FILL, TOKENS_PER_BYTE, budget_lines
+from hfbert.tokenization import model_config_for_tokenizer
 
 
 def plan_of(argv, capsys) -> str:
@@ -359,3 +364,54 @@ def test_an_epoch_budget_on_a_hub_corpus_not_yet_downloaded_has_unknown_updates(
     config = HfBertConfig.from_preset("tiny")
     lines = budget_lines(settings, Accelerator(cpu=True), config, 32, None)
     assert lines == ["updates: those of the epochs, unknown until the Hub dataset is downloaded"]
+
+
+# ------------------------------------------------------------------------------------------------ issue 64
+
+
+def parameters_of(config: HfBertConfig) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in HfBertForPreTraining(config).parameters())
+
+
+def test_the_plan_counts_the_model_the_run_builds_with_its_tokenizers_vocabulary(tmp_path, capsys, run_inputs,
+                                                                                  sample_tokenizer):  # fmt: skip
+    """With --tokenizer_name the plan counted --vocab_size's default 30,522 tokens (4.4M parameters, where the run
+    builds 0.6M); a tokenizer the run trains comes out smaller than --vocab_size on a small corpus."""
+    run = ["--model_size", "tiny", "--output_dir", str(tmp_path / "run")]
+    plan = plan_of([*run, "--tokenizer_name", str(run_inputs["tokenizer"])], capsys)
+    built = parameters_of(model_config_for_tokenizer(sample_tokenizer, "tiny"))
+    assert f"model: 2 layers x 128, vocabulary 1000: {built / 1e6:.1f}M parameters" in plan
+    plan = plan_of(run, capsys)  # the shipped sample holds 11,464 WordPiece tokens of the 30,522 asked for
+    assert f"vocabulary 11464: {parameters_of(HfBertConfig.from_preset('tiny', vocab_size=11464)) / 1e6:.1f}M" in plan
+    hub = ["--dataset_name", "someone/corpus", "--max_train_steps", "10"]  # not read by the dry run
+    plan = plan_of([*run, *hub, "--tokenizer_name", str(run_inputs["tokenizer"])], capsys)
+    assert f"model: 2 layers x 128, vocabulary 1000: {built / 1e6:.1f}M parameters" in plan
+
+
+def compressed_sample(path, compress) -> tuple[int, int]:
+    """The shipped sample's training text, compressed into `path`: (its text's bytes, the file's)."""
+    text = (SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"]).read_bytes()
+    path.write_bytes(compress(text))
+    return len(text), path.stat().st_size
+
+
+def test_a_compressed_corpus_is_planned_by_its_text_not_its_compressed_size(tmp_path, capsys, run_inputs):
+    """A gzip corpus was planned at its compressed size (1.2 MB, where the run cached 510 MB)."""
+    text, compressed = compressed_sample(tmp_path / "wiki.train.raw.gz", gzip.compress)
+    plan = plan_of(corpus_args(run_inputs, tmp_path / "run", tmp_path / "wiki.train.raw.gz"), capsys)
+    tokens = round(text * TOKENS_PER_BYTE)
+    assert f"corpus: {text / 1e6:.1f} MB of text in {compressed / 1e6:.1f} MB compressed, ~{tokens:,} tokens" in plan
+    assert f"data stage: ~{2.2 * tokens / 1e6:.1f} MB in the datasets cache" in plan
+
+
+def test_a_compressed_file_longer_than_the_sample_read_is_estimated_and_said_so(tmp_path, capsys, run_inputs,
+                                                                                monkeypatch):  # fmt: skip
+    text, compressed = compressed_sample(tmp_path / "wiki.train.raw.bz2", bz2.compress)
+    monkeypatch.setattr("hfbert.pretraining.plan.TEXT_SAMPLE_BYTES", 100_000)  # of the sample's 0.69 MB
+    plan = plan_of(corpus_args(run_inputs, tmp_path / "run", tmp_path / "wiki.train.raw.bz2"), capsys)
+    [line] = [line.strip() for line in plan.splitlines() if line.strip().startswith("corpus: ")]
+    estimate = float(line.removeprefix("corpus: ~").split(" MB")[0])
+    assert line.startswith("corpus: ~") and abs(estimate - text / 1e6) < 0.1 * text / 1e6, line
+    assert (f" MB of text in {compressed / 1e6:.1f} MB compressed (estimated from the first 0.1 MB of each file's text"
+            in line)  # fmt: skip

@@ -47,6 +47,11 @@ REFUSED_FLAGS = [
     (["--adam_epsilon", "-1"], "--adam_epsilon -1.0 must be > 0"),
     (["--adam_epsilon", "0"], "--adam_epsilon 0.0 must be > 0"),
     (
+        ["--tokenizer_name", "tok", "--vocab_size", "8192"],
+        "--vocab_size 8192 only sizes the tokenizer a run trains, and --tokenizer_name tok is the run's tokenizer "
+        "(the model's vocabulary is its size); drop --vocab_size",
+    ),
+    (
         ["--model_size", "tiny", "--max_seq_length", "1024"],
         "--max_seq_length 1024 exceeds the max_position_embeddings 512 of --model_size tiny; pass "
         "--max_seq_length <= 512",
@@ -340,3 +345,19 @@ def test_dupe_factor_with_mlm_is_refused_with_what_to_raise_instead():
         "--dupe_factor 3 with --objective mlm would repeat the same segments (they are cut without randomness; the "
         "masks change every epoch anyway): drop --dupe_factor and raise --num_train_epochs or --max_train_steps instead"
     )
+
+
+# ------------------------------------------------------------------------------------------------ issue 64
+
+
+def test_vocab_size_is_recorded_as_unset_beside_a_tokenizer_and_an_older_checkpoint_s_default_resumes():
+    """--vocab_size was accepted beside --tokenizer_name and recorded as the run's though no tokenizer was trained."""
+    named = ["--output_dir", "o", "--tokenizer_name", "tok"]
+    assert parse_args(named).data.vocab_size is None
+    with pytest.raises(Refusal, match=r"^--vocab_size 30522 only sizes the tokenizer a run trains"):
+        parse_args([*named, "--vocab_size", "30522"])  # named at its default: the user expects it to act
+    older = parse_args(named).checkpoint_settings() | {"vocab_size": 30522}  # what a checkpoint recorded before
+    check_resume_settings(older, parse_args(named), "ckpt")
+    trained = parse_args(["--output_dir", "o"]).checkpoint_settings()  # a run that trains its tokenizer: compared
+    with pytest.raises(Refusal, match=r"--vocab_size 30522 in the checkpoint, 8192 now"):
+        check_resume_settings(trained, parse_args(["--output_dir", "o", "--vocab_size", "8192"]), "ckpt")

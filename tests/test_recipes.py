@@ -187,6 +187,51 @@ def test_a_bad_recipe_is_refused_in_one_line_naming_the_file_and_the_key(tmp_pat
     assert message.format(path=path) in str(error.value) and "\n" not in str(error.value)
 
 
+# A billion laughs cut to 9**4 leaves: its value, printed expanded, was a 53 KB line (the issue's 442-byte one
+# ran 52 s into a MemoryError traceback), though the file is 188 bytes.
+YAML_BOMB = (
+    "learning_rate: [&a [lol, lol, lol, lol, lol, lol, lol, lol, lol], &b [*a, *a, *a, *a, *a, *a, *a, *a, *a],\n"
+    "  &c [*b, *b, *b, *b, *b, *b, *b, *b, *b], [*c, *c, *c, *c, *c, *c, *c, *c, *c]]\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("bomb.yaml", YAML_BOMB, "{path}: line 1: YAML anchors and aliases (&name, *name) are not read in a recipe "
+         "(an alias can expand a small file to gigabytes); write each value out"),
+        ("alias.yaml", "learning_rate: &rate 1.0e-3\nweight_decay: *rate\n", "{path}: line 1: YAML anchors "
+         "and aliases (&name, *name) are not read in a recipe (an alias can expand a small file to gigabytes); write "
+         "each value out"),
+        ("deep.yaml", "learning_rate: " + "[" * 100_000 + "]" * 100_000 + "\n",
+         "{path}: line 1: nested deeper than a recipe's values go (a recipe maps flag names to single values)"),
+        ("deep.json", '{"learning_rate": ' + "[" * 100_000 + "]" * 100_000 + "}",
+         "{path}: nested deeper than Python's JSON parser reads (a recipe maps flag names to single values)"),
+        ("long.yaml", "learning_rate: [" + "1, " * 1000 + "1]\n", "{path}: key learning_rate: [1, 1, 1, 1, 1, 1, "
+         "...] is not a single value"),
+    ],
+)  # fmt: skip
+def test_a_recipe_of_aliases_deep_nesting_or_a_long_list_is_refused_in_one_short_line(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(Refusal) as error:
+        parse_args(["--recipe", str(path), "--output_dir", "o"])
+    assert str(error.value) == "recipe " + message.format(path=path)
+
+
+def test_a_tokenizer_on_the_command_line_replaces_the_recipe_s_and_both_in_one_place_are_refused(tmp_path):
+    """As a corpus source does: --tokenizer_name replaces a recipe's --vocab_size (a tokenizer to train), and
+    --vocab_size a recipe's --tokenizer_name; both given in the recipe, or both on the command line, are refused."""
+    settings = parse_args(["--recipe", "quick-start", "--output_dir", "o", "--tokenizer_name", "tok"])
+    assert settings.data.tokenizer_name == "tok" and settings.data.vocab_size is None
+    settings = parse_args(["--recipe", "bert-base-phase1", "--output_dir", "o", "--vocab_size", "8192", *SAMPLE])
+    assert settings.data.tokenizer_name is None and settings.data.vocab_size == 8192
+    path = tmp_path / "both.yaml"
+    path.write_text("tokenizer_name: tok\nvocab_size: 8192\n")
+    with pytest.raises(Refusal, match=rf"^recipe {path}, key vocab_size, tokenizer_name: --vocab_size 8192 only sizes"):
+        parse_args(["--recipe", str(path), "--output_dir", "o"])
+
+
 def test_an_out_of_range_value_on_the_command_line_is_not_blamed_on_the_recipe():
     with pytest.raises(Refusal) as error:
         parse_args(["--recipe", "quick-start", "--output_dir", "o", "--learning_rate", "-1"])

@@ -6,7 +6,15 @@ import pytest
 import torch
 import transformers
 from accelerate import Accelerator
-from conftest import folder_with_its_own_code, tiny_config, yes_typed_at_any_prompt
+from conftest import (
+    QUERY_WEIGHT,
+    folder_with_its_own_code,
+    query_of_another_shape,
+    rewrite_weights,
+    tiny_config,
+    with_pickled_weights,
+    yes_typed_at_any_prompt,
+)
 
 from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.checkpointing import MANIFEST_NAME, _write_manifest
@@ -225,4 +233,24 @@ def test_unusable_source_weights_are_named_with_the_tensor(tmp_path, tokenizer, 
     tokenizer.save_pretrained(tmp_path / "run")
     source = find_source_model(str(tmp_path / "run"))
     with pytest.raises(Refusal, match=r"its weights are unusable: bert.encoder.layer.1.output.dense.weight holds"):
+        load_source_model(source, source.config)
+
+
+# ------------------------------------------------------------------------------------------------ issue 64
+
+
+def test_a_source_whose_weights_are_only_a_pickle_is_refused_and_never_unpickled(tmp_path, tokenizer):
+    hfbert_folder(tmp_path / "run", tokenizer)
+    pickled = with_pickled_weights(tmp_path / "run", tmp_path / "pickled", tmp_path / "the pickle ran")
+    with pytest.raises(Refusal, match=rf"^--model_name_or_path {pickled}: its weights are pytorch_model.bin, a pickle"):
+        find_source_model(str(pickled))
+    assert not (tmp_path / "the pickle ran").exists()
+
+
+def test_source_weights_of_another_shape_are_refused_naming_the_tensor(tmp_path, tokenizer):
+    """transformers' RuntimeError ("You set `ignore_mismatched_sizes` to `False`") ended the run in a traceback."""
+    hfbert_folder(tmp_path / "run", tokenizer)
+    rewrite_weights(tmp_path / "run", query_of_another_shape)
+    source = find_source_model(str(tmp_path / "run"))
+    with pytest.raises(Refusal, match=rf"holds weights of other shapes than its config.json asks for \({QUERY_WEIGHT}: "):
         load_source_model(source, source.config)

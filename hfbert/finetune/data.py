@@ -27,6 +27,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from hfbert.errors import Refusal
+from hfbert.files import JSON_TOO_DEEP
 from hfbert.finetune.settings import FinetuneDataArguments
 
 
@@ -90,15 +91,33 @@ def _read_text(path: Path, flag: str) -> str:
 
 
 def _csv_rows(path: Path, flag: str) -> list[dict[str, Any]]:
+    text = _read_text(path, flag)
     # newline="": line breaks inside quoted fields stay in the text, as the csv module asks
     # strict: an unterminated quote is an error, not a field that swallows the rest of the file
-    reader = csv.DictReader(io.StringIO(_read_text(path, flag), newline=""), strict=True)
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+    # A cell may be as long as the file (the module's default limit, 128 KB, refuses longer ones as invalid).
+    limit = csv.field_size_limit(max(len(text), csv.field_size_limit()))
     try:
-        return list(reader)  # every value a string, "" for an empty cell, None for a short row
+        return [_csv_row(row, reader, path, flag) for row in reader]
     except csv.Error as error:
         raise Refusal(
             f"{flag} {path} is not valid CSV (line {reader.line_num}: {error}); {FILE_FIX}"
         ) from None
+    finally:
+        csv.field_size_limit(limit)
+
+
+def _csv_row(row: dict[str | None, Any], reader: csv.DictReader, path: Path, flag: str) -> dict[str, Any]:
+    """A row as `csv.DictReader` reads it (every value a string, "" for an empty cell, None for a short row's
+    missing ones), after refusing one with more fields than the header, which DictReader keeps under None: an
+    unquoted comma in a text would otherwise shift the rest of the row into the label."""
+    if None in row:
+        header = reader.fieldnames or []
+        raise Refusal(
+            f"{flag} {path} line {reader.line_num} has {len(header) + len(row[None])} fields, and its header "
+            f'{len(header)} ({", ".join(header)}): quote a text that holds a comma (e.g. "i liked it, a lot")'
+        )
+    return row
 
 
 def _json_rows(path: Path, flag: str) -> list[dict[str, Any]]:
@@ -108,15 +127,18 @@ def _json_rows(path: Path, flag: str) -> list[dict[str, Any]]:
             rows = json.loads(text)
         except json.JSONDecodeError as error:
             raise Refusal(f"{flag} {path} is not JSON ({error}); {FILE_FIX}") from None
+        except RecursionError:
+            raise Refusal(f"{flag} {path} is not JSON ({JSON_TOO_DEEP}); {FILE_FIX}") from None
     else:  # JSON lines
         rows = []
         for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may be in a text
             if line.strip():
                 try:
                     rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
+                except (json.JSONDecodeError, RecursionError) as error:
+                    reason = getattr(error, "msg", JSON_TOO_DEEP)
                     raise Refusal(
-                        f"{flag} {path} line {number} is not JSON ({error.msg}); write one JSON object per line"
+                        f"{flag} {path} line {number} is not JSON ({reason}); write one JSON object per line"
                     ) from None
     if not all(isinstance(row, dict) for row in rows):
         raise Refusal(f"{flag} {path} holds JSON that is not one object per row; write one object per line")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -31,6 +32,7 @@ from hfbert.files import (
     check_folder_readable,
     folder_code_refusal,
     holds_model,
+    refuse_pickled_weights,
 )
 from hfbert.finetune.settings import (
     LARGER_MODEL_EPOCHS,
@@ -43,6 +45,7 @@ from hfbert.finetune.settings import (
 )
 from hfbert.model_card import pretrained_from_structured_start
 from hfbert.pretraining.finish import TRAINING_ARGS_NAME
+from hfbert.pretraining.source_model import check_weights_usable
 
 # What the results are keyed by: the model under test, and what it is compared with (never a folder's name).
 MODEL_ROLE = "model"
@@ -55,8 +58,9 @@ TRUST_REMOTE_CODE_FIX = "pass --trust_remote_code if you trust that code"
 
 def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
     """Refuse, before any work, a folder that holds no model, a damaged one (unreadable JSON or safetensors,
-    or files that differ from a checkpoint's sha256 manifest) or one without a tokenizer; returns the folder
-    that holds its tokenizer (the folder, or an older checkpoint's tokenizer/)."""
+    files that differ from a checkpoint's sha256 manifest, weights that are not finite), one whose weights are
+    a pickle only or one without a tokenizer; returns the folder that holds its tokenizer (the folder, or an
+    older checkpoint's tokenizer/)."""
     path, where = Path(folder), f"{flag} {folder}"
     if path.is_file():
         raise Refusal(f"{where}: is a file; pass the folder that holds it ({path.parent}), or {FOLDER_FIX}")
@@ -66,6 +70,7 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
         raise Refusal(
             f"{where} holds no model (config.json and weights); {FOLDER_FIX}, not a tokenizer folder"
         )
+    refuse_pickled_weights(path, where)
     if (path / MANIFEST_NAME).is_file():  # a checkpoint: every file as it was saved
         verify_checkpoint(path)
     tokenizer_location = tokenizer_folder(path)
@@ -79,6 +84,8 @@ def check_model_folder(folder: str, flag: str = "model_dir") -> Path:
             check_folder_readable(place, "copy or write the folder again")
     except ValueError as error:  # the file's own message, after the flag and folder
         raise Refusal(f"{where}: {error}") from None
+    for weights in sorted(path.glob("*.safetensors")):  # a file at a time: a sharded model's too
+        check_weights_usable(where, load_file(weights))
     return tokenizer_location
 
 
@@ -200,7 +207,7 @@ def build_model(
         return AutoModelForSequenceClassification.from_config(
             config, trust_remote_code=candidate.trust_remote_code
         )
-    model = AutoModelForSequenceClassification.from_pretrained(candidate.folder, **options)
+    model = AutoModelForSequenceClassification.from_pretrained(candidate.folder, use_safetensors=True, **options)
     if reinit_query_key:
         reinitialise_query_key(model)
     return model

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import re
+import reprlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,11 +44,14 @@ from hfbert.pretraining.settings import (
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 RECIPE_SUFFIXES = (".yaml", ".yml", ".json")
-# A corpus source on the command line replaces the recipe's whole source (not only the flag it names), so that
-# `--recipe bert-base-phase1 --train_file my.txt` is that recipe on my.txt rather than a refusal for giving
-# both --dataset_name and --train_file.
-CORPUS_SOURCE_FLAGS = ("dataset_name", "train_file")
-CORPUS_SOURCE_KEYS = ("dataset_name", "dataset_config_name", "train_file", "validation_file")
+# A corpus source or a tokenizer on the command line replaces the recipe's whole source or tokenizer (not only
+# the flag it names), so that `--recipe bert-base-phase1 --train_file my.txt` is that recipe on my.txt rather than
+# a refusal for giving both --dataset_name and --train_file, and `--recipe quick-start --tokenizer_name tok` that
+# recipe with tok rather than a refusal of its --vocab_size: (command-line flags, the recipe keys they replace).
+REPLACED_BY_THE_COMMAND_LINE = (
+    (("dataset_name", "train_file"), ("dataset_name", "dataset_config_name", "train_file", "validation_file")),
+    (("tokenizer_name", "vocab_size"), ("tokenizer_name", "vocab_size")),
+)
 
 
 def shipped_recipes() -> dict[str, Path]:
@@ -86,14 +90,46 @@ def find_recipe(name_or_path: str) -> Path:
     )
 
 
+# A recipe maps flag names to values: one level, and a second for a list or mapping value (refused as not a
+# single value, with the key named).
+RECIPE_DEPTH = 2
+
+
+def check_yaml_recipe(path: Path, text: str) -> None:
+    """Refuse, from the YAML parser's events (which never expand an alias), stopping at the first: an anchor
+    (&name) or alias (*name), which printing or walking the loaded value expands (a billion laughs: a few hundred
+    bytes that print as gigabytes); nesting deeper than `RECIPE_DEPTH` (PyYAML's scanner slows with the square of
+    the depth: minutes for 100,000 brackets, and its composer recurses once a level)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        where = f"recipe {path}: line {event.start_mark.line + 1}"
+        if getattr(event, "anchor", None) is not None:
+            raise Refusal(
+                f"{where}: YAML anchors and aliases (&name, *name) are not read in a recipe (an alias can expand a "
+                "small file to gigabytes); write each value out"
+            )
+        depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+        if depth > RECIPE_DEPTH:
+            raise Refusal(f"{where}: nested deeper than a recipe's values go (a recipe maps flag names to single values)")
+
+
 def read_recipe(path: Path, parser: RefusingHfArgumentParser) -> dict[str, Any]:
     """The recipe's flags (name -> value), its keys checked against the fields of `parser`'s dataclasses."""
-    text = path.read_text(encoding="utf-8")
+    text, kind = path.read_text(encoding="utf-8"), "JSON" if path.suffix == ".json" else "YAML"
     try:  # as HfArgumentParser.parse_json_file / parse_yaml_file read them
-        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        if kind == "YAML":
+            check_yaml_recipe(path, text)
+        values = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except Refusal:
+        raise
     except (ValueError, yaml.YAMLError) as error:
         reason = " ".join(str(error).split())
-        raise Refusal(f"recipe {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {reason}") from None
+        raise Refusal(f"recipe {path}: not valid {kind}: {reason}") from None
+    except RecursionError:  # json's parser recurses once a nesting level
+        raise Refusal(
+            f"recipe {path}: nested deeper than Python's JSON parser reads (a recipe maps flag names to single "
+            "values)"
+        ) from None
     if not isinstance(values, dict):
         raise Refusal(f"recipe {path}: holds no mapping of flag names to values (e.g. `learning_rate: 1.0e-3`)")
     if "recipe" in values:
@@ -105,8 +141,8 @@ def read_recipe(path: Path, parser: RefusingHfArgumentParser) -> dict[str, Any]:
             f"recipe {path}: key {', '.join(map(str, unknown))} is not a run_pretraining.py flag (see --help)"
         )
     for key, value in values.items():
-        if isinstance(value, (list, dict)):
-            raise Refusal(f"recipe {path}: key {key}: {value!r} is not a single value")
+        if isinstance(value, (list, dict)):  # shown cut short: a list may be as long as the file
+            raise Refusal(f"recipe {path}: key {key}: {reprlib.repr(value)} is not a single value")
         if value is None and defaults[key] is not None:
             raise Refusal(f"recipe {path}: key {key}: null, and --{key} cannot be unset (its default is {defaults[key]!r})")
     return {key: value for key, value in values.items() if value is not None}
@@ -131,8 +167,9 @@ def apply_recipe(argv: list[str], parser: RefusingHfArgumentParser) -> tuple[lis
     path = find_recipe(name)
     values = read_recipe(path, parser)
     given = parser.given_flags(argv)
-    if given & set(CORPUS_SOURCE_FLAGS):
-        values = {key: value for key, value in values.items() if key not in CORPUS_SOURCE_KEYS}
+    for flags, keys in REPLACED_BY_THE_COMMAND_LINE:
+        if given & set(flags):
+            values = {key: value for key, value in values.items() if key not in keys}
     flags = [word for key, value in values.items() for word in (f"--{key}", _flag_text(value))]
     return [*flags, *argv], path, set(values) - given
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import datasets
 import torch
 from accelerate import Accelerator
+from fsspec.compression import compr
+from fsspec.utils import infer_compression
 from transformers import PreTrainedTokenizerBase
 
 from hfbert.checkpointing import tokenizer_folder
@@ -37,7 +39,7 @@ from hfbert.pretraining.instances import MIN_NSP_DOCUMENTS, check_documents_for_
 from hfbert.pretraining.optimization import plan_budget
 from hfbert.pretraining.settings import DataSettings, PretrainingSettings, read_config_file
 from hfbert.pretraining.source_model import SourceModel, source_run_config
-from hfbert.tokenization import train_tokenizer
+from hfbert.tokenization import load_tokenizer, model_config_for_tokenizer, train_tokenizer
 
 # WordPiece tokens per byte of English WikiText (8,192 tokens, the shipped sample: 148,266 tokens in 687,982
 # bytes); a larger vocabulary gives somewhat fewer.
@@ -91,11 +93,31 @@ MEASURED_SPEEDS = {
     ("NVIDIA H100 80GB HBM3", "base", 128, 128, "fp16, eager, deterministic"): h100(203_320),
 }
 ADAM_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
+# A compressed corpus file is decompressed this far to count its text; past it, its compression ratio so far
+# estimates the rest (a second or so, whatever the file's size).
+TEXT_SAMPLE_BYTES = 16_000_000
+
+
+def text_bytes(path: Path) -> tuple[int, bool]:
+    """The bytes of text in `path` and whether the count is exact: its size, or for a file that datasets
+    decompresses (fsspec's compression by suffix, as the run reads it) the bytes it decompresses to, counted up to
+    `TEXT_SAMPLE_BYTES` and beyond that estimated by the compression ratio so far."""
+    compression = infer_compression(str(path))
+    if compression is None:
+        return path.stat().st_size, True
+    decompressed = 0
+    with open(path, "rb") as raw, compr[compression](raw, mode="rb") as text:
+        while chunk := text.read(1 << 20):
+            decompressed += len(chunk)
+            if decompressed >= TEXT_SAMPLE_BYTES:  # raw.tell(): the compressed bytes read so far
+                return round(decompressed * path.stat().st_size / raw.tell()), False
+    return decompressed, True
 
 
 def corpus_estimate(settings: PretrainingSettings) -> tuple[int | None, str]:
-    """The training corpus's tokens, estimated from its bytes (None: a Hub corpus, unknown before download), and
-    the plan's line of it (with its files when --train_file names a folder or a glob)."""
+    """The training corpus's tokens, estimated from its bytes of text (None: a Hub corpus, unknown before
+    download), and the plan's line of it (with its files when --train_file names a folder or a glob, and the
+    compressed size where files are compressed)."""
     corpus = settings.corpus
     if corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
         return None, "a Hub dataset: its size is unknown until it is downloaded"
@@ -103,21 +125,33 @@ def corpus_estimate(settings: PretrainingSettings) -> tuple[int | None, str]:
         files = [path for path in Path(corpus.dataset_name).rglob("*") if path.is_file()]
     else:
         files = local_files(corpus)["train"]
-    size = sum(path.stat().st_size for path in files)
+    counts = [text_bytes(path) for path in files]
+    size = sum(count for count, _ in counts)
     tokens = round(size * TOKENS_PER_BYTE)
     text = f"{size_text(size)}, ~{tokens:,} tokens"
+    compressed = sum(path.stat().st_size for path in files if infer_compression(str(path)))
+    if compressed:
+        estimated = not all(exact for _, exact in counts)
+        how = f" (estimated from the first {size_text(TEXT_SAMPLE_BYTES)} of each file's text)" if estimated else ""
+        text = f"{size_text(size)} of text in {size_text(compressed)} compressed{how}, ~{tokens:,} tokens"
+        text = f"~{text}" if estimated else text
     if corpus.train_file and is_file_collection(corpus.train_file):  # a folder or a glob: its files counted
         text = f"{len(files):,} files, {text}"
     return tokens, text
 
 
-def model_config(settings: PretrainingSettings, source: SourceModel | None) -> HfBertConfig:
-    """The config the run would build (its vocabulary from --vocab_size when a tokenizer is to be trained)."""
+def hub_corpus_config(settings: PretrainingSettings, source: SourceModel | None) -> HfBertConfig:
+    """The config a run on a Hub corpus would build, which `rehearse_data_stage` does not read: the source's,
+    --config_name's, or the preset's with --tokenizer_name's vocabulary (a tokenizer to train: --vocab_size's,
+    which it may come out below)."""
+    model = settings.model
     if source is not None:
-        return source_run_config(source, settings.model.dropout)
-    if settings.model.config_name is not None:
-        return read_config_file(settings.model.config_name)
-    return HfBertConfig.from_preset(settings.model.model_size, vocab_size=settings.data.vocab_size or 30522)
+        return source_run_config(source, model.dropout)
+    if model.config_name is not None:
+        return read_config_file(model.config_name)
+    if settings.data.tokenizer_name is not None:
+        return model_config_for_tokenizer(load_tokenizer(settings.data.tokenizer_name), model.model_size)
+    return HfBertConfig.from_preset(model.model_size, vocab_size=settings.data.vocab_size)
 
 
 def device_kind(device: torch.device) -> str:
@@ -148,10 +182,16 @@ def size_text(count: float) -> str:
 
 
 def plan_lines(
-    settings: PretrainingSettings, accelerator: Accelerator, checkpoint: Path | None, source: SourceModel | None
+    settings: PretrainingSettings,
+    accelerator: Accelerator,
+    checkpoint: Path | None,
+    source: SourceModel | None,
+    config: HfBertConfig | None,
 ) -> list[str]:
-    """What a run would do, counted before it does it: the --dry_run plan, a line each."""
-    optimization, config = settings.optimization, model_config(settings, source)
+    """What a run would do, counted before it does it: the --dry_run plan, a line each. `config`: the model's, as
+    `rehearse_data_stage` built it (None for a Hub corpus)."""
+    optimization = settings.optimization
+    config = hub_corpus_config(settings, source) if config is None else config
     with torch.device("meta"):  # counts parameters without allocating them
         parameters = sum(p.numel() for p in HfBertForPreTraining(config).parameters())
     batch, processes = optimization.per_device_train_batch_size, accelerator.num_processes
@@ -244,15 +284,15 @@ def rehearse_data_stage(
     accelerator: Accelerator,
     checkpoint: Path | None,
     source: SourceModel | None,
-) -> None:
+) -> HfBertConfig | None:
     """The refusals the run's data stage (`hfbert.pretraining.data.prepare`) makes after
     `check_before_work`, made by the same functions on the streamed corpus, in memory: the tokenizer the run
     would use (one it would train, trained here: --vocab_size against the corpus's characters), the model
-    config against it, and the documents with text each split needs (`rehearse_documents_with_text`). A Hub
-    corpus is checked by the run."""
+    config against it, and the documents with text each split needs (`rehearse_documents_with_text`). Returns
+    that model config, the run's. A Hub corpus is checked by the run (None)."""
     corpus, data = settings.corpus, settings.data
     if corpus.dataset_name is not None and not Path(corpus.dataset_name).is_dir():
-        return
+        return None
     documents = stream_documents(corpus) if corpus.streaming else streamed_splits(settings)
     resumes_tokenizer = checkpoint is not None and tokenizer_folder(checkpoint) is not None
     trains_tokenizer = data.tokenizer_name is None and source is None and not resumes_tokenizer
@@ -261,8 +301,9 @@ def rehearse_data_stage(
     else:  # no tokenizer to train (a stream never trains one): nothing is written
         output_dir = Path(settings.run.output_dir)
         tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint, source)
-    build_model_config(settings.model, tokenizer, source)
+    config = build_model_config(settings.model, tokenizer, source)
     rehearse_documents_with_text(documents, tokenizer, data, corpus.streaming)
+    return config
 
 
 def rehearse_documents_with_text(

@@ -309,5 +309,5 @@ def dry_run(settings: PretrainingSettings) -> str:
     check_run_folder_free(settings.run.output_dir)
     checkpoint, source = check_before_work(settings, accelerator)
     rehearsal = partial(rehearse_data_stage, settings, accelerator, checkpoint, source)
-    checked_on_main_process(accelerator, rehearsal)  # the main process's refusal ends every rank
-    return "\n".join(plan_lines(settings, accelerator, checkpoint, source))
+    config = checked_on_main_process(accelerator, rehearsal)  # the main process's refusal ends every rank
+    return "\n".join(plan_lines(settings, accelerator, checkpoint, source, config))

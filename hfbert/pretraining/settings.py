@@ -355,12 +355,7 @@ class PretrainingSettings:
         (rather than ignored, then recorded as the run's setting) and the run records None; a run from weights
         takes its size from the source unless --model_size is given (then checked against it)."""
         source = self.model.model_name_or_path
-        # What a refusal says between "--flag value" and "drop --flag", for each flag that does not apply.
-        dropped = {
-            name: f"only shapes a fresh model, and --model_name_or_path {source} starts from weights: {why};"
-            for name, why in FRESH_MODEL_FLAGS.items()
-            if source is not None
-        }
+        dropped = self.unmade_model_flags()
         if not self.corpus.streaming:
             dropped |= dict.fromkeys(STREAM_FLAGS, "applies to --streaming runs only; add --streaming or")
         for name, reason in dropped.items():
@@ -373,6 +368,23 @@ class PretrainingSettings:
                 self.model.model_size = None
         elif self.model.attention_init == "bert" and not self.model.structured_attention_fade:
             self.model.structured_attention_fade = None  # no structured start to fade (a positive one is refused)
+
+    def unmade_model_flags(self) -> dict[str, str]:
+        """The flags that shape a model or a tokenizer this run does not make, each with what a refusal of it
+        says between "--flag value" and "drop --flag": with --model_name_or_path the fresh model's
+        (`FRESH_MODEL_FLAGS`), with --tokenizer_name the size of a tokenizer to train."""
+        source, tokenizer = self.model.model_name_or_path, self.data.tokenizer_name
+        if source is not None:
+            return {
+                name: f"only shapes a fresh model, and --model_name_or_path {source} starts from weights: {why};"
+                for name, why in FRESH_MODEL_FLAGS.items()
+            }
+        if tokenizer is not None:
+            return {
+                "vocab_size": f"only sizes the tokenizer a run trains, and --tokenizer_name {tokenizer} is the run's "
+                "tokenizer (the model's vocabulary is its size);"
+            }
+        return {}
 
     def was_given(self, group: Any, name: str) -> bool:
         """Whether a flag was given: named (`given`), or, in settings built in code, other than its default."""
@@ -664,8 +676,9 @@ def check_resume_settings(
         return [f"{checkpoint} records no run settings (written by an older hfbert); flags are not checked"]
     check_update_revision(checkpoint_writer(saved, settings), checkpoint)
     current = settings.checkpoint_settings()
-    # A run from weights has no fresh-model flags (older hfbert recorded their ignored defaults): none to compare.
-    unused = FRESH_MODEL_FLAGS if settings.model.model_name_or_path is not None else ()
+    # Flags of a model or tokenizer the run does not make (older hfbert recorded their ignored defaults): none to
+    # compare.
+    unused = settings.unmade_model_flags()
     changed = [
         difference
         for name in sorted(current)

@@ -11,6 +11,7 @@ model is built.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from transformers import AutoConfig, AutoTokenizer, BertForPreTraining, PreTrain
 import hfbert  # noqa: F401  (registers model_type "hfbert" with AutoConfig)
 from hfbert.checkpointing import MANIFEST_NAME, damaged_file, find_checkpoints, tokenizer_folder
 from hfbert.configuration_hfbert import PRESET_FIELDS, PRESETS, HfBertConfig
-from hfbert.convert import bert_config_for, check_encoder_weights_loaded, hfbert_config_for
+from hfbert.convert import LOAD_CHECKED, bert_config_for, check_weights_loaded, hfbert_config_for
 from hfbert.errors import Refusal
 from hfbert.files import (
     REMOTE_CODE_MARK,
@@ -31,6 +32,7 @@ from hfbert.files import (
     check_local_path_exists,
     folder_code_refusal,
     holds_weights,
+    refuse_pickled_weights,
     running_no_folder_code,
 )
 from hfbert.modeling_hfbert import HfBertForPreTraining
@@ -87,6 +89,7 @@ def _local_location(name: str, path: Path) -> tuple[str, str | None]:
         raise Refusal(f"{FLAG} {name}: {path.absolute()} {reason}; {_FIX}")
     if not holds_weights(path):
         raise Refusal(f"{FLAG} {name}: {path.absolute()} has a config.json but no model weights; {_FIX}")
+    refuse_pickled_weights(path, f"{FLAG} {name}")
     if (path / MANIFEST_NAME).is_file():
         _check_checkpoint_intact(name, path)
     tokenizer_location = tokenizer_folder(path)
@@ -201,27 +204,26 @@ def load_source_model(source: SourceModel, config: HfBertConfig) -> HfBertForPre
     """HfBertForPreTraining of `config` holding the source's weights (MLM and NSP heads included; a head the
     source lacks starts fresh, with a warning)."""
     if source.model_type == "hfbert":
-        model, info = HfBertForPreTraining.from_pretrained(source.location, config=config, output_loading_info=True)
+        model, info = HfBertForPreTraining.from_pretrained(source.location, config=config, **LOAD_CHECKED)
     else:
-        bert, info = BertForPreTraining.from_pretrained(
-            source.location, config=bert_config_for(config), output_loading_info=True
-        )
+        bert, info = BertForPreTraining.from_pretrained(source.location, config=bert_config_for(config), **LOAD_CHECKED)
         model = HfBertForPreTraining(config)
         model.load_state_dict(bert.state_dict(), strict=True)
     missing, unexpected = list(info["missing_keys"]), list(info["unexpected_keys"])
-    check_encoder_weights_loaded(f"{FLAG} {source.name}", missing, _FIX)
+    check_weights_loaded(f"{FLAG} {source.name}", info, _FIX)
     if missing:
         logger.warning(f"{FLAG} {source.name} has no weights for {', '.join(missing)}: initialised fresh.")
     if unexpected:
         logger.warning(f"{FLAG} {source.name}: weights not used by BertForPreTraining: {', '.join(unexpected)}")
-    check_weights_usable(f"{FLAG} {source.name}", model)
+    check_weights_usable(f"{FLAG} {source.name}", model.state_dict())
     return model
 
 
-def check_weights_usable(where: str, model: torch.nn.Module) -> None:
-    """Refuse, naming the tensor, weights that are not finite or far beyond any trained model's (|w| >
-    `ABSURD_WEIGHT`): training from them ends in a NaN loss at the first step, blamed on the learning rate."""
-    for tensor_name, tensor in model.state_dict().items():
+def check_weights_usable(where: str, weights: Mapping[str, torch.Tensor]) -> None:
+    """Refuse, naming the tensor, weights (a state dict) that are not finite or far beyond any trained model's
+    (|w| > `ABSURD_WEIGHT`): training from them ends in a NaN loss at the first step, blamed on the learning
+    rate, and fine-tuning in a fit that looks collapsed."""
+    for tensor_name, tensor in weights.items():
         if not tensor.is_floating_point() or not tensor.numel():
             continue
         if not bool(tensor.isfinite().all()):
