@@ -357,7 +357,7 @@ def test_vocab_size_is_recorded_as_unset_beside_a_tokenizer_and_an_older_checkpo
     with pytest.raises(Refusal, match=r"^--vocab_size 30522 only sizes the tokenizer a run trains"):
         parse_args([*named, "--vocab_size", "30522"])  # named at its default: the user expects it to act
     older = parse_args(named).checkpoint_settings() | {"vocab_size": 30522}  # what a checkpoint recorded before
-    check_resume_settings(older, parse_args(named), "ckpt")
+    check_resume_settings(older, parse_args(named), "ckpt", "cpu")
     trained = parse_args(["--output_dir", "o"]).checkpoint_settings()  # a run that trains its tokenizer: compared
     with pytest.raises(Refusal, match=r"--vocab_size 30522 in the checkpoint, 8192 now"):
-        check_resume_settings(trained, parse_args(["--output_dir", "o", "--vocab_size", "8192"]), "ckpt")
+        check_resume_settings(trained, parse_args(["--output_dir", "o", "--vocab_size", "8192"]), "ckpt", "cpu")
