@@ -732,6 +732,26 @@ def test_a_batch_with_no_masked_token_trains_instead_of_stopping_on_nan(tmp_path
     assert all(math.isfinite(row["loss"]) for row in history if "loss" in row)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("learning_rate", ["1e4", "1e9"])
+def test_a_diverging_run_keeps_its_last_finite_checkpoint_and_names_it(tmp_path, run_inputs, learning_rate):
+    """Issue 64: the loss is read at logging steps only, so NaN weights were checkpointed every update and
+    --checkpoints_total_limit rotated every finite checkpoint away."""
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "8", "--checkpointing_steps", "1")
+    args += ["--checkpoints_total_limit", "2", "--eval_steps", "8", "--num_warmup_steps", "8", "--max_grad_norm", "0"]
+    args[args.index("--learning_rate") + 1] = learning_rate
+    args[args.index("--logging_steps") + 1] = "8"
+    with pytest.raises(RunFailure) as stopped:
+        train_in_process(args)
+    kept = sorted(output_dir.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    assert kept, "no checkpoint kept"
+    for checkpoint in kept:
+        weights = load_file(checkpoint / "model.safetensors")
+        assert all(bool(tensor.isfinite().all()) for tensor in weights.values()), checkpoint.name
+    assert f"The last checkpoint whose weights are all finite is {kept[-1]} " in str(stopped.value)
+
+
 def test_an_output_dir_that_is_a_file_is_refused_before_any_work(tmp_path, run_inputs):
     output_file = tmp_path / "run"
     output_file.write_text("not a folder")

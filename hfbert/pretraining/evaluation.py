@@ -195,7 +195,19 @@ def evaluate(model: torch.nn.Module, eval_loader: DataLoader, accelerator: Accel
 
 
 class NonFiniteLoss(RunFailure, FloatingPointError):
-    """The training loss became NaN or infinite (outside fp16, whose grad scaler skips such steps)."""
+    """The training loss (outside fp16, whose grad scaler skips such steps) or the weights became NaN or
+    infinite."""
+
+
+def diverged(what: str, precision: str, step: int, learning_rate: float, output_dir: str | None) -> NonFiniteLoss:
+    """The stop of a run whose `what` ("The training loss became nan") happened at `step`: the advice, and the
+    last checkpoint of `output_dir` whose weights are finite."""
+    return NonFiniteLoss(
+        f"{what} at step {step} (learning rate {learning_rate:.3g}, precision {precision}). Resuming would "
+        "diverge again, as a resume keeps the learning rate, warmup and clipping: start a new run (a new "
+        "--output_dir, or --overwrite_output_dir) with a lower --learning_rate, more --num_warmup_steps or "
+        f"--max_grad_norm > 0.{'' if output_dir is None else last_finite_checkpoint_note(output_dir)}"
+    )
 
 
 def check_loss_is_finite(
@@ -207,12 +219,23 @@ def check_loss_is_finite(
     if precision == "fp16":
         logger.warning(f"Non-finite loss ({loss}) at step {step}: the fp16 grad scaler skips this update.")
         return
-    raise NonFiniteLoss(
-        f"The training loss became {loss} at step {step} (learning rate {learning_rate:.3g}, precision "
-        f"{precision}). Resuming would diverge again, as a resume keeps the learning rate, warmup and clipping: "
-        "start a new run (a new --output_dir, or --overwrite_output_dir) with a lower --learning_rate, more "
-        f"--num_warmup_steps or --max_grad_norm > 0.{'' if output_dir is None else last_finite_checkpoint_note(output_dir)}"
-    )
+    raise diverged(f"The training loss became {loss}", precision, step, learning_rate, output_dir)
+
+
+def check_weights_are_finite(
+    accelerator: Accelerator, model: torch.nn.Module, step: int, learning_rate: float, output_dir: str
+) -> None:
+    """Stop before a checkpoint of non-finite weights is written (rotation would then delete finite ones): one
+    reduction on the device and one read, when a checkpoint is due, not at every update; every process agrees."""
+    finite = torch.stack([parameter.detach().isfinite().all() for parameter in model.parameters()]).all()
+    if accelerator.num_processes > 1:
+        finite = accelerator.reduce(finite.float(), "min")
+    if bool(finite):
+        return
+    named = accelerator.unwrap_model(model).named_parameters()
+    where = next((name for name, parameter in named if not parameter.isfinite().all()), "another process's copy")
+    what = f"The weights became non-finite ({where} holds nan or inf; no checkpoint of them is written)"
+    raise diverged(what, accelerator.mixed_precision, step, learning_rate, output_dir)
 
 
 class TrainingWindow:
