@@ -508,7 +508,7 @@ def loads(checkpoint: Path) -> str | None:
     try:
         verify_checkpoint(checkpoint)
         load_file(checkpoint / "model.safetensors")
-        torch.load(checkpoint / "optimizer.bin", map_location="cpu", weights_only=False)
+        torch.load(checkpoint / "optimizer.bin", map_location="cpu", weights_only=True)
     except Exception as error:  # any failure to load is the finding
         return f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
     return None

@@ -55,6 +55,7 @@ def write_checkpoint(
         settings.run.output_dir,
         step,
         settings.run.checkpoints_total_limit,
+        progress=state.progress,
         tokenizer=data.tokenizer,
         model_config=data.config,
         json_files={RUN_SETTINGS_NAME: settings.checkpoint_settings(), **position},
