@@ -916,6 +916,36 @@ def test_a_corpus_edited_before_the_resume_is_refused_naming_it(tmp_path, run_in
     assert listing(output_dir) == before
 
 
+@pytest.mark.slow
+def test_a_corpus_edited_while_the_run_trains_is_recorded_as_read_and_the_resume_on_the_edit_refused(
+    tmp_path, run_inputs, monkeypatch
+):
+    """Issue 64, item 5: the fingerprint was taken when a checkpoint was written, so text edited mid-run was
+    recorded as what trained, and the resume on it was accepted (2.4e-4 from the straight run)."""
+    from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+    from hfbert.pretraining import run
+
+    corpus = tmp_path / "train.raw"
+    shutil.copy(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"], corpus)
+    read_then_edited = run.prepare_run_data
+
+    def prepare_then_edit(*args, **kwargs):
+        data = read_then_edited(*args, **kwargs)
+        corpus.write_text(corpus.read_text().replace(" the ", " a "))  # after the run read it
+        return data
+
+    monkeypatch.setattr(run, "prepare_run_data", prepare_then_edit)
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "2")
+    args += ["--train_file", str(corpus), "--validation_file", str(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["validation"])]
+    train_in_process(args)
+    monkeypatch.undo()
+    before = listing(output_dir)
+    with pytest.raises(ValueError, match=rf"the corpus \({corpus}, .*\) has changed since the checkpoint was written"):
+        train_in_process([*args, "--resume_from_checkpoint", "latest"])
+    assert listing(output_dir) == before
+
+
 def datasets_cache_files() -> set[Path]:
     return set(Path(os.environ["HF_DATASETS_CACHE"]).rglob("cache-*.arrow"))
 

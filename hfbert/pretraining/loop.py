@@ -29,7 +29,12 @@ from hfbert.pretraining.evaluation import (
     evaluate,
 )
 from hfbert.pretraining.optimization import Budget, TrainingState
-from hfbert.pretraining.settings import OptimizationSettings, PretrainingSettings, RunSettings
+from hfbert.pretraining.settings import (
+    CORPUS_FINGERPRINT,
+    OptimizationSettings,
+    PretrainingSettings,
+    RunSettings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,8 @@ def write_checkpoint(
     step, learning_rate = state.progress.completed_steps, state.optimizer.param_groups[0]["lr"]
     check_weights_are_finite(accelerator, state.model, step, learning_rate, settings.run.output_dir)
     position = state.batches.checkpoint_files(accelerator)  # a stream's; {} where `progress` holds it
+    # The corpus as the data stage read it, not as its files are now: text edited since is not what trained.
+    recorded = settings.checkpoint_settings() | {CORPUS_FINGERPRINT: data.corpus_sha256}
     return save_checkpoint(
         accelerator,
         settings.run.output_dir,
@@ -58,7 +65,7 @@ def write_checkpoint(
         progress=state.progress,
         tokenizer=data.tokenizer,
         model_config=data.config,
-        json_files={RUN_SETTINGS_NAME: settings.checkpoint_settings(), **position},
+        json_files={RUN_SETTINGS_NAME: recorded, **position},
     )
 
 
