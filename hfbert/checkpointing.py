@@ -44,6 +44,7 @@ from hfbert.errors import Refusal, RunFailure
 from hfbert.files import (
     CHECKPOINT_PREFIX,
     FINAL_READY,
+    FINAL_RECORD,
     FINAL_STAGING,
     WRITE_ERRORS,
     check_folder_writable,
@@ -51,6 +52,7 @@ from hfbert.files import (
     describe_write_failure,
     is_disk_full,
     read_json,
+    recorded_final_files,
     sha256_file,
     write_json_atomic,
     write_tokenizer,
@@ -67,8 +69,8 @@ MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT_VERSION = 1
 # Held (flock) by the run writing into a folder; hidden, so never uploaded and not one of the user's files.
 RUN_LOCK_NAME = ".hfbert-run.lock"
-# The run's `TrainingProgress`, as JSON; before issue 64 accelerate pickled it as the first object registered for
-# checkpointing, a file that checkpoints written then still hold (read as plain data, never unpickled).
+# The run's `TrainingProgress`, as JSON; an hfbert up to 88be5f0 had accelerate pickle it as the first object
+# registered for checkpointing, a file that its checkpoints still hold (read as plain data, never unpickled).
 PROGRESS_JSON = "training_progress.json"
 PROGRESS_PICKLE = "custom_checkpoint_0.pkl"
 RNG_FILE = "random_states_{rank}.pkl"  # accelerate's per-process RNG file in a checkpoint
@@ -142,7 +144,7 @@ def _unsafe_pickle(checkpoint: Path, name: str, error: pickle.UnpicklingError) -
 
 def read_progress(checkpoint: Path) -> dict[str, Any]:
     """The `TrainingProgress` state of `checkpoint`: its `PROGRESS_JSON`, or the `PROGRESS_PICKLE` of a
-    checkpoint written before issue 64 (read as plain data, which is all it held). A progress that counts
+    checkpoint written by an hfbert up to 88be5f0 (read as plain data, which is all it held). A progress that counts
     micro-batches per process (`batch_in_epoch`) is refused: the hfbert before global data positions wrote it,
     and only that one resumes it."""
     if (checkpoint / PROGRESS_JSON).is_file():
@@ -510,7 +512,7 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike, pro
 
 @contextmanager
 def _state_files(checkpoint: Path) -> Iterator[Path]:
-    """The folder accelerate's load_state reads: `checkpoint`, or for one written before issue 64 a view of it
+    """The folder accelerate's load_state reads: `checkpoint`, or for one of an hfbert up to 88be5f0 a view of it
     (links) without its pickled progress, which load_state refuses without a registered object and unpickles
     with one."""
     if not (checkpoint / PROGRESS_PICKLE).is_file():
@@ -643,9 +645,9 @@ def check_run_folder(
     """Refuse a run folder that cannot be used as asked, before anything is written.
 
     A fresh run needs a new or empty folder; a folder holding another run (complete or interrupted) needs
-    --resume_from_checkpoint or --overwrite_output_dir; a folder holding the user's own files needs
-    --overwrite_output_dir, and so does a non-empty folder resumed into from another folder's checkpoint.
-    Never deletes anything: with `overwrite_output_dir` the caller removes the old run (see
+    --resume_from_checkpoint or --overwrite_output_dir, and so does a non-empty folder resumed into from another
+    folder's checkpoint; with --overwrite_output_dir, a folder holding anything hfbert did not write is refused
+    (`_check_overwrite`). Never deletes anything: with `overwrite_output_dir` the caller removes the old run (see
     `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
     """
     output_dir = Path(output_dir)
@@ -663,10 +665,12 @@ def check_run_folder(
         )
     if not output_dir.is_dir():  # a new folder: nothing in the way
         return
-    names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
+    names = sorted(path.name for path in output_dir.iterdir() if path.name not in (RUN_LOCK_NAME, FINAL_RECORD))
     if resume_from_checkpoint == "auto":
         _check_auto_start(output_dir, names)
         return
+    if overwrite_output_dir:
+        _check_overwrite(output_dir, names)
     if resumes_own_run or overwrite_output_dir or not names:
         return
     if resume_from_checkpoint is not None:  # a checkpoint of another folder, resumed into this one
@@ -676,6 +680,25 @@ def check_run_folder(
             "would replace it. Pass a new or empty --output_dir, or --overwrite_output_dir to replace it"
         )
     _check_fresh_start(output_dir, names)
+
+
+def _check_overwrite(output_dir: Path, names: list[str]) -> None:
+    """--overwrite_output_dir replaces what hfbert wrote in `output_dir` (`names`: what it holds): checkpoints
+    with a manifest, the files its final folders published (`FINAL_RECORD`) and its hidden staging folders.
+    Anything else is refused, named, before anything is deleted."""
+    published = recorded_final_files(output_dir)
+    foreign = [
+        f"{name} (no {MANIFEST_NAME})" if _CHECKPOINT_NAME.match(name) else name
+        for name in names
+        if not (name.startswith(_RUN_MARKERS) or name in published or (output_dir / name / MANIFEST_NAME).is_file())
+    ]
+    if foreign:
+        raise CheckpointError(
+            f"--overwrite_output_dir replaces only what hfbert wrote in {output_dir} (checkpoints with a "
+            f"{MANIFEST_NAME}, the files its final folder lists in {FINAL_RECORD}), and it also holds "
+            f"{', '.join(foreign[:6])}{', ...' if len(foreign) > 6 else ''}: move them out of it, or pass a new "
+            "--output_dir"
+        )
 
 
 def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
@@ -688,7 +711,7 @@ def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
             "--resume_from_checkpoint latest to continue that run, --overwrite_output_dir to replace it, or a "
             "new --output_dir"
         )
-    if any(name.startswith(_RUN_MARKERS) or _CHECKPOINT_NAME.match(name) for name in names):
+    if any(name.startswith(_RUN_MARKERS) for name in names):
         raise CheckpointError(
             f"--output_dir {output_dir} holds an interrupted run with no complete checkpoint "
             f"({', '.join(names)}); nothing can be resumed: pass --overwrite_output_dir to start it over, or a "
@@ -696,8 +719,7 @@ def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
         )
     raise CheckpointError(
         f"--output_dir {output_dir} is not empty and holds no hfbert run ({', '.join(names[:5])}"
-        f"{', ...' if len(names) > 5 else ''}); pass a new or empty --output_dir, or --overwrite_output_dir to "
-        "write into it (files with the names of the run's outputs, e.g. README.md, would be replaced)"
+        f"{', ...' if len(names) > 5 else ''}); pass a new or empty --output_dir"
     )
 
 

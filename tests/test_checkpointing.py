@@ -44,7 +44,7 @@ from hfbert.checkpointing import (
     save_checkpoint,
     verify_checkpoint,
 )
-from hfbert.files import write_json_atomic
+from hfbert.files import FINAL_RECORD, write_json_atomic
 
 SEED = 1234
 BATCHES_PER_EPOCH = 10
@@ -385,6 +385,8 @@ def test_output_dir_of_another_run_is_refused(tmp_path, previous_output):
     (tmp_path / previous_output).mkdir()
     if previous_output == "checkpoint-5":
         (tmp_path / previous_output / MANIFEST_NAME).write_text("{}")
+    else:  # published by a final folder
+        (tmp_path / FINAL_RECORD).write_text(json.dumps([previous_output]))
     before = sorted(Path(tmp_path).rglob("*"))
     with pytest.raises(
         CheckpointError,
@@ -396,7 +398,7 @@ def test_output_dir_of_another_run_is_refused(tmp_path, previous_output):
     assert sorted(Path(tmp_path).rglob("*")) == before  # nothing deleted
 
 
-@pytest.mark.parametrize("leftover", [".tmp-checkpoint-5", "checkpoint-5", ".tokenizer", ".final-ready"])
+@pytest.mark.parametrize("leftover", [".tmp-checkpoint-5", ".tokenizer", ".final-ready"])
 def test_an_interrupted_run_without_a_complete_checkpoint_needs_overwrite(tmp_path, leftover):
     (tmp_path / leftover).mkdir()
     with pytest.raises(CheckpointError, match=r"interrupted run with no complete checkpoint.*--overwrite_output_dir"):
@@ -406,6 +408,27 @@ def test_an_interrupted_run_without_a_complete_checkpoint_needs_overwrite(tmp_pa
 
 
 
+def test_overwrite_output_dir_refuses_a_folder_holding_what_hfbert_did_not_write(tmp_path):
+    """Issue 64, item 2: a Trainer's checkpoint-7 (no manifest) was deleted and the user's README.md and
+    config.json replaced, without a log line."""
+    (tmp_path / "checkpoint-7").mkdir()
+    (tmp_path / "checkpoint-7" / "trainer_state.json").write_text("{}")
+    (tmp_path / "README.md").write_text("my notes")
+    (tmp_path / "config.json").write_text("{}")
+    save_steps(tmp_path, [4])  # hfbert's own checkpoint beside them: replaced, as asked
+    (tmp_path / ".tmp-checkpoint-6").mkdir()  # and an interrupted save of it
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
+    assert str(refused.value) == (
+        f"--overwrite_output_dir replaces only what hfbert wrote in {tmp_path} (checkpoints with a "
+        f"{MANIFEST_NAME}, the files its final folder lists in {FINAL_RECORD}), and it also holds README.md, "
+        f"checkpoint-7 (no {MANIFEST_NAME}), config.json: move them out of it, or pass a new --output_dir"
+    )
+    (tmp_path / FINAL_RECORD).write_text(json.dumps(["README.md", "config.json", "model.safetensors"]))
+    shutil.rmtree(tmp_path / "checkpoint-7")
+    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)  # all of it hfbert's
+
+
 def test_resuming_another_folders_checkpoint_into_a_finished_run_is_refused_naming_it(tmp_path):
     other, finished = tmp_path / "A" / "checkpoint-20", tmp_path / "B"
     finished.mkdir()
@@ -413,6 +436,7 @@ def test_resuming_another_folders_checkpoint_into_a_finished_run_is_refused_nami
         (finished / name).write_text("B's")
     (finished / "training_args.json").write_text(json.dumps({"corpus": "b.txt"}))
     (finished / "eval_results.json").write_text(json.dumps({"step": 30}))
+    (finished / FINAL_RECORD).write_text(json.dumps(sorted(path.name for path in finished.iterdir())))
     with pytest.raises(CheckpointError) as error:
         check_run_folder(finished, resume_from_checkpoint=str(other), overwrite_output_dir=False)
     assert str(error.value).startswith(
@@ -457,7 +481,8 @@ def test_output_dir_checks(tmp_path):
     (tmp_path / "notes.txt").write_text("the user's")
     with pytest.raises(CheckpointError, match=r"not empty and holds no hfbert run \(notes.txt\)"):
         check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
-    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
+    with pytest.raises(CheckpointError, match=r"hfbert wrote in .*, and it also holds notes.txt: move them out"):
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
     with pytest.raises(CheckpointError) as refused:
         check_run_folder(tmp_path, resume_from_checkpoint="latest", overwrite_output_dir=True)
     assert str(refused.value) == (
@@ -905,8 +930,7 @@ def test_each_refused_run_folder_is_told_whole(tmp_path):
     )
     assert refusal(mine) == (
         f"--output_dir {mine} is not empty and holds no hfbert run (notes0.txt, notes1.txt, notes2.txt, notes3.txt, "
-        "notes4.txt, ...); pass a new or empty --output_dir, or --overwrite_output_dir to write into it (files "
-        "with the names of the run's outputs, e.g. README.md, would be replaced)"
+        "notes4.txt, ...); pass a new or empty --output_dir"
     )
     (mine / "notes5.txt").unlink()
     assert "(notes0.txt, notes1.txt, notes2.txt, notes3.txt, notes4.txt); pass" in refusal(mine)

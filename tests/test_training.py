@@ -631,11 +631,9 @@ def mismatch_args(tmp_path: Path, run_inputs: dict[str, Path], output_dir: Path,
 @pytest.mark.parametrize(("case", "message"), MISMATCHES)
 def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, run_inputs, case, message):
     output_dir = tmp_path / "run"
-    output_dir.mkdir()
-    (output_dir / "notes.txt").write_text("keep")
     with pytest.raises(ValueError, match=message):
         train_in_process(mismatch_args(tmp_path, run_inputs, output_dir, case))
-    assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
+    assert not output_dir.exists()
 
 
 @pytest.mark.parametrize("how", DAMAGES)
@@ -651,15 +649,13 @@ def test_a_damaged_config_or_tokenizer_file_is_named_before_any_work(tmp_path, r
         damaged = given / "tokenizer.json"
     damage(damaged, how)
     output_dir = tmp_path / "run"
-    output_dir.mkdir()
-    (output_dir / "notes.txt").write_text("keep")
     args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir")
     args[args.index(flag) + 1] = str(given)
     with pytest.raises(ValueError) as refused:
         train_in_process(args)
     message = str(refused.value)
     assert message.startswith(f"{flag} {given}: {damaged} is ") and f"pass another {flag}" in message
-    assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
+    assert not output_dir.exists()
 
 
 def test_output_dir_of_another_run_is_refused_untouched(tmp_path, run_inputs):
@@ -778,9 +774,30 @@ def test_a_folder_of_the_users_own_files_is_refused_untouched(tmp_path, run_inpu
     (output_dir / "README.md").write_text("my notes")
     (output_dir / "tokenizer.json").write_text("{}")
     before = listing(output_dir)
-    with pytest.raises(CheckpointError, match=r"not empty and holds no hfbert run.*--overwrite_output_dir"):
+    with pytest.raises(CheckpointError, match=r"not empty and holds no hfbert run \(README.md, tokenizer.json\); pass a new"):
         train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"))
+    with pytest.raises(CheckpointError, match=r"hfbert wrote in .*, and it also holds README.md, tokenizer.json: move"):
+        train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir"))
     assert listing(output_dir) == before and (output_dir / "README.md").read_text() == "my notes"
+
+
+@pytest.mark.slow
+def test_overwrite_output_dir_replaces_an_earlier_run_and_refuses_what_else_the_folder_holds(tmp_path, run_inputs):
+    """Issue 64, item 2: --overwrite_output_dir deleted a Trainer's checkpoint-7 and replaced the user's
+    README.md and config.json; now it replaces what hfbert wrote and nothing else."""
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2")
+    train_in_process(args)
+    (output_dir / "checkpoint-2" / "checkpoint_manifest.json").rename(output_dir / "kept-manifest.json")
+    for name in ("checkpoint-2", "kept-manifest.json"):
+        with pytest.raises(CheckpointError, match=rf"hfbert wrote in .*, and it also holds {name}"):
+            train_in_process([*args, "--overwrite_output_dir"])
+        if name == "checkpoint-2":
+            (output_dir / "kept-manifest.json").rename(output_dir / "checkpoint-2" / "checkpoint_manifest.json")
+            (output_dir / "kept-manifest.json").write_text("mine")
+    (output_dir / "kept-manifest.json").unlink()
+    train_in_process([*args, "--overwrite_output_dir"])  # the earlier run, all of it hfbert's: replaced
+    assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES | {"checkpoint-2"}
 
 
 @pytest.mark.parametrize("resume", [False, True])

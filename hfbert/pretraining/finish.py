@@ -19,7 +19,7 @@ from accelerate import Accelerator
 
 from hfbert.analysis import ModelAnalysis
 from hfbert.checkpointing import TrainingProgress, write_on_every_process
-from hfbert.files import staged_files, write_json_atomic, write_tokenizer
+from hfbert.files import FINAL_RECORD, recorded_final_files, staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.cluster import end_process_group
@@ -92,6 +92,9 @@ def write_final_folder(
             health_section=None if health is None else health_card_section(health),
         )
         card.save(staging / MODEL_CARD_NAME)  # staged: published with the rest of the folder
+        # What a later --overwrite_output_dir may replace: this set, and what earlier runs published that is left.
+        earlier = {name for name in recorded_final_files(output_dir) if (output_dir / name).exists()}
+        write_json_atomic(staging / FINAL_RECORD, sorted({path.name for path in staging.iterdir()} | earlier))
     return FinalFolder(output_dir, fill_mask)
 
 

@@ -264,7 +264,8 @@ class RunSettings:
     )
     overwrite_output_dir: bool = HfArg(
         default=False,
-        help="Replace another run, or write into a folder holding other files, in --output_dir.",
+        help="Replace an earlier run in --output_dir: what hfbert wrote there (checkpoints with a manifest, the "
+        "final folder's files); a folder holding anything else is refused, naming it.",
     )
     dry_run: bool = HfArg(
         default=False,
