@@ -748,6 +748,31 @@ def test_a_diverging_run_keeps_its_last_finite_checkpoint_and_names_it(tmp_path,
     assert f"The last checkpoint whose weights are all finite is {kept[-1]} " in str(stopped.value)
 
 
+@pytest.mark.slow
+def test_weights_that_diverge_at_the_last_update_write_no_final_folder(tmp_path, run_inputs):
+    """The final folder is written only from finite weights too: NaN after the last update was published, exit 0."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    updates = []
+
+    def diverge_at_the_last_update(optimizer, args, kwargs):
+        updates.append(None)
+        if len(updates) == 4:
+            with torch.no_grad():
+                for group in optimizer.param_groups:
+                    for parameter in group["params"]:
+                        parameter.fill_(float("nan"))
+
+    output_dir = tmp_path / "run"
+    hook = register_optimizer_step_post_hook(diverge_at_the_last_update)
+    try:
+        with pytest.raises(RunFailure, match=r"^The weights became non-finite .* at step 4 .* is .*checkpoint-3 "):
+            train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "3"))
+    finally:
+        hook.remove()
+    assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-3"]
+
+
 def test_an_output_dir_that_is_a_file_is_refused_before_any_work(tmp_path, run_inputs):
     output_file = tmp_path / "run"
     output_file.write_text("not a folder")

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from hfbert.checkpointing import TrainingProgress, last_finite_checkpoint_note
 from hfbert.errors import RunFailure
 from hfbert.modeling_hfbert import IGNORE_INDEX, ROW_SUBSET_BACKENDS
+from hfbert.pretraining.optimization import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -222,20 +223,21 @@ def check_loss_is_finite(
     raise diverged(f"The training loss became {loss}", precision, step, learning_rate, output_dir)
 
 
-def check_weights_are_finite(
-    accelerator: Accelerator, model: torch.nn.Module, step: int, learning_rate: float, output_dir: str
-) -> None:
-    """Stop before a checkpoint of non-finite weights is written (rotation would then delete finite ones): one
-    reduction on the device and one read, when a checkpoint is due, not at every update; every process agrees."""
-    finite = torch.stack([parameter.detach().isfinite().all() for parameter in model.parameters()]).all()
+def check_weights_are_finite(accelerator: Accelerator, state: TrainingState, output_dir: str) -> None:
+    """Stop before a checkpoint or the final folder is written from weights that are no longer finite (rotation
+    would then delete finite checkpoints, the final folder replace a finite one): one reduction on the device
+    and one read, when one is written, not at every update; every process agrees."""
+    parameters = list(state.model.parameters())
+    finite = torch.stack([parameter.detach().isfinite().all() for parameter in parameters]).all()
     if accelerator.num_processes > 1:
         finite = accelerator.reduce(finite.float(), "min")
     if bool(finite):
         return
-    named = accelerator.unwrap_model(model).named_parameters()
+    named = accelerator.unwrap_model(state.model).named_parameters()
     where = next((name for name, parameter in named if not parameter.isfinite().all()), "another process's copy")
-    what = f"The weights became non-finite ({where} holds nan or inf; no checkpoint of them is written)"
-    raise diverged(what, accelerator.mixed_precision, step, learning_rate, output_dir)
+    what = f"The weights became non-finite ({where} holds nan or inf; no checkpoint or final folder of them is written)"
+    learning_rate = state.optimizer.param_groups[0]["lr"]
+    raise diverged(what, accelerator.mixed_precision, state.progress.completed_steps, learning_rate, output_dir)
 
 
 class TrainingWindow:

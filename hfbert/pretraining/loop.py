@@ -52,15 +52,14 @@ def write_checkpoint(
     on resume), its tokenizer (reused on resume) and the model's config (so that a checkpoint folder is one a
     new run can start from with --model_name_or_path). Weights that are no longer finite stop the run instead:
     a checkpoint of them would rotate finite ones out under --checkpoints_total_limit."""
-    step, learning_rate = state.progress.completed_steps, state.optimizer.param_groups[0]["lr"]
-    check_weights_are_finite(accelerator, state.model, step, learning_rate, settings.run.output_dir)
+    check_weights_are_finite(accelerator, state, settings.run.output_dir)
     position = state.batches.checkpoint_files(accelerator)  # a stream's; {} where `progress` holds it
     # The corpus as the data stage read it, not as its files are now: text edited since is not what trained.
     recorded = settings.checkpoint_settings() | {CORPUS_FINGERPRINT: data.corpus_sha256}
     return save_checkpoint(
         accelerator,
         settings.run.output_dir,
-        step,
+        state.progress.completed_steps,
         settings.run.checkpoints_total_limit,
         progress=state.progress,
         tokenizer=data.tokenizer,
