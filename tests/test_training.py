@@ -753,18 +753,10 @@ def test_weights_that_diverge_at_the_last_update_write_no_final_folder(tmp_path,
     """The final folder is written only from finite weights too: NaN after the last update was published, exit 0."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    updates = []
-
-    def diverge_at_the_last_update(optimizer, args, kwargs):
-        updates.append(None)
-        if len(updates) == 4:
-            with torch.no_grad():
-                for group in optimizer.param_groups:
-                    for parameter in group["params"]:
-                        parameter.fill_(float("nan"))
+    from benchmarks.diverging_pretraining import diverge_after
 
     output_dir = tmp_path / "run"
-    hook = register_optimizer_step_post_hook(diverge_at_the_last_update)
+    hook = register_optimizer_step_post_hook(diverge_after(4))
     try:
         with pytest.raises(RunFailure, match=r"^The weights became non-finite .* at step 4 .* is .*checkpoint-3 "):
             train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "3"))
