@@ -18,7 +18,8 @@ A divergence trial (`--divergence`) runs its first attempt through benchmarks/di
 weights become NaN after a random update: the run must stop in one line naming the last finite checkpoint (the
 newest written before that update), which --checkpoints_total_limit 2 must not have rotated out and beside
 which no checkpoint of NaN weights may be; the soak then resumes from it (the divergence was a one-off, as an
-fp16 overflow can be), and the final weights must equal the straight run's.
+fp16 overflow can be), and the final weights must equal the straight run's. Elastic launches are left out: torchrun
+would restart the diverging command, which diverges again, within the attempt.
 
 Trials run one after another on CPUs (gloo), each process with OMP_NUM_THREADS=1; the disk-full trials mount a
 tmpfs (root only) and unmount it at the trial's end.
@@ -81,6 +82,7 @@ RENDEZVOUS_TIMEOUT_SECONDS = 120
 LAUNCHES = ("one", "torchrun", "elastic", "nodes")
 WORLD_SIZE = {"one": 1, "torchrun": 2, "elastic": 2, "nodes": 2}
 SIGNAL_FAULTS = ("kill_rank", "kill_launcher", "term_group", "usr1_group", "stop_cont")
+DIVERGENCE_SKIPS = ("elastic",)  # launches a divergence trial leaves out
 DAMAGES = ("truncate", "delete", "flip")
 
 
@@ -149,7 +151,8 @@ def generate_trial(seed: int, launches: tuple[str, ...], divergence: bool = Fals
     divergence trial: the same run shape, rotation on, and NaN weights after an update past the first checkpoint
     instead of the other faults)."""
     draw = random.Random(seed)
-    launch = draw.choice(launches)
+    # torchrun --max_restarts would start a diverging command again, diverging again, within one attempt
+    launch = draw.choice([launch for launch in launches if launch not in DIVERGENCE_SKIPS] if divergence else launches)
     shape = Shape(
         steps=30,
         checkpointing_steps=draw.choice((3, 7, 10)),
@@ -889,7 +892,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="divergence trials: NaN weights after a random update, --checkpoints_total_limit 2")  # fmt: skip
     parser.add_argument("--work_dir", type=Path, default=DEFAULT_WORK_DIR, help="inputs, cached straight runs, trials")
     parser.add_argument("--table_of", type=Path, help="print the table of the trials recorded in this results.jsonl")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.divergence and set(args.launches) <= set(DIVERGENCE_SKIPS):
+        parser.error(f"--divergence leaves out {', '.join(DIVERGENCE_SKIPS)}: pass --launches with another launch")
+    return args
 
 
 def stop_on_sigterm(number: int, frame: object) -> None:

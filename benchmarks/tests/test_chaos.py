@@ -30,6 +30,7 @@ def test_a_divergence_trial_has_rotation_on_and_diverges_past_its_first_checkpoi
         assert trial.shape.total_limit == 2 and not trial.faults and trial.damage is trial.disk_fraction is None
         assert trial.shape.checkpointing_steps < trial.diverge_at < trial.shape.steps
         assert chaos.generate_trial(seed, chaos.LAUNCHES).diverge_at is None
+        assert trial.launch != "elastic"  # its restarts would diverge again within the attempt
 
 
 def test_a_refusal_after_the_progress_bar_on_its_line_is_read_as_one_line():
