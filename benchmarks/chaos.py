@@ -12,6 +12,14 @@ every refusal's fix), with invariants checked after every trial:
 
     python -m benchmarks.chaos --trials 20 --seed 1
     python -m benchmarks.chaos --replay 2718281828      # one trial, from the seed the table printed for it
+    python -m benchmarks.chaos --trials 20 --divergence  # NaN weights at a random update instead, rotation on
+
+A divergence trial (`--divergence`) runs its first attempt through benchmarks/diverging_pretraining.py, whose
+weights become NaN after a random update: the run must stop in one line naming the last finite checkpoint (the
+newest written before that update), which --checkpoints_total_limit 2 must not have rotated out and beside
+which no checkpoint of NaN weights may be; the soak then resumes from it (the divergence was a one-off, as an
+fp16 overflow can be), and the final weights must equal the straight run's. Elastic launches are left out: torchrun
+would restart the diverging command, which diverges again, within the attempt.
 
 Trials run one after another on CPUs (gloo), each process with OMP_NUM_THREADS=1; the disk-full trials mount a
 tmpfs (root only) and unmount it at the trial's end.
@@ -39,10 +47,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from benchmarks.diverging_pretraining import DIVERGE_AT_ENV
 from hfbert.checkpointing import MANIFEST_NAME, CheckpointError, verify_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "run_pretraining.py"
+DIVERGING_SCRIPT = REPO / "benchmarks" / "diverging_pretraining.py"  # its weights NaN after update DIVERGE_AT
 DEFAULT_WORK_DIR = Path("/tmp/hfbert-chaos")
 LAUNCH_MARKER = "HFBERT_CHAOS_LAUNCH"  # in the environment of every process an attempt starts
 PROGRESS = re.compile(r"pretraining: [^|]*\|[^|]*\| (\d+)/")
@@ -72,6 +82,7 @@ RENDEZVOUS_TIMEOUT_SECONDS = 120
 LAUNCHES = ("one", "torchrun", "elastic", "nodes")
 WORLD_SIZE = {"one": 1, "torchrun": 2, "elastic": 2, "nodes": 2}
 SIGNAL_FAULTS = ("kill_rank", "kill_launcher", "term_group", "usr1_group", "stop_cont")
+DIVERGENCE_SKIPS = ("elastic",)  # launches a divergence trial leaves out
 DAMAGES = ("truncate", "delete", "flip")
 
 
@@ -87,10 +98,12 @@ class Shape:
     total_limit: int | None
     eval_steps: int
     loader_workers: int
+    logging_steps: int = 2  # a divergence trial's may be beyond its updates: then only the last one logs
 
     def args(self) -> list[str]:
         args = ["--max_train_steps", str(self.steps), "--checkpointing_steps", str(self.checkpointing_steps)]
         args += ["--eval_steps", str(self.eval_steps), "--dataloader_num_workers", str(self.loader_workers)]
+        args += ["--logging_steps", str(self.logging_steps)]
         if self.total_limit is not None:
             args += ["--checkpoints_total_limit", str(self.total_limit)]
         return args
@@ -122,19 +135,24 @@ class Trial:
     damage: str | None  # done to a file of the newest complete checkpoint after the first faulted attempt
     disk_fraction: float | None  # the output folder on a tmpfs this fraction of the straight run's folder
     node_local_caches: bool  # nodes only: a datasets cache per node, made for this trial
+    diverge_at: int | None = None  # the first attempt's weights become NaN after this update
 
     def describe(self) -> str:
         faults = ", ".join(f"{f.kind}@{f.moment()} (attempt {f.attempt})" for f in self.faults)
+        faults += f"divergence@update {self.diverge_at} (attempt 0)" if self.diverge_at else ""
         extras = [f"damage {self.damage}"] if self.damage else []
         extras += [f"disk {self.disk_fraction:.2f}"] if self.disk_fraction else []
         extras += ["node-local caches"] if self.node_local_caches else []
         return f"{self.launch} {self.shape}; {faults}" + "".join(f"; {extra}" for extra in extras)
 
 
-def generate_trial(seed: int, launches: tuple[str, ...]) -> Trial:
-    """Everything about a trial, drawn from its own seed: `--replay SEED` rebuilds it."""
+def generate_trial(seed: int, launches: tuple[str, ...], divergence: bool = False) -> Trial:
+    """Everything about a trial, drawn from its own seed: `--replay SEED` rebuilds it (with `--divergence` for a
+    divergence trial: the same run shape, rotation on, and NaN weights after an update past the first checkpoint
+    instead of the other faults)."""
     draw = random.Random(seed)
-    launch = draw.choice(launches)
+    # torchrun --max_restarts would start a diverging command again, diverging again, within one attempt
+    launch = draw.choice([launch for launch in launches if launch not in DIVERGENCE_SKIPS] if divergence else launches)
     shape = Shape(
         steps=30,
         checkpointing_steps=draw.choice((3, 7, 10)),
@@ -142,6 +160,10 @@ def generate_trial(seed: int, launches: tuple[str, ...]) -> Trial:
         eval_steps=draw.choice((1000, 5)),
         loader_workers=draw.choice((0, 1)) if launch == "one" else 0,
     )
+    if divergence:  # the loss is read at logging steps only: with 1000, the check of a checkpoint's weights stops it
+        shape = dataclasses.replace(shape, total_limit=2, logging_steps=draw.choice((2, 1000)))
+        diverge_at = draw.randint(shape.checkpointing_steps + 1, shape.steps - 1)
+        return Trial(seed, launch, shape, (), None, None, launch == "nodes" and draw.random() < 0.5, diverge_at)
     kinds = [kind for kind in SIGNAL_FAULTS if not (launch == "one" and kind == "kill_launcher")]
     faults = [random_fault(draw, draw.choice(kinds), attempt=0, steps=shape.steps)]
     if draw.random() < 0.3:  # a second fault during the resume
@@ -178,23 +200,23 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def torchrun(*flags: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *flags, str(SCRIPT)]
+def torchrun(script: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *flags, str(script)]
 
 
-def launch_commands(launch: str, args: list[str]) -> list[list[str]]:
+def launch_commands(launch: str, args: list[str], script: Path = SCRIPT) -> list[list[str]]:
     """One command per launcher (two for two nodes), all of them on this machine."""
     port = str(free_port())
     if launch == "one":
-        return [[sys.executable, str(SCRIPT), *args]]
+        return [[sys.executable, str(script), *args]]
     if launch == "torchrun":
-        return [[*torchrun("--nproc_per_node", "2", "--standalone"), *args]]
+        return [[*torchrun(script, "--nproc_per_node", "2", "--standalone"), *args]]
     if launch == "elastic":  # docs/cluster.md's elastic command on one node
         rendezvous = ("--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "chaos")
-        return [[*torchrun("--nnodes", "1", "--nproc_per_node", "2", "--max_restarts", "2", *rendezvous), *args]]
+        return [[*torchrun(script, "--nnodes", "1", "--nproc_per_node", "2", "--max_restarts", "2", *rendezvous), *args]]
     if launch == "nodes":
         return [
-            [*torchrun("--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
+            [*torchrun(script, "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
                        "--master_addr", "127.0.0.1", "--master_port", port,
                        "--rdzv_conf", f"timeout={RENDEZVOUS_TIMEOUT_SECONDS}"), *args]
             for node in range(2)
@@ -427,7 +449,7 @@ def run_args(inputs: dict[str, Path], output_dir: Path, shape: Shape) -> list[st
     return [
         "--tokenizer_name", str(inputs["tokenizer"]), "--config_name", str(inputs["config"]),
         "--output_dir", str(output_dir), "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "32",
-        "--max_eval_samples", "64", "--learning_rate", "1e-3", "--mixed_precision", "no", "--logging_steps", "2",
+        "--max_eval_samples", "64", "--learning_rate", "1e-3", "--mixed_precision", "no",
         "--ddp_timeout", str(DDP_TIMEOUT_SECONDS), *shape.args(), "--resume_from_checkpoint", "auto",
     ]  # fmt: skip
 
@@ -508,7 +530,7 @@ def loads(checkpoint: Path) -> str | None:
     try:
         verify_checkpoint(checkpoint)
         load_file(checkpoint / "model.safetensors")
-        torch.load(checkpoint / "optimizer.bin", map_location="cpu", weights_only=False)
+        torch.load(checkpoint / "optimizer.bin", map_location="cpu", weights_only=True)
     except Exception as error:  # any failure to load is the finding
         return f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
     return None
@@ -664,7 +686,10 @@ class TrialRun:
         logs = [self.trial_dir / f"attempt{number}-launcher{index}.log" for index in range(len(self.envs))]
         faults = [fault for fault in self.trial.faults if fault.attempt == number]
         envs = [{**env, LAUNCH_MARKER: f"{env[LAUNCH_MARKER]}-{number}"} for env in self.envs]
-        commands = launch_commands(self.trial.launch, args)
+        script = SCRIPT
+        if number == 0 and self.trial.diverge_at is not None:
+            script, envs = DIVERGING_SCRIPT, [{**env, DIVERGE_AT_ENV: str(self.trial.diverge_at)} for env in envs]
+        commands = launch_commands(self.trial.launch, args, script)
         return run_attempt(commands, envs, logs, faults, WORLD_SIZE[self.trial.launch])
 
 
@@ -713,12 +738,42 @@ def checked_attempt(run: TrialRun, outcome: Outcome, ledger: Ledger, number: int
     return attempt
 
 
+def after_divergence(run: TrialRun, outcome: Outcome, attempt: Attempt) -> list[str] | None:
+    """The command after the attempt whose weights became NaN after update K: it must have stopped in one line
+    naming the last finite checkpoint (the newest written before K, which rotation must have kept), with no
+    checkpoint of NaN weights beside it; the next attempt resumes from it. None (problems recorded) otherwise."""
+    shape, at = run.trial.shape, run.trial.diverge_at
+    expected = run.output_dir / f"checkpoint-{shape.checkpointing_steps * ((at - 1) // shape.checkpointing_steps)}"
+    outcome.fired.append("divergence")
+    refusal, problem = refusal_of(attempt)
+    if problem or attempt.succeeded:
+        outcome.problems.append(problem or f"diverged at update {at}, and the run ended as if it had not")
+        return None
+    for name in sorted(complete_checkpoints(run.output_dir)):
+        weights = load_file(run.output_dir / name / "model.safetensors")
+        if not all(bool(tensor.isfinite().all()) for tensor in weights.values()):
+            outcome.problems.append(f"lost: {name}, written after the divergence, holds non-finite weights")
+    if f"The last checkpoint whose weights are all finite is {expected} " not in refusal:
+        outcome.problems.append(f"diverged at update {at}: the refusal does not name {expected.name}: {refusal}")
+    if problem := loads(expected):
+        outcome.problems.append(f"lost: the last finite checkpoint {expected.name}: {problem}")
+    if outcome.problems:
+        return None
+    outcome.notes.append(f"resumed the last finite checkpoint {expected.name}")
+    return with_resume_flag(run.base_args, "--resume_from_checkpoint", str(expected))
+
+
 def resume_until_done(run: TrialRun, outcome: Outcome) -> None:
-    """Attempts as a user would make them: the same command after a fault, a refusal's fix after a refusal."""
+    """Attempts as a user would make them: the same command after a fault, a refusal's fix after a refusal, the
+    last finite checkpoint after a divergence."""
     ledger, args, damage_draw = Ledger(run.trial.shape.total_limit), run.base_args, random.Random(run.trial.seed)
     damage_pending, started = run.trial.damage, time.monotonic()
     for number in range(MAX_ATTEMPTS):
         attempt = checked_attempt(run, outcome, ledger, number, args)
+        if number == 0 and run.trial.diverge_at is not None and not outcome.problems:
+            if (args := after_divergence(run, outcome, attempt)) is None:
+                break
+            continue
         if outcome.problems or attempt.succeeded:
             break
         if time.monotonic() - started > TRIAL_SECONDS:
@@ -820,7 +875,8 @@ def result_row(outcome: Outcome, batch_seed: int | None) -> dict:
     return {
         "batch_seed": batch_seed, "seed": outcome.trial.seed, "launch": outcome.trial.launch,
         "commit": commit.stdout.strip(), "fired": outcome.fired, "notes": outcome.notes,
-        "disk": outcome.trial.disk_fraction, "survived": outcome.survived, "bit_equal": outcome.bit_equal,
+        "disk": outcome.trial.disk_fraction, "diverge_at": outcome.trial.diverge_at,
+        "survived": outcome.survived, "bit_equal": outcome.bit_equal,
         "lost": outcome.lost, "hung": outcome.hung, "attempts": outcome.attempts,
         "seconds": round(outcome.seconds, 1), "problems": outcome.problems,
     }  # fmt: skip
@@ -832,9 +888,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the batch's seed: every trial's seed is drawn from it")
     parser.add_argument("--replay", type=int, nargs="+", help="run only these trials, by the seeds the table names")
     parser.add_argument("--launches", nargs="+", choices=LAUNCHES, default=list(LAUNCHES))
+    parser.add_argument("--divergence", action="store_true",
+                        help="divergence trials: NaN weights after a random update, --checkpoints_total_limit 2")  # fmt: skip
     parser.add_argument("--work_dir", type=Path, default=DEFAULT_WORK_DIR, help="inputs, cached straight runs, trials")
     parser.add_argument("--table_of", type=Path, help="print the table of the trials recorded in this results.jsonl")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.divergence and set(args.launches) <= set(DIVERGENCE_SKIPS):
+        parser.error(f"--divergence leaves out {', '.join(DIVERGENCE_SKIPS)}: pass --launches with another launch")
+    return args
 
 
 def stop_on_sigterm(number: int, frame: object) -> None:
@@ -856,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.replay or trial_seeds(args.seed, args.trials)
     rows = []
     for seed in seeds:
-        outcome = run_trial(generate_trial(seed, launches), args.work_dir, inputs, digest)
+        outcome = run_trial(generate_trial(seed, launches, args.divergence), args.work_dir, inputs, digest)
         print(outcome_line(outcome), flush=True)
         rows.append(result_row(outcome, None if args.replay else args.seed))
         with (args.work_dir / "results.jsonl").open("a") as results:  # batches add up there

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
-import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after matplotlib.use
 
-from hfbert.checkpointing import PROGRESS_FILE
+from hfbert.checkpointing import read_progress
 from hfbert.pretraining.health.corpus import NOTE_KINDS, Baselines, CorpusHealth
 from hfbert.pretraining.health.signatures import (
     LOSS_SPIKE_MIN_ROWS,
@@ -46,8 +45,8 @@ def read_run(folder: Path, fallback: Baselines | None) -> tuple[list[dict[str, A
     if (folder / "log_history.json").is_file():
         history = json.loads((folder / "log_history.json").read_text())
         budget = BudgetLimits.of_training_args(json.loads((folder / "training_args.json").read_text()))
-    else:  # accelerate pickles the registered TrainingProgress's state_dict here
-        history = torch.load(folder / PROGRESS_FILE, weights_only=False)["log_history"]
+    else:
+        history = read_progress(folder)["log_history"]
         budget = BudgetLimits.of_training_args(json.loads((folder / "run_settings.json").read_text()))
     health = folder / "run_health.json"
     baselines = CorpusHealth.from_dict(json.loads(health.read_text())).baselines if health.is_file() else fallback

@@ -1,9 +1,10 @@
 """Crash-safe training checkpoints on top of `accelerate`'s `save_state` / `load_state`.
 
 A checkpoint is a folder `checkpoint-<completed_steps>` holding what `Accelerator.save_state` writes (model
-weights as safetensors, optimizer, scheduler, grad scaler, one RNG file per process, registered objects such
-as `TrainingProgress`), the model's config and code and the tokenizer beside the weights (so that it loads as a
-model folder), plus `checkpoint_manifest.json` (size and sha256 of every file). The state is first
+weights as safetensors, optimizer, scheduler, grad scaler, one RNG file per process), the `TrainingProgress`
+as JSON, the model's config and code and the tokenizer beside the weights (so that it loads as a model folder),
+plus `checkpoint_manifest.json` (size and sha256 of every file). A resume never unpickles: the torch files are
+read with `weights_only=True` (accelerate's loader, whose allow-list adds numpy's RNG state). The state is first
 written to `.tmp-checkpoint-<step>`; the manifest is written last and only then is the folder renamed into
 place, so a folder named `checkpoint-<step>` with a manifest is complete by construction. A killed save
 leaves only a temporary folder, which every reader ignores and the next save removes.
@@ -18,6 +19,7 @@ import pickle
 import re
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -35,6 +37,7 @@ except ImportError:  # Windows: no flock
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
+from accelerate.utils import load as load_torch_file
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -42,6 +45,7 @@ from hfbert.errors import Refusal, RunFailure
 from hfbert.files import (
     CHECKPOINT_PREFIX,
     FINAL_READY,
+    FINAL_RECORD,
     FINAL_STAGING,
     WRITE_ERRORS,
     check_folder_writable,
@@ -50,6 +54,7 @@ from hfbert.files import (
     holds_tokenizer,
     is_disk_full,
     read_json,
+    recorded_final_files,
     sha256_file,
     write_json_atomic,
     write_tokenizer,
@@ -67,8 +72,13 @@ MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT_VERSION = 1
 # Held (flock) by the run writing into a folder; hidden, so never uploaded and not one of the user's files.
 RUN_LOCK_NAME = ".hfbert-run.lock"
-# accelerate's file of the first object registered for checkpointing: the run's `TrainingProgress`.
-PROGRESS_FILE = "custom_checkpoint_0.pkl"
+# The run's `TrainingProgress`, as JSON; an hfbert up to 88be5f0 had accelerate pickle it as the first object
+# registered for checkpointing, a file that its checkpoints still hold (read as plain data, never unpickled).
+PROGRESS_JSON = "training_progress.json"
+PROGRESS_PICKLE = "custom_checkpoint_0.pkl"
+RNG_FILE = "random_states_{rank}.pkl"  # accelerate's per-process RNG file in a checkpoint
+# What accelerate's load_state restores from an RNG file on every machine (CUDA's streams: where CUDA is).
+RNG_STATES = ("random_state", "numpy_random_seed", "torch_manual_seed")
 # Files of a finished run (written by the training loop next to the checkpoints).
 FINAL_MODEL_FILES = ("model.safetensors", "config.json")
 
@@ -88,8 +98,8 @@ class CheckpointError(Refusal):
 class TrainingProgress:
     """Where training stands, saved with every checkpoint so that a resume continues at the exact batch.
 
-    Register it once with `accelerator.register_for_checkpointing(progress)`; `save_state` / `load_state`
-    then store and restore it with the model, optimizer and RNG states. The data position is global (counted
+    `save_checkpoint` writes it as `PROGRESS_JSON` and `load_checkpoint` restores it (never through
+    accelerate's `register_for_checkpointing`, whose loader unpickles). The data position is global (counted
     over all processes), so a run on another number of processes continues from the same sample.
     """
 
@@ -102,33 +112,59 @@ class TrainingProgress:
     train_seconds: float = 0.0  # wall-clock time spent training (evaluation and saving excluded)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain-data copy of the progress (what accelerate pickles into `PROGRESS_FILE`)."""
+        """Plain-data copy of the progress (what a checkpoint's `PROGRESS_JSON` holds)."""
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the progress saved by `state_dict` (an older format is refused first, by
-        `_check_progress_format`)."""
+        """Restore the progress saved by `state_dict` (an older format is refused first, by `read_progress`)."""
         for name in asdict(self):
             setattr(self, name, state[name])
 
 
-def _check_progress_format(checkpoint: Path) -> None:
-    """Refuse a checkpoint whose progress counts micro-batches per process
-    (`batch_in_epoch`): the hfbert before global data positions wrote it, and only that one resumes it."""
-    path = checkpoint / PROGRESS_FILE
-    try:  # as accelerate's load_state reads it; the file matches the manifest, so an error is a damaged write
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+def load_plain_data(checkpoint: Path, name: str) -> Any:
+    """The torch file `name` of `checkpoint`, read as accelerate's load_state reads its state files:
+    `weights_only=True`, with accelerate's allow-list (numpy's RNG state). A file that needs any other object
+    is refused, never unpickled; the files match the manifest, so any other error is a damaged write."""
+    try:
+        return load_torch_file(checkpoint / name, map_location="cpu")
+    except pickle.UnpicklingError as error:
+        raise _unsafe_pickle(checkpoint, name, error) from None
+    except (RuntimeError, EOFError) as error:
         raise CheckpointError(
-            f"Checkpoint {checkpoint} cannot be loaded ({path.name}: {error}); "
-            f"{_earlier_checkpoints_hint(checkpoint)}"
+            f"Checkpoint {checkpoint} cannot be loaded ({name}: {error}); {_earlier_checkpoints_hint(checkpoint)}"
         ) from None
+
+
+def _unsafe_pickle(checkpoint: Path, name: str, error: pickle.UnpicklingError) -> CheckpointError:
+    """The refusal of a torch file that only a full unpickling could load (it may run any code)."""
+    needed = re.search(r"GLOBAL (\S+)", str(error))
+    return CheckpointError(
+        f"Checkpoint {checkpoint} cannot be resumed: {name} needs {needed[1] if needed else 'objects'} to load "
+        "(a full unpickling, which can run any code); hfbert writes plain data there and reads it with "
+        f"weights_only=True, so this is not the file it wrote; {_earlier_checkpoints_hint(checkpoint)}"
+    )
+
+
+def read_progress(checkpoint: Path) -> dict[str, Any]:
+    """The `TrainingProgress` state of `checkpoint`: its `PROGRESS_JSON`, or the `PROGRESS_PICKLE` of a
+    checkpoint written by an hfbert up to 88be5f0 (read as plain data, which is all it held). A progress that counts
+    micro-batches per process (`batch_in_epoch`) is refused: the hfbert before global data positions wrote it,
+    and only that one resumes it."""
+    if (checkpoint / PROGRESS_JSON).is_file():
+        state = _read_checkpoint_json(checkpoint, checkpoint / PROGRESS_JSON)
+    else:
+        state = load_plain_data(checkpoint, PROGRESS_PICKLE)
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} is corrupted: its progress is no mapping; {_earlier_checkpoints_hint(checkpoint)}"
+        )
     if "micro_batches_in_epoch" not in state:
         raise CheckpointError(
             f"Checkpoint {checkpoint} was written by an hfbert before commit 42e5a0a (its data position "
             "counts batches per process): resume it with that hfbert, or start the run over with "
             "--overwrite_output_dir"
         )
+    return state
 
 
 def checkpoint_step(path: str | os.PathLike) -> int:
@@ -306,6 +342,7 @@ def save_checkpoint(
     step: int,
     total_limit: int | None = None,
     *,
+    progress: TrainingProgress,
     tokenizer: Any = None,
     model_config: Any = None,
     json_files: dict[str, Any] | None = None,
@@ -313,9 +350,9 @@ def save_checkpoint(
     """Save the full training state to `output_dir/checkpoint-<step>`, crash-safely. Call on EVERY process.
 
     The state goes to `.tmp-checkpoint-<step>` (accelerate writes the shared files from the main process and
-    one RNG file per process; the `tokenizer` and the `model_config` with the model's code (`save_model_files`),
-    which make it a model folder, and `json_files` (file name -> JSON data: the run's settings as
-    `RUN_SETTINGS_NAME`, a stream's position) are saved beside them), then the main
+    one RNG file per process; `progress` as `PROGRESS_JSON`, the `tokenizer` and the `model_config` with the
+    model's code (`save_model_files`), which make it a model folder, and `json_files` (file name -> JSON data:
+    the run's settings as `RUN_SETTINGS_NAME`, a stream's position) are saved beside them), then the main
     process writes the manifest and puts the folder in place (`_put_in_place`). A failed write (e.g. a full
     disk) raises `CheckpointError` and leaves earlier checkpoints untouched. Returns the checkpoint folder.
     """
@@ -340,6 +377,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
 
     def write_main_files() -> None:
+        write_json_atomic(temp_folder / PROGRESS_JSON, progress.state_dict())
         if tokenizer is not None:
             write_tokenizer(tokenizer, temp_folder)
         if model_config is not None:
@@ -458,32 +496,72 @@ def relaunch_command(num_processes: int, cpu: bool) -> str:
     return f"accelerate launch --num_processes {num_processes} run_pretraining.py ..."
 
 
-def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> None:
-    """Restore a checkpoint already verified by `resolve_resume_checkpoint` with `accelerator.load_state`
-    (model, optimizer, grad scaler, RNG, registered objects such as `TrainingProgress`). Call on every
-    process, after `accelerator.prepare` and `register_for_checkpointing`. The processes that wrote it may be
+def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike, progress: TrainingProgress) -> None:
+    """Restore a checkpoint already verified by `resolve_resume_checkpoint`: model, optimizer, grad scaler and
+    RNG with `accelerator.load_state` (every torch file read with weights_only=True), and `progress` from its
+    `read_progress`. Call on every process, after `accelerator.prepare`. The processes that wrote it may be
     more or fewer than this run's (see `hfbert.pretraining.reshard`): accelerate loads
-    `random_states_<rank>.pkl` where it exists and skips it silently where it does not."""
+    `random_states_<rank>.pkl` where it exists (`check_rng_states` made sure it can) and skips it where not."""
     checkpoint = Path(checkpoint)
     try:
         check_readable(sorted(checkpoint.rglob("*")), _earlier_checkpoints_hint(checkpoint), torch_files=True)
     except ValueError as error:
         raise CheckpointError(f"Checkpoint {checkpoint} is damaged although it matches its manifest: {error}") from None
     try:
-        accelerator.load_state(str(checkpoint))
-    # Its files match the manifest (verified), so this is a checkpoint written damaged: pickle and
-    # safetensors report that as the errors below, naming no file.
+        with _state_files(checkpoint) as state_folder:
+            accelerator.load_state(str(state_folder))
+    # Its files match the manifest (verified), so this is a checkpoint written damaged or a file that is not
+    # plain data: pickle and safetensors report that as the errors below, naming no file.
     except (EOFError, pickle.UnpicklingError, SafetensorError) as error:
+        for path in sorted(path for path in checkpoint.iterdir() if path.suffix in (".bin", ".pt")):  # names it
+            load_plain_data(checkpoint, path.name)
         raise CheckpointError(
             f"Checkpoint {checkpoint} cannot be loaded ({type(error).__name__}: {error}) although its files match "
             f"the manifest written with it; {_earlier_checkpoints_hint(checkpoint)}"
         ) from error
+    progress.load_state_dict(read_progress(checkpoint))
+
+
+@contextmanager
+def _state_files(checkpoint: Path) -> Iterator[Path]:
+    """The folder accelerate's load_state reads: `checkpoint`, or for one of an hfbert up to 88be5f0 a view of it
+    (links) without its pickled progress, which load_state refuses without a registered object and unpickles
+    with one."""
+    if not (checkpoint / PROGRESS_PICKLE).is_file():
+        yield checkpoint
+        return
+    with tempfile.TemporaryDirectory(prefix="hfbert-checkpoint-") as view:
+        for path in checkpoint.iterdir():
+            if path.name != PROGRESS_PICKLE:
+                (Path(view) / path.name).symlink_to(path.absolute())
+        yield Path(view)
+
+
+def check_rng_states(checkpoint: Path) -> None:
+    """Refuse a resume that cannot be exact because accelerate's load_state would skip a process's RNG file
+    silently: one that does not load as plain data or lacks a state it restores. One without CUDA's streams,
+    on a machine with CUDA, is one warning (they start from the seed)."""
+    for path in sorted(checkpoint.glob(RNG_FILE.format(rank="*"))):
+        states = load_plain_data(checkpoint, path.name)
+        missing = [state for state in RNG_STATES if not isinstance(states, dict) or state not in states]
+        if missing:
+            raise CheckpointError(
+                f"Checkpoint {checkpoint} cannot be resumed exactly: {path.name} holds no {', '.join(missing)} (the "
+                "RNG streams of dropout would start elsewhere than where the run left them); "
+                f"{_earlier_checkpoints_hint(checkpoint)}"
+            )
+        if torch.cuda.is_available() and "torch_cuda_manual_seed" not in states:
+            logger.warning(
+                f"{path} holds no CUDA RNG state (written without CUDA): dropout on the GPU starts from the seed, "
+                "so the resumed run differs from one that never stopped."
+            )
 
 
 def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpoint: str) -> Path | None:
     """The verified checkpoint folder meant by `--resume_from_checkpoint` ('latest' = newest complete
     checkpoint in `output_dir`; 'auto' = the same, or None when there is none: a fresh start; else a folder
-    path), its progress in the format this hfbert reads. Raises `CheckpointError` before anything is written.
+    path), its progress in the format this hfbert reads and every RNG file restorable (`check_rng_states`).
+    Raises `CheckpointError` before anything is written.
     Hashes every file: call it once, on the main process."""
     output_dir = Path(output_dir)
     if resume_from_checkpoint in ("latest", "auto"):
@@ -514,7 +592,8 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
         checkpoint = Path(resume_from_checkpoint)
         checkpoint_step(checkpoint)
     verify_checkpoint(checkpoint)
-    _check_progress_format(checkpoint)
+    read_progress(checkpoint)
+    check_rng_states(checkpoint)
     return checkpoint
 
 
@@ -578,9 +657,9 @@ def check_run_folder(
     """Refuse a run folder that cannot be used as asked, before anything is written.
 
     A fresh run needs a new or empty folder; a folder holding another run (complete or interrupted) needs
-    --resume_from_checkpoint or --overwrite_output_dir; a folder holding the user's own files needs
-    --overwrite_output_dir, and so does a non-empty folder resumed into from another folder's checkpoint.
-    Never deletes anything: with `overwrite_output_dir` the caller removes the old run (see
+    --resume_from_checkpoint or --overwrite_output_dir, and so does a non-empty folder resumed into from another
+    folder's checkpoint; with --overwrite_output_dir, a folder holding anything hfbert did not write is refused
+    (`_check_overwrite`). Never deletes anything: with `overwrite_output_dir` the caller removes the old run (see
     `remove_checkpoints`) so stale checkpoints cannot be mistaken for this run's.
     """
     output_dir = Path(output_dir)
@@ -598,10 +677,12 @@ def check_run_folder(
         )
     if not output_dir.is_dir():  # a new folder: nothing in the way
         return
-    names = sorted(path.name for path in output_dir.iterdir() if path.name != RUN_LOCK_NAME)
+    names = sorted(path.name for path in output_dir.iterdir() if path.name not in (RUN_LOCK_NAME, FINAL_RECORD))
     if resume_from_checkpoint == "auto":
         _check_auto_start(output_dir, names)
         return
+    if overwrite_output_dir:
+        _check_overwrite(output_dir, names)
     if resumes_own_run or overwrite_output_dir or not names:
         return
     if resume_from_checkpoint is not None:  # a checkpoint of another folder, resumed into this one
@@ -611,6 +692,25 @@ def check_run_folder(
             "would replace it. Pass a new or empty --output_dir, or --overwrite_output_dir to replace it"
         )
     _check_fresh_start(output_dir, names)
+
+
+def _check_overwrite(output_dir: Path, names: list[str]) -> None:
+    """--overwrite_output_dir replaces what hfbert wrote in `output_dir` (`names`: what it holds): checkpoints
+    with a manifest, the files its final folders published (`FINAL_RECORD`) and its hidden staging folders.
+    Anything else is refused, named, before anything is deleted."""
+    published = recorded_final_files(output_dir)
+    foreign = [
+        f"{name} (no {MANIFEST_NAME})" if _CHECKPOINT_NAME.match(name) else name
+        for name in names
+        if not (name.startswith(_RUN_MARKERS) or name in published or (output_dir / name / MANIFEST_NAME).is_file())
+    ]
+    if foreign:
+        raise CheckpointError(
+            f"--overwrite_output_dir replaces only what hfbert wrote in {output_dir} (checkpoints with a "
+            f"{MANIFEST_NAME}, the files its final folder lists in {FINAL_RECORD}), and it also holds "
+            f"{', '.join(foreign[:6])}{', ...' if len(foreign) > 6 else ''}: move them out of it, or pass a new "
+            "--output_dir"
+        )
 
 
 def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
@@ -623,7 +723,7 @@ def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
             "--resume_from_checkpoint latest to continue that run, --overwrite_output_dir to replace it, or a "
             "new --output_dir"
         )
-    if any(name.startswith(_RUN_MARKERS) or _CHECKPOINT_NAME.match(name) for name in names):
+    if any(name.startswith(_RUN_MARKERS) for name in names):
         raise CheckpointError(
             f"--output_dir {output_dir} holds an interrupted run with no complete checkpoint "
             f"({', '.join(names)}); nothing can be resumed: pass --overwrite_output_dir to start it over, or a "
@@ -631,8 +731,7 @@ def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
         )
     raise CheckpointError(
         f"--output_dir {output_dir} is not empty and holds no hfbert run ({', '.join(names[:5])}"
-        f"{', ...' if len(names) > 5 else ''}); pass a new or empty --output_dir, or --overwrite_output_dir to "
-        "write into it (files with the names of the run's outputs, e.g. README.md, would be replaced)"
+        f"{', ...' if len(names) > 5 else ''}); pass a new or empty --output_dir"
     )
 
 

@@ -137,6 +137,27 @@ def local_files(args: CorpusArguments) -> dict[str, list[Path]]:
     }
 
 
+def check_output_outside_corpus(args: CorpusArguments, output_dir: str | os.PathLike) -> None:
+    """Refuse an `output_dir` inside a folder the corpus is read from (a folder --train_file or
+    --validation_file, a local --dataset_name folder, or the folder a glob starts in where the glob reaches
+    into its subfolders): what a run writes there would become part of the corpus, read by every later run."""
+    output = Path(output_dir).expanduser().resolve()
+    for flag, value in (("--train_file", args.train_file), ("--validation_file", args.validation_file),
+                        ("--dataset_name", args.dataset_name)):  # fmt: skip
+        if value is None or not is_file_collection(value):
+            continue
+        parts = Path(value).expanduser().parts
+        first = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+        folder, pattern = Path(*parts[:first]).resolve(), parts[first:]  # a folder: no pattern, all of it
+        reaches_in = not pattern or len(pattern) > 1 or "**" in pattern
+        if output == folder or (reaches_in and folder in output.parents):
+            raise CorpusError(
+                f"--output_dir {output_dir} is inside the folder {flag} {value} reads ({folder}): what the run "
+                "writes there would become part of that corpus, and every later run on it would read it; pass an "
+                "--output_dir outside it"
+            )
+
+
 def corpus_fingerprint(args: CorpusArguments) -> str | None:
     """sha256 of the content of the corpus's local files (the shipped sample without --train_file), recorded in
     every checkpoint so that a corpus edited before a resume is refused instead of silently changing the run.

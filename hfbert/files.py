@@ -28,6 +28,9 @@ from hfbert.errors import Refusal
 # A set of files for a folder is staged here, then renamed to FINAL_READY once complete (see publish_files).
 FINAL_STAGING = ".final-staging"
 FINAL_READY = ".final-ready"
+# The names of the files a run's final folder published, there and earlier (hidden: never uploaded): with its
+# checkpoints, what --overwrite_output_dir may replace.
+FINAL_RECORD = ".hfbert-final-files.json"
 # The names of a run folder's checkpoints (written by hfbert.checkpointing, never uploaded by hfbert.model_card).
 CHECKPOINT_PREFIX = "checkpoint-"
 # Moved into a run folder last, so a reader never loads new weights with an old config or vice versa.
@@ -171,6 +174,15 @@ def staged_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> I
         if created and not any(folder.iterdir()):  # a failed first save leaves no empty folder behind
             folder.rmdir()
     publish_files(folder, commit_file)
+
+
+def recorded_final_files(folder: str | os.PathLike) -> set[str]:
+    """The names `FINAL_RECORD` lists in `folder` (none where it is missing or unreadable)."""
+    try:
+        names = json.loads((Path(folder) / FINAL_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    return {name for name in names if isinstance(name, str)} if isinstance(names, list) else set()
 
 
 def publish_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> bool:

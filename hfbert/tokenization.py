@@ -40,7 +40,7 @@ from transformers.hf_argparser import HfArg
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import describe_documents, load_documents
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus_source import CorpusArguments, check_output_outside_corpus
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import (
     WRITE_ERRORS,
@@ -433,6 +433,7 @@ class TokenizerTrainingArguments:
 def main(argv: list[str] | None = None) -> None:
     """Command line: train a tokenizer on a corpus, save it, print a summary."""
     corpus_args, training_args = RefusingHfArgumentParser((CorpusArguments, TokenizerTrainingArguments)).parse_flags(argv)
+    check_output_outside_corpus(corpus_args, training_args.output_dir)
     # Held from the check to the save: two tokenizers trained into one folder would both report "Saved".
     with run_folder_lock(training_args.output_dir):  # checks that the folder is writable first
         check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)

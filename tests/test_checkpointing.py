@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from hfbert import HfBertConfig
 from hfbert.checkpointing import (
     MANIFEST_NAME,
-    PROGRESS_FILE,
+    PROGRESS_JSON,
+    PROGRESS_PICKLE,
     RUN_LOCK_NAME,
     RUN_SETTINGS_NAME,
     TOKENIZER_FOLDER,
@@ -36,6 +37,7 @@ from hfbert.checkpointing import (
     checkpoint_step,
     find_checkpoints,
     load_checkpoint,
+    load_plain_data,
     read_run_settings,
     remove_checkpoints,
     resolve_resume_checkpoint,
@@ -44,7 +46,7 @@ from hfbert.checkpointing import (
     tokenizer_folder,
     verify_checkpoint,
 )
-from hfbert.files import write_json_atomic
+from hfbert.files import FINAL_RECORD, write_json_atomic
 from hfbert.modeling_hfbert import AUTO_MAP
 
 SEED = 1234
@@ -86,7 +88,6 @@ def build_run(**accelerator_kwargs):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / (TOTAL_STEPS + 1))
     model, optimizer, dataloader, scheduler = accelerator.prepare(model, optimizer, dataloader, scheduler)
     progress = TrainingProgress()
-    accelerator.register_for_checkpointing(progress)
     return accelerator, model, optimizer, scheduler, dataloader, progress
 
 
@@ -117,12 +118,17 @@ def train(run, stop_at_step: int) -> None:
         progress.micro_batches_in_epoch = 0
 
 
+def resume(run, checkpoint: Path) -> None:
+    load_checkpoint(run[0], checkpoint, run[5])
+
+
 def parameters(model) -> list[torch.Tensor]:
     return [parameter.detach().clone() for parameter in model.parameters()]
 
 
+@pytest.mark.parametrize("written_by_main", [False, True])  # main: the progress pickled (before issue 64)
 @pytest.mark.parametrize("split_step", [13, BATCHES_PER_EPOCH])  # mid-epoch and exactly at an epoch's end
-def test_resume_reproduces_uninterrupted_training(tmp_path, split_step):
+def test_resume_reproduces_uninterrupted_training(tmp_path, split_step, written_by_main):
     straight = build_run()
     train(straight, TOTAL_STEPS)
     expected = parameters(straight[1])
@@ -130,11 +136,13 @@ def test_resume_reproduces_uninterrupted_training(tmp_path, split_step):
 
     first_half = build_run()
     train(first_half, split_step)
-    checkpoint = save_checkpoint(first_half[0], tmp_path, first_half[5].completed_steps)
+    checkpoint = save_checkpoint(first_half[0], tmp_path, first_half[5].completed_steps, progress=first_half[5])
     assert checkpoint == tmp_path / f"checkpoint-{split_step}"
+    if written_by_main:
+        as_main_wrote_it(checkpoint)
 
     resumed = build_run()  # a fresh process: new Accelerator, freshly initialised model
-    load_checkpoint(resumed[0], resolve_resume_checkpoint(tmp_path, "latest"))
+    load_checkpoint(resumed[0], resolve_resume_checkpoint(tmp_path, "latest"), resumed[5])
     assert resumed[5].completed_steps == split_step
     train(resumed, TOTAL_STEPS)
 
@@ -147,19 +155,20 @@ def save_steps(tmp_path, steps, total_limit=None):
     run = build_run()
     for step in steps:
         run[5].completed_steps = step
-        save_checkpoint(run[0], tmp_path, step, total_limit=total_limit)
+        save_checkpoint(run[0], tmp_path, step, total_limit=total_limit, progress=run[5])
     return run
 
 
 def test_checkpoint_holds_accelerate_state_and_manifest(tmp_path):
-    checkpoint = save_checkpoint(build_run()[0], tmp_path, 7)
+    run = build_run()
+    checkpoint = save_checkpoint(run[0], tmp_path, 7, progress=run[5])
     names = {path.name for path in checkpoint.iterdir()}
     assert names == {
         "model.safetensors",
         "optimizer.bin",
         "scheduler.bin",
         "random_states_0.pkl",
-        "custom_checkpoint_0.pkl",
+        PROGRESS_JSON,
         MANIFEST_NAME,
     }
     manifest = json.loads((checkpoint / MANIFEST_NAME).read_text())
@@ -188,10 +197,10 @@ def test_steps_order_numerically_not_alphabetically(tmp_path):
 def test_saving_the_same_step_twice_replaces_it(tmp_path):
     run = save_steps(tmp_path, [5])
     run[5].log_history.append({"step": 5, "loss": 1.0})
-    save_checkpoint(run[0], tmp_path, 5)
+    save_checkpoint(run[0], tmp_path, 5, progress=run[5])
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-5"]
     reloaded = build_run()
-    load_checkpoint(reloaded[0], tmp_path / "checkpoint-5")
+    load_checkpoint(reloaded[0], tmp_path / "checkpoint-5", reloaded[5])
     assert reloaded[5].log_history == [{"step": 5, "loss": 1.0}]
 
 
@@ -217,7 +226,7 @@ def test_a_kill_between_the_renames_of_a_same_step_save_loses_neither_copy(tmp_p
 
     monkeypatch.setattr(os, "replace", killed_after_parking)
     with pytest.raises(Killed):
-        save_checkpoint(run[0], tmp_path, 5)
+        save_checkpoint(run[0], tmp_path, 5, progress=run[5])
     monkeypatch.setattr(os, "replace", real_replace)
     assert renames[-2:] == [".replaced-checkpoint-5", "checkpoint-5"]
     if not staged_left:  # only the parked copy is left: it goes back
@@ -228,7 +237,7 @@ def test_a_kill_between_the_renames_of_a_same_step_save_loses_neither_copy(tmp_p
     check_run_folder(tmp_path, resume_from_checkpoint="auto", overwrite_output_dir=False)
     assert resolve_resume_checkpoint(tmp_path, "auto") == tmp_path / "checkpoint-5"  # verified whole
     reloaded = build_run()
-    load_checkpoint(reloaded[0], tmp_path / "checkpoint-5")
+    load_checkpoint(reloaded[0], tmp_path / "checkpoint-5", reloaded[5])
     assert reloaded[5].log_history == ([{"step": 5, "loss": 1.0}] if staged_left else [])
 
 
@@ -251,14 +260,14 @@ def test_interrupted_save_leaves_previous_checkpoint_latest(tmp_path):
     (interrupted / "model.safetensors").write_bytes(b"\x00" * 10)
     assert find_checkpoints(tmp_path) == [tmp_path / "checkpoint-3"]
     assert resolve_resume_checkpoint(tmp_path, "latest") == tmp_path / "checkpoint-3"
-    load_checkpoint(build_run()[0], tmp_path / "checkpoint-3")
+    resume(build_run(), tmp_path / "checkpoint-3")
     # A process killed after the rename but before the manifest cannot happen (manifest is written first);
     # a folder without one is treated as incomplete anyway.
     (tmp_path / "checkpoint-9").mkdir()
     assert resolve_resume_checkpoint(tmp_path, "latest") == tmp_path / "checkpoint-3"
     shutil.rmtree(tmp_path / "checkpoint-9")
     # The next save cleans the leftover temp folder.
-    save_checkpoint(run[0], tmp_path, 6)
+    save_checkpoint(run[0], tmp_path, 6, progress=run[5])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-6"]
 
 
@@ -312,21 +321,28 @@ def test_a_checkpoint_of_another_process_count_loads(tmp_path):
     data position and the global batch are `hfbert.pretraining.reshard`'s (tests/test_reshard.py)."""
     run = save_steps(tmp_path, [2])
     run[5].micro_batches_in_epoch = 6
-    save_checkpoint(run[0], tmp_path, 2)
+    save_checkpoint(run[0], tmp_path, 2, progress=run[5])
     manifest_path = tmp_path / "checkpoint-2" / MANIFEST_NAME
     manifest = json.loads(manifest_path.read_text())
     manifest["num_processes"] = 4
     write_json_atomic(manifest_path, manifest)
     resumed = build_run()
-    load_checkpoint(resumed[0], tmp_path / "checkpoint-2")
+    load_checkpoint(resumed[0], tmp_path / "checkpoint-2", resumed[5])
     assert resumed[5].micro_batches_in_epoch == 6
 
 
-def rewrite_progress(checkpoint: Path, write) -> None:
-    """`write` the checkpoint's progress file, then its manifest anew: a checkpoint written so."""
-    write(checkpoint / PROGRESS_FILE)
+def as_main_wrote_it(checkpoint: Path, write=None) -> None:
+    """Turn a checkpoint into the layout of the hfbert issue 64 was filed on (88be5f0): its progress pickled by
+    accelerate into custom_checkpoint_0.pkl, no training_progress.json (`write`, if given, writes the pickle
+    instead: a checkpoint written so); its manifest written anew."""
+    progress_json = checkpoint / PROGRESS_JSON
+    if progress_json.is_file():
+        torch.save(json.loads(progress_json.read_text()), checkpoint / PROGRESS_PICKLE)
+        progress_json.unlink()
+    if write is not None:
+        write(checkpoint / PROGRESS_PICKLE)
     (checkpoint / MANIFEST_NAME).unlink()
-    _write_manifest(checkpoint, checkpoint_step(checkpoint), 2)
+    _write_manifest(checkpoint, checkpoint_step(checkpoint), 1)
 
 
 def test_a_position_counted_per_process_by_an_older_hfbert_is_refused_naming_the_version(tmp_path):
@@ -337,7 +353,7 @@ def test_a_position_counted_per_process_by_an_older_hfbert_is_refused_naming_the
     checkpoint = tmp_path / "checkpoint-4"
     assert resolve_resume_checkpoint(tmp_path, "latest") == checkpoint
     older = {"completed_steps": 4, "epoch": 1, "batch_in_epoch": 5, "log_history": [], "train_seconds": 1.0}
-    rewrite_progress(checkpoint, partial(torch.save, older))
+    as_main_wrote_it(checkpoint, partial(torch.save, older))
     verify_checkpoint(checkpoint)  # whole: it matches its manifest
     with pytest.raises(CheckpointError) as refused:
         resolve_resume_checkpoint(tmp_path, "latest")
@@ -346,10 +362,10 @@ def test_a_position_counted_per_process_by_an_older_hfbert_is_refused_naming_the
         "batches per process): resume it with that hfbert, or start the run over with --overwrite_output_dir"
     )
     save_steps(tmp_path, [4])  # this format again, cut short as it was written
-    rewrite_progress(checkpoint, partial(damage, how="truncated"))
+    as_main_wrote_it(checkpoint, partial(damage, how="truncated"))
     with pytest.raises(CheckpointError) as refused:  # written damaged: named, not a traceback
         resolve_resume_checkpoint(tmp_path, "latest")
-    assert f"{PROGRESS_FILE}: " in str(refused.value)
+    assert f"{PROGRESS_PICKLE}: " in str(refused.value)
     assert f"--resume_from_checkpoint {tmp_path / 'checkpoint-3'}" in str(refused.value)
 
 
@@ -358,7 +374,7 @@ def test_automatic_checkpoint_naming_is_refused(tmp_path):
         project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
     )[0]
     with pytest.raises(CheckpointError) as refused:
-        save_checkpoint(accelerator, tmp_path, 1)
+        save_checkpoint(accelerator, tmp_path, 1, progress=TrainingProgress())
     assert str(refused.value) == (
         "Accelerator was built with ProjectConfiguration(automatic_checkpoint_naming=True); hfbert names, "
         "writes and prunes checkpoints itself: build the Accelerator without automatic_checkpoint_naming "
@@ -372,6 +388,8 @@ def test_output_dir_of_another_run_is_refused(tmp_path, previous_output):
     (tmp_path / previous_output).mkdir()
     if previous_output == "checkpoint-5":
         (tmp_path / previous_output / MANIFEST_NAME).write_text("{}")
+    else:  # published by a final folder
+        (tmp_path / FINAL_RECORD).write_text(json.dumps([previous_output]))
     before = sorted(Path(tmp_path).rglob("*"))
     with pytest.raises(
         CheckpointError,
@@ -383,7 +401,7 @@ def test_output_dir_of_another_run_is_refused(tmp_path, previous_output):
     assert sorted(Path(tmp_path).rglob("*")) == before  # nothing deleted
 
 
-@pytest.mark.parametrize("leftover", [".tmp-checkpoint-5", "checkpoint-5", ".tokenizer", ".final-ready"])
+@pytest.mark.parametrize("leftover", [".tmp-checkpoint-5", ".tokenizer", ".final-ready"])
 def test_an_interrupted_run_without_a_complete_checkpoint_needs_overwrite(tmp_path, leftover):
     (tmp_path / leftover).mkdir()
     with pytest.raises(CheckpointError, match=r"interrupted run with no complete checkpoint.*--overwrite_output_dir"):
@@ -393,6 +411,27 @@ def test_an_interrupted_run_without_a_complete_checkpoint_needs_overwrite(tmp_pa
 
 
 
+def test_overwrite_output_dir_refuses_a_folder_holding_what_hfbert_did_not_write(tmp_path):
+    """Issue 64, item 2: a Trainer's checkpoint-7 (no manifest) was deleted and the user's README.md and
+    config.json replaced, without a log line."""
+    (tmp_path / "checkpoint-7").mkdir()
+    (tmp_path / "checkpoint-7" / "trainer_state.json").write_text("{}")
+    (tmp_path / "README.md").write_text("my notes")
+    (tmp_path / "config.json").write_text("{}")
+    save_steps(tmp_path, [4])  # hfbert's own checkpoint beside them: replaced, as asked
+    (tmp_path / ".tmp-checkpoint-6").mkdir()  # and an interrupted save of it
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
+    assert str(refused.value) == (
+        f"--overwrite_output_dir replaces only what hfbert wrote in {tmp_path} (checkpoints with a "
+        f"{MANIFEST_NAME}, the files its final folder lists in {FINAL_RECORD}), and it also holds README.md, "
+        f"checkpoint-7 (no {MANIFEST_NAME}), config.json: move them out of it, or pass a new --output_dir"
+    )
+    (tmp_path / FINAL_RECORD).write_text(json.dumps(["README.md", "config.json", "model.safetensors"]))
+    shutil.rmtree(tmp_path / "checkpoint-7")
+    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)  # all of it hfbert's
+
+
 def test_resuming_another_folders_checkpoint_into_a_finished_run_is_refused_naming_it(tmp_path):
     other, finished = tmp_path / "A" / "checkpoint-20", tmp_path / "B"
     finished.mkdir()
@@ -400,6 +439,7 @@ def test_resuming_another_folders_checkpoint_into_a_finished_run_is_refused_nami
         (finished / name).write_text("B's")
     (finished / "training_args.json").write_text(json.dumps({"corpus": "b.txt"}))
     (finished / "eval_results.json").write_text(json.dumps({"step": 30}))
+    (finished / FINAL_RECORD).write_text(json.dumps(sorted(path.name for path in finished.iterdir())))
     with pytest.raises(CheckpointError) as error:
         check_run_folder(finished, resume_from_checkpoint=str(other), overwrite_output_dir=False)
     assert str(error.value).startswith(
@@ -444,7 +484,8 @@ def test_output_dir_checks(tmp_path):
     (tmp_path / "notes.txt").write_text("the user's")
     with pytest.raises(CheckpointError, match=r"not empty and holds no hfbert run \(notes.txt\)"):
         check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
-    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
+    with pytest.raises(CheckpointError, match=r"hfbert wrote in .*, and it also holds notes.txt: move them out"):
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
     with pytest.raises(CheckpointError) as refused:
         check_run_folder(tmp_path, resume_from_checkpoint="latest", overwrite_output_dir=True)
     assert str(refused.value) == (
@@ -470,7 +511,7 @@ def test_a_failed_save_names_the_cause_and_keeps_earlier_checkpoints(tmp_path):
         mock.patch.object(accelerator, "save_state", side_effect=RuntimeError("unexpected pos 64 vs 0")),
         pytest.raises(CheckpointWriteError, match=r"writing .*checkpoint-2 failed.*unexpected pos.*checkpoint-1 is intact"),
     ):
-        save_checkpoint(accelerator, tmp_path, 2)
+        save_checkpoint(accelerator, tmp_path, 2, progress=TrainingProgress())
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
 
 
@@ -496,7 +537,7 @@ def test_a_full_disk_while_writing_the_weights_names_the_intact_checkpoint(tmp_p
         mock.patch("accelerate.utils.other.safe_save_file", write_then_fail),
         pytest.raises(CheckpointWriteError) as raised,
     ):
-        save_checkpoint(accelerator, tmp_path, 2)
+        save_checkpoint(accelerator, tmp_path, 2, progress=TrainingProgress())
     assert str(raised.value) == (
         f"no space left writing {tmp_path / 'checkpoint-2'}; the last complete checkpoint {tmp_path / 'checkpoint-1'} "
         f"is intact; free space (`df -h {tmp_path}`, or lower --checkpoints_total_limit) and resume with the same "
@@ -512,11 +553,11 @@ def test_a_full_disk_while_writing_the_tokenizer_names_the_intact_checkpoint(tmp
     tokenizer = mock.Mock()
     tokenizer.save_pretrained.side_effect = Exception("No space left on device (os error 28)")  # its very type
     with pytest.raises(CheckpointWriteError, match=r"^no space left writing .*checkpoint-1 is intact; free space"):
-        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer)
+        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer, progress=TrainingProgress())
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
     tokenizer.save_pretrained.side_effect = Exception("a bug of the tokenizers library")
     with pytest.raises(Exception, match="a bug of the tokenizers library"):  # not taken for a write failure
-        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer)
+        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer, progress=TrainingProgress())
 
 
 def test_remove_checkpoints_for_overwrite(tmp_path):
@@ -610,6 +651,49 @@ def test_the_lock_file_is_not_one_of_the_users_files(tmp_path):
 # ----------------------------------------------------------------------------------------------- damaged files
 
 
+class RunsCode:
+    """What a rewritten checkpoint file could hold: a pickle that runs code when it is loaded (writes `marker`)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('ran')",)
+
+
+@pytest.mark.parametrize("name", [PROGRESS_PICKLE, "random_states_0.pkl", "optimizer.bin"])
+def test_a_checkpoint_file_rewritten_to_run_code_is_refused_on_resume_without_running_it(tmp_path, name):
+    """Issue 64, item 7: a checkpoint whose pickle and manifest entry were both rewritten ran the pickle's code
+    on resume (the progress was read with weights_only=False; a bad RNG file was skipped silently)."""
+    save_steps(tmp_path, [2, 4])
+    checkpoint, marker = tmp_path / "checkpoint-4", tmp_path / "ran"
+    as_main_wrote_it(checkpoint)
+    torch.save(RunsCode(marker), checkpoint / name)
+    as_main_wrote_it(checkpoint)
+    with pytest.raises(CheckpointError) as refused:
+        resume(build_run(), resolve_resume_checkpoint(tmp_path, "latest"))
+    assert not marker.exists()
+    assert str(refused.value).startswith(f"Checkpoint {checkpoint} cannot be resumed: {name} needs exec to load ")
+    assert f"--resume_from_checkpoint {tmp_path / 'checkpoint-2'}" in str(refused.value)
+
+
+def test_an_rng_file_accelerate_would_skip_is_refused_as_a_resume_that_cannot_be_exact(tmp_path):
+    """Issue 64, item 5: accelerate's load_state skips an RNG file it cannot restore silently (the attack: exit 0,
+    weights 1.2e-4 from the straight run's)."""
+    save_steps(tmp_path, [2, 4])
+    checkpoint = tmp_path / "checkpoint-4"
+    states = load_plain_data(checkpoint, "random_states_0.pkl")
+    torch.save({name: value for name, value in states.items() if name != "torch_manual_seed"}, checkpoint / "random_states_0.pkl")
+    as_main_wrote_it(checkpoint)
+    with pytest.raises(CheckpointError) as refused:  # before any work: where the checkpoint is resolved
+        resolve_resume_checkpoint(tmp_path, "latest")
+    assert str(refused.value).startswith(
+        f"Checkpoint {checkpoint} cannot be resumed exactly: random_states_0.pkl holds no torch_manual_seed (the "
+        "RNG streams of dropout would start elsewhere than where the run left them); resume from an earlier "
+        f"checkpoint instead, e.g. --resume_from_checkpoint {tmp_path / 'checkpoint-2'}"
+    )
+
+
 def listing(folder: Path) -> dict[str, int]:
     return {str(path.relative_to(folder)): path.stat().st_mtime_ns for path in folder.rglob("*")}
 
@@ -619,12 +703,12 @@ TINY_RUN_SETTINGS = {RUN_SETTINGS_NAME: {"model": {"model_size": "tiny"}}}
 
 @pytest.mark.parametrize("how", DAMAGES)
 @pytest.mark.parametrize(
-    "name", ["model.safetensors", "optimizer.bin", "custom_checkpoint_0.pkl", "run_settings.json", MANIFEST_NAME]
+    "name", ["model.safetensors", "optimizer.bin", PROGRESS_JSON, "run_settings.json", MANIFEST_NAME]
 )
 def test_a_damaged_checkpoint_file_is_named_on_resume(tmp_path, name, how):
     run = build_run()
     for step in (4, 8):
-        save_checkpoint(run[0], tmp_path, step, json_files=TINY_RUN_SETTINGS)
+        save_checkpoint(run[0], tmp_path, step, json_files=TINY_RUN_SETTINGS, progress=run[5])
     damage(tmp_path / "checkpoint-8" / name, how)
     before = listing(tmp_path)
     with pytest.raises(CheckpointError) as refused:
@@ -640,7 +724,7 @@ def test_a_damaged_checkpoint_file_is_named_on_resume(tmp_path, name, how):
         ("model.safetensors", "truncated"),
         ("model.safetensors", "garbled"),
         ("optimizer.bin", "truncated"),  # 8 garbled bytes in a zip's local header do not stop torch.load
-        ("custom_checkpoint_0.pkl", "truncated"),
+        (PROGRESS_JSON, "truncated"),
     ],
 )
 def test_a_checkpoint_written_damaged_is_named_on_load(tmp_path, name, how):
@@ -651,7 +735,7 @@ def test_a_checkpoint_written_damaged_is_named_on_load(tmp_path, name, how):
     _write_manifest(tmp_path / "checkpoint-8", 8, 1)
     verify_checkpoint(tmp_path / "checkpoint-8")
     with pytest.raises(CheckpointError) as refused:
-        load_checkpoint(build_run()[0], tmp_path / "checkpoint-8")
+        resume(build_run(), tmp_path / "checkpoint-8")
     message = str(refused.value)
     assert "checkpoint-8" in message and f"--resume_from_checkpoint {tmp_path / 'checkpoint-4'}" in message
     assert f"{tmp_path / 'checkpoint-8' / name} is " in message
@@ -659,7 +743,8 @@ def test_a_checkpoint_written_damaged_is_named_on_load(tmp_path, name, how):
 
 @pytest.mark.parametrize("how", DAMAGES)
 def test_damaged_run_settings_are_named(tmp_path, how):
-    save_checkpoint(build_run()[0], tmp_path, 4, json_files=TINY_RUN_SETTINGS)
+    run = build_run()
+    save_checkpoint(run[0], tmp_path, 4, json_files=TINY_RUN_SETTINGS, progress=run[5])
     damage(tmp_path / "checkpoint-4" / "run_settings.json", how)
     with pytest.raises(CheckpointError, match=r"run_settings\.json is (truncated|not valid JSON).*--overwrite"):
         read_run_settings(tmp_path / "checkpoint-4")
@@ -811,21 +896,22 @@ def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_j
     run = save_steps(output_dir, [2, 4], total_limit=1)
     assert [path.name for path in output_dir.iterdir()] == ["checkpoint-4"]
     stream_state = {"stream_state.json": {"offset": 12}}
-    checkpoint = save_checkpoint(run[0], output_dir, 6, total_limit=1, json_files=stream_state)
+    checkpoint = save_checkpoint(run[0], output_dir, 6, total_limit=1, json_files=stream_state, progress=run[5])
     assert json.loads((checkpoint / "stream_state.json").read_text()) == {"offset": 12}
     assert "stream_state.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
     # The model's config beside the weights: a checkpoint is a folder --model_name_or_path can start from.
     config = HfBertConfig.from_preset("tiny", vocab_size=123)
-    checkpoint = save_checkpoint(run[0], output_dir, 7, total_limit=1, model_config=config)
+    checkpoint = save_checkpoint(run[0], output_dir, 7, total_limit=1, model_config=config, progress=run[5])
     assert HfBertConfig.from_pretrained(checkpoint).vocab_size == 123
     assert "config.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
     with pytest.raises(CheckpointError, match=r"^--checkpoints_total_limit 0 must be >= 1 \(or unset to keep all\)$"):
-        save_checkpoint(run[0], output_dir, 8, total_limit=0)
+        save_checkpoint(run[0], output_dir, 8, total_limit=0, progress=run[5])
 
 
 def test_a_checkpoint_is_a_model_folder_with_its_tokenizer_config_and_code_beside_the_weights(tmp_path, sample_tokenizer):
     config = HfBertConfig.from_preset("tiny", vocab_size=len(sample_tokenizer))
-    checkpoint = save_checkpoint(build_run()[0], tmp_path, 3, tokenizer=sample_tokenizer, model_config=config)
+    run = build_run()
+    checkpoint = save_checkpoint(run[0], tmp_path, 3, progress=run[5], tokenizer=sample_tokenizer, model_config=config)
     model_files = {"config.json", "configuration_hfbert.py", "modeling_hfbert.py", "tokenizer.json", "tokenizer_config.json"}
     assert model_files <= {path.name for path in checkpoint.iterdir()}
     assert model_files <= set(json.loads((checkpoint / MANIFEST_NAME).read_text())["files"])
@@ -866,8 +952,7 @@ def test_each_refused_run_folder_is_told_whole(tmp_path):
     )
     assert refusal(mine) == (
         f"--output_dir {mine} is not empty and holds no hfbert run (notes0.txt, notes1.txt, notes2.txt, notes3.txt, "
-        "notes4.txt, ...); pass a new or empty --output_dir, or --overwrite_output_dir to write into it (files "
-        "with the names of the run's outputs, e.g. README.md, would be replaced)"
+        "notes4.txt, ...); pass a new or empty --output_dir"
     )
     (mine / "notes5.txt").unlink()
     assert "(notes0.txt, notes1.txt, notes2.txt, notes3.txt, notes4.txt); pass" in refusal(mine)

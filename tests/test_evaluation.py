@@ -19,6 +19,7 @@ from hfbert.pretraining.evaluation import (
     ModelFlops,
     TrainingWindow,
     check_loss_is_finite,
+    check_weights_are_finite,
     datasheet_peak,
     device_peak_flops,
     flops_per_token,
@@ -178,6 +179,27 @@ def test_the_nan_stop_names_the_last_checkpoint_whose_weights_are_finite(tmp_pat
         check_loss_is_finite(float("inf"), "bf16", 7, 1e-3, str(tmp_path))
     assert str(error.value).endswith(
         f"The last checkpoint whose weights are all finite is {tmp_path / 'checkpoint-4'} (largest |weight| 1e+06)."
+    )
+
+
+def test_weights_that_are_no_longer_finite_stop_the_run_before_their_checkpoint_naming_the_tensor(tmp_path):
+    from accelerate import Accelerator
+
+    from hfbert.checkpointing import TrainingProgress
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    state = SimpleNamespace(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
+                            progress=TrainingProgress(completed_steps=5))  # fmt: skip
+    accelerator = Accelerator(cpu=True)
+    check_weights_are_finite(accelerator, state, str(tmp_path))
+    with torch.no_grad():
+        model[1].bias.fill_(float("inf"))
+    with pytest.raises(FloatingPointError) as stopped:
+        check_weights_are_finite(accelerator, state, str(tmp_path))
+    assert isinstance(stopped.value, RunFailure)
+    assert str(stopped.value).startswith(
+        "The weights became non-finite (1.bias holds nan or inf; no checkpoint or final folder of them is written) "
+        "at step 5 (learning rate 0.001, precision no). Resuming would diverge again"
     )
 
 

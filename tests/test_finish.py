@@ -78,6 +78,9 @@ class OtherRankOfTwo:
     def wait_for_everyone(self) -> None:
         pass
 
+    def reduce(self, tensor, reduction):  # the weights' finiteness, agreed: this process's alike
+        return tensor
+
     def get_state_dict(self, model):
         return {}
 
@@ -97,6 +100,8 @@ def test_a_final_folder_that_fails_on_the_main_process_stops_every_process_with_
     refusal = f"no space left writing {tmp_path}; the last complete checkpoint {tmp_path}/checkpoint-28 is intact"
     monkeypatch.setattr(checkpointing, "gather_object", lambda mine: [refusal, *mine])
     with pytest.raises(RunFailure) as stopped:
-        state = type("State", (), {"model": None, "progress": TrainingProgress()})()
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        state = type("State", (), {"model": model, "optimizer": optimizer, "progress": TrainingProgress()})()
         finish(OtherRankOfTwo(), state, parse_args(["--output_dir", str(tmp_path)]).run, write_final_folder)
     assert str(stopped.value) == refusal

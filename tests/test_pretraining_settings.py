@@ -176,6 +176,32 @@ def test_a_run_never_writes_into_its_own_source(tmp_path, output, overwrite):
     assert "--overwrite_output_dir" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("corpus", "output"),
+    [(["--train_file", "texts"], "texts/run"), (["--train_file", "texts"], "texts"),
+     (["--train_file", "texts/**/*.txt"], "texts/run"), (["--train_file", "texts/*.txt"], "texts"),
+     (["--train_file", "a.txt", "--validation_file", "texts"], "texts/x/run"),
+     (["--dataset_name", "texts"], "texts/run")],
+)  # fmt: skip
+def test_an_output_dir_inside_the_corpus_folder_is_refused_before_any_work(tmp_path, monkeypatch, corpus, output):
+    """Issue 64, item 4: the run's files became part of the corpus, and every later run on it was refused
+    ("files of different formats"), the resume too."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "one.txt").write_text("Some text here. And more.")
+    flag, value = next((corpus[i], corpus[i + 1]) for i in range(0, len(corpus), 2) if "texts" in corpus[i + 1])
+    with pytest.raises(Refusal) as refused:
+        parse_args(["--output_dir", output, *corpus])
+    assert str(refused.value) == (
+        f"--output_dir {output} is inside the folder {flag} {value} reads ({tmp_path / 'texts'}): what the run "
+        "writes there would become part of that corpus, and every later run on it would read it; pass an "
+        "--output_dir outside it"
+    )
+    parse_args(["--output_dir", "runs/one", *corpus])  # beside it
+    if value == "texts/*.txt":  # a glob that does not reach into subfolders reads none of them
+        parse_args(["--output_dir", "texts/run/deeper", *corpus])
+
+
 def test_a_run_beside_its_source_is_accepted(tmp_path):
     (tmp_path / "phase1").mkdir()
     (tmp_path / "phase1-link").symlink_to(tmp_path / "phase1")

@@ -215,6 +215,16 @@ def test_main_refuses_a_foreign_non_empty_folder(tmp_path):
 
 
 
+def test_main_refuses_an_output_dir_inside_the_corpus_folder_before_any_work(tmp_path):
+    """Issue 64, item 4: the tokenizer's files would become part of the corpus it was trained on."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "one.txt").write_text("Some text here. And more.")
+    with pytest.raises(Refusal, match=r"^--output_dir .*/texts/tok is inside the folder --train_file .*texts reads"):
+        main(["--vocab_size", "200", "--output_dir", str(texts / "tok"), "--train_file", str(texts)])
+    assert sorted(path.name for path in texts.iterdir()) == ["one.txt"]
+
+
 def refuse_to_read_the_corpus(monkeypatch):
     def read(*args, **kwargs):
         raise AssertionError("the corpus was read before the flags were checked")

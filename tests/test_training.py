@@ -644,11 +644,9 @@ def mismatch_args(tmp_path: Path, run_inputs: dict[str, Path], output_dir: Path,
 @pytest.mark.parametrize(("case", "message"), MISMATCHES)
 def test_mismatched_tokenizer_config_or_length_stops_before_writing(tmp_path, run_inputs, case, message):
     output_dir = tmp_path / "run"
-    output_dir.mkdir()
-    (output_dir / "notes.txt").write_text("keep")
     with pytest.raises(ValueError, match=message):
         train_in_process(mismatch_args(tmp_path, run_inputs, output_dir, case))
-    assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
+    assert not output_dir.exists()
 
 
 @pytest.mark.parametrize("how", DAMAGES)
@@ -664,15 +662,13 @@ def test_a_damaged_config_or_tokenizer_file_is_named_before_any_work(tmp_path, r
         damaged = given / "tokenizer.json"
     damage(damaged, how)
     output_dir = tmp_path / "run"
-    output_dir.mkdir()
-    (output_dir / "notes.txt").write_text("keep")
     args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir")
     args[args.index(flag) + 1] = str(given)
     with pytest.raises(ValueError) as refused:
         train_in_process(args)
     message = str(refused.value)
     assert message.startswith(f"{flag} {given}: {damaged} is ") and f"pass another {flag}" in message
-    assert [path.name for path in output_dir.iterdir()] == ["notes.txt"]
+    assert not output_dir.exists()
 
 
 def test_output_dir_of_another_run_is_refused_untouched(tmp_path, run_inputs):
@@ -745,6 +741,43 @@ def test_a_batch_with_no_masked_token_trains_instead_of_stopping_on_nan(tmp_path
     assert all(math.isfinite(row["loss"]) for row in history if "loss" in row)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("learning_rate", ["1e4", "1e9"])
+def test_a_diverging_run_keeps_its_last_finite_checkpoint_and_names_it(tmp_path, run_inputs, learning_rate):
+    """Issue 64: the loss is read at logging steps only, so NaN weights were checkpointed every update and
+    --checkpoints_total_limit rotated every finite checkpoint away."""
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "8", "--checkpointing_steps", "1")
+    args += ["--checkpoints_total_limit", "2", "--eval_steps", "8", "--num_warmup_steps", "8", "--max_grad_norm", "0"]
+    args[args.index("--learning_rate") + 1] = learning_rate
+    args[args.index("--logging_steps") + 1] = "8"
+    with pytest.raises(RunFailure) as stopped:
+        train_in_process(args)
+    kept = sorted(output_dir.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    assert kept, "no checkpoint kept"
+    for checkpoint in kept:
+        weights = load_file(checkpoint / "model.safetensors")
+        assert all(bool(tensor.isfinite().all()) for tensor in weights.values()), checkpoint.name
+    assert f"The last checkpoint whose weights are all finite is {kept[-1]} " in str(stopped.value)
+
+
+@pytest.mark.slow
+def test_weights_that_diverge_at_the_last_update_write_no_final_folder(tmp_path, run_inputs):
+    """The final folder is written only from finite weights too: NaN after the last update was published, exit 0."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from benchmarks.diverging_pretraining import diverge_after
+
+    output_dir = tmp_path / "run"
+    hook = register_optimizer_step_post_hook(diverge_after(4))
+    try:
+        with pytest.raises(RunFailure, match=r"^The weights became non-finite .* at step 4 .* is .*checkpoint-3 "):
+            train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "3"))
+    finally:
+        hook.remove()
+    assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-3"]
+
+
 def test_an_output_dir_that_is_a_file_is_refused_before_any_work(tmp_path, run_inputs):
     output_file = tmp_path / "run"
     output_file.write_text("not a folder")
@@ -771,9 +804,30 @@ def test_a_folder_of_the_users_own_files_is_refused_untouched(tmp_path, run_inpu
     (output_dir / "README.md").write_text("my notes")
     (output_dir / "tokenizer.json").write_text("{}")
     before = listing(output_dir)
-    with pytest.raises(CheckpointError, match=r"not empty and holds no hfbert run.*--overwrite_output_dir"):
+    with pytest.raises(CheckpointError, match=r"not empty and holds no hfbert run \(README.md, tokenizer.json\); pass a new"):
         train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"))
+    with pytest.raises(CheckpointError, match=r"hfbert wrote in .*, and it also holds README.md, tokenizer.json: move"):
+        train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir"))
     assert listing(output_dir) == before and (output_dir / "README.md").read_text() == "my notes"
+
+
+@pytest.mark.slow
+def test_overwrite_output_dir_replaces_an_earlier_run_and_refuses_what_else_the_folder_holds(tmp_path, run_inputs):
+    """Issue 64, item 2: --overwrite_output_dir deleted a Trainer's checkpoint-7 and replaced the user's
+    README.md and config.json; now it replaces what hfbert wrote and nothing else."""
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2")
+    train_in_process(args)
+    (output_dir / "checkpoint-2" / "checkpoint_manifest.json").rename(output_dir / "kept-manifest.json")
+    for name in ("checkpoint-2", "kept-manifest.json"):
+        with pytest.raises(CheckpointError, match=rf"hfbert wrote in .*, and it also holds {name}"):
+            train_in_process([*args, "--overwrite_output_dir"])
+        if name == "checkpoint-2":
+            (output_dir / "kept-manifest.json").rename(output_dir / "checkpoint-2" / "checkpoint_manifest.json")
+            (output_dir / "kept-manifest.json").write_text("mine")
+    (output_dir / "kept-manifest.json").unlink()
+    train_in_process([*args, "--overwrite_output_dir"])  # the earlier run, all of it hfbert's: replaced
+    assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES | {"checkpoint-2"}
 
 
 @pytest.mark.parametrize("resume", [False, True])
@@ -905,6 +959,36 @@ def test_a_corpus_edited_before_the_resume_is_refused_naming_it(tmp_path, run_in
     corpus["train"].write_text(corpus["train"].read_text().replace(" the ", " a "))
     before = listing(output_dir)
     with pytest.raises(ValueError, match=rf"the corpus \({corpus['train']}, {corpus['validation']}\) has changed"):
+        train_in_process([*args, "--resume_from_checkpoint", "latest"])
+    assert listing(output_dir) == before
+
+
+@pytest.mark.slow
+def test_a_corpus_edited_while_the_run_trains_is_recorded_as_read_and_the_resume_on_the_edit_refused(
+    tmp_path, run_inputs, monkeypatch
+):
+    """Issue 64, item 5: the fingerprint was taken when a checkpoint was written, so text edited mid-run was
+    recorded as what trained, and the resume on it was accepted (2.4e-4 from the straight run)."""
+    from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+    from hfbert.pretraining import run
+
+    corpus = tmp_path / "train.raw"
+    shutil.copy(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"], corpus)
+    read_then_edited = run.prepare_run_data
+
+    def prepare_then_edit(*args, **kwargs):
+        data = read_then_edited(*args, **kwargs)
+        corpus.write_text(corpus.read_text().replace(" the ", " a "))  # after the run read it
+        return data
+
+    monkeypatch.setattr(run, "prepare_run_data", prepare_then_edit)
+    output_dir = tmp_path / "run"
+    args = run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "2")
+    args += ["--train_file", str(corpus), "--validation_file", str(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["validation"])]
+    train_in_process(args)
+    monkeypatch.undo()
+    before = listing(output_dir)
+    with pytest.raises(ValueError, match=rf"the corpus \({corpus}, .*\) has changed since the checkpoint was written"):
         train_in_process([*args, "--resume_from_checkpoint", "latest"])
     assert listing(output_dir) == before
 

@@ -23,6 +23,16 @@ def test_a_trial_is_drawn_from_its_seed_alone():
     assert {chaos.generate_trial(seed, ("one",)).launch for seed in seeds} == {"one"}
 
 
+def test_a_divergence_trial_has_rotation_on_and_diverges_past_its_first_checkpoint_alone():
+    for seed in chaos.trial_seeds(8, 20):
+        trial = chaos.generate_trial(seed, chaos.LAUNCHES, divergence=True)
+        assert trial == chaos.generate_trial(seed, chaos.LAUNCHES, divergence=True)
+        assert trial.shape.total_limit == 2 and not trial.faults and trial.damage is trial.disk_fraction is None
+        assert trial.shape.checkpointing_steps < trial.diverge_at < trial.shape.steps
+        assert chaos.generate_trial(seed, chaos.LAUNCHES).diverge_at is None
+        assert trial.launch != "elastic"  # its restarts would diverge again within the attempt
+
+
 def test_a_refusal_after_the_progress_bar_on_its_line_is_read_as_one_line():
     """The soak's first failure was its own: a refusal follows the bar's last redraw (no newline) on one line."""
     output = "pretraining:  20%| 6/30 [00:00<00:03, tok_s=8345]run_pretraining.py: error: no space left writing x; free space\n"
@@ -133,6 +143,13 @@ WRITTEN_OUT = {
     # their final store barrier fails (node 0's torchrun, which hosted the store, is gone) and the process then
     # hangs at exit in gloo's destructor (left behind).
     "usr1-to-two-nodes": Trial(4, "nodes", SHAPE, (by_update("usr1_group", 2),), None, None, False),
+    # NaN weights after update 7, checkpoints every 3 kept 2 and the loss read at the last update only (issue 64):
+    # checkpoints 9 and 12 of NaN weights rotated 3 and 6 out; now checkpoint-6 is kept and named, and the resume
+    # from it ends bit-equal.
+    "divergence": Trial(
+        5, "one", Shape(12, 3, total_limit=2, eval_steps=1000, loader_workers=0, logging_steps=1000), (), None, None,
+        False, diverge_at=7,
+    ),
 }
 
 # A worker whose store's host (node 0's torchrun) died hung at exit in a torch.distributed destructor; it now
@@ -161,6 +178,8 @@ def test_a_written_out_trial_survives_bit_equal(work_dir, name):
     outcome = chaos.run_trial(trial, work_dir, chaos.prepare_inputs(work_dir), chaos.code_digest())
     assert outcome.survived, chaos.outcome_line(outcome)
     assert outcome.bit_equal and outcome.fired, chaos.outcome_line(outcome)
+    if trial.diverge_at is not None:
+        assert outcome.notes == ["resumed the last finite checkpoint checkpoint-6"], chaos.outcome_line(outcome)
     assert not (work_dir / "trials" / str(trial.seed)).exists()
 
 

@@ -345,6 +345,8 @@ class PretrainingData:
     sample_sentences: list[str]  # validation sentences for the final folder's samples.md
     other_sentence: str | None  # a sentence of another validation document (the random NSP pair)
     health: CorpusHealth | None = None  # the corpus statistics and baselines (hfbert.pretraining.health)
+    # sha256 of the local corpus files as the data stage read them (None: a Hub dataset); what checkpoints record
+    corpus_sha256: str | None = None
 
 
 def load_run_tokenizer(
@@ -451,6 +453,7 @@ def prepare(
     (`cache_writers_first`). `checkpoint`: the checkpoint a resumed run continues from (its tokenizer is the
     run's); `source`: the model a run starts from (--model_name_or_path), whose tokenizer and config it
     takes."""
+    corpus_sha256 = corpus_fingerprint(corpus)  # as read now, whatever the files hold later
     if corpus.streaming:
         documents = load_documents(corpus)  # lazy: nothing is read but the first document of each split
     else:
@@ -469,7 +472,7 @@ def prepare(
             instances = cached_instances(documents, tokenizer, data, seed)
     train, validation, evaluation, health = instances
     sentences, other = sample_sentences(validation)
-    return PretrainingData(tokenizer, config, train, evaluation, sentences, other, health)
+    return PretrainingData(tokenizer, config, train, evaluation, sentences, other, health, corpus_sha256)
 
 
 def evaluation_instances(tokenized: Dataset, recipe: InstanceRecipe, data: DataSettings) -> Dataset:

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from hfbert.checkpointing import TrainingProgress, last_finite_checkpoint_note
 from hfbert.errors import RunFailure
 from hfbert.modeling_hfbert import IGNORE_INDEX, ROW_SUBSET_BACKENDS
+from hfbert.pretraining.optimization import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +196,19 @@ def evaluate(model: torch.nn.Module, eval_loader: DataLoader, accelerator: Accel
 
 
 class NonFiniteLoss(RunFailure, FloatingPointError):
-    """The training loss became NaN or infinite (outside fp16, whose grad scaler skips such steps)."""
+    """The training loss (outside fp16, whose grad scaler skips such steps) or the weights became NaN or
+    infinite."""
+
+
+def diverged(what: str, precision: str, step: int, learning_rate: float, output_dir: str | None) -> NonFiniteLoss:
+    """The stop of a run whose `what` ("The training loss became nan") happened at `step`: the advice, and the
+    last checkpoint of `output_dir` whose weights are finite."""
+    return NonFiniteLoss(
+        f"{what} at step {step} (learning rate {learning_rate:.3g}, precision {precision}). Resuming would "
+        "diverge again, as a resume keeps the learning rate, warmup and clipping: start a new run (a new "
+        "--output_dir, or --overwrite_output_dir) with a lower --learning_rate, more --num_warmup_steps or "
+        f"--max_grad_norm > 0.{'' if output_dir is None else last_finite_checkpoint_note(output_dir)}"
+    )
 
 
 def check_loss_is_finite(
@@ -207,12 +220,24 @@ def check_loss_is_finite(
     if precision == "fp16":
         logger.warning(f"Non-finite loss ({loss}) at step {step}: the fp16 grad scaler skips this update.")
         return
-    raise NonFiniteLoss(
-        f"The training loss became {loss} at step {step} (learning rate {learning_rate:.3g}, precision "
-        f"{precision}). Resuming would diverge again, as a resume keeps the learning rate, warmup and clipping: "
-        "start a new run (a new --output_dir, or --overwrite_output_dir) with a lower --learning_rate, more "
-        f"--num_warmup_steps or --max_grad_norm > 0.{'' if output_dir is None else last_finite_checkpoint_note(output_dir)}"
-    )
+    raise diverged(f"The training loss became {loss}", precision, step, learning_rate, output_dir)
+
+
+def check_weights_are_finite(accelerator: Accelerator, state: TrainingState, output_dir: str) -> None:
+    """Stop before a checkpoint or the final folder is written from weights that are no longer finite (rotation
+    would then delete finite checkpoints, the final folder replace a finite one): one reduction on the device
+    and one read, when one is written, not at every update; every process agrees."""
+    parameters = list(state.model.parameters())
+    finite = torch.stack([parameter.detach().isfinite().all() for parameter in parameters]).all()
+    if accelerator.num_processes > 1:
+        finite = accelerator.reduce(finite.float(), "min")
+    if bool(finite):
+        return
+    named = accelerator.unwrap_model(state.model).named_parameters()
+    where = next((name for name, parameter in named if not parameter.isfinite().all()), "another process's copy")
+    what = f"The weights became non-finite ({where} holds nan or inf; no checkpoint or final folder of them is written)"
+    learning_rate = state.optimizer.param_groups[0]["lr"]
+    raise diverged(what, accelerator.mixed_precision, state.progress.completed_steps, learning_rate, output_dir)
 
 
 class TrainingWindow:

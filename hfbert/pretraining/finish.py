@@ -19,11 +19,12 @@ from accelerate import Accelerator
 
 from hfbert.analysis import ModelAnalysis
 from hfbert.checkpointing import TrainingProgress, write_on_every_process
-from hfbert.files import staged_files, write_json_atomic, write_tokenizer
+from hfbert.files import FINAL_RECORD, recorded_final_files, staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.cluster import end_process_group
 from hfbert.pretraining.data import PretrainingData
+from hfbert.pretraining.evaluation import check_weights_are_finite
 from hfbert.pretraining.health.report import RUN_HEALTH_NAME, health_card_section, report_reference_lines
 from hfbert.pretraining.optimization import TrainingState
 from hfbert.pretraining.samples import SAMPLES_NAME, write_samples
@@ -93,6 +94,9 @@ def write_final_folder(
             hub_model_id=run.hub_model_id,
         )
         card.save(staging / MODEL_CARD_NAME)  # staged: published with the rest of the folder
+        # What a later --overwrite_output_dir may replace: this set, and what earlier runs published that is left.
+        earlier = {name for name in recorded_final_files(output_dir) if (output_dir / name).exists()}
+        write_json_atomic(staging / FINAL_RECORD, sorted({path.name for path in staging.iterdir()} | earlier))
     return FinalFolder(output_dir, fill_mask)
 
 
@@ -105,8 +109,9 @@ def finish(
     """Gather the weights, write the final folder (`write`: `write_final_folder` given the run's data,
     metrics, summary, health and settings, to which this adds the model, its weights and the progress; main
     process; a failure such as a full disk is explained on every process: what is intact and how to finish)
-    and push it if asked."""
+    and push it if asked. Weights that are no longer finite stop the run instead (`check_weights_are_finite`)."""
     accelerator.wait_for_everyone()
+    check_weights_are_finite(accelerator, state, run.output_dir)
     output_dir = Path(run.output_dir)
     state_dict = accelerator.get_state_dict(state.model)  # on every process: gathers FSDP shards
     write_main = None

@@ -21,9 +21,20 @@ from tqdm.auto import tqdm
 from hfbert.checkpointing import RUN_SETTINGS_NAME, TrainingProgress, checkpoint_folder, save_checkpoint
 from hfbert.pretraining.callbacks import Callback
 from hfbert.pretraining.data import PretrainingData
-from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, check_loss_is_finite, evaluate
+from hfbert.pretraining.evaluation import (
+    ModelFlops,
+    TrainingWindow,
+    check_loss_is_finite,
+    check_weights_are_finite,
+    evaluate,
+)
 from hfbert.pretraining.optimization import Budget, TrainingState
-from hfbert.pretraining.settings import OptimizationSettings, PretrainingSettings, RunSettings
+from hfbert.pretraining.settings import (
+    CORPUS_FINGERPRINT,
+    OptimizationSettings,
+    PretrainingSettings,
+    RunSettings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,16 +50,21 @@ def write_checkpoint(
     """Write `state` as the checkpoint of its update (on every process: a stream's positions are gathered from
     each; the batches add their position where `progress` does not hold it) with the run's settings (compared
     on resume), its tokenizer (reused on resume) and the model's config (so that a checkpoint folder is one a
-    new run can start from with --model_name_or_path)."""
+    new run can start from with --model_name_or_path). Weights that are no longer finite stop the run instead:
+    a checkpoint of them would rotate finite ones out under --checkpoints_total_limit."""
+    check_weights_are_finite(accelerator, state, settings.run.output_dir)
     position = state.batches.checkpoint_files(accelerator)  # a stream's; {} where `progress` holds it
+    # The corpus as the data stage read it, not as its files are now: text edited since is not what trained.
+    recorded = settings.checkpoint_settings() | {CORPUS_FINGERPRINT: data.corpus_sha256}
     return save_checkpoint(
         accelerator,
         settings.run.output_dir,
         state.progress.completed_steps,
         settings.run.checkpoints_total_limit,
+        progress=state.progress,
         tokenizer=data.tokenizer,
         model_config=data.config,
-        json_files={RUN_SETTINGS_NAME: settings.checkpoint_settings(), **position},
+        json_files={RUN_SETTINGS_NAME: recorded, **position},
     )
 
 

@@ -179,7 +179,5 @@ def setup_training(
     model, optimizer = accelerator.prepare(model, optimizer)
     batches.prepare(accelerator)
     eval_loader = accelerator.prepare_data_loader(eval_loader)
-    progress = TrainingProgress()
-    accelerator.register_for_checkpointing(progress)
-    return TrainingState(model, optimizer, progress, batches), eval_loader, budget
+    return TrainingState(model, optimizer, TrainingProgress(), batches), eval_loader, budget
 

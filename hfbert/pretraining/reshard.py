@@ -26,14 +26,13 @@ import numpy as np
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from hfbert.checkpointing import CheckpointError, TrainingProgress, relaunch_command
+from hfbert.checkpointing import RNG_FILE, CheckpointError, TrainingProgress, relaunch_command
 from hfbert.errors import Refusal
 from hfbert.pretraining.settings import OptimizationSettings
 
 logger = logging.getLogger(__name__)
 
 ACCUMULATION = "gradient_accumulation_steps"
-RNG_FILE = "random_states_{rank}.pkl"  # accelerate's per-process RNG file in a checkpoint
 
 
 def keep_global_batch(

@@ -274,7 +274,7 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         summary = run_summary(settings, model, data, precision, slots, budget, accelerator.num_processes)
         if checkpoint is not None:  # go on from its place in the data, on this run's split
             logger.info(f"Resuming from {checkpoint}")
-            load_checkpoint(accelerator, checkpoint)
+            load_checkpoint(accelerator, checkpoint, state.progress)
             continue_on_this_split(accelerator, state.progress, checkpoint, optimization.seed)
             state.batches.resume(checkpoint, accelerator)
         peak_flops, peak_line = device_peak_flops(device, precision)  # the peak the logged MFU is against

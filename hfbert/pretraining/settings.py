@@ -23,7 +23,7 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers.hf_argparser import HfArg
 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
-from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
+from hfbert.corpus_source import CorpusArguments, check_output_outside_corpus, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import check_local_path_exists
 from hfbert.flags import MUST_MATCH, declared
@@ -268,7 +268,8 @@ class RunSettings:
     )
     overwrite_output_dir: bool = HfArg(
         default=False,
-        help="Replace another run, or write into a folder holding other files, in --output_dir.",
+        help="Replace an earlier run in --output_dir: what hfbert wrote there (checkpoints with a manifest, the "
+        "final folder's files); a folder holding anything else is refused, naming it.",
     )
     dry_run: bool = HfArg(
         default=False,
@@ -405,6 +406,7 @@ class PretrainingSettings:
                     raise Refusal(f"--{name} {flat[name]} {rule}")
         _check_combinations(self)
         check_output_apart_from_source(self.model, self.run)
+        check_output_outside_corpus(self.corpus, self.run.output_dir)
         if self.corpus.streaming:
             check_streaming(self)
 
