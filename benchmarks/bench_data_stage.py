@@ -189,7 +189,7 @@ def baseline_run(
 def generated_corpus(folder: Path, megabytes: float) -> Path:
     """The shipped sample's training text repeated to `megabytes` (the last copy cut after a line), as a
     WikiText .raw file, and the shipped validation file beside it as wiki.valid.raw."""
-    from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+    from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 
     text = (SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"]).read_bytes()
     target = int(megabytes * MB)

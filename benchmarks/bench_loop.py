@@ -64,11 +64,11 @@ from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import build_loaders, resolve_max_predictions, resolve_num_workers
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args as parse_run_flags
-from hfbert.pretraining.evaluation import ModelFlops, TrainingWindow, device_peak_flops, flops_per_token
+from hfbert.pretraining.evaluation import LogInterval, ModelFlops, device_peak_flops, flops_per_token
 from hfbert.pretraining.loop import ProgressBar, fit, train_step
-from hfbert.pretraining.optimization import setup_training
 from hfbert.pretraining.run import build_model, prepare_run_data
 from hfbert.pretraining.run import start as start_run
+from hfbert.pretraining.training import setup_training
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "no": torch.float32}
 BARE_STEPS = 20  # timed repetitions of the bare step
@@ -125,20 +125,20 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     settings = parse_run_flags(run_flags(args, output_dir, variant_flags))
     optimization = settings.optimization
     accelerator, precision = start_run(settings)
-    data = prepare_run_data(settings, accelerator, checkpoint=None)
-    model, start_callbacks = build_model(settings, data.config, None, HfBertForPreTraining)
+    prepared = prepare_run_data(settings, accelerator, checkpoint=None)
+    model, start_callbacks = build_model(settings, prepared.config, None, HfBertForPreTraining)
     set_seed(optimization.seed, device_specific=True)
-    device, eval_batch_size = accelerator.device, settings.run.per_device_eval_batch_size
+    device, eval_batch_size = accelerator.device, settings.output.per_device_eval_batch_size
     batches, eval_loader = build_loaders(
-        settings.data, optimization, eval_batch_size, device, data.tokenizer, data.train, data.evaluation
+        settings.data, optimization, eval_batch_size, device, prepared.tokenizer, prepared.train, prepared.eval_instances
     )
     static_slots = resolve_max_predictions(settings.data, optimization, device)
     state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     flops = ModelFlops(model.config, static_slots, peak_flops_per_process=None)
     callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.pretrain` has
-    fit(accelerator, state, budget, eval_loader, callbacks, settings, data, flops)
-    mean_length = statistics.mean(len(ids) for ids in data.train.write()["input_ids"])
+    fit(accelerator, state, budget, eval_loader, callbacks, settings, prepared, flops)
+    mean_length = statistics.mean(len(ids) for ids in prepared.train.write()["input_ids"])
     head_rows = static_slots or settings.data.mlm_probability * mean_length
     rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
     compile_seconds = next((row["compile_seconds"] for row in rows.values() if "compile_seconds" in row), None)
@@ -148,24 +148,24 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
     loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds
     batch = next(iter(state.batches.loader))
-    window, no_callbacks = TrainingWindow(accelerator.device, 0.0), Callbacks()  # as the loop's step has
+    interval, no_callbacks = LogInterval(accelerator.device, 0.0), Callbacks()  # as the loop's step has
     for _ in range(args.warmup_steps // 2):
-        train_step(accelerator, state, batch, optimization, window, no_callbacks)
+        train_step(accelerator, state, batch, optimization, interval, no_callbacks)
     # Back to back, synchronised at the two ends only: on a GPU the host queues the next step while the device
     # runs this one, as in the loop (a synchronisation around each step measured it below the loop on an H100).
     synchronize(accelerator.device)
     start = time.perf_counter()
     for _ in range(BARE_STEPS):
-        train_step(accelerator, state, batch, optimization, window, no_callbacks)
+        train_step(accelerator, state, batch, optimization, interval, no_callbacks)
     synchronize(accelerator.device)
     bare = BARE_STEPS * int(batch["attention_mask"].sum()) / (time.perf_counter() - start)
-    return run, data, initial, mean_length, loop, bare
+    return run, prepared, initial, mean_length, loop, bare
 
 
 def trainer_loop(
     args: argparse.Namespace,
     run,
-    data,
+    prepared,
     initial: dict,
     mean_length: float,
     device: torch.device,
@@ -173,7 +173,7 @@ def trainer_loop(
 ) -> tuple[float, BertForPreTraining]:
     """Train transformers' BertForPreTraining with Trainer on the same instances; returns tokens/s."""
     precision = run.precision
-    model = BertForPreTraining(bert_config_for(data.config))
+    model = BertForPreTraining(bert_config_for(prepared.config))
     model.load_state_dict(initial)
     clock = StepClock(args.warmup_steps, device)
     training_args = TrainingArguments(
@@ -193,11 +193,11 @@ def trainer_loop(
         seed=run.seed,
         disable_tqdm=True,
     )
-    collator = DataCollatorForLanguageModeling(data.tokenizer, mlm_probability=0.15, pad_to_multiple_of=8)
+    collator = DataCollatorForLanguageModeling(prepared.tokenizer, mlm_probability=0.15, pad_to_multiple_of=8)
     trainer = Trainer(
         model=model,
         args=training_args,
-        train_dataset=data.train.write(),  # the same instances, written: what a Trainer user has
+        train_dataset=prepared.train.write(),  # the same instances, written: what a Trainer user has
         data_collator=collator,
         callbacks=[clock],
     )
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for index, (name, variant_flags) in enumerate(args.variant):
             output_dir = str(Path(scratch) / f"hfbert-{index}")
             try:
-                run, data, initial, mean_length, loop, bare = hfbert_loop(args, output_dir, variant_flags)
+                run, prepared, initial, mean_length, loop, bare = hfbert_loop(args, output_dir, variant_flags)
             except Exception as error:  # one lever that breaks must not cost the other rows of a device call
                 failed[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]}"
                 print(f"variant {name}: FAILED, {failed[name]}", flush=True)
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 torch._dynamo.reset()
                 reset_accelerate()
                 continue
-            first = first or (run, data, initial, mean_length, run.accelerator.device)
+            first = first or (run, prepared, initial, mean_length, run.accelerator.device)
             results[name], results[f"{name} bare step"] = loop, bare
             flops[name] = flops[f"{name} bare step"] = flops_per_token(run.model.config, mean_length, run.head_rows)
             compiled[name] = "eager" if run.compile_seconds is None else f"compiled in {run.compile_seconds:.1f} s"
@@ -239,17 +239,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             reset_accelerate()
         if first is None:
             raise SystemExit(f"every hfbert loop failed: {failed}")
-        run, data, initial, mean_length, device = first  # read before its accelerate state was reset
+        run, prepared, initial, mean_length, device = first  # read before its accelerate state was reset
         precision = run.precision
         scratch_trainer = str(Path(scratch) / "trainer")
-        trainer, reference = trainer_loop(args, run, data, initial, mean_length, device, scratch_trainer)
+        trainer, reference = trainer_loop(args, run, prepared, initial, mean_length, device, scratch_trainer)
     measured_peak = measure_matmul_peak(device, DTYPES[precision])
     datasheet_peak, peak_line = device_peak_flops(device, precision)
     results["transformers Trainer"] = trainer
     flops["transformers Trainer"] = flops_per_token(reference.config, mean_length)
     print(
-        f"\n{args.model_size}, model vocab {data.config.vocab_size} (tokenizer {len(data.tokenizer)}), batch "
-        f"{args.batch_size}, precision {precision}, {len(data.train)} NSP instances "
+        f"\n{args.model_size}, model vocab {prepared.config.vocab_size} (tokenizer {len(prepared.tokenizer)}), batch "
+        f"{args.batch_size}, precision {precision}, {len(prepared.train)} NSP instances "
         f"(mean length {mean_length:.1f}), updates {args.warmup_steps}-{args.warmup_steps + args.steps} timed; "
         f"{describe_machine(device)}; FLOPs per token {flops[args.variant[0][0]] / 1e6:,.1f}M (hfbert, MLM head at "
         f"{run.head_rows:.1f} rows an instance), {flops['transformers Trainer'] / 1e6:,.1f}M (transformers); "

@@ -51,7 +51,7 @@ from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.configuration_hfbert import PRESETS
 from hfbert.convert import bert_config_for
 from hfbert.corpus import load_documents
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus_arguments import CorpusArguments
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.batches import DataCollatorForPretraining, masked_positions_from_labels
 from hfbert.pretraining.data import tokenize_documents

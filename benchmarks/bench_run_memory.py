@@ -74,7 +74,7 @@ def run_and_sample(command: list[str], env: dict[str, str]) -> dict[str, float]:
 
 def generated_corpus(folder: Path, copies: int) -> Path:
     """The shipped sample's training text `copies` times over, as a WikiText .raw file."""
-    from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+    from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 
     text = (SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"]).read_text(encoding="utf-8")
     folder.mkdir(parents=True)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     args = parse_args(argv)
     from benchmarks.bench_pretraining import describe_machine
     from hfbert.corpus import load_documents
-    from hfbert.corpus_source import CorpusArguments
+    from hfbert.corpus_arguments import CorpusArguments
     from hfbert.tokenization import train_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="bench-run-memory-"))

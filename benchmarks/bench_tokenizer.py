@@ -82,7 +82,7 @@ def write_single_line(path: Path, size_mb: float, sample_words: list[str] | None
 
 def measure(corpus: str, train_file: Path | None, vocab_size: int, encode_mb: float) -> Measurement:
     from hfbert.corpus import load_documents
-    from hfbert.corpus_source import CorpusArguments
+    from hfbert.corpus_arguments import CorpusArguments
     from hfbert.tokenization import ParagraphBatches, train_tokenizer
 
     started = time.perf_counter()
@@ -146,7 +146,7 @@ def main() -> None:
     # A private datasets cache: "load s" is then an uncached load, and the big corpus' cache is removed after.
     os.environ["HF_DATASETS_CACHE"] = str(workdir / "datasets-cache")
     try:
-        from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+        from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 
         measurements = [measure("shipped sample", None, args.vocab_size, args.encode_mb)]
         sample_text = (SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"]).read_text(encoding="utf-8")

@@ -430,7 +430,7 @@ def prepare_inputs(work_dir: Path) -> dict[str, Path]:
     if not (folder / "done").exists():
         from hfbert import HfBertConfig
         from hfbert.corpus import load_documents
-        from hfbert.corpus_source import CorpusArguments
+        from hfbert.corpus_arguments import CorpusArguments
         from hfbert.tokenization import train_tokenizer
 
         documents = load_documents(CorpusArguments())

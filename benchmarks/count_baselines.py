@@ -24,7 +24,7 @@ import torch
 from transformers import AutoTokenizer
 
 from hfbert.corpus import load_documents
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus_arguments import CorpusArguments
 from hfbert.pretraining.batches import DataCollatorForPretraining
 from hfbert.pretraining.data import tokenize_documents
 from hfbert.pretraining.instances import InstanceRecipe, write_instances

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
 from hfbert.corpus import load_documents
-from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments
+from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments
 from hfbert.pretraining.batches import DataCollatorForPretraining
 from hfbert.pretraining.data import tokenize_documents
 from hfbert.pretraining.instances import InstanceRecipe, write_instances

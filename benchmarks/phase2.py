@@ -28,7 +28,7 @@ from transformers import AutoTokenizer
 
 from hfbert import HfBertForPreTraining
 from hfbert.corpus import load_documents
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus_arguments import CorpusArguments
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.batches import DataCollatorForPretraining, EpochDraws, InstanceDraws
 from hfbert.pretraining.data import tokenize_documents

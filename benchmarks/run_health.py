@@ -1,5 +1,5 @@
 """Replays the run-health detectors over finished runs' log_history.json and says how far each run was from
-each threshold (the margins behind the constants of hfbert/pretraining/health), the events (an outgrown one as
+each threshold (the margins behind the constants of hfbert/pretraining/extras/health), the events (an outgrown one as
 kind@update->update) and, last, how many of the runs each kind warned (still open at the end or outgrown) or
 noted; draws their curves side by side with the baselines: benchmarks/results/run_health.md.
 
@@ -24,10 +24,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after matplotlib.use
 
 from hfbert.checkpointing import read_progress
-from hfbert.pretraining.health.corpus import NOTE_KINDS, Baselines, CorpusHealth
-from hfbert.pretraining.health.signatures import (
+from hfbert.pretraining.extras.health.corpus import NOTE_KINDS, Baselines, CorpusHealth
+from hfbert.pretraining.extras.health.signatures import (
     LOSS_SPIKE_MIN_ROWS,
-    LOSS_SPIKE_WINDOW,
+    LOSS_SPIKE_ROWS,
     NSP_SHARE,
     PLATEAU_SHARE,
     STALL_EVALUATIONS,
@@ -54,9 +54,9 @@ def read_run(folder: Path, fallback: Baselines | None) -> tuple[list[dict[str, A
 
 
 def largest_ratio(values: list[float]) -> float:
-    """The largest value / running median of the LOSS_SPIKE_WINDOW values before it."""
+    """The largest value / running median of the LOSS_SPIKE_ROWS values before it."""
     ratios = [
-        value / statistics.median(values[max(0, i - LOSS_SPIKE_WINDOW) : i])
+        value / statistics.median(values[max(0, i - LOSS_SPIKE_ROWS) : i])
         for i, value in enumerate(values)
         if i >= LOSS_SPIKE_MIN_ROWS
     ]

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from hfbert.corpus import load_documents
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus_arguments import CorpusArguments
 from hfbert.pretraining.data import split_sentences
 
 SENTENCES_PER_LINE = 4

@@ -1,6 +1,6 @@
 """Analyses of a pretrained BERT in memory: fill-mask, next-sentence probability, sentence similarity and
 attention maps, their plots and their markdown. `hfbert.inspect` runs them on a model folder; the finish stage
-of pretraining (`hfbert.pretraining.samples`) on the run's final weights. `quiet_libraries` silences the
+of pretraining (`hfbert.pretraining.extras.samples`) on the run's final weights. `quiet_libraries` silences the
 libraries' load reports and progress bars, here and in fine-tuning."""
 
 from __future__ import annotations

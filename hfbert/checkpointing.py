@@ -500,7 +500,7 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike, pro
     """Restore a checkpoint already verified by `resolve_resume_checkpoint`: model, optimizer, grad scaler and
     RNG with `accelerator.load_state` (every torch file read with weights_only=True), and `progress` from its
     `read_progress`. Call on every process, after `accelerator.prepare`. The processes that wrote it may be
-    more or fewer than this run's (see `hfbert.pretraining.reshard`): accelerate loads
+    more or fewer than this run's (see `hfbert.pretraining.extras.reshard`): accelerate loads
     `random_states_<rank>.pkl` where it exists (`check_rng_states` made sure it can) and skips it where not."""
     checkpoint = Path(checkpoint)
     try:

@@ -7,7 +7,7 @@ Every source goes through `datasets.load_dataset`:
 * local files: ``--train_file`` / ``--validation_file`` — parquet, json/jsonl and csv through their
   ``datasets`` builders (text in ``--text_column``), every other extension (``.txt``, WikiText's ``.raw``,
   ...) as plain text, one row per line;
-* nothing named: the WikiText-2 raw sample shipped inside this package (``hfbert/data/``).
+* nothing named: the WikiText-2 raw sample shipped inside this package (``hfbert/corpora/``).
 
 The rows are then grouped into documents (pretraining needs document boundaries for next-sentence
 prediction) according to ``--document_boundary``:
@@ -41,7 +41,7 @@ from fsspec.utils import infer_compression
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-from hfbert.corpus_source import (
+from hfbert.corpus_arguments import (
     SHIPPED_SAMPLE_DIR,
     CorpusArguments,
     CorpusError,
@@ -396,7 +396,7 @@ def _load_local_files(args: CorpusArguments) -> datasets.IterableDatasetDict:
     )
 
 
-def _describe_source(args: CorpusArguments) -> str:
+def _describe_corpus(args: CorpusArguments) -> str:
     if args.dataset_name is not None:
         return f"--dataset_name {args.dataset_name} --dataset_config_name {args.dataset_config_name}"
     if args.train_file is not None:
@@ -455,22 +455,22 @@ def _checked_rows(
     args: CorpusArguments, num_proc: int | None
 ) -> dict[str, datasets.Dataset | datasets.IterableDataset]:
     """The source's rows by split, after every check that reads no more than its first document."""
-    source = _load_hub_dataset(args, num_proc) if args.dataset_name is not None else _load_local_files(args)
-    if "train" not in source:
-        raise CorpusError(f"{_describe_source(args)} has no 'train' split (it has {list(source)})")
+    rows = _load_hub_dataset(args, num_proc) if args.dataset_name is not None else _load_local_files(args)
+    if "train" not in rows:
+        raise CorpusError(f"{_describe_corpus(args)} has no 'train' split (it has {list(rows)})")
     boundary = resolve_document_boundary(args)
-    split_rows = {split: source[split] for split in ("train", "validation") if split in source}
+    split_rows = {split: rows[split] for split in ("train", "validation") if split in rows}
     # Every split is checked before any is grouped and written, so a refusal leaves nothing in the cache.
     for split, rows in split_rows.items():
         if rows.column_names is not None and args.text_column not in rows.column_names:
             raise CorpusError(
-                f"--text_column {args.text_column} is not a column of {_describe_source(args)} "
+                f"--text_column {args.text_column} is not a column of {_describe_corpus(args)} "
                 f"(columns: {rows.column_names}); pass --text_column with one of them"
             )
         # Checked on the rows (reads only up to the first document): datasets cannot build an empty split.
         if next(iter_documents(rows, args.text_column, boundary, reads_whole_files(args)), None) is None:
             raise CorpusError(
-                f"{_describe_source(args)} has no text in its {split} split (document_boundary={boundary}); "
+                f"{_describe_corpus(args)} has no text in its {split} split (document_boundary={boundary}); "
                 "pass a corpus with text"
             )
     return split_rows
@@ -513,14 +513,14 @@ def describe_documents(
     how = _HOW_DOCUMENTS_END[resolve_document_boundary(args)]
     if reads_whole_files(args):
         how = "a file a document" if resolve_document_boundary(args) == "row" else f"{how} and at each file's end"
-    source = _describe_source(args) if split == "train" else f"--validation_file {args.validation_file}"
+    corpus = _describe_corpus(args) if split == "train" else f"--validation_file {args.validation_file}"
     if split == "validation" and args.validation_file is None:
-        source = f"{_describe_source(args)}, validation split"
+        corpus = f"{_describe_corpus(args)}, validation split"
     count = None if args.dataset_name is not None else len(local_files(args)[split])
     files = "" if count is None else f"{count:,} file" + ("s" if count != 1 else "")
     links = skipped_links(args.train_file if split == "train" else args.validation_file)
     skipped = f"; {links}" if links else ""
     if args.streaming:
-        return f"{source}: {files or 'its ' + split + ' split'}, streamed ({how}){skipped}"
+        return f"{corpus}: {files or 'its ' + split + ' split'}, streamed ({how}){skipped}"
     counted = f"{len(documents):,} documents" + (f" from {files}" if files else "")
-    return f"{source}: {counted} ({how}){skipped}"
+    return f"{corpus}: {counted} ({how}){skipped}"

@@ -101,7 +101,7 @@ def init_structured_attention(
         seed: seed of the random frequencies (a private generator: the global RNG is left untouched).
         keep_random_rows: add the three heads' query/key rows to the random ones instead of replacing them,
             so that the model is left with BERT's initialisation there once they are taken away again
-            (hfbert.pretraining.attention_shaping.StructuredFade).
+            (hfbert.pretraining.extras.attention_shaping.StructuredFade).
 
     Returns:
         The query/key components written, by parameter name: full-size tensors, zero outside the three heads.

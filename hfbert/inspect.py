@@ -7,7 +7,7 @@ Command line (writes PNGs and ``inspect.md`` into ``--output_dir``, default ``CH
         --sentences "The cat sat." "A dog ran." "Stocks fell today."
 
 Library: `inspect_checkpoint` does the same from Python; `check_model_folder` and `load_analysis` give
-`hfbert.pretraining.samples.write_samples` (``samples.md``, as a run writes it into its final folder) the analysis
+`hfbert.pretraining.extras.samples.write_samples` (``samples.md``, as a run writes it into its final folder) the analysis
 of a saved folder. Every input is checked before any file is written; a bad one
 raises `hfbert.errors.Refusal` (a `ValueError`) that names the value and the fix.
 """
@@ -49,7 +49,7 @@ from hfbert.files import (
     running_no_folder_code,
 )
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.pretraining.samples import MASK
+from hfbert.pretraining.extras.samples import MASK
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
 MODEL_TYPE = "model type (config.json)"  # what a folder's own code would define, in its refusal

@@ -11,7 +11,7 @@ from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, Mo
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
-from hfbert.corpus_source import is_file_collection
+from hfbert.corpus_arguments import is_file_collection
 from hfbert.errors import Refusal
 from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, check_readable
 
@@ -69,7 +69,7 @@ def build_model_card(
     """The model card of a pretrained hfbert model: Hub metadata, training configuration, evaluation numbers,
     how to load it (from `hub_model_id`, the repo it is pushed to, namespace included; else from `model_name`),
     the training curves and, given `health_section` (markdown from
-    `hfbert.pretraining.health.report.health_card_section`), the run's health."""
+    `hfbert.pretraining.extras.health.report.health_card_section`), the run's health."""
     metrics = _metric_values(eval_results)
     base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
     card_data = ModelCardData(
@@ -97,13 +97,13 @@ def build_model_card(
         else None,
     )
     body = card_body(
-        model_name, data_source(dataset_name, dataset_config_name, training_config), metrics, samples_name,
+        model_name, corpus_description(dataset_name, dataset_config_name, training_config), metrics, samples_name,
         training_config, health_section, hub_model_id,
     )
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")
 
 
-def data_source(dataset_name: str | None, dataset_config_name: str | None, training_config: dict[str, Any]) -> str:
+def corpus_description(dataset_name: str | None, dataset_config_name: str | None, training_config: dict[str, Any]) -> str:
     """The card's words for where the training text came from: a Hub dataset, a local dataset folder, local
     files (--train_file) or, with none of them, the sample shipped with hfbert."""
     configuration = f" (configuration `{dataset_config_name}`)" if dataset_config_name else ""
@@ -198,7 +198,7 @@ the gain is paired per seed with a 95% interval that says when it is within the 
 
 def card_body(
     model_name: str,
-    data_source: str,
+    corpus_description: str,
     metrics: dict[str, float],
     samples_name: str | None,
     training_config: dict[str, Any],
@@ -222,7 +222,7 @@ def card_body(
     return f"""
 # {model_name}
 
-A BERT model pretrained {start} with `hfbert` on {objectives}, trained on {data_source}. It is a native Hugging Face
+A BERT model pretrained {start} with `hfbert` on {objectives}, trained on {corpus_description}. It is a native Hugging Face
 model: the weights are in `model.safetensors`, and `config.json` maps the Auto classes (`auto_map`) to the
 model code shipped in this folder.
 

@@ -39,7 +39,7 @@ def plot_training_curves(
     "train_nsp_loss", "train_nsp_accuracy", ...}) and evaluation rows ({"step", "eval_mlm_loss",
     "eval_mlm_accuracy", "eval_nsp_loss", "eval_nsp_accuracy", ...}); a panel whose metrics never appear says
     so instead of staying blank. `reference_lines` are (panel title, value, label): a dashed horizontal line
-    each, such as the baselines a curve should beat (`hfbert.pretraining.health.report.report_reference_lines`).
+    each, such as the baselines a curve should beat (`hfbert.pretraining.extras.health.report.report_reference_lines`).
     """
     titles = [panel[0] for panel in PANELS]
     unknown = [line[0] for line in reference_lines if line[0] not in titles]

@@ -40,7 +40,7 @@ from transformers.hf_argparser import HfArg
 from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import describe_documents, load_documents
-from hfbert.corpus_source import CorpusArguments, check_output_outside_corpus
+from hfbert.corpus_arguments import CorpusArguments, check_output_outside_corpus
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import (
     WRITE_ERRORS,

@@ -60,7 +60,7 @@ def reset_accelerator_state() -> None:
 def sample_documents():
     """The shipped WikiText sample as documents (train + validation)."""
     from hfbert.corpus import load_documents
-    from hfbert.corpus_source import CorpusArguments
+    from hfbert.corpus_arguments import CorpusArguments
 
     return load_documents(CorpusArguments())
 

@@ -318,7 +318,7 @@ def test_resume_argument_errors(tmp_path):
 
 def test_a_checkpoint_of_another_process_count_loads(tmp_path):
     """Model and optimizer states are replicated under DDP, so they load on any number of processes; the
-    data position and the global batch are `hfbert.pretraining.reshard`'s (tests/test_reshard.py)."""
+    data position and the global batch are `hfbert.pretraining.extras.reshard`'s (tests/test_reshard.py)."""
     run = save_steps(tmp_path, [2])
     run[5].micro_batches_in_epoch = 6
     save_checkpoint(run[0], tmp_path, 2, progress=run[5])

@@ -23,7 +23,7 @@ from hfbert.corpus import (
     load_documents,
     resolve_document_boundary,
 )
-from hfbert.corpus_source import (
+from hfbert.corpus_arguments import (
     SHIPPED_SAMPLE_DIR,
     SHIPPED_SAMPLE_FILES,
     CorpusArguments,

@@ -332,7 +332,7 @@ def test_every_results_page_names_its_commit_and_machine(page):
 
 def test_every_speed_the_dry_run_quotes_is_held_by_the_results_page_it_names():
     """The plan's expected time printed 16.9 updates/s, which no results page held."""
-    from hfbert.pretraining.plan import MEASURED_SPEEDS
+    from hfbert.pretraining.extras.plan import MEASURED_SPEEDS
 
     for key, speed in MEASURED_SPEEDS.items():
         (page,) = re.findall(r"benchmarks/results/[\w.]+\.md", speed.measured)

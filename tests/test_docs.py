@@ -18,7 +18,7 @@ import pytest
 from accelerate.state import AcceleratorState, GradientState
 from transformers import HfArgumentParser
 
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus_arguments import CorpusArguments
 from hfbert.errors import REFUSAL_EXIT_CODE
 from hfbert.pretraining.cli import build_parser
 from hfbert.tokenization import TokenizerTrainingArguments
@@ -418,7 +418,7 @@ def test_long_run_flags_parse_and_pass_the_checks(block):
     words = shlex.split(command)
     assert "run_pretraining.py" in words, f"{block.id}: doc-test: parse is for run_pretraining.py commands"
     settings = parse_args(words[words.index("run_pretraining.py") + 1 :])
-    assert settings.run.output_dir
+    assert settings.output.output_dir
 
 
 HUB_COMMANDS: dict[str, str] = {}  # each command once (docs/pretraining.md repeats the README's), with its block

@@ -16,8 +16,8 @@ from hfbert.errors import RunFailure
 from hfbert.pretraining.batches import masked_positions_from_labels
 from hfbert.pretraining.evaluation import (
     STATISTICS,
+    LogInterval,
     ModelFlops,
-    TrainingWindow,
     check_loss_is_finite,
     check_weights_are_finite,
     datasheet_peak,
@@ -221,10 +221,10 @@ def test_the_log_row_has_the_largest_finite_gradient_norm_clipping_computed():
         flops = ModelFlops(config, static_slots=None, peak_flops_per_process=None)
         rows = []
         for norms in ([], [None, torch.tensor(2.0), torch.tensor(math.inf), torch.tensor(3.0), None]):
-            window = TrainingWindow(torch.device("cpu"), 0.0)
+            interval = LogInterval(torch.device("cpu"), 0.0)
             for norm in norms or [None]:
-                window.add(outputs, outputs.loss, batch, norm)
-            rows.append(window.row(accelerator, TrainingProgress(completed_steps=1, train_seconds=1.0), 0, 1e-3, flops))
+                interval.add(outputs, outputs.loss, batch, norm)
+            rows.append(interval.row(accelerator, TrainingProgress(completed_steps=1, train_seconds=1.0), 0, 1e-3, flops))
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()

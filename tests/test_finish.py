@@ -10,7 +10,7 @@ from test_inspect import write_samples_from_folder
 from hfbert import HfBertForPreTraining
 from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.cli import parse_args
-from hfbert.pretraining.data import PretrainingData
+from hfbert.pretraining.data import PreparedData
 from hfbert.pretraining.finish import FinalFolder, write_final_folder
 
 SENTENCES = [
@@ -22,14 +22,14 @@ OTHER = "The band toured Europe in the summer ."
 
 
 def write(output_dir, model, tokenizer, sentences=(SENTENCES, OTHER), flags=()) -> FinalFolder:
-    data = PretrainingData(tokenizer, model.config, train=None, evaluation=None, sample_sentences=sentences[0],
+    prepared = PreparedData(tokenizer, model.config, train=None, eval_instances=None, sample_sentences=sentences[0],
                            other_sentence=sentences[1])  # fmt: skip
     history = [{"step": 1, "loss": 7.0, "learning_rate": 1e-4}, {"step": 2, "eval_mlm_loss": 6.5}]
     progress = TrainingProgress(completed_steps=2, train_seconds=3.0, log_history=history)
     metrics = {"eval_mlm_loss": 6.5, "eval_mlm_accuracy": 0.01}
     summary = {"precision": "no", "corpus": "shipped WikiText-2 sample"}
     settings = parse_args(["--output_dir", str(output_dir), *flags])
-    return write_final_folder(data, metrics, summary, None, settings, model, model.state_dict(), progress)
+    return write_final_folder(prepared, metrics, summary, None, settings, model, model.state_dict(), progress)
 
 
 def test_the_final_folder_is_one_set_with_samples_from_the_weights_in_memory(tmp_path, sample_tokenizer):
@@ -103,5 +103,5 @@ def test_a_final_folder_that_fails_on_the_main_process_stops_every_process_with_
         model = torch.nn.Linear(2, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         state = type("State", (), {"model": model, "optimizer": optimizer, "progress": TrainingProgress()})()
-        finish(OtherRankOfTwo(), state, parse_args(["--output_dir", str(tmp_path)]).run, write_final_folder)
+        finish(OtherRankOfTwo(), state, parse_args(["--output_dir", str(tmp_path)]).output, write_final_folder)
     assert str(stopped.value) == refusal

@@ -31,7 +31,7 @@ def test_run_pretraining_reads_no_args_file(tmp_path, stray_args_file, script):
     stray_args_file(script, "--learning_rate 0.5 --seed 7 --overwrite_output_dir")
     settings = parse_pretraining_args(["--output_dir", str(tmp_path / "run")])
     assert settings.optimization.learning_rate == 1e-4 and settings.optimization.seed == 42
-    assert not settings.run.overwrite_output_dir
+    assert not settings.output.overwrite_output_dir
     assert not {"learning_rate", "seed", "overwrite_output_dir"} & settings.given
 
 

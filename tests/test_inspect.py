@@ -28,7 +28,7 @@ from hfbert.inspect import (
     main,
 )
 from hfbert.pretraining.data import sample_sentences
-from hfbert.pretraining.samples import FREQUENT_WORDS, choose_masked_word, write_samples
+from hfbert.pretraining.extras.samples import FREQUENT_WORDS, choose_masked_word, write_samples
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TEXT = "The game was released in [MASK] and sold well ."

@@ -115,7 +115,7 @@ def test_counts_come_from_the_cache_the_second_time(tokenized, sample_tokenizer,
 
 
 def test_an_epoch_of_windows_draws_every_instance_once_in_a_seeded_order(monkeypatch):
-    monkeypatch.setattr(batches, "SHUFFLE_WINDOW", 50)
+    monkeypatch.setattr(batches, "SHUFFLE_GROUP", 50)
     counts = np.random.default_rng(0).integers(1, 30, size=400)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     sampler = EpochDraws(int(offsets[-1]), seed=3, unit_offsets=offsets)
@@ -129,7 +129,7 @@ def test_an_epoch_of_windows_draws_every_instance_once_in_a_seeded_order(monkeyp
 
 
 def test_a_window_holds_whole_documents_and_mixes_them(monkeypatch):
-    monkeypatch.setattr(batches, "SHUFFLE_WINDOW", 50)
+    monkeypatch.setattr(batches, "SHUFFLE_GROUP", 50)
     offsets = np.arange(0, 10 * 100 + 1, 10)  # 100 units of 10 instances
     order = list(EpochDraws(1000, seed=9, unit_offsets=offsets))
     for start in range(0, 1000, 50):

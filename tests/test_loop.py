@@ -23,8 +23,8 @@ from hfbert.pretraining.loop import (
     out_of_budget,
     synced_train_seconds,
 )
-from hfbert.pretraining.optimization import Budget, LearningRateSchedule, TrainingState
-from hfbert.pretraining.settings import RunSettings
+from hfbert.pretraining.settings import OutputSettings
+from hfbert.pretraining.training import Budget, LearningRateSchedule, TrainingState
 
 
 @dataclass
@@ -125,7 +125,7 @@ def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_c
         return {"eval_mlm_loss": 1.0}
 
     progress = TrainingProgress(completed_steps=7, epoch=1, micro_batches_in_epoch=12)
-    run = RunSettings(output_dir="run", eval_steps=eval_steps, checkpointing_steps="epoch" if each_epoch else "3")
+    run = OutputSettings(output_dir="run", eval_steps=eval_steps, checkpointing_steps="epoch" if each_epoch else "3")
     metrics = end_epoch(progress, run, evaluation, lambda *given: calls.append(("checkpoint", *given)), share=0.5)
     assert (progress.epoch, progress.micro_batches_in_epoch, progress.completed_steps) == (2, 0, 7)
     evaluated = [("evaluation", 0.5)] if eval_steps is None else []
@@ -238,7 +238,7 @@ class StandInAccelerator(Processes):
 
 
 @dataclass
-class StandInWindow:
+class StandInInterval:
     def row(self, accelerator, progress, epoch, learning_rate, flops):
         return {"step": progress.completed_steps, "loss": 1.0}
 
@@ -248,19 +248,19 @@ def fit_with_stand_ins(monkeypatch, progress, max_seconds=None, num_processes=1,
     the batches were asked for, the checkpoints written and the final metrics (or the `Preempted` raised)."""
     recorder, batches, written = Recorder(), StandInBatches(), []
     monkeypatch.setattr(loop, "train_step", lambda *given: None)
-    monkeypatch.setattr(loop, "TrainingWindow", lambda device, seconds: StandInWindow())
+    monkeypatch.setattr(loop, "LogInterval", lambda device, seconds: StandInInterval())
     monkeypatch.setattr(loop, "check_loss_is_finite", lambda *given: None)
     monkeypatch.setattr(loop, "evaluate", evaluate or (lambda model, loader, accelerator: {"eval_mlm_loss": 2.0}))
 
     def write(accelerator, state, settings, data):
         written.append(state.progress.completed_steps)
-        folder = loop.checkpoint_folder(settings.run.output_dir, state.progress.completed_steps)
+        folder = loop.checkpoint_folder(settings.output.output_dir, state.progress.completed_steps)
         folder.mkdir(parents=True)
         return folder
 
     monkeypatch.setattr(loop, "write_checkpoint", write)
     optimization = type("Optimization", (), {"compiles_update": lambda self, device: False})()
-    settings = type("Settings", (), {"run": RunSettings(**run), "optimization": optimization})()
+    settings = type("Settings", (), {"output": OutputSettings(**run), "optimization": optimization})()
     model = type("Model", (), {"train": lambda self: None})()
     state = TrainingState(model, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))]), progress, batches)
     accelerator = StandInAccelerator(num_processes, others=[0.0] * (num_processes - 1), device=torch.device("cpu"))
@@ -380,6 +380,6 @@ def test_the_step_asks_the_model_for_the_masked_rows_only():
         "Optimization", (), {"compiles_update": lambda self, device: False, "attention_padding": "mask", "max_grad_norm": 0}
     )()
     accelerator = Accelerator(cpu=True)
-    window = type("Window", (), {"add": lambda self, *given: None})()
-    loop.train_step(accelerator, state, {"input_ids": "ids"}, optimization, window, Callback())
+    interval = type("Interval", (), {"add": lambda self, *given: None})()
+    loop.train_step(accelerator, state, {"input_ids": "ids"}, optimization, interval, Callback())
     assert asked == {"input_ids": "ids", "mlm_masked_rows_only": True, "attention_padding": "mask"}

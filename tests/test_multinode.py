@@ -22,8 +22,8 @@ from test_training import REPO, final_weights, run_args, subprocess_env
 
 from hfbert.checkpointing import CheckpointError, run_folder_lock
 from hfbert.errors import Refusal, RunFailure
-from hfbert.pretraining import cluster
-from hfbert.pretraining.cluster import (
+from hfbert.pretraining.extras import cluster
+from hfbert.pretraining.extras.cluster import (
     ProcessGroupError,
     checked_on_main_process,
     differences,
@@ -415,7 +415,7 @@ else:
         open(sys.argv[2] + "-imported", "w").close()
         while not os.path.exists(sys.argv[2] + "-go"):
             time.sleep(0.05)
-    from hfbert.pretraining.cluster import stop_with_the_launcher
+    from hfbert.pretraining.extras.cluster import stop_with_the_launcher
     stop_with_the_launcher(launcher)
     open(sys.argv[2], "w").close()
     time.sleep(600)
@@ -511,7 +511,7 @@ class Accelerator:  # what end_process_group uses of accelerate's
     def end_training(self):
         raise AssertionError("the group was torn down without its store")
 
-from hfbert.pretraining.cluster import end_process_group, exit_now
+from hfbert.pretraining.extras.cluster import end_process_group, exit_now
 if end_process_group(Accelerator()):
     sys.exit(1)
 exit_now(143)

@@ -1,16 +1,16 @@
-"""hfbert.pretraining.optimization: optimizer groups, the learning-rate schedule and the step budget."""
+"""hfbert.pretraining.training: optimizer groups, the learning-rate schedule and the step budget."""
 
 import pytest
 from conftest import tiny_config
 
 from hfbert import HfBertForPreTraining
-from hfbert.pretraining.optimization import (
+from hfbert.pretraining.settings import OptimizationSettings
+from hfbert.pretraining.training import (
     UNBOUNDED_STEPS,
     LearningRateSchedule,
     optimizer_parameter_groups,
     plan_budget,
 )
-from hfbert.pretraining.settings import OptimizationSettings
 
 
 def test_no_weight_decay_on_biases_and_layer_norm():

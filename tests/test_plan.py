@@ -1,4 +1,4 @@
-"""--dry_run (hfbert.pretraining.plan): the plan printed after the checks, nothing written."""
+"""--dry_run (hfbert.pretraining.extras.plan): the plan printed after the checks, nothing written."""
 
 import bz2
 import gzip
@@ -26,11 +26,11 @@ from test_training import (
 
 from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.checkpointing import run_folder_lock
-from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 from hfbert.errors import Refusal
 from hfbert.pretraining.cli import main, parse_args
 from hfbert.pretraining.evaluation import flops_per_token
-from hfbert.pretraining.plan import INSTANCE_FILL, TOKENS_PER_BYTE, budget_lines
+from hfbert.pretraining.extras.plan import INSTANCE_FILL, TOKENS_PER_BYTE, budget_lines
 from hfbert.tokenization import model_config_for_tokenizer
 
 
@@ -86,7 +86,7 @@ def gpu_plan(monkeypatch, device_name: str, *flags: str) -> list[str]:
 
     import torch
 
-    from hfbert.pretraining import plan
+    from hfbert.pretraining.extras import plan
 
     monkeypatch.setattr(plan, "device_kind", lambda device: device_name)
     settings = parse_args(["--output_dir", "run", "--model_size", "base", "--per_device_train_batch_size", "128",
@@ -408,7 +408,7 @@ def test_a_compressed_corpus_is_planned_by_its_text_not_its_compressed_size(tmp_
 def test_a_compressed_file_longer_than_the_sample_read_is_estimated_and_said_so(tmp_path, capsys, run_inputs,
                                                                                 monkeypatch):  # fmt: skip
     text, compressed = compressed_sample(tmp_path / "wiki.train.raw.bz2", bz2.compress)
-    monkeypatch.setattr("hfbert.pretraining.plan.TEXT_SAMPLE_BYTES", 100_000)  # of the sample's 0.69 MB
+    monkeypatch.setattr("hfbert.pretraining.extras.plan.TEXT_SAMPLE_BYTES", 100_000)  # of the sample's 0.69 MB
     plan = plan_of(corpus_args(run_inputs, tmp_path / "run", tmp_path / "wiki.train.raw.bz2"), capsys)
     [line] = [line.strip() for line in plan.splitlines() if line.strip().startswith("corpus: ")]
     estimate = float(line.removeprefix("corpus: ~").split(" MB")[0])

@@ -83,14 +83,14 @@ def test_the_refusal_comes_before_the_accelerator_and_the_run_logs_its_precision
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: VOLTA)
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
     with mock.patch.object(precision, "Accelerator") as accelerator, pytest.raises(Refusal, match=r"this one has 7\.0"):
-        precision.build_accelerator(settings.optimization, settings.run)
+        precision.build_accelerator(settings.optimization, settings.output)
     accelerator.assert_not_called()  # refused before any work
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     settings = parse_args(["--output_dir", "unused", "--mixed_precision", "auto"])
     with mock.patch.object(precision, "Accelerator") as accelerator, caplog.at_level(logging.INFO, "hfbert"):
         accelerator.return_value.device, accelerator.return_value.num_processes = torch.device("cpu"), 1
-        assert precision.build_accelerator(settings.optimization, settings.run)[1] == "no"
+        assert precision.build_accelerator(settings.optimization, settings.output)[1] == "no"
     logged = "Precision: fp32: this CPU has no native bf16 (--mixed_precision auto); device cpu, 1 process(es)."
     assert logged in caplog.text
 

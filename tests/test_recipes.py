@@ -13,7 +13,7 @@ import yaml
 from accelerate.state import AcceleratorState, GradientState
 from conftest import tiny_config
 
-from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 from hfbert.errors import Refusal
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.cli import RECIPES_DIR, main, parse_args, recipe_summary, shipped_recipes
@@ -71,7 +71,7 @@ def test_every_shipped_recipe_parses_and_passes_a_dry_run(name, tmp_path, run_in
     if "model_name_or_path" in values:
         argv += ["--model_name_or_path", str(source_folder)]
     settings = parse_args(argv)
-    assert settings.run.recipe == name
+    assert settings.output.recipe == name
     overridden = {"dataset_name", "dataset_config_name", "tokenizer_name", "model_name_or_path"}
     flat = settings.to_dict()
     for key, value in values.items():
@@ -115,7 +115,7 @@ def test_every_recipe_header_command_is_the_recipe_itself(name):
     arguments = header_command(path)
     assert arguments[:2] == ["--recipe", name], f"{path.name}: '# Command:' should start --recipe {name}: {arguments}"
     settings = parse_args(arguments)
-    assert settings.run.recipe == name
+    assert settings.output.recipe == name
     flat = settings.to_dict()
     for key, value in yaml.safe_load(path.read_text()).items():
         if f"--{key}" not in arguments:
@@ -163,8 +163,8 @@ def test_a_recipe_file_as_the_one_argument_is_the_same_as_recipe(tmp_path):
     path.write_text(json.dumps({"model_size": "tiny", "learning_rate": 1e-3, "output_dir": str(tmp_path / "run")}))
     positional, flagged = parse_args([str(path)]), parse_args(["--recipe", str(path)])
     assert positional.to_dict() == flagged.to_dict()
-    assert positional.run.recipe == str(path) and positional.model.model_size == "tiny"
-    assert positional.optimization.learning_rate == 1e-3 and positional.run.output_dir == str(tmp_path / "run")
+    assert positional.output.recipe == str(path) and positional.model.model_size == "tiny"
+    assert positional.optimization.learning_rate == 1e-3 and positional.output.output_dir == str(tmp_path / "run")
 
 
 @pytest.mark.parametrize(

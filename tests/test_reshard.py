@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from hfbert.checkpointing import CheckpointError, TrainingProgress
 from hfbert.errors import Refusal
 from hfbert.pretraining.batches import TrainingBatches
-from hfbert.pretraining.reshard import (
+from hfbert.pretraining.extras.reshard import (
     continue_on_this_split,
     keep_global_batch,
     micro_batches_to_skip,

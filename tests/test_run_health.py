@@ -1,4 +1,4 @@
-"""Run health (hfbert.pretraining.health): corpus statistics on tiny corpora, the baselines, each signature on
+"""Run health (hfbert.pretraining.extras.health): corpus statistics on tiny corpora, the baselines, each signature on
 made-up log rows, the replay on resume, and the final folder's health section."""
 
 import json
@@ -13,8 +13,8 @@ from hfbert.files import write_json_atomic
 from hfbert.model_card import build_model_card
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.data import tokenized_with_statistics
-from hfbert.pretraining.health import corpus as health_corpus
-from hfbert.pretraining.health.corpus import (
+from hfbert.pretraining.extras.health import corpus as health_corpus
+from hfbert.pretraining.extras.health.corpus import (
     Baselines,
     CorpusHealth,
     CorpusStatistics,
@@ -24,14 +24,14 @@ from hfbert.pretraining.health.corpus import (
     nsp_chance,
     unigram_cross_entropy,
 )
-from hfbert.pretraining.health.report import (
+from hfbert.pretraining.extras.health.report import (
     RUN_HEALTH_NAME,
     health_card_section,
     health_report,
     report_reference_lines,
     summary_line,
 )
-from hfbert.pretraining.health.signatures import (
+from hfbert.pretraining.extras.health.signatures import (
     LOSS_SPIKE_FACTOR,
     NSP_MLM_IMPROVEMENT,
     PLATEAU_MARGIN,

@@ -14,7 +14,7 @@ from datasets import load_from_disk
 from datasets.distributed import split_dataset_by_node
 
 from hfbert.corpus import is_wikitext_article_heading, load_documents
-from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments
+from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES, CorpusArguments
 from hfbert.errors import Refusal, RunFailure
 from hfbert.pretraining.batches import build_loaders
 from hfbert.pretraining.data import check_documents_left_to_train, tokenize_documents, validation_documents

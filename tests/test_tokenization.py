@@ -18,7 +18,7 @@ import hfbert.tokenization
 from hfbert import HfBertForPreTraining
 from hfbert.checkpointing import run_folder_lock
 from hfbert.corpus import load_documents
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus_arguments import CorpusArguments
 from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 from hfbert.tokenization import (
     MAX_WORD_CHARS,
@@ -311,7 +311,7 @@ def test_train_tokenizer_script(tmp_path):
 TRAIN_AND_PRINT_VOCABS = """
 import json, sys
 from hfbert.corpus import load_documents
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus_arguments import CorpusArguments
 from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 from hfbert.tokenization import train_tokenizer
 documents = load_documents(CorpusArguments())

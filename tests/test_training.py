@@ -349,7 +349,7 @@ def test_sigterm_saves_a_streams_position_and_the_resumed_run_equals_an_uninterr
 
 @pytest.mark.slow
 def test_a_streaming_run_resumed_with_other_flags_or_another_corpus_is_refused_untouched(tmp_path, run_inputs):
-    from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+    from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 
     corpus = tmp_path / "train.raw"
     shutil.copy(SHIPPED_SAMPLE_DIR / SHIPPED_SAMPLE_FILES["train"], corpus)
@@ -947,7 +947,7 @@ def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_in
 
 @pytest.mark.slow
 def test_a_corpus_edited_before_the_resume_is_refused_naming_it(tmp_path, run_inputs):
-    from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+    from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 
     corpus = {split: tmp_path / name for split, name in SHIPPED_SAMPLE_FILES.items()}
     for split, path in corpus.items():
@@ -969,7 +969,7 @@ def test_a_corpus_edited_while_the_run_trains_is_recorded_as_read_and_the_resume
 ):
     """Issue 64, item 5: the fingerprint was taken when a checkpoint was written, so text edited mid-run was
     recorded as what trained, and the resume on it was accepted (2.4e-4 from the straight run)."""
-    from hfbert.corpus_source import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
+    from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
     from hfbert.pretraining import run
 
     corpus = tmp_path / "train.raw"
@@ -1304,7 +1304,7 @@ def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, mon
         return run_strictly
 
     monkeypatch.setattr(loop, "train_step", strict(loop.train_step))
-    monkeypatch.setattr(evaluation.TrainingWindow, "add", strict(evaluation.TrainingWindow.add))
+    monkeypatch.setattr(evaluation.LogInterval, "add", strict(evaluation.LogInterval.add))
     output_dir = tmp_path / "run"
     # The last value of a repeated flag wins: the precision CUDA picks (fp16), logging every 3 updates.
     extra = ("--max_train_steps", "6", "--mixed_precision", "auto", "--logging_steps", "3")

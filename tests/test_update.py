@@ -17,10 +17,10 @@ from hfbert import HfBertForPreTraining, modeling_hfbert
 from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args
-from hfbert.pretraining.evaluation import TrainingWindow
+from hfbert.pretraining.evaluation import LogInterval
 from hfbert.pretraining.loop import train_step
-from hfbert.pretraining.optimization import TrainingState, build_optimizer, compile_model
 from hfbert.pretraining.settings import DataSettings, OptimizationSettings
+from hfbert.pretraining.training import TrainingState, build_optimizer, compile_model
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
 
@@ -88,14 +88,14 @@ def test_an_update_never_reads_a_tensor_back_to_the_host(accelerator, monkeypatc
     # device instead (the GPU test in test_training.py runs them).
     monkeypatch.setattr(modeling_hfbert, "check_range", lambda *args: None)
     batch = static_batch(pretraining_batch())
-    window = TrainingWindow(accelerator.device, 0.0)
-    train_step(accelerator, state, batch, optimization, window, Callbacks())  # compiles: tracing may read values
+    interval = LogInterval(accelerator.device, 0.0)
+    train_step(accelerator, state, batch, optimization, interval, Callbacks())  # compiles: tracing may read values
     before = state.model.bert.embeddings.word_embeddings.weight.detach().clone()
     with host_reads_raise():
         for _ in range(2):
-            train_step(accelerator, state, batch, optimization, window, Callbacks())
+            train_step(accelerator, state, batch, optimization, interval, Callbacks())
     assert not torch.equal(state.model.bert.embeddings.word_embeddings.weight, before)  # the updates ran
-    assert window.batches == 3 and window.clipped_updates == 3 and window.grad_norm.item() > 0
+    assert interval.batches == 3 and interval.clipped_updates == 3 and interval.grad_norm.item() > 0
     if loss_scaler:  # the scaler scaled the loss and let every (finite) update through
         assert scaler._scale is not None
         assert all(s["step"].item() == 3 for s in state.optimizer.optimizer.state.values())
@@ -110,13 +110,13 @@ def gradients_then_updates(
     (outputs.mlm_loss + outputs.nsp_loss).backward()
     gradients = {name: p.grad.clone() for name, p in state.model.named_parameters()}
     state.optimizer.zero_grad(set_to_none=True)
-    window = TrainingWindow(accelerator.device, 0.0)
+    interval = LogInterval(accelerator.device, 0.0)
     losses = [
-        train_step(accelerator, state, batch, optimization, window, Callbacks())[1].detach()
+        train_step(accelerator, state, batch, optimization, interval, Callbacks())[1].detach()
         for _ in range(updates)
     ]
     weights = {name: p.detach().clone() for name, p in state.model.named_parameters()}
-    return gradients, torch.stack(losses), window.grad_norm, weights
+    return gradients, torch.stack(losses), interval.grad_norm, weights
 
 
 @pytest.mark.slow
@@ -157,9 +157,9 @@ def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, monke
     monkeypatch.setattr(modeling_hfbert, "check_inputs", breaking)
     optimization = OptimizationSettings(torch_compile=True)
     state = prepared_state(accelerator, optimization)
-    window = TrainingWindow(accelerator.device, 0.0)
+    interval = LogInterval(accelerator.device, 0.0)
     with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
-        train_step(accelerator, state, static_batch(pretraining_batch()), optimization, window, Callbacks())
+        train_step(accelerator, state, static_batch(pretraining_batch()), optimization, interval, Callbacks())
 
 
 @pytest.mark.parametrize(
@@ -220,9 +220,9 @@ def test_an_accumulated_update_weighs_each_micro_batchs_own_mean_equally_whateve
 
     prepared, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1.0))
     state = TrainingState(prepared, optimizer, TrainingProgress(), batches=None)
-    window = TrainingWindow(accelerator.device, 0.0)
+    interval = LogInterval(accelerator.device, 0.0)
     for batch in micro_batches:
-        train_step(accelerator, state, batch, optimization, window, Callbacks())
+        train_step(accelerator, state, batch, optimization, interval, Callbacks())
     for name, weight in model.named_parameters():
         assert_close(weight, mean_of_means[name], atol=1e-6, rtol=1e-5, msg=name)
     assert not torch.allclose(model.cls.predictions.bias, pooled_update["cls.predictions.bias"], atol=1e-2)

@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from hfbert.checkpointing import TrainingProgress
 from hfbert.errors import Refusal, RunFailure
 from hfbert.modeling_hfbert import IGNORE_INDEX
-from hfbert.pretraining.instances import DRAW_KEY, SHUFFLE_WINDOW, DrawnInstances, TrainingStream
-from hfbert.pretraining.reshard import micro_batches_to_skip
+from hfbert.pretraining.extras.reshard import micro_batches_to_skip
+from hfbert.pretraining.instances import DRAW_KEY, SHUFFLE_GROUP, DrawnInstances, TrainingStream
 from hfbert.pretraining.stream import (
     ERROR_KEY,
     POSITION_KEY,
@@ -286,8 +286,8 @@ class EpochDraws(Sampler[int]):
     Without `unit_offsets` the order is a permutation of all instances. With them (instances made while
     training, :class:`hfbert.pretraining.instances.DrawnInstances`: unit k holds instances
     `unit_offsets[k]` to `unit_offsets[k + 1] - 1`, one document in one pass), the units are permuted and
-    the instances of consecutive units are shuffled together in windows of about `SHUFFLE_WINDOW`, as a
-    shuffle buffer would: a batch mixes many documents, while a worker pairs each document once per window.
+    the instances of consecutive units are shuffled together in groups of about `SHUFFLE_GROUP`, as a
+    shuffle buffer would: a batch mixes many documents, while a worker pairs each document once per group.
     The memory is then a few bytes a unit, not 8 bytes an instance.
     """
 
@@ -312,28 +312,28 @@ class EpochDraws(Sampler[int]):
             return iter(range(offset, offset + self.num_instances))
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         if self.unit_offsets is not None:
-            return (offset + index for window in self.windows(generator) for index in window.tolist())
+            return (offset + index for group in self.groups(generator) for index in group.tolist())
         # Kept as an int64 tensor (8 bytes an instance) and turned into Python ints a block at a time: a list
         # of every index costs ~36 bytes an instance in every process.
         order = torch.randperm(self.num_instances, generator=generator)
         return (offset + index for block in order.split(_SAMPLER_BLOCK) for index in block.tolist())
 
-    def windows(self, generator: torch.Generator) -> Iterator[np.ndarray]:
-        """The epoch's instance indices, a shuffled window at a time."""
+    def groups(self, generator: torch.Generator) -> Iterator[np.ndarray]:
+        """The epoch's instance indices, a shuffled group at a time."""
         assert self.unit_offsets is not None
         units = torch.randperm(len(self.unit_offsets) - 1, generator=generator).numpy()
         starts, counts = self.unit_offsets[units], np.diff(self.unit_offsets)[units]
         ends = np.cumsum(counts)  # where each unit ends in the epoch's order
-        cuts = np.searchsorted(ends, np.arange(SHUFFLE_WINDOW, self.num_instances, SHUFFLE_WINDOW)) + 1
-        window_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        # A cut inside the last unit leaves the last window empty: it adds no instances.
+        cuts = np.searchsorted(ends, np.arange(SHUFFLE_GROUP, self.num_instances, SHUFFLE_GROUP)) + 1
+        group_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        # A cut inside the last unit leaves the last group empty: it adds no instances.
         for number, (first, last) in enumerate(itertools.pairwise([0, *np.unique(cuts).tolist(), len(units)])):
-            window_counts = counts[first:last]
+            group_counts = counts[first:last]
             # Each unit's instances in order: its start, repeated, plus 0, 1, ... within the unit.
-            unit_starts = np.cumsum(window_counts) - window_counts  # where each unit starts in the window
-            within = np.arange(window_counts.sum()) - np.repeat(unit_starts, window_counts)
-            indices = np.repeat(starts[first:last], window_counts) + within
-            yield np.random.default_rng([window_seed, number]).permutation(indices)
+            unit_starts = np.cumsum(group_counts) - group_counts  # where each unit starts in the group
+            within = np.arange(group_counts.sum()) - np.repeat(unit_starts, group_counts)
+            indices = np.repeat(starts[first:last], group_counts) + within
+            yield np.random.default_rng([group_seed, number]).permutation(indices)
 
 
 # ---------------------------------------------------------------------------------------------------------

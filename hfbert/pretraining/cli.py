@@ -28,18 +28,18 @@ from typing import Any
 
 import yaml
 
-from hfbert.corpus_source import CorpusArguments
+from hfbert.corpus_arguments import CorpusArguments
 from hfbert.errors import Refusal, stops_in_one_line
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.pretraining.cluster import exit_now, stop_with_the_launcher
+from hfbert.pretraining.extras.cluster import exit_now, stop_with_the_launcher
 from hfbert.pretraining.loop import Preempted
 from hfbert.pretraining.run import dry_run, pretrain
 from hfbert.pretraining.settings import (
     DataSettings,
     ModelSettings,
     OptimizationSettings,
+    OutputSettings,
     PretrainingSettings,
-    RunSettings,
 )
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -178,7 +178,7 @@ def build_parser() -> RefusingHfArgumentParser:
     """run_pretraining.py's flags: the corpus flags it shares with train_tokenizer.py, then its own groups,
     and --list_recipes."""
     parser = RefusingHfArgumentParser(
-        (CorpusArguments, DataSettings, ModelSettings, OptimizationSettings, RunSettings)  # type: ignore[arg-type]
+        (CorpusArguments, DataSettings, ModelSettings, OptimizationSettings, OutputSettings)  # type: ignore[arg-type]
     )
     parser.add_argument(
         "--list_recipes",
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None, launcher_pid: int | None = None) -> None
     it would."""
     stop_with_the_launcher(os.getppid() if launcher_pid is None else launcher_pid)
     settings = parse_args(argv)
-    if settings.run.dry_run:
+    if settings.output.dry_run:
         print(dry_run(settings))
         return
     try:

@@ -48,11 +48,11 @@ from hfbert.corpus import (
     resolve_document_boundary,
     stream_documents,
 )
-from hfbert.corpus_source import CorpusArguments, corpus_fingerprint
+from hfbert.corpus_arguments import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import running_no_folder_code
 from hfbert.initialization import check_structured_attention_config
-from hfbert.pretraining.health.corpus import (
+from hfbert.pretraining.extras.health.corpus import (
     STATISTICS_FEATURES,
     CorpusHealth,
     cached_corpus_health,
@@ -100,7 +100,7 @@ def tokenized_features(vocabulary_size: int) -> Features:
 
 # datasets hashes module-level functions by qualified name, not by code, so without this an edited hfbert
 # would silently reuse caches built by the old code. It is part of every cache key below.
-_SOURCE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
+_CODE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -274,7 +274,7 @@ def tokenized_with_statistics(
             "pass the output of hfbert.corpus.load_documents"
         )
     fingerprint = Hasher.hash(
-        ["tokenize_documents", documents._fingerprint, tokenizer_fingerprint(tokenizer), _SOURCE_FINGERPRINT]
+        ["tokenize_documents", documents._fingerprint, tokenizer_fingerprint(tokenizer), _CODE_FINGERPRINT]
     )
     return documents.map(
         tokenize_batch,
@@ -335,16 +335,16 @@ SAMPLE_WORDS = (6, 40)  # the final folder's samples use sentences of 6 to 40 wo
 
 
 @dataclass
-class PretrainingData:
+class PreparedData:
     """What the run trains on: tokenizer, the model config that matches it, and the instances."""
 
     tokenizer: Any
     config: HfBertConfig
     train: DrawnInstances | TrainingStream  # TrainingStream: --streaming
-    evaluation: Dataset
+    eval_instances: Dataset
     sample_sentences: list[str]  # validation sentences for the final folder's samples.md
     other_sentence: str | None  # a sentence of another validation document (the random NSP pair)
-    health: CorpusHealth | None = None  # the corpus statistics and baselines (hfbert.pretraining.health)
+    health: CorpusHealth | None = None  # the corpus statistics and baselines (hfbert.pretraining.extras.health)
     # sha256 of the local corpus files as the data stage read them (None: a Hub dataset); what checkpoints record
     corpus_sha256: str | None = None
 
@@ -446,7 +446,7 @@ def prepare(
     accelerator: Accelerator,
     checkpoint: Path | None = None,
     source: SourceModel | None = None,
-) -> PretrainingData:
+) -> PreparedData:
     """The data stage: corpus -> tokenizer -> model config -> the evaluation instances and the training
     instances, cached (`cached_instances`) or, with --streaming, a stream made into instances while training
     (`streamed_instances`); what the datasets cache holds is written by one process and read by the others
@@ -472,7 +472,7 @@ def prepare(
             instances = cached_instances(documents, tokenizer, data, seed)
     train, validation, evaluation, health = instances
     sentences, other = sample_sentences(validation)
-    return PretrainingData(tokenizer, config, train, evaluation, sentences, other, health, corpus_sha256)
+    return PreparedData(tokenizer, config, train, evaluation, sentences, other, health, corpus_sha256)
 
 
 def evaluation_instances(tokenized: Dataset, recipe: InstanceRecipe, data: DataSettings) -> Dataset:
@@ -547,7 +547,7 @@ def check_stream_validation_for_nsp(tokenized: Dataset) -> None:
         )
 
 
-def stream_validation_source(documents: IterableDatasetDict, data: DataSettings) -> tuple[IterableDataset, int | None]:
+def stream_validation_split(documents: IterableDatasetDict, data: DataSettings) -> tuple[IterableDataset, int | None]:
     """Where a stream's validation documents come from and how many are taken (None: all): the source's
     validation split (at most --max_eval_samples documents, which give at least as many instances), else the
     first --stream_validation_documents of the training stream."""
@@ -560,8 +560,8 @@ def stream_validation_source(documents: IterableDatasetDict, data: DataSettings)
 def validation_documents(
     documents: IterableDatasetDict, corpus: CorpusArguments, data: DataSettings
 ) -> Dataset:
-    """A stream's validation documents (`stream_validation_source`), written once to the datasets cache."""
-    stream, count = stream_validation_source(documents, data)
+    """A stream's validation documents (`stream_validation_split`), written once to the datasets cache."""
+    stream, count = stream_validation_split(documents, data)
     return written_documents(stream, count, corpus, "validation", "validation" not in documents)
 
 
@@ -575,7 +575,7 @@ def written_documents(
         for name in ("dataset_name", "dataset_config_name", "train_file", "validation_file", "text_column")
     ]
     fingerprint = Hasher.hash(
-        [split, source, resolve_document_boundary(corpus), corpus_fingerprint(corpus), count, key, _SOURCE_FINGERPRINT]
+        [split, source, resolve_document_boundary(corpus), corpus_fingerprint(corpus), count, key, _CODE_FINGERPRINT]
     )
     return Dataset.from_generator(
         _first_documents,

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from hfbert.checkpointing import TrainingProgress, last_finite_checkpoint_note
 from hfbert.errors import RunFailure
 from hfbert.modeling_hfbert import IGNORE_INDEX, ROW_SUBSET_BACKENDS
-from hfbert.pretraining.optimization import TrainingState
+from hfbert.pretraining.training import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ def check_weights_are_finite(accelerator: Accelerator, state: TrainingState, out
     raise diverged(what, accelerator.mixed_precision, state.progress.completed_steps, learning_rate, output_dir)
 
 
-class TrainingWindow:
+class LogInterval:
     """Training statistics since the last log row, from `start_seconds` of training on, kept on the device
     (read once per logging interval)."""
 

@@ -22,13 +22,17 @@ from hfbert.checkpointing import TrainingProgress, write_on_every_process
 from hfbert.files import FINAL_RECORD, recorded_final_files, staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
-from hfbert.pretraining.cluster import end_process_group
-from hfbert.pretraining.data import PretrainingData
+from hfbert.pretraining.data import PreparedData
 from hfbert.pretraining.evaluation import check_weights_are_finite
-from hfbert.pretraining.health.report import RUN_HEALTH_NAME, health_card_section, report_reference_lines
-from hfbert.pretraining.optimization import TrainingState
-from hfbert.pretraining.samples import SAMPLES_NAME, write_samples
-from hfbert.pretraining.settings import PretrainingSettings, RunSettings
+from hfbert.pretraining.extras.cluster import end_process_group
+from hfbert.pretraining.extras.health.report import (
+    RUN_HEALTH_NAME,
+    health_card_section,
+    report_reference_lines,
+)
+from hfbert.pretraining.extras.samples import SAMPLES_NAME, write_samples
+from hfbert.pretraining.settings import OutputSettings, PretrainingSettings
+from hfbert.pretraining.training import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ class FinalFolder:
 
 
 def write_final_folder(
-    data: PretrainingData,
+    prepared: PreparedData,
     metrics: dict[str, float],
     summary: dict[str, Any],
     health: dict[str, Any] | None,
@@ -61,10 +65,10 @@ def write_final_folder(
     training_args.json (`summary`: every setting and the facts of the run), log_history.json (`progress`'s),
     run_health.json (`health`, if any), the curves, samples.md (fill-mask, NSP and similarity on `data`'s
     sample sentences) and the model card into --output_dir as one set. Main process only."""
-    output_dir, run = Path(settings.run.output_dir), settings.run
-    model_name = (run.hub_model_id or output_dir.name).split("/")[-1]
+    output_dir, output = Path(settings.output.output_dir), settings.output
+    model_name = (output.hub_model_id or output_dir.name).split("/")[-1]
     eval_results = {"step": progress.completed_steps, "train_seconds": progress.train_seconds, **metrics}
-    sentences, tokenizer = data.sample_sentences, data.tokenizer
+    sentences, tokenizer = prepared.sample_sentences, prepared.tokenizer
     # Before save_pretrained, which empties the state dict it is given.
     analysis = ModelAnalysis.of_weights(model.config, state_dict, tokenizer) if len(sentences) >= 2 else None
     with staged_files(output_dir) as staging:
@@ -81,7 +85,7 @@ def write_final_folder(
         )
         # computed on the weights in memory, on CPU copies of the model
         fill_mask = None if analysis is None else write_samples(
-            staging, analysis, sentences, other_sentence=data.other_sentence, model_name=model_name
+            staging, analysis, sentences, other_sentence=prepared.other_sentence, model_name=model_name
         )
         card = build_model_card(
             model_name=model_name,
@@ -91,7 +95,7 @@ def write_final_folder(
             dataset_config_name=settings.corpus.dataset_config_name,
             samples_name=None if fill_mask is None else SAMPLES_NAME,
             health_section=None if health is None else health_card_section(health),
-            hub_model_id=run.hub_model_id,
+            hub_model_id=output.hub_model_id,
         )
         card.save(staging / MODEL_CARD_NAME)  # staged: published with the rest of the folder
         # What a later --overwrite_output_dir may replace: this set, and what earlier runs published that is left.
@@ -103,7 +107,7 @@ def write_final_folder(
 def finish(
     accelerator: Accelerator,
     state: TrainingState,
-    run: RunSettings,
+    output: OutputSettings,
     write: Callable[[torch.nn.Module, dict[str, torch.Tensor], TrainingProgress], FinalFolder],
 ) -> FinalFolder:
     """Gather the weights, write the final folder (`write`: `write_final_folder` given the run's data,
@@ -111,13 +115,13 @@ def finish(
     process; a failure such as a full disk is explained on every process: what is intact and how to finish)
     and push it if asked. Weights that are no longer finite stop the run instead (`check_weights_are_finite`)."""
     accelerator.wait_for_everyone()
-    check_weights_are_finite(accelerator, state, run.output_dir)
-    output_dir = Path(run.output_dir)
+    check_weights_are_finite(accelerator, state, output.output_dir)
+    output_dir = Path(output.output_dir)
     state_dict = accelerator.get_state_dict(state.model)  # on every process: gathers FSDP shards
     write_main = None
     if accelerator.is_main_process:  # compiled in place: the unwrapped model is never a wrapper
         write_main = partial(write, accelerator.unwrap_model(state.model), state_dict, state.progress)
     final = write_on_every_process(accelerator, write_main, output_dir, output_dir) or FinalFolder(output_dir)
-    if accelerator.is_main_process and run.push_to_hub:  # after the agreement: not a write of the folder
-        logger.info(f"Pushed to {push_to_hub(output_dir, run.hub_model_id, token=run.hub_token)}")
+    if accelerator.is_main_process and output.push_to_hub:  # after the agreement: not a write of the folder
+        logger.info(f"Pushed to {push_to_hub(output_dir, output.hub_model_id, token=output.hub_token)}")
     return replace(final, process_group_ended=end_process_group(accelerator))

@@ -44,11 +44,11 @@ DRAW_KEY = "draw"  # an instance's draw id, which seeds its masks (see hfbert.pr
 
 # datasets hashes module-level functions by qualified name, not by code, so without this an edited hfbert
 # would silently reuse counts made by the old code. It is part of every cache key below.
-_SOURCE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
+_CODE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
 # Instances a worker keeps the spans of (about 100 bytes each): two shuffle windows' worth, so that a window's
 # documents are paired once per worker, not once per instance.
 _CACHED_SPANS = 1 << 17
-SHUFFLE_WINDOW = 1 << 16  # instances shuffled together (see hfbert.pretraining.batches.EpochDraws)
+SHUFFLE_GROUP = 1 << 16  # instances shuffled together (see hfbert.pretraining.batches.EpochDraws)
 
 
 class TokenizedDocuments:
@@ -188,7 +188,7 @@ class InstanceRecipe:
 
     def fingerprint(self, documents: Dataset, *extra: Any) -> str:
         """A datasets cache key for something made from ``documents`` with this recipe (and ``extra``)."""
-        return Hasher.hash([documents._fingerprint, self, extra, _SOURCE_FINGERPRINT])
+        return Hasher.hash([documents._fingerprint, self, extra, _CODE_FINGERPRINT])
 
 
 def mlm_segments(document: int, length: int, segment_length: int) -> list[Span]:

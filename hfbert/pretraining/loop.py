@@ -20,21 +20,21 @@ from tqdm.auto import tqdm
 
 from hfbert.checkpointing import RUN_SETTINGS_NAME, TrainingProgress, checkpoint_folder, save_checkpoint
 from hfbert.pretraining.callbacks import Callback
-from hfbert.pretraining.data import PretrainingData
+from hfbert.pretraining.data import PreparedData
 from hfbert.pretraining.evaluation import (
+    LogInterval,
     ModelFlops,
-    TrainingWindow,
     check_loss_is_finite,
     check_weights_are_finite,
     evaluate,
 )
-from hfbert.pretraining.optimization import Budget, TrainingState
 from hfbert.pretraining.settings import (
     CORPUS_FINGERPRINT,
     OptimizationSettings,
+    OutputSettings,
     PretrainingSettings,
-    RunSettings,
 )
+from hfbert.pretraining.training import Budget, TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -45,25 +45,25 @@ Checkpointing = Callable[[], Path]
 
 
 def write_checkpoint(
-    accelerator: Accelerator, state: TrainingState, settings: PretrainingSettings, data: PretrainingData
+    accelerator: Accelerator, state: TrainingState, settings: PretrainingSettings, prepared: PreparedData
 ) -> Path:
     """Write `state` as the checkpoint of its update (on every process: a stream's positions are gathered from
     each; the batches add their position where `progress` does not hold it) with the run's settings (compared
     on resume), its tokenizer (reused on resume) and the model's config (so that a checkpoint folder is one a
     new run can start from with --model_name_or_path). Weights that are no longer finite stop the run instead:
     a checkpoint of them would rotate finite ones out under --checkpoints_total_limit."""
-    check_weights_are_finite(accelerator, state, settings.run.output_dir)
+    check_weights_are_finite(accelerator, state, settings.output.output_dir)
     position = state.batches.checkpoint_files(accelerator)  # a stream's; {} where `progress` holds it
     # The corpus as the data stage read it, not as its files are now: text edited since is not what trained.
-    recorded = settings.checkpoint_settings() | {CORPUS_FINGERPRINT: data.corpus_sha256}
+    recorded = settings.checkpoint_settings() | {CORPUS_FINGERPRINT: prepared.corpus_sha256}
     return save_checkpoint(
         accelerator,
-        settings.run.output_dir,
+        settings.output.output_dir,
         state.progress.completed_steps,
-        settings.run.checkpoints_total_limit,
+        settings.output.checkpoints_total_limit,
         progress=state.progress,
-        tokenizer=data.tokenizer,
-        model_config=data.config,
+        tokenizer=prepared.tokenizer,
+        model_config=prepared.config,
         json_files={RUN_SETTINGS_NAME: recorded, **position},
     )
 
@@ -145,11 +145,11 @@ def train_step(
     state: TrainingState,
     batch: dict[str, torch.Tensor],
     optimization: OptimizationSettings,
-    window: TrainingWindow,
+    interval: LogInterval,
     callbacks: Callback,
 ) -> tuple[Any, torch.Tensor]:
     """Forward, backward and (at the end of an accumulation) the optimizer update of one micro-batch, its
-    statistics added to `window` on the device; `callbacks` may add to the loss. The update is compiled where
+    statistics added to `interval` on the device; `callbacks` may add to the loss. The update is compiled where
     `optimization.compiles_update` says (`optimization.compile_model` compiled the model; clipping here)."""
     compiled = optimization.compiles_update(accelerator.device.type)
     if compiled:  # a new iteration: CUDA graphs (reduce-overhead, max-autotune) may reuse the last one's memory
@@ -168,7 +168,7 @@ def train_step(
             grad_norm = clip(list(state.model.parameters()), optimization.max_grad_norm)
         state.optimizer.step()  # under fp16 the scaler gives the fused step its inf flag on the device: no wait
         state.optimizer.zero_grad(set_to_none=True)
-    window.add(outputs, loss, batch, grad_norm)
+    interval.add(outputs, loss, batch, grad_norm)
     return outputs, loss
 
 
@@ -293,24 +293,24 @@ def fit(
     eval_loader: DataLoader,
     callbacks: Callback,
     settings: PretrainingSettings,
-    data: PretrainingData,
+    prepared: PreparedData,
     flops: ModelFlops,
 ) -> dict[str, float]:
     """Train `state` on its batches until `budget` runs out; log, evaluate and checkpoint (with `data`'s
-    tokenizer and config) as `settings.run` says, calling `callbacks` at each event; `flops`: the logged model
+    tokenizer and config) as `settings.output` says, calling `callbacks` at each event; `flops`: the logged model
     FLOP/s and MFU. On SIGTERM/SIGUSR1, write a checkpoint and raise `Preempted`. Returns the final evaluation
     metrics."""
-    run, progress = settings.run, state.progress
+    output, progress = settings.output, state.progress
     compiled = settings.optimization.compiles_update(accelerator.device.type)
     seconds = synced_train_seconds(accelerator, progress, budget)
     share = budget.share_spent(progress.completed_steps, seconds)
     callbacks.on_fit_start(progress, share)
-    window = TrainingWindow(accelerator.device, progress.train_seconds)
+    interval = LogInterval(accelerator.device, progress.train_seconds)
     compile_time = CompileTime()
     clock = time.perf_counter()  # start of the current stretch of training time
     metrics: dict[str, float] | None = None
     evaluation: Evaluation = functools.partial(run_evaluation, accelerator, state, eval_loader, callbacks)
-    save = functools.partial(write_checkpoint, accelerator, state, settings, data)
+    save = functools.partial(write_checkpoint, accelerator, state, settings, prepared)
     state.model.train()
     with PreemptionSignals() as preemption:
         for epoch in range(progress.epoch, budget.num_epochs):
@@ -319,7 +319,7 @@ def fit(
             for batch in state.batches.epoch(epoch, progress, accelerator):
                 learning_rate = budget.schedule(progress.completed_steps, seconds)
                 set_learning_rate(state.optimizer, learning_rate)
-                train_step(accelerator, state, batch, settings.optimization, window, callbacks)
+                train_step(accelerator, state, batch, settings.optimization, interval, callbacks)
                 progress.micro_batches_in_epoch += accelerator.num_processes  # global: any split continues it
                 if not accelerator.sync_gradients:
                     continue
@@ -327,28 +327,28 @@ def fit(
                 seconds = synced_train_seconds(accelerator, progress, budget)
                 share = budget.share_spent(update, seconds)
                 callbacks.on_update(update, share)
-                log_due = is_due(update, run.logging_steps) or update == budget.max_train_steps
-                if log_due:  # the window's row is the one host synchronisation of a logging interval
-                    row = window.row(accelerator, progress, state.batches.logged_epoch(epoch), learning_rate, flops)
+                log_due = is_due(update, output.logging_steps) or update == budget.max_train_steps
+                if log_due:  # the interval's row is its one host synchronisation
+                    row = interval.row(accelerator, progress, state.batches.logged_epoch(epoch), learning_rate, flops)
                     precision = accelerator.mixed_precision  # a non-finite loss names the last finite checkpoint
-                    check_loss_is_finite(row["loss"], precision, update, learning_rate, run.output_dir)
+                    check_loss_is_finite(row["loss"], precision, update, learning_rate, output.output_dir)
                     progress.log_history.append(row | compile_time.row())
                     callbacks.on_log(progress.log_history[-1], share)
-                    window = TrainingWindow(accelerator.device, progress.train_seconds)
-                if is_due(update, run.eval_steps):
+                    interval = LogInterval(accelerator.device, progress.train_seconds)
+                if is_due(update, output.eval_steps):
                     metrics = evaluation(share)
-                saved = save() if is_due(update, run.checkpoint_steps) else None
+                saved = save() if is_due(update, output.checkpoint_steps) else None
                 if preemption.agreed(accelerator, due=log_due):
                     stop_for_preemption(progress, callbacks, preemption.signal_number, saved, save)
                 clock = time.perf_counter()  # evaluation and saving are not training time
                 if out_of_budget(progress, budget, seconds):
                     break
             else:  # the epoch ran to its end
-                metrics = end_epoch(progress, run, evaluation, save, share) or metrics
+                metrics = end_epoch(progress, output, evaluation, save, share) or metrics
                 clock = time.perf_counter()
         metrics = final_metrics(progress, evaluation, metrics, share)
         if preemption.agreed(accelerator, due=True):  # a signal during the final evaluation still checkpoints
-            last = checkpoint_folder(run.output_dir, progress.completed_steps)
+            last = checkpoint_folder(output.output_dir, progress.completed_steps)
             saved = last if last.is_dir() else None
             stop_for_preemption(progress, callbacks, preemption.signal_number, saved, save)
     callbacks.on_fit_end(progress)
@@ -361,16 +361,16 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) ->
 
 
 def end_epoch(
-    progress: TrainingProgress, run: RunSettings, evaluation: Evaluation, save: Checkpointing, share: float
+    progress: TrainingProgress, output: OutputSettings, evaluation: Evaluation, save: Checkpointing, share: float
 ) -> dict[str, float] | None:
     """At the end of an epoch: the next one starts at its first batch; evaluate (without --eval_steps) and
     checkpoint with `save` (--checkpointing_steps epoch). Returns the evaluation's metrics, if one ran."""
     progress.epoch += 1
     progress.micro_batches_in_epoch = 0
     metrics = None
-    if run.eval_steps is None:
+    if output.eval_steps is None:
         metrics = evaluation(share)
-    if run.checkpoint_each_epoch:
+    if output.checkpoint_each_epoch:
         save()
     return metrics
 

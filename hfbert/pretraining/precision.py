@@ -13,7 +13,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import DistributedDataParallelKwargs, parse_flag_from_env
 
 from hfbert.errors import Refusal
-from hfbert.pretraining.settings import OptimizationSettings, RunSettings
+from hfbert.pretraining.settings import OptimizationSettings, OutputSettings
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def use_deterministic_algorithms() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def build_accelerator(optimization: OptimizationSettings, run: RunSettings) -> tuple[Accelerator, str]:
+def build_accelerator(optimization: OptimizationSettings, output: OutputSettings) -> tuple[Accelerator, str]:
     """The Accelerator in the resolved precision (logged), with loggers quiet on non-main processes."""
     use_cuda = torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU")
     precision, reason = resolve_mixed_precision(
@@ -102,8 +102,8 @@ def build_accelerator(optimization: OptimizationSettings, run: RunSettings) -> t
     accelerator = Accelerator(
         mixed_precision=precision,
         gradient_accumulation_steps=optimization.gradient_accumulation_steps,
-        log_with=run.report_to if run.with_tracking else None,
-        project_dir=run.output_dir,
+        log_with=output.report_to if output.with_tracking else None,
+        project_dir=output.output_dir,
         # Pinned batches are copied while the previous step runs (accelerate's loader moves one batch ahead).
         dataloader_config=DataLoaderConfiguration(non_blocking=torch.cuda.is_available()),
         kwargs_handlers=[DDP_SETTINGS],

@@ -46,23 +46,14 @@ from hfbert.files import check_local_files, publish_files
 from hfbert.initialization import init_structured_attention
 from hfbert.model_card import check_hub_access
 from hfbert.modeling_hfbert import HfBertForPreTraining
-from hfbert.pretraining.attention_shaping import ClsAttentionSpread, StructuredFade
 from hfbert.pretraining.batches import (
     build_loaders,
     resolve_max_predictions,
     resolve_num_workers,
 )
 from hfbert.pretraining.callbacks import Callback, Callbacks
-from hfbert.pretraining.cluster import (
-    check_output_dir_shared,
-    check_processes_agree,
-    checked_on_main_process,
-    end_process_group,
-    form_process_group,
-    release_ddp_wrapper,
-)
 from hfbert.pretraining.data import (
-    PretrainingData,
+    PreparedData,
     build_model_config,
     check_corpus,
     check_stream_tokenizer,
@@ -70,14 +61,22 @@ from hfbert.pretraining.data import (
     prepare,
 )
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
+from hfbert.pretraining.extras.attention_shaping import ClsAttentionSpread, StructuredFade
+from hfbert.pretraining.extras.cluster import (
+    check_output_dir_shared,
+    check_processes_agree,
+    checked_on_main_process,
+    end_process_group,
+    form_process_group,
+    release_ddp_wrapper,
+)
+from hfbert.pretraining.extras.health.report import health_report
+from hfbert.pretraining.extras.health.signatures import BudgetLimits, RunHealth
+from hfbert.pretraining.extras.plan import plan_lines, rehearse_data_stage
+from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
-from hfbert.pretraining.health.report import health_report
-from hfbert.pretraining.health.signatures import BudgetLimits, RunHealth
 from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
-from hfbert.pretraining.optimization import Budget, setup_training
-from hfbert.pretraining.plan import plan_lines, rehearse_data_stage
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
-from hfbert.pretraining.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import (
     PretrainingSettings,
     check_config_file,
@@ -85,6 +84,7 @@ from hfbert.pretraining.settings import (
 )
 from hfbert.pretraining.source_model import SourceModel, check_source_model, load_source_model
 from hfbert.pretraining.stream import check_stream_checkpoint
+from hfbert.pretraining.training import Budget, setup_training
 from hfbert.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -97,9 +97,9 @@ def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator) 
     """The checkpoint to resume (None: 'auto' found none, a fresh start), verified against its manifest, its
     place in the data checked to continue on this launch and the flags compared; and the gradient accumulation
     that continues its global batch on this number of processes. A cached run's place is global: on another
-    number of processes, that accumulation is set in `settings` (see `hfbert.pretraining.reshard`). A stream's
+    number of processes, that accumulation is set in `settings` (see `hfbert.pretraining.extras.reshard`). A stream's
     positions are per process and per loader worker: only its own counts continue them."""
-    checkpoint = resolve_resume_checkpoint(settings.run.output_dir, settings.run.resume_from_checkpoint)
+    checkpoint = resolve_resume_checkpoint(settings.output.output_dir, settings.output.resume_from_checkpoint)
     if checkpoint is None:
         return None, settings.optimization.gradient_accumulation_steps
     saved, on_cpu = read_run_settings(checkpoint), accelerator.device.type == "cpu"
@@ -125,11 +125,11 @@ def check_before_work(
     (verified once, on the main process) and its settings, the source model, a named tokenizer against the model
     config, and that every process runs the same flags on the same corpus. Returns the checkpoint to resume from
     and the source model, if any."""
-    run = settings.run
+    output = settings.output
     check_run_folder(
-        run.output_dir,
-        resume_from_checkpoint=run.resume_from_checkpoint,
-        overwrite_output_dir=run.overwrite_output_dir,
+        output.output_dir,
+        resume_from_checkpoint=output.resume_from_checkpoint,
+        overwrite_output_dir=output.overwrite_output_dir,
     )
     for flag, value in (
         ("--config_name", settings.model.config_name),
@@ -142,10 +142,10 @@ def check_before_work(
         accelerator, partial(check_corpus, settings.corpus, settings.data, accelerator.num_processes)
     )
     check_processes_agree(settings, None, accelerator)  # the flags, corpus and versions, on every rank
-    if run.push_to_hub:
-        check_hub_access(run.hub_model_id, token=run.hub_token, train_anyway=run.train_if_hub_unreachable)
+    if output.push_to_hub:
+        check_hub_access(output.hub_model_id, token=output.hub_token, train_anyway=output.train_if_hub_unreachable)
     checkpoint = None
-    if run.resume_from_checkpoint is not None:
+    if output.resume_from_checkpoint is not None:
         # Every process resumes the folder the main process verified, with the accumulation it chose.
         checkpoint, accumulation = checked_on_main_process(accelerator, partial(verify_data_resume, settings, accelerator))
         set_accumulation(accelerator, settings.optimization, accumulation)
@@ -163,8 +163,8 @@ def start(settings: PretrainingSettings) -> tuple[Accelerator, str]:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     if settings.optimization.deterministic:
         use_deterministic_algorithms()
-    form_process_group(settings.run.ddp_timeout)  # several processes: this launch's group, with its timeout
-    return build_accelerator(settings.optimization, settings.run)
+    form_process_group(settings.output.ddp_timeout)  # several processes: this launch's group, with its timeout
+    return build_accelerator(settings.optimization, settings.output)
 
 
 def prepare_run_data(
@@ -172,12 +172,12 @@ def prepare_run_data(
     accelerator: Accelerator,
     checkpoint: Path | None,
     source: SourceModel | None = None,
-) -> PretrainingData:
+) -> PreparedData:
     """The data stage, then the run folder made ready (checkpoints of a replaced run removed, an interrupted
     final folder published). Seeds the run first, so the model built next starts from the same weights."""
     set_seed(settings.optimization.seed)
-    output_dir = Path(settings.run.output_dir)
-    data = prepare(
+    output_dir = Path(settings.output.output_dir)
+    prepared = prepare(
         settings.corpus,
         settings.data,
         settings.model,
@@ -188,17 +188,17 @@ def prepare_run_data(
         source=source,
     )
     if accelerator.is_main_process:
-        if settings.run.overwrite_output_dir or starts_over_with_auto(output_dir, settings.run.resume_from_checkpoint):
+        if settings.output.overwrite_output_dir or starts_over_with_auto(output_dir, settings.output.resume_from_checkpoint):
             remove_checkpoints(output_dir)
         publish_files(output_dir)  # finishes a final folder whose publication was interrupted
     accelerator.wait_for_everyone()
-    return data
+    return prepared
 
 
 def run_summary(
     settings: PretrainingSettings,
     model: torch.nn.Module,
-    data: PretrainingData,
+    prepared: PreparedData,
     precision: str,
     static_slots: int | None,
     budget: Budget,
@@ -210,13 +210,13 @@ def run_summary(
         **settings.to_dict(),
         "model_class": type(model).__name__,
         "num_parameters": sum(p.numel() for p in model.parameters()),
-        "model_vocab_size": data.config.vocab_size,
+        "model_vocab_size": prepared.config.vocab_size,
         "precision": precision,
         "static_masked_slots": static_slots,
         "num_processes": num_processes,
         "planned_train_steps": budget.planned_train_steps,
-        "train_instances": count_training_instances(data.train),  # None for a stream: its length is unknown
-        "eval_instances": len(data.evaluation),
+        "train_instances": count_training_instances(prepared.train),  # None for a stream: its length is unknown
+        "eval_instances": len(prepared.eval_instances),
         "corpus": corpus.dataset_name or corpus.train_file or "shipped WikiText-2 sample",
     }
     training = (
@@ -258,20 +258,20 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
     accelerator, precision = start(settings)
     optimization = settings.optimization
     with ExitStack() as held:  # the run folder's lock, taken by the main process; its refusal ends every rank
-        checked_on_main_process(accelerator, partial(held.enter_context, run_folder_lock(settings.run.output_dir)))
-        check_output_dir_shared(Path(settings.run.output_dir), accelerator)
+        checked_on_main_process(accelerator, partial(held.enter_context, run_folder_lock(settings.output.output_dir)))
+        check_output_dir_shared(Path(settings.output.output_dir), accelerator)
         checkpoint, source = check_before_work(settings, accelerator)
-        data = prepare_run_data(settings, accelerator, checkpoint, source)
-        check_processes_agree(settings, data, accelerator)  # before the first update, on every rank
-        model, start_callbacks = build_model(settings, data.config, source, model_class)
+        prepared = prepare_run_data(settings, accelerator, checkpoint, source)
+        check_processes_agree(settings, prepared, accelerator)  # before the first update, on every rank
+        model, start_callbacks = build_model(settings, prepared.config, source, model_class)
         set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
-        device, eval_batch_size = accelerator.device, settings.run.per_device_eval_batch_size
+        device, eval_batch_size = accelerator.device, settings.output.per_device_eval_batch_size
         batches, eval_loader = build_loaders(
-            settings.data, optimization, eval_batch_size, device, data.tokenizer, data.train, data.evaluation
+            settings.data, optimization, eval_batch_size, device, prepared.tokenizer, prepared.train, prepared.eval_instances
         )
         slots = resolve_max_predictions(settings.data, optimization, device)
         state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
-        summary = run_summary(settings, model, data, precision, slots, budget, accelerator.num_processes)
+        summary = run_summary(settings, model, prepared, precision, slots, budget, accelerator.num_processes)
         if checkpoint is not None:  # go on from its place in the data, on this run's split
             logger.info(f"Resuming from {checkpoint}")
             load_checkpoint(accelerator, checkpoint, state.progress)
@@ -284,21 +284,21 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         callbacks = [*start_callbacks, ProgressBar(accelerator, budget)]
         if optimization.cls_attention_spread:
             callbacks.append(ClsAttentionSpread(model, optimization.cls_attention_spread))
-        if settings.run.with_tracking:
+        if settings.output.with_tracking:
             accelerator.init_trackers("hfbert-pretraining", config=summary)
             callbacks.append(Tracker(accelerator))
         # the budget as training_args.json records it: a replay of log_history.json judges as this run did
-        health = RunHealth(data.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
+        health = RunHealth(prepared.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
         try:
-            metrics = fit(accelerator, state, budget, eval_loader, Callbacks([*callbacks, health]), settings, data, flops)
+            metrics = fit(accelerator, state, budget, eval_loader, Callbacks([*callbacks, health]), settings, prepared, flops)
         except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit
             release_ddp_wrapper(accelerator, state)
             stopped.process_group_ended = end_process_group(accelerator)
             raise
         release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
-        write = partial(write_final_folder, data, metrics, summary, health_report(data.health, health.events), settings)
+        write = partial(write_final_folder, prepared, metrics, summary, health_report(prepared.health, health.events), settings)
         with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
-            return finish(accelerator, state, settings.run, write)
+            return finish(accelerator, state, settings.output, write)
 
 
 def dry_run(settings: PretrainingSettings) -> str:
@@ -306,7 +306,7 @@ def dry_run(settings: PretrainingSettings) -> str:
     not taken, which would create the folder), the refusals its data stage makes (`rehearse_data_stage`, in
     memory), then the plan, as text; nothing is written."""
     accelerator, _ = start(settings)
-    check_run_folder_free(settings.run.output_dir)
+    check_run_folder_free(settings.output.output_dir)
     checkpoint, source = check_before_work(settings, accelerator)
     rehearsal = partial(rehearse_data_stage, settings, accelerator, checkpoint, source)
     config = checked_on_main_process(accelerator, rehearsal)  # the main process's refusal ends every rank

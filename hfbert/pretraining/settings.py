@@ -2,7 +2,7 @@
 
 Each group is a dataclass whose fields are also run_pretraining.py's flags, declared with transformers'
 `HfArg` (default and `--help` text) for `HfArgumentParser`; the corpus group, `CorpusArguments`, is
-`hfbert.corpus_source`'s. Each stage of `hfbert.pretraining` takes the group(s) it needs; `pretrain` takes the
+`hfbert.corpus_arguments`'s. Each stage of `hfbert.pretraining` takes the group(s) it needs; `pretrain` takes the
 bundle.
 `PretrainingSettings.__post_init__` is the only place flags are validated, so every bad flag is refused
 before any data is read or any file is written. Flag names follow transformers' run_mlm_no_trainer.py.
@@ -23,7 +23,7 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers.hf_argparser import HfArg
 
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
-from hfbert.corpus_source import CorpusArguments, check_output_outside_corpus, corpus_fingerprint
+from hfbert.corpus_arguments import CorpusArguments, check_output_outside_corpus, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import check_local_path_exists
 from hfbert.flags import MUST_MATCH, declared
@@ -255,7 +255,7 @@ class OptimizationSettings:
 
 
 @dataclass
-class RunSettings:
+class OutputSettings:
     """Output folder, evaluation / logging / checkpoint schedules, resume and push."""
 
     output_dir: str = HfArg(help="Where checkpoints and the final model folder are written.")
@@ -323,7 +323,7 @@ class RunSettings:
 # The budget flags: recorded by a checkpoint, and a resume may change them where the learning rate does not
 # depend on them.
 BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
-# Recorded with the settings: sha256 of the corpus's files (hfbert.corpus_source.corpus_fingerprint), not a flag.
+# Recorded with the settings: sha256 of the corpus's files (hfbert.corpus_arguments.corpus_fingerprint), not a flag.
 CORPUS_FINGERPRINT = "corpus_sha256"
 # Recorded with the settings, not a flag either: the hfbert that wrote the checkpoint (`running_hfbert`).
 WRITER = "hfbert"
@@ -343,7 +343,7 @@ class PretrainingSettings:
     data: DataSettings
     model: ModelSettings
     optimization: OptimizationSettings
-    run: RunSettings
+    output: OutputSettings
 
     given: frozenset[str] = frozenset()  # flags named on the command line or in a recipe (`cli.parse_args`)
 
@@ -405,8 +405,8 @@ class PretrainingSettings:
                 if flat[name] is not None and not in_range(flat[name]):
                     raise Refusal(f"--{name} {flat[name]} {rule}")
         _check_combinations(self)
-        check_output_apart_from_source(self.model, self.run)
-        check_output_outside_corpus(self.corpus, self.run.output_dir)
+        check_output_apart_from_source(self.model, self.output)
+        check_output_outside_corpus(self.corpus, self.output.output_dir)
         if self.corpus.streaming:
             check_streaming(self)
 
@@ -430,7 +430,7 @@ class PretrainingSettings:
 
     def groups(self) -> tuple[Any, ...]:
         """The settings groups, in the order their flags are declared."""
-        return self.corpus, self.data, self.model, self.optimization, self.run
+        return self.corpus, self.data, self.model, self.optimization, self.output
 
 
 def _default(group: Any, name: str) -> Any:
@@ -463,7 +463,7 @@ FLAG_RANGES = (
 
 def _check_combinations(settings: PretrainingSettings) -> None:
     """Refuse flags that are each in range but contradict one another (or the --model_size preset)."""
-    data, model, optimization, run = settings.data, settings.model, settings.optimization, settings.run
+    data, model, optimization, output = settings.data, settings.model, settings.optimization, settings.output
     # --objective mlm builds its segments without randomness, so more passes would only repeat them.
     if data.objective == "mlm" and data.dupe_factor != 1:
         raise Refusal(
@@ -486,37 +486,37 @@ def _check_combinations(settings: PretrainingSettings) -> None:
             f"--cls_attention_spread {optimization.cls_attention_spread} reads the attention through forward "
             "hooks, which a compiled model is not tested with; drop --torch_compile or --cls_attention_spread"
         )
-    steps = run.checkpointing_steps
+    steps = output.checkpointing_steps
     if steps not in (None, "epoch") and (not steps.isdigit() or int(steps) < 1):
         raise Refusal(f"--checkpointing_steps {steps!r} must be a positive number of updates or 'epoch'")
-    if run.checkpoints_total_limit is not None and steps is None:
+    if output.checkpoints_total_limit is not None and steps is None:
         raise Refusal(
             "--checkpoints_total_limit was given without --checkpointing_steps; pass --checkpointing_steps "
             "N or 'epoch' too"
         )
-    if run.push_to_hub and not run.hub_model_id:
+    if output.push_to_hub and not output.hub_model_id:
         raise Refusal("--push_to_hub needs --hub_model_id (e.g. your-name/hfbert-mini-wikitext)")
-    if run.hub_model_id is not None:  # pushed or not: the model card's snippets load it
-        check_hub_model_id(run.hub_model_id)
+    if output.hub_model_id is not None:  # pushed or not: the model card's snippets load it
+        check_hub_model_id(output.hub_model_id)
 
 
-def check_output_apart_from_source(model: ModelSettings, run: RunSettings) -> None:
+def check_output_apart_from_source(model: ModelSettings, output: OutputSettings) -> None:
     """A run never writes into its own source: --overwrite_output_dir would delete the source's checkpoints,
     the final save would replace its weights and the card would say the model was pretrained from itself."""
     if model.model_name_or_path is None or not Path(model.model_name_or_path).expanduser().exists():
         return  # a Hub id, or a missing folder (refused with the fix when the source is read)
-    output = Path(run.output_dir).expanduser().resolve()
+    folder = Path(output.output_dir).expanduser().resolve()
     source = Path(model.model_name_or_path).expanduser().resolve()
-    if output == source or (output.exists() and os.path.samefile(output, source)):
+    if folder == source or (folder.exists() and os.path.samefile(folder, source)):
         relation = "is"
-    elif output in source.parents:
+    elif folder in source.parents:
         relation = "contains"
-    elif source in output.parents:
+    elif source in folder.parents:
         relation = "is inside"
     else:
         return
     raise Refusal(
-        f"--output_dir {run.output_dir} {relation} the --model_name_or_path folder "
+        f"--output_dir {output.output_dir} {relation} the --model_name_or_path folder "
         f"{model.model_name_or_path}: the run would write into or over the weights it starts from; pass a "
         "new --output_dir outside it"
     )
@@ -560,13 +560,13 @@ def check_streaming(settings: PretrainingSettings) -> None:
     """What a --streaming run cannot do, refused before any work: a stream has no length (so no epochs to
     count a budget or a checkpoint schedule in), a tokenizer cannot be trained on a stream inside the run, and
     each pass over the stream pairs the sentences anew (so --dupe_factor has nothing to add)."""
-    data, optimization, run = settings.data, settings.optimization, settings.run
+    data, optimization, output = settings.data, settings.optimization, settings.output
     if optimization.max_train_steps is None and optimization.max_train_seconds is None:
         raise Refusal(
             "--streaming needs --max_train_steps or --max_train_seconds: a stream's length is unknown, so "
             "--num_train_epochs cannot be the budget"
         )
-    if run.checkpointing_steps == "epoch":
+    if output.checkpointing_steps == "epoch":
         raise Refusal(
             "--checkpointing_steps epoch has no meaning with --streaming (a stream's passes are not counted "
             "ahead); pass --checkpointing_steps N (updates)"
@@ -577,7 +577,7 @@ def check_streaming(settings: PretrainingSettings) -> None:
             "anew, so drop --dupe_factor (more updates, --max_train_steps, give more passes)"
         )
     has_tokenizer = data.tokenizer_name is not None or settings.model.model_name_or_path is not None
-    if not has_tokenizer and run.resume_from_checkpoint is None:
+    if not has_tokenizer and output.resume_from_checkpoint is None:
         raise Refusal(
             "--streaming needs a trained tokenizer (a tokenizer is not trained on a stream inside the run): "
             "train one first with `python train_tokenizer.py --streaming <the same corpus flags> --output_dir "

@@ -29,10 +29,10 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list, gather_object, parse_flag_from_env
 from torch.distributed.elastic.utils.store import barrier as store_barrier
 
-from hfbert.corpus_source import corpus_fingerprint
+from hfbert.corpus_arguments import corpus_fingerprint
 from hfbert.errors import Refusal, RunFailure
 from hfbert.files import describe_write_failure, read_json, write_json_atomic
-from hfbert.pretraining.data import PretrainingData, count_training_instances, tokenizer_fingerprint
+from hfbert.pretraining.data import PreparedData, count_training_instances, tokenizer_fingerprint
 from hfbert.pretraining.settings import PretrainingSettings
 
 logger = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def where_am_i() -> str:
     return f"node {os.environ.get('GROUP_RANK', '0')}, host {socket.gethostname()}"
 
 
-def run_fingerprint(settings: PretrainingSettings, data: PretrainingData | None) -> dict[str, Any]:
+def run_fingerprint(settings: PretrainingSettings, prepared: PreparedData | None) -> dict[str, Any]:
     """What must be equal on every rank for the replicas to train one model: the flags, the corpus (content
     of local files; a Hub dataset by name, config and the instances built from it), the tokenizer and the
     versions of the code. Without `data` (before the data stage): the flags, the corpus and the versions."""
@@ -242,11 +242,11 @@ def run_fingerprint(settings: PretrainingSettings, data: PretrainingData | None)
         "flags": settings.to_dict(),
         "corpus content": corpus_fingerprint(settings.corpus),
     }
-    if data is not None:
+    if prepared is not None:
         fingerprint |= {
-            "training instances": count_training_instances(data.train),  # None for a stream
-            "evaluation instances": len(data.evaluation),
-            "tokenizer": tokenizer_fingerprint(data.tokenizer),
+            "training instances": count_training_instances(prepared.train),  # None for a stream
+            "evaluation instances": len(prepared.eval_instances),
+            "tokenizer": tokenizer_fingerprint(prepared.tokenizer),
         }
     return fingerprint | {"versions": {package: version(package) for package in VERSIONED_PACKAGES}}
 
@@ -270,14 +270,14 @@ def differences(reference: dict[str, Any], other: dict[str, Any]) -> list[str]:
 
 
 def check_processes_agree(
-    settings: PretrainingSettings, data: PretrainingData | None, accelerator: Accelerator
+    settings: PretrainingSettings, prepared: PreparedData | None, accelerator: Accelerator
 ) -> None:
     """Refuse, on every rank and before the first update, a run whose ranks disagree on what they train (one
     all_gather of every rank's `run_fingerprint`); the message names each rank, its node and what differs.
     Called twice: before work without `data` (what --dry_run sees too), and after the data stage with it."""
     if accelerator.num_processes == 1:
         return
-    gathered = gather_object([(accelerator.process_index, where_am_i(), run_fingerprint(settings, data))])
+    gathered = gather_object([(accelerator.process_index, where_am_i(), run_fingerprint(settings, prepared))])
     reference = gathered[0][2]
     disagreeing = [
         f"rank {rank} ({where}): {'; '.join(found)}"

@@ -26,7 +26,7 @@ from hfbert.flags import MUST_MATCH
 
 DocumentBoundary = Literal["heading", "blank_line", "row"]
 # The WikiText-2 raw sample shipped inside this package: the corpus when no source is named.
-SHIPPED_SAMPLE_DIR = Path(__file__).parent / "data" / "wikitext-2-raw-sample"
+SHIPPED_SAMPLE_DIR = Path(__file__).parent / "corpora" / "wikitext-2-raw-sample"
 SHIPPED_SAMPLE_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw"}
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.callbacks import Callback
-from hfbert.pretraining.health.corpus import NOTE_KINDS, Baselines, CorpusHealth, HealthEvent
-from hfbert.pretraining.health.report import summary_line
+from hfbert.pretraining.extras.health.corpus import NOTE_KINDS, Baselines, CorpusHealth, HealthEvent
+from hfbert.pretraining.extras.health.report import summary_line
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ NSP_CHANCE_EVALUATIONS = 2
 # "While MLM improves": held-out MLM loss this far (nats) below the first evaluation's, five times the
 # evaluation noise; a run without it is stuck on MLM too, which unigram_plateau or stalled name.
 NSP_MLM_IMPROVEMENT = 0.05
-LOSS_SPIKE_WINDOW = 20  # training rows in the running median (200 updates at the default --logging_steps)
+LOSS_SPIKE_ROWS = 20  # training rows in the running median (200 updates at the default --logging_steps)
 LOSS_SPIKE_MIN_ROWS = 5  # rows needed before the median means anything
 # A row's loss this many times the running median is a spike; healthy runs measured reach 1.08x at most.
 LOSS_SPIKE_FACTOR = 1.5
@@ -76,7 +76,7 @@ OUTGROWN_WHEN = {
 
 @dataclass(frozen=True)
 class BudgetLimits:
-    """The run's budget as training_args.json records it (`hfbert.pretraining.optimization.Budget.share_spent`
+    """The run's budget as training_args.json records it (`hfbert.pretraining.training.Budget.share_spent`
     without the schedule), and how many passes over the training text an update makes (None for a stream)."""
 
     max_train_steps: int | None
@@ -105,16 +105,16 @@ class BudgetLimits:
 class SignatureState:
     """What the detectors remember between rows; a fold over the log rows (`observe_row`)."""
 
-    losses: deque[float] = field(default_factory=lambda: deque(maxlen=LOSS_SPIKE_WINDOW))
-    grad_norms: deque[float] = field(default_factory=lambda: deque(maxlen=LOSS_SPIKE_WINDOW))
+    losses: deque[float] = field(default_factory=lambda: deque(maxlen=LOSS_SPIKE_ROWS))
+    grad_norms: deque[float] = field(default_factory=lambda: deque(maxlen=LOSS_SPIKE_ROWS))
     learning_rate: float = 0.0
     peak_learning_rate: float = 0.0
     evaluations: int = 0
     # (held-out MLM loss, held-out MLM accuracy, mean training loss since the evaluation before) of each
     # evaluation with a finite loss, with its update; the first one's loss is what "MLM improves" is against
     scores: list[tuple[int, float, float, float]] = field(default_factory=list)
-    window_losses: list[float] = field(default_factory=list)  # training rows since the last evaluation
-    window_nsp_accuracies: list[float] = field(default_factory=list)
+    losses_since_evaluation: list[float] = field(default_factory=list)  # training rows since the last evaluation
+    nsp_accuracies_since_evaluation: list[float] = field(default_factory=list)
     nsp_evaluations_at_chance: int = 0
     events: list[HealthEvent] = field(default_factory=list)  # every event so far, outgrown ones included
 
@@ -147,9 +147,9 @@ def training_row_events(row: dict[str, Any], state: SignatureState) -> list[Heal
         "--learning_rate, lengthen --num_warmup_steps, keep --max_grad_norm at 1.0"))]
     if _finite(loss):
         state.losses.append(float(loss))
-        state.window_losses.append(float(loss))
+        state.losses_since_evaluation.append(float(loss))
     if _finite(row.get("train_nsp_accuracy")):
-        state.window_nsp_accuracies.append(float(row["train_nsp_accuracy"]))
+        state.nsp_accuracies_since_evaluation.append(float(row["train_nsp_accuracy"]))
     if _finite(grad_norm):
         state.grad_norms.append(float(grad_norm))
     if _finite(row.get("learning_rate")):
@@ -204,7 +204,7 @@ def nsp_event(
     mlm_learns = row["eval_mlm_loss"] < first - NSP_MLM_IMPROVEMENT
     if share < NSP_SHARE or state.nsp_evaluations_at_chance < NSP_CHANCE_EVALUATIONS or not mlm_learns:
         return None
-    step, chance, training = int(row["step"]), baselines.nsp_chance_accuracy, _mean(state.window_nsp_accuracies)
+    step, chance, training = int(row["step"]), baselines.nsp_chance_accuracy, _mean(state.nsp_accuracies_since_evaluation)
     held_out = (f"held-out NSP accuracy {accuracy:.3f} is at chance ({chance:.3f}, within "
                 f"{NSP_CHANCE_STANDARD_ERRORS:g} standard errors: {line:.3f}) at {state.nsp_evaluations_at_chance} "
                 "evaluations in a row")
@@ -276,7 +276,7 @@ def evaluation_row_events(
     share = budget.share_spent(step, float(row.get("train_seconds", 0.0)))
     passes = None if budget.text_passes_per_update is None else step * budget.text_passes_per_update
     accuracy = row.get("eval_mlm_accuracy")
-    state.scores.append((step, loss, accuracy if _finite(accuracy) else math.nan, _mean(state.window_losses)))
+    state.scores.append((step, loss, accuracy if _finite(accuracy) else math.nan, _mean(state.losses_since_evaluation)))
     gains = recent_gains(state.scores)
     found = [learning_event(row, state, gains, passes)]
     outgrown = {"stalled"} if gains is not None and any(gains) else set()
@@ -297,7 +297,7 @@ def observe_row(
     after it was outgrown."""
     if is_evaluation_row(row):
         found, outgrown = evaluation_row_events(row, state, baselines, budget)
-        state.window_losses, state.window_nsp_accuracies = [], []
+        state.losses_since_evaluation, state.nsp_accuracies_since_evaluation = [], []
     else:
         found, outgrown = training_row_events(row, state), set()
     changed = []

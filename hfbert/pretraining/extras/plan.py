@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from hfbert.checkpointing import tokenizer_folder
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import stream_documents
-from hfbert.corpus_source import is_file_collection, local_files
+from hfbert.corpus_arguments import is_file_collection, local_files
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import resolve_max_predictions
 from hfbert.pretraining.data import (
@@ -32,13 +32,13 @@ from hfbert.pretraining.data import (
     load_run_tokenizer,
     split_needs,
     split_validation_documents,
-    stream_validation_source,
+    stream_validation_split,
 )
 from hfbert.pretraining.evaluation import flops_per_token
 from hfbert.pretraining.instances import MIN_NSP_DOCUMENTS, check_documents_for_nsp, check_validation_for_mlm
-from hfbert.pretraining.optimization import plan_budget
 from hfbert.pretraining.settings import DataSettings, PretrainingSettings, read_config_file
 from hfbert.pretraining.source_model import SourceModel, source_run_config
+from hfbert.pretraining.training import plan_budget
 from hfbert.tokenization import load_tokenizer, model_config_for_tokenizer, train_tokenizer
 
 # WordPiece tokens per byte of English WikiText (8,192 tokens, the shipped sample: 148,266 tokens in 687,982
@@ -299,7 +299,7 @@ def rehearse_data_stage(
     if trains_tokenizer and not corpus.streaming:  # the run trains and saves one
         tokenizer = train_tokenizer(documents["train"], vocab_size=data.vocab_size, show_progress=False)
     else:  # no tokenizer to train (a stream never trains one): nothing is written
-        output_dir = Path(settings.run.output_dir)
+        output_dir = Path(settings.output.output_dir)
         tokenizer = load_run_tokenizer(data, output_dir, documents, accelerator, checkpoint, source)
     config = build_model_config(settings.model, tokenizer, source)
     rehearse_documents_with_text(documents, tokenizer, data, corpus.streaming)
@@ -313,10 +313,10 @@ def rehearse_documents_with_text(
     streaming: bool,
 ) -> None:
     """The run's refusals of splits with too few documents with text after tokenizing, in the run's order: for
-    NSP each split (a stream: its validation documents, `stream_validation_source`), for --objective mlm the
+    NSP each split (a stream: its validation documents, `stream_validation_split`), for --objective mlm the
     validation split."""
     if streaming:
-        stream, count = stream_validation_source(documents, data)
+        stream, count = stream_validation_split(documents, data)
         validation = stream if count is None else stream.take(count)
     else:
         validation = documents["validation"]

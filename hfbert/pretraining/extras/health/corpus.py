@@ -55,7 +55,7 @@ STATISTICS_FEATURES = {
     "unknown_tokens": Value("int32"),
     "document_index": Value("int64"),  # the row of the documents dataset (documents without text are dropped)
 }
-_SOURCE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
+_CODE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
 _CACHE_PREFIX = "hfbert-corpus-health-"
 
 
@@ -169,7 +169,7 @@ class Baselines:
 
 @dataclass(frozen=True)
 class CorpusHealth:
-    """The corpus statistics and the baselines, as the data stage returns them (`PretrainingData.health`)."""
+    """The corpus statistics and the baselines, as the data stage returns them (`PreparedData.health`)."""
 
     statistics: CorpusStatistics
     baselines: Baselines
@@ -275,7 +275,7 @@ def cached_corpus_health(
     pairs = "next_sentence_label" in evaluation.column_names
     path = None
     if train_tokenized.cache_files:
-        fingerprint = Hasher.hash([train_tokenized._fingerprint, evaluation._fingerprint, _SOURCE_FINGERPRINT,
+        fingerprint = Hasher.hash([train_tokenized._fingerprint, evaluation._fingerprint, _CODE_FINGERPRINT,
                                    max_seq_length, pairs, scope])
         path = Path(train_tokenized.cache_files[0]["filename"]).parent / f"{_CACHE_PREFIX}{fingerprint}.json"
         if path.is_file():

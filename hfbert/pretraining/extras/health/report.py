@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from hfbert.pretraining.health.corpus import EVENT_KINDS, NOTE_KINDS, CorpusHealth, HealthEvent
+from hfbert.pretraining.extras.health.corpus import EVENT_KINDS, NOTE_KINDS, CorpusHealth, HealthEvent
 
 RUN_HEALTH_NAME = "run_health.json"
 
