@@ -5,8 +5,9 @@ own entry point too, so a broken contract is a failing test)."""
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 HFBERT = REPO / "hfbert"
