@@ -387,3 +387,12 @@ def test_vocab_size_is_recorded_as_unset_beside_a_tokenizer_and_an_older_checkpo
     trained = parse_args(["--output_dir", "o"]).checkpoint_settings()  # a run that trains its tokenizer: compared
     with pytest.raises(Refusal, match=r"--vocab_size 30522 in the checkpoint, 8192 now"):
         check_resume_settings(trained, parse_args(["--output_dir", "o", "--vocab_size", "8192"]), "ckpt", "cpu")
+
+
+def test_a_resume_without_tokenizer_name_of_a_run_that_named_one_is_not_refused_for_the_unset_vocab_size():
+    """The checkpoint of a run given --tokenizer_name records --vocab_size None; its resume without the flag (the
+    checkpoint's tokenizer is the run's) left --vocab_size at its default and was refused for it."""
+    saved = parse_args(["--output_dir", "o", "--tokenizer_name", "tok"]).checkpoint_settings()
+    assert check_resume_settings(saved, parse_args(["--output_dir", "o"]), "ckpt", "cpu") == []
+    with pytest.raises(Refusal, match=r"--vocab_size None in the checkpoint, 8192 now"):
+        check_resume_settings(saved, parse_args(["--output_dir", "o", "--vocab_size", "8192"]), "ckpt", "cpu")

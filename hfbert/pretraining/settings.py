@@ -333,6 +333,8 @@ UPDATE_CHANGES = {2: "since commit cdd77a1 attention computes Q, K and V in one 
 UPDATE_REVISION = max(UPDATE_CHANGES)
 # What a flag the command leaves unset resolves to on a device type, where that is not its value as it stands.
 RESOLVED_WHEN_UNSET = {"torch_compile": lambda settings, device_type: settings.optimization.compiles_update(device_type)}
+# Flags a resume takes from its checkpoint when the command leaves them unset: the tokenizer is the checkpoint's.
+FROM_CHECKPOINT_WHEN_UNSET = ("vocab_size",)
 
 
 @dataclass
@@ -598,7 +600,7 @@ def flag_difference(name: str, saved: Any, settings: PretrainingSettings, device
     default, such as --torch_compile False where today's is None)."""
     group = settings.group_of(name)
     now = getattr(group, name)
-    if saved == now:
+    if saved == now or (name in FROM_CHECKPOINT_WHEN_UNSET and not settings.was_given(group, name)):
         return None
     if name not in RESOLVED_WHEN_UNSET or settings.was_given(group, name):
         return f"--{name} {saved!r} in the checkpoint, {now!r} now"
