@@ -1,6 +1,7 @@
 """hfbert.pretraining.stream: instances made from a stream of documents, in windows, split by process and by
 loader worker; a position restored from a checkpoint continues with exactly the next batch."""
 
+import functools
 import itertools
 import json
 import re
@@ -20,7 +21,13 @@ from hfbert.pretraining.batches import build_loaders
 from hfbert.pretraining.data import check_documents_left_to_train, tokenize_documents, validation_documents
 from hfbert.pretraining.instances import InstanceRecipe, TokenizedDocuments, TrainingStream
 from hfbert.pretraining.settings import DataSettings, OptimizationSettings
-from hfbert.pretraining.stream import STREAM_STATE_NAME, check_stream_checkpoint, draw_id
+from hfbert.pretraining.stream import (
+    PASS_KEY,
+    STREAM_STATE_NAME,
+    StreamPosition,
+    check_stream_checkpoint,
+    draw_id,
+)
 
 ARTICLES = 6
 
@@ -61,8 +68,8 @@ def take(loader, count: int) -> list[dict[str, torch.Tensor]]:
 def saved_state(loader, checkpoint: Path) -> Path:
     """`checkpoint` holding the stream_state.json a checkpoint of this one process would hold."""
     checkpoint.mkdir()
-    state = {"num_processes": 1, "num_workers": loader.num_workers, "ranks": [loader.state()]}
-    (checkpoint / STREAM_STATE_NAME).write_text(json.dumps(state))
+    for name, content in loader.checkpoint_files(SimpleNamespace(num_processes=1)).items():
+        (checkpoint / name).write_text(json.dumps(content))
     return checkpoint
 
 
@@ -104,17 +111,42 @@ def test_a_restored_position_continues_with_exactly_the_next_batch(
     assert_same_batches(straight, head + take(resumed, 100 - stop_after))
 
 
+def test_the_documents_streams_own_state_places_no_row_inside_a_window(small_corpus, sample_tokenizer):
+    """What hfbert keeps beside StatefulDataLoader's state: datasets' `IterableDataset.state_dict()` places the
+    documents read, and a window's are all read before its first instance is made, so it is the same at every
+    row of the window; resumed from it, the stream would go on with the next window. The position (window,
+    row) goes on with the next row."""
+    documents = streamed(small_corpus)
+    dataset = stream_loader(documents, sample_tokenizer, workers=0).loader.dataset
+    rows, states, positions = dataset.worker_rows(0, 1), [], []
+    for _ in range(4):
+        next(rows)
+        states.append(documents.state_dict())
+        positions.append(dataset.state_dict())
+    following = next(rows)
+    assert states[0] == states[-1] and positions[0] != positions[-1]  # the documents' state: no row
+
+    def first_row(position: StreamPosition) -> dict:
+        resumed = stream_loader(streamed(small_corpus), sample_tokenizer, workers=0).loader.dataset
+        resumed.position = position
+        return next(resumed.worker_rows(0, 1))
+
+    assert first_row(StreamPosition(**positions[-1])) == following
+    assert first_row(StreamPosition(0, 1, 0, states[-1])) != following  # the next window's first row
+
+
 def test_workers_make_every_instance_of_a_pass_once(small_corpus, sample_tokenizer):
     """Loader workers split the windows between them: the instances of a pass, by draw id, are those made
     without workers, each once; the next pass pairs the sentences anew."""
-    dataset = stream_loader(streamed(small_corpus), sample_tokenizer, workers=0).dataset
+    dataset = stream_loader(streamed(small_corpus), sample_tokenizer, workers=0).loader.dataset
 
     def instances(worker: int, workers: int, epoch: int = 0) -> dict[int, list[int]]:
         made = {}
-        for row in dataset.worker_rows(worker, workers, None):
-            if row["stream_position"].epoch > epoch:
+        dataset.position = StreamPosition()
+        for row in dataset.worker_rows(worker, workers):
+            if row[PASS_KEY] > epoch:
                 return made
-            if row["stream_position"].epoch == epoch:
+            if row[PASS_KEY] == epoch:
                 assert row["draw"] not in made
                 made[row["draw"]] = row["input_ids"]
         raise AssertionError("the stream ended")
@@ -122,7 +154,8 @@ def test_workers_make_every_instance_of_a_pass_once(small_corpus, sample_tokeniz
     alone = instances(0, 1)
     split = [instances(worker, 2) for worker in range(2)]
     assert split[0].keys().isdisjoint(split[1]) and split[0] | split[1] == alone and len(alone) > 600
-    windows = {row["stream_position"].window for row in itertools.islice(dataset.worker_rows(1, 2, None), 50)}
+    dataset.position = StreamPosition()
+    windows = {dataset.position.window for _ in itertools.islice(dataset.worker_rows(1, 2), 50)}
     assert windows == {1}  # worker 1 of 2 makes windows 1, 3, ...
     assert sorted(instances(0, 1, epoch=1).values()) != sorted(alone.values())  # pass 1 pairs anew
 
@@ -172,20 +205,33 @@ def test_held_out_validation_documents_are_the_streams_first_ones(small_corpus):
 
 def test_a_streaming_checkpoint_resumes_on_its_own_process_and_worker_counts_only(tmp_path):
     (tmp_path / STREAM_STATE_NAME).write_text(json.dumps({"num_processes": 2, "num_workers": 4, "ranks": [{}, {}]}))
-    check_stream_checkpoint(tmp_path, num_processes=2, num_workers=4, on_cpu=True)
+    check = functools.partial(check_stream_checkpoint, on_cpu=True, writer="hfbert")
+    check(tmp_path, num_processes=2, num_workers=4)
     with pytest.raises(Refusal, match="resumes on 2 processes only"):
-        check_stream_checkpoint(tmp_path, num_processes=1, num_workers=4, on_cpu=True)
+        check(tmp_path, num_processes=1, num_workers=4)
     with pytest.raises(Refusal, match="pass --dataloader_num_workers 4"):
-        check_stream_checkpoint(tmp_path, num_processes=2, num_workers=0, on_cpu=True)
+        check(tmp_path, num_processes=2, num_workers=0)
     with pytest.raises(Refusal, match="not written by a --streaming run"):
-        check_stream_checkpoint(tmp_path / "elsewhere", num_processes=2, num_workers=4, on_cpu=True)
+        check(tmp_path / "elsewhere", num_processes=2, num_workers=4)
+
+
+def test_a_streaming_checkpoint_of_the_form_before_the_stateful_loader_is_refused_naming_its_writer(tmp_path):
+    old = {"batches_taken": 5, "positions": [{"worker": 0, "epoch": 0, "window": 1, "row": 8, "state": None}]}
+    (tmp_path / STREAM_STATE_NAME).write_text(json.dumps({"num_processes": 1, "num_workers": 0, "ranks": [old]}))
+    with pytest.raises(Refusal) as error:
+        check_stream_checkpoint(tmp_path, 1, 0, on_cpu=True, writer="hfbert 0.1.0 at commit 1234567")
+    assert str(error.value) == (
+        f"--resume_from_checkpoint {tmp_path} was written by hfbert 0.1.0 at commit 1234567, whose "
+        "stream_state.json holds each loader worker's position in a form this hfbert does not read (it keeps "
+        "torchdata's StatefulDataLoader state): finish the run with that hfbert (main's commit d734940, the last "
+        f"to write that form, resumes it), or start a new run from its weights with --model_name_or_path {tmp_path}"
+    )
 
 
 def test_windows_are_shuffled_and_paired_by_their_own_seed(small_corpus, sample_tokenizer):
     """Two windows with the same document numbers pair differently (the stream key), and the instance order
     of a window is not its documents' order."""
-    loader = stream_loader(streamed(small_corpus), sample_tokenizer, workers=0)
-    dataset = loader.dataset
+    dataset = stream_loader(streamed(small_corpus), sample_tokenizer, workers=0).loader.dataset
     _, _, paragraphs = next(dataset.windows(None, 0))
     documents, spans = dataset.window_spans(0, 0, paragraphs)
     _, same_window = dataset.window_spans(0, 0, paragraphs)

@@ -310,6 +310,17 @@ def streaming_args(run_inputs: dict[str, Path], output_dir: Path, *extra: str) -
     return args
 
 
+def loader_positions(rank: dict) -> tuple[int, list[dict]]:
+    """The batches a process took and each loader worker's position, read from its `StatefulDataLoader` state
+    in stream_state.json (torchdata's layout: without workers the loader's own; with workers a snapshot of
+    theirs)."""
+    if "_snapshot" not in rank:
+        return rank["_num_yielded"], [rank["dataset_state"]]
+    snapshot = rank["_snapshot"]
+    taken = snapshot["_snapshot_step"] + rank["_steps_since_snapshot"]
+    return taken, [worker["dataset_state"] for worker in snapshot["_worker_snapshots"].values()]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path, run_inputs, workers):
@@ -320,8 +331,9 @@ def test_a_resumed_streaming_run_equals_an_uninterrupted_one(tmp_path, run_input
     common = ("--max_train_steps", "10", "--dataloader_num_workers", workers, *EXACT)
     train_in_process(streaming_args(run_inputs, straight, *common, "--checkpointing_steps", "5"))
     saved = json.loads((straight / "checkpoint-5" / "stream_state.json").read_text())
-    assert saved["num_processes"] == 1 and saved["ranks"][0]["batches_taken"] == 5
-    assert len(saved["ranks"][0]["positions"]) == max(1, int(workers))
+    taken, positions = loader_positions(saved["ranks"][0])
+    assert saved["num_processes"] == 1 and taken == 5
+    assert len(positions) == max(1, int(workers))
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-5", resumed / "checkpoint-5")
     train_in_process(streaming_args(run_inputs, resumed, *common, "--resume_from_checkpoint", "latest", "--eval_steps", "2"))
@@ -388,8 +400,9 @@ def test_a_streaming_run_from_a_hub_layout_folder_resumes_exactly(tmp_path, run_
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     common = (*source, "--max_train_steps", "7", "--dataloader_num_workers", "0", *EXACT)  # one stream position
     train_in_process(streaming_args(run_inputs, straight, *common, "--checkpointing_steps", "5"))
-    (position,) = json.loads((straight / "checkpoint-5" / "stream_state.json").read_text())["ranks"][0]["positions"]
-    assert position["window"] >= 1 and position["state"] is not None  # a position inside the parquet rows
+    (rank,) = json.loads((straight / "checkpoint-5" / "stream_state.json").read_text())["ranks"]
+    _, (position,) = loader_positions(rank)
+    assert position["window"] >= 1 and position["documents_state"] is not None  # a position inside the parquet rows
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-5", resumed / "checkpoint-5")
     resume = ("--resume_from_checkpoint", "latest", "--eval_steps", "1")
@@ -418,8 +431,9 @@ def test_a_streaming_run_on_two_cpu_processes_resumes_exactly_on_two_only(tmp_pa
     result = launch(2, straight, "--checkpointing_steps", "3")
     assert result.returncode == 0, result.stderr[-4000:]
     saved = json.loads((straight / "checkpoint-3" / "stream_state.json").read_text())
-    assert saved["num_processes"] == 2 and [rank["batches_taken"] for rank in saved["ranks"]] == [3, 3]
-    assert saved["ranks"][0]["positions"] != saved["ranks"][1]["positions"]
+    ranks = [loader_positions(rank) for rank in saved["ranks"]]
+    assert saved["num_processes"] == 2 and [taken for taken, _ in ranks] == [3, 3]
+    assert ranks[0][1] != ranks[1][1]
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-3", resumed / "checkpoint-3")
     before = listing(resumed)

@@ -17,8 +17,9 @@ import math
 import multiprocessing
 import os
 import signal
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import gather_object, send_to_device
 from torch.utils.data import DataLoader, Dataset, Sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from hfbert.checkpointing import TrainingProgress
 from hfbert.errors import Refusal, RunFailure
@@ -36,10 +38,9 @@ from hfbert.pretraining.extras.reshard import micro_batches_to_skip
 from hfbert.pretraining.instances import DRAW_KEY, SHUFFLE_GROUP, DrawnInstances, TrainingStream
 from hfbert.pretraining.stream import (
     ERROR_KEY,
-    POSITION_KEY,
+    PASS_KEY,
     STREAM_STATE_NAME,
     StreamedInstances,
-    StreamPosition,
     read_stream_state,
 )
 
@@ -380,7 +381,7 @@ class TrainingBatches:
     """A process's training batches, all that setup, the loop and a checkpoint ask of them: here those of the
     written or drawn instances, where an epoch is a shuffle of them all and the position within it is
     `TrainingProgress.micro_batches_in_epoch` (global, so another process count continues it); a stream's
-    are a `StreamLoader`."""
+    are a `StreamBatches`."""
 
     def __init__(self, loader: DataLoader):
         self.loader = loader
@@ -419,27 +420,23 @@ class TrainingBatches:
 
 def collate_stream(collator: DataCollatorForPretraining, rows: list[dict]) -> tuple[dict | None, Any]:
     """A stream loader's `collate_fn` (with its collator bound): the batch as `DataCollatorForPretraining`
-    builds it, and the position of its last row; (None, message) when a worker found no instances in a whole
+    builds it, and the pass of its last row; (None, message) when a worker found no instances in a whole
     pass."""
     errors = [row[ERROR_KEY] for row in rows if ERROR_KEY in row]
     if errors:
         return None, errors[0]
-    return collator(rows), rows[-1][POSITION_KEY]  # the collator reads its own columns only
+    return collator(rows), rows[-1][PASS_KEY]  # the collator reads its own columns only
 
 
 @dataclass
-class StreamLoader(TrainingBatches):
-    """A process's training batches under --streaming: one endless epoch of unknown length, placed by its own
-    position, which every checkpoint stores (`stream_state.json`, every process's, gathered) and a resumed run
-    restores before iterating. Kept beside `datasets`' `IterableDataset.state_dict()`, which each position
-    holds: that places the documents read, not the row within a window's shuffled instances nor which loader
-    worker's batch comes next."""
+class StreamBatches(TrainingBatches):
+    """A process's training batches under --streaming: one endless epoch of unknown length from a
+    `StatefulDataLoader`, whose state (which worker's batch comes next, each worker's `StreamedInstances`
+    position) every checkpoint stores (`stream_state.json`, every process's, gathered) and a resumed run
+    restores before iterating."""
 
-    dataset: StreamedInstances
-    loader: DataLoader
+    loader: StatefulDataLoader
     num_workers: int
-    batches_taken: int = 0  # by this process, since the run started
-    positions: dict[int, StreamPosition] = field(default_factory=dict)  # by logical worker
     stream_pass: int = 0  # the pass of the last batch taken (for the log)
     batches_per_epoch: None = None  # a stream's length is unknown
 
@@ -448,40 +445,28 @@ class StreamLoader(TrainingBatches):
 
     def epoch(self, epoch: int, progress: Any, accelerator: Accelerator) -> Iterator[dict[str, torch.Tensor]]:
         """The stream's batches, without end, on this process's device (`epoch` and `progress` are the
-        loop's: the position is the stream's own)."""
-        for batch, position in self.loader:
+        loop's: the position is the loader's own)."""
+        for batch, stream_pass in self.loader:
             if batch is None:
-                raise RunFailure(position)
-            self.positions[position.worker] = position
-            self.batches_taken += 1
-            self.stream_pass = position.epoch
+                raise RunFailure(stream_pass)
+            self.stream_pass = stream_pass
             yield send_to_device(batch, accelerator.device, non_blocking=self.loader.pin_memory)
         raise RunFailure("the training stream ended; it repeats its passes without end, so this is a bug")
 
     def logged_epoch(self, epoch: int) -> int:
         return self.stream_pass
 
-    def state(self) -> dict[str, Any]:
-        """This process's position (plain data, JSON)."""
-        return {
-            "batches_taken": self.batches_taken,
-            "positions": [asdict(position) for _, position in sorted(self.positions.items())],
-        }
-
     def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
-        """`stream_state.json`: every process's position, gathered (call on every process)."""
-        ranks = gather_object([self.state()]) if accelerator.num_processes > 1 else [self.state()]
+        """`stream_state.json`: every process's loader state (plain data), gathered (call on every process)."""
+        state = self.loader.state_dict()
+        ranks = gather_object([state]) if accelerator.num_processes > 1 else [state]
         saved = {"num_processes": accelerator.num_processes, "num_workers": self.num_workers, "ranks": ranks}
         return {STREAM_STATE_NAME: saved}
 
     def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
-        """Continue from this process's position in `checkpoint`'s `stream_state.json` (checked by
+        """Continue from this process's loader state in `checkpoint`'s `stream_state.json` (checked by
         `check_stream_checkpoint`)."""
-        state = read_stream_state(checkpoint)["ranks"][accelerator.process_index]
-        self.batches_taken = int(state["batches_taken"])
-        self.positions = {int(p["worker"]): StreamPosition(**p) for p in state["positions"]}
-        self.dataset.positions = dict(self.positions)
-        self.dataset.rotation = self.batches_taken % max(1, self.num_workers)
+        self.loader.load_state_dict(read_stream_state(checkpoint)["ranks"][accelerator.process_index])
 
 
 def build_loaders(
@@ -497,7 +482,7 @@ def build_loaders(
     order, the same masks at every evaluation), every decision about a batch's shape made here, from the
     settings and the device. Their collate_fn builds finished batches (padded, masked, static form where
     `resolve_max_predictions` says) in worker processes, into pinned memory on CUDA; the training instances
-    are made there too: drawn ones (`TrainingBatches`) or a stream's (`StreamLoader`, masks seeded by each
+    are made there too: drawn ones (`TrainingBatches`) or a stream's (`StreamBatches`, masks seeded by each
     instance's draw id). Where the update is compiled (--torch_compile, the CUDA default) every batch has one
     shape: rows padded to --max_seq_length, full training batches (the last partial one of an epoch is
     dropped) and evaluation batches filled up with padding rows. Whole-word masking is for training batches
@@ -519,11 +504,12 @@ def build_loaders(
         "generator": torch.Generator().manual_seed(optimization.seed),
     }
     if isinstance(train, TrainingStream):  # split by process already; the streamed loader never kept its workers
-        instances = StreamedInstances(train)
         collate = functools.partial(collate_stream, collator)
         stream_workers = loader_options(workers, pin_memory, persistent=False)
-        loader = DataLoader(instances, collate_fn=collate, **options, **stream_workers)
-        batches: TrainingBatches = StreamLoader(instances, loader, workers)
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, which torch deprecates
+            warnings.filterwarnings("ignore", "'set_vital' is deprecated")
+            loader = StatefulDataLoader(StreamedInstances(train), collate_fn=collate, **options, **stream_workers)
+        batches: TrainingBatches = StreamBatches(loader, workers)
     else:
         loader = DataLoader(
             InstanceDraws(train),

@@ -81,6 +81,7 @@ from hfbert.pretraining.settings import (
     PretrainingSettings,
     check_config_file,
     check_resume_settings,
+    checkpoint_writer,
 )
 from hfbert.pretraining.source_model import SourceModel, check_source_model, load_source_model
 from hfbert.pretraining.stream import check_stream_checkpoint
@@ -112,7 +113,8 @@ def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator) 
         logger.warning(note)
     if settings.corpus.streaming:
         workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
-        check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu)
+        writer = checkpoint_writer(saved or {}, settings).description
+        check_stream_checkpoint(checkpoint, accelerator.num_processes, workers, on_cpu, writer)
     return checkpoint, settings.optimization.gradient_accumulation_steps
 
 
