@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from test_training import run_args, train_in_process
 
 from hfbert import HfBertForPreTraining
-from hfbert.checkpointing import RUN_LOCK_NAME
 from hfbert.convert import bert_config_for
+from hfbert.files import RUN_LOCK_NAME
 from hfbert.pretraining import run, source_model
 from hfbert.pretraining.cli import parse_args
 
