@@ -71,6 +71,10 @@ RNG_FILE = "random_states_{rank}.pkl"  # accelerate's per-process RNG file in a 
 RNG_STATES = ("random_state", "numpy_random_seed", "torch_manual_seed")
 # Files of a finished run (written by the training loop next to the checkpoints).
 FINAL_MODEL_FILES = ("model.safetensors", "config.json")
+# A finished run's records beside them: the final evaluation, every setting and fact of the run, the log rows.
+EVAL_RESULTS_NAME = "eval_results.json"
+TRAINING_ARGS_NAME = "training_args.json"
+LOG_HISTORY_NAME = "log_history.json"
 
 _CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
 
@@ -629,7 +633,7 @@ def _describe_folder(output_dir: Path, names: list[str]) -> str:
     if not any(name in FINAL_MODEL_FILES or _CHECKPOINT_NAME.match(name) or name.startswith(_RUN_MARKERS) for name in names):
         return f"other files ({shown})"
     facts = []
-    for name, key in (("training_args.json", "corpus"), ("eval_results.json", "step")):
+    for name, key in ((TRAINING_ARGS_NAME, "corpus"), (EVAL_RESULTS_NAME, "step")):
         try:
             facts.append(f"{key} {json.loads((output_dir / name).read_text(encoding='utf-8'))[key]}")
         except (OSError, ValueError, KeyError, TypeError):

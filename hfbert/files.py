@@ -19,7 +19,7 @@ import socket
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from itertools import takewhile
 from pathlib import Path
@@ -30,6 +30,7 @@ try:
 except ImportError:  # Windows: no flock
     fcntl = None
 
+import torch
 from safetensors import SafetensorError, safe_open
 
 from hfbert.errors import CheckpointError, Refusal
@@ -393,6 +394,57 @@ def holds_model(folder: str | os.PathLike) -> bool:
 def holds_tokenizer(folder: str | os.PathLike) -> bool:
     """Whether `folder` holds a tokenizer's vocabulary (one of `TOKENIZER_FILES`)."""
     return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
+# Weights a folder may lack and still be the model it says: heads, which start fresh or are the task's own (a
+# BertForMaskedLM folder lacks the NSP head and the pooler).
+HEAD_WEIGHT_PREFIXES = ("cls.", "bert.pooler.", "classifier.", "qa_outputs.")
+
+
+# How every command that checks what it loaded calls from_pretrained: weights of another shape reported in the
+# loading info (not raised as a RuntimeError), and never a pickle (`refuse_pickled_weights`).
+LOAD_CHECKED = {"output_loading_info": True, "ignore_mismatched_sizes": True, "use_safetensors": True}
+
+
+def check_weights_loaded(folder: str, loading_info: Mapping[str, Any], fix: str) -> None:
+    """Refuse a model (from_pretrained with `LOAD_CHECKED`) whose encoder weights were not all in `folder` (e.g. a
+    config.json with more layers than model.safetensors holds) or any of whose weights has another shape there
+    than its config.json asks for: from_pretrained fills them with random values and carries on."""
+    body = [key for key in loading_info["missing_keys"] if not key.startswith(HEAD_WEIGHT_PREFIXES)]
+    if body:
+        shown = ", ".join(body[:4]) + (", ..." if len(body) > 4 else "")
+        raise Refusal(f"{folder} lacks encoder weights that its config.json asks for ({shown}); {fix}")
+    mismatched = sorted(loading_info["mismatched_keys"])
+    if mismatched:
+        shown = ", ".join(
+            f"{key}: {list(in_file)} in the file, {list(in_model)} in the model"
+            for key, in_file, in_model in mismatched[:2]
+        )
+        more = f", and {len(mismatched) - 2} more" if len(mismatched) > 2 else ""
+        raise Refusal(f"{folder} holds weights of other shapes than its config.json asks for ({shown}{more}); {fix}")
+
+
+# A weight beyond this is no trained model's: training from it ends in a NaN loss at the first step.
+ABSURD_WEIGHT = 1e4
+
+
+def check_weights_usable(where: str, weights: Mapping[str, torch.Tensor]) -> None:
+    """Refuse, naming the tensor, weights (a state dict) that are not finite or far beyond any trained model's
+    (|w| > `ABSURD_WEIGHT`): training from them ends in a NaN loss at the first step, blamed on the learning
+    rate, and fine-tuning in a fit that looks collapsed."""
+    for tensor_name, tensor in weights.items():
+        if not tensor.is_floating_point() or not tensor.numel():
+            continue
+        if not bool(tensor.isfinite().all()):
+            problem = f"{int((~tensor.isfinite()).sum())} non-finite values (nan or inf)"
+        elif (largest := float(tensor.abs().max())) > ABSURD_WEIGHT:
+            problem = f"|weight| up to {largest:.3g} (above {ABSURD_WEIGHT:g}, far beyond a trained model's)"
+        else:
+            continue
+        raise Refusal(
+            f"{where}: its weights are unusable: {tensor_name} holds {problem}; start from an earlier checkpoint "
+            "of the run that wrote them, or from another model"
+        )
 
 
 # How transformers says that only a folder's own Python loads it: the end of the ValueError that
