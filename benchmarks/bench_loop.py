@@ -59,7 +59,6 @@ from transformers import (
 
 from benchmarks.bench_pretraining import describe_machine, measure_matmul_peak, synchronize
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
-from hfbert.convert import bert_config_for
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import build_loaders, resolve_max_predictions, resolve_num_workers
 from hfbert.pretraining.callbacks import Callbacks
@@ -173,7 +172,7 @@ def trainer_loop(
 ) -> tuple[float, BertForPreTraining]:
     """Train transformers' BertForPreTraining with Trainer on the same instances; returns tokens/s."""
     precision = run.precision
-    model = BertForPreTraining(bert_config_for(prepared.config))
+    model = BertForPreTraining(prepared.config.to_bert_config())
     model.load_state_dict(initial)
     clock = StepClock(args.warmup_steps, device)
     training_args = TrainingArguments(

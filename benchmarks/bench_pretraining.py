@@ -49,7 +49,6 @@ from transformers import BertForPreTraining
 
 from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.configuration_hfbert import PRESETS
-from hfbert.convert import bert_config_for
 from hfbert.corpus import load_documents
 from hfbert.corpus_arguments import CorpusArguments
 from hfbert.modeling_hfbert import IGNORE_INDEX
@@ -316,7 +315,7 @@ def build_models(config: HfBertConfig, device: torch.device, compile: bool = Fal
     """transformers' BertForPreTraining and hfbert with the same config and the same initial weights
     (both wrapped in torch.compile with `compile`)."""
     torch.manual_seed(SEED)
-    reference = BertForPreTraining(bert_config_for(config)).to(device)
+    reference = BertForPreTraining(config.to_bert_config()).to(device)
     hfbert = HfBertForPreTraining(config).to(device)
     hfbert.load_state_dict(reference.state_dict())
     models = {"transformers": reference, "hfbert": hfbert}

@@ -48,7 +48,8 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.diverging_pretraining import DIVERGE_AT_ENV
-from hfbert.checkpointing import MANIFEST_NAME, CheckpointError, verify_checkpoint
+from hfbert.checkpointing import MANIFEST_NAME, verify_checkpoint
+from hfbert.errors import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "run_pretraining.py"

@@ -68,9 +68,8 @@ class StockBertForPreTraining(transformers.BertForPreTraining):
 def stock_bert(config) -> StockBertForPreTraining:
     """The reference run's model: stock BERT holding hfbert's initial weights exactly."""
     from hfbert import HfBertForPreTraining
-    from hfbert.convert import bert_config_for
 
-    reference = StockBertForPreTraining(bert_config_for(config))
+    reference = StockBertForPreTraining(config.to_bert_config())
     reference.load_state_dict(HfBertForPreTraining(config).state_dict(), strict=True)
     return reference
 

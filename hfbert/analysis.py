@@ -21,6 +21,9 @@ import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classe
 from hfbert.files import atomic_path
 from hfbert.plotting import plt, save_figure  # pyplot, with the headless backend chosen
 
+# How a text given to fill-mask marks a word to predict (replaced by the tokenizer's own mask token).
+MASK = "[MASK]"
+
 
 @dataclass
 class FillMaskResult:

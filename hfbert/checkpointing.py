@@ -18,21 +18,13 @@ import os
 import pickle
 import re
 import shutil
-import socket
 import tempfile
-import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from itertools import takewhile
 from pathlib import Path
 from typing import Any
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock
-    fcntl = None
 
 import torch
 from accelerate import Accelerator
@@ -41,14 +33,14 @@ from accelerate.utils import load as load_torch_file
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from hfbert.errors import Refusal, RunFailure
+from hfbert.errors import CheckpointError, RunFailure
 from hfbert.files import (
     CHECKPOINT_PREFIX,
     FINAL_READY,
     FINAL_RECORD,
     FINAL_STAGING,
+    RUN_LOCK_NAME,
     WRITE_ERRORS,
-    check_folder_writable,
     check_readable,
     describe_write_failure,
     holds_tokenizer,
@@ -70,8 +62,6 @@ REPLACED_CHECKPOINT_PREFIX = ".replaced-checkpoint-"
 PRUNED_CHECKPOINT_PREFIX = ".pruned-checkpoint-"
 MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT_VERSION = 1
-# Held (flock) by the run writing into a folder; hidden, so never uploaded and not one of the user's files.
-RUN_LOCK_NAME = ".hfbert-run.lock"
 # The run's `TrainingProgress`, as JSON; an hfbert up to 88be5f0 had accelerate pickle it as the first object
 # registered for checkpointing, a file that its checkpoints still hold (read as plain data, never unpickled).
 PROGRESS_JSON = "training_progress.json"
@@ -81,6 +71,10 @@ RNG_FILE = "random_states_{rank}.pkl"  # accelerate's per-process RNG file in a 
 RNG_STATES = ("random_state", "numpy_random_seed", "torch_manual_seed")
 # Files of a finished run (written by the training loop next to the checkpoints).
 FINAL_MODEL_FILES = ("model.safetensors", "config.json")
+# A finished run's records beside them: the final evaluation, every setting and fact of the run, the log rows.
+EVAL_RESULTS_NAME = "eval_results.json"
+TRAINING_ARGS_NAME = "training_args.json"
+LOG_HISTORY_NAME = "log_history.json"
 
 _CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
 
@@ -88,10 +82,6 @@ _CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
 class CheckpointWriteError(RunFailure):
     """A checkpoint or the final folder could not be written (a full disk ...); the message names the last
     intact checkpoint."""
-
-
-class CheckpointError(Refusal):
-    """A checkpoint or output folder that cannot be used as asked; the message names the problem and the fix."""
 
 
 @dataclass
@@ -284,7 +274,7 @@ def damaged_file(checkpoint: str | os.PathLike) -> str | None:
     return None
 
 
-def _finish_interrupted_replace(output_dir: Path) -> None:
+def finish_interrupted_replace(output_dir: Path) -> None:
     """A save of a step that has a checkpoint parks the old one, then renames the new one into place; a kill
     between the two renames leaves no checkpoint-N. Put the new one in place (its manifest, written last, says
     it is whole), else the parked one back, before anything looks for checkpoints."""
@@ -643,7 +633,7 @@ def _describe_folder(output_dir: Path, names: list[str]) -> str:
     if not any(name in FINAL_MODEL_FILES or _CHECKPOINT_NAME.match(name) or name.startswith(_RUN_MARKERS) for name in names):
         return f"other files ({shown})"
     facts = []
-    for name, key in (("training_args.json", "corpus"), ("eval_results.json", "step")):
+    for name, key in ((TRAINING_ARGS_NAME, "corpus"), (EVAL_RESULTS_NAME, "step")):
         try:
             facts.append(f"{key} {json.loads((output_dir / name).read_text(encoding='utf-8'))[key]}")
         except (OSError, ValueError, KeyError, TypeError):
@@ -742,114 +732,3 @@ def remove_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     for path in removed:
         shutil.rmtree(path)
     return removed
-
-
-def _folder_in_use(lock_path: Path) -> CheckpointError:
-    """The refusal of a second run, naming the holder as far as its lock file tells."""
-    try:
-        holder = json.loads(lock_path.read_text(encoding="utf-8"))
-        holder = f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
-    except FileNotFoundError:
-        holder = f"a run whose {lock_path.name} was deleted"
-    except (OSError, ValueError, KeyError, TypeError):  # the holder is still writing it
-        holder = "a process that is still starting"
-    return CheckpointError(
-        f"--output_dir {lock_path.parent} is in use by another training run ({holder}); "
-        "wait for it to finish or stop it, or pass another --output_dir. Two runs in one folder would "
-        "overwrite each other's checkpoints"
-    )
-
-
-def _flock(fd: int, lock_path: Path) -> None:
-    """Take `fd`'s exclusive flock; if another run holds it, close `fd` and refuse naming that run."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise _folder_in_use(lock_path) from None
-
-
-def _lock_folder_itself(output_dir: Path) -> int | None:
-    """A descriptor of `output_dir` holding its exclusive flock, which deleting the lock file cannot release.
-    None where the filesystem cannot flock a directory (NFS turns flock into POSIX locks, which need a writable
-    descriptor): the lock file alone holds the folder there."""
-    fd = os.open(output_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        _flock(fd, output_dir / RUN_LOCK_NAME)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def check_run_folder_free(output_dir: str | os.PathLike) -> None:
-    """Refuse an `output_dir` that another run holds (`run_folder_lock`) without taking it or writing anything:
-    what --dry_run checks in place of the lock."""
-    output_dir = Path(output_dir)
-    if fcntl is not None and output_dir.is_dir():
-        fd = _lock_folder_itself(output_dir)
-        if fd is not None:
-            os.close(fd)
-
-
-def _open_locked(lock_path: Path) -> int:
-    """A descriptor of `lock_path` holding its exclusive flock; raises `CheckpointError` if another run holds it."""
-    while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        _flock(fd, lock_path)
-        with suppress(FileNotFoundError):  # a removed lock file is not the one locked
-            if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
-                return fd
-        os.close(fd)  # the previous holder removed the file between our open and flock: lock the new one
-
-
-def _missing_folders(folder: Path) -> list[Path]:
-    """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) creates."""
-    folder = folder.absolute()
-    return list(takewhile(lambda path: not path.exists(), (folder, *folder.parents)))
-
-
-def _remove_if_empty(created: list[Path]) -> None:
-    """Remove the folders a run created (deepest first) while they are empty: a refused or failed run leaves
-    nothing of its own behind, and never touches a folder the user had."""
-    for path in created:
-        if not path.is_dir() or any(path.iterdir()):
-            return
-        path.rmdir()
-
-
-@contextmanager
-def run_folder_lock(output_dir: str | os.PathLike) -> Iterator[None]:
-    """Hold `output_dir` for this run: a second run on the same folder is refused with `CheckpointError`
-    naming the holder's pid, host and start time.
-
-    The lock is a flock on the folder (created if needed) and on `output_dir/.hfbert-run.lock`, which names the
-    holder; the kernel releases both when the holder dies, even by SIGKILL: a crashed run never blocks the
-    next, and a deleted lock file does not let a second run in. Take it on the main process only, before
-    anything else reads or writes the folder: holding it, it first finishes a same-step checkpoint replace that
-    a crash interrupted. On exit the lock file is removed, and the folder too if this run
-    created it and left nothing in it (with the parents it created).
-    """
-    output_dir = Path(output_dir)
-    if fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
-        yield  # a file in the way is refused by check_run_folder, with the fix
-        return
-    check_folder_writable(output_dir, "--output_dir")  # named here, not as a raw OSError on the lock file
-    created = _missing_folders(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    lock_path = output_dir / RUN_LOCK_NAME
-    with ExitStack() as release:  # undone last to first, also where taking the lock file's flock fails
-        folder_fd = _lock_folder_itself(output_dir)
-        if folder_fd is not None:
-            release.callback(os.close, folder_fd)
-        fd = _open_locked(lock_path)
-        release.callback(_remove_if_empty, created)
-        release.callback(os.close, fd)
-        # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.
-        release.callback(lock_path.unlink, missing_ok=True)
-        # Written in place, not via a renamed temporary file: the flock belongs to this file's inode.
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(holder) + "\n").encode("utf-8"))
-        _finish_interrupted_replace(output_dir)  # the holder's first act: a crashed holder may have left one
-        yield

@@ -8,7 +8,7 @@ it imports nothing from hfbert.
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
-from transformers import PretrainedConfig
+from transformers import BertConfig, PretrainedConfig
 
 # The Google BERT size grid (Turc et al., 2019, "Well-Read Students Learn Better"): (layers, hidden, heads).
 # The feed-forward width is always 4 * hidden and a head is always 64 wide.
@@ -23,6 +23,14 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_python", "relu", "silu", "gelu_pytorch_tanh")
+# What a config records of itself rather than of its architecture: left out when it becomes the other library's.
+_BOOKKEEPING_KEYS = {"model_type", "architectures", "auto_map", "transformers_version", "dtype"}
+
+
+def _convert_config(config: PretrainedConfig, target: type) -> PretrainedConfig:
+    """Every field but the bookkeeping ones, into `target`: HfBertConfig's fields are all BertConfig's."""
+    shared = {key: value for key, value in config.to_dict().items() if key not in _BOOKKEEPING_KEYS}
+    return target(**shared, attn_implementation=config._attn_implementation)
 
 
 @strict
@@ -112,3 +120,13 @@ class HfBertConfig(PretrainedConfig):
             raise ValueError(f"Unknown hfbert preset {name!r}; choose one of {sorted(PRESETS)}")
         sizes = dict(zip(PRESET_FIELDS, PRESETS[name], strict=True))
         return cls(**{**sizes, "intermediate_size": 4 * sizes["hidden_size"], **overrides})
+
+    @classmethod
+    def from_bert_config(cls, config: BertConfig) -> "HfBertConfig":
+        """The `HfBertConfig` of a stock BERT config's architecture (BERT's decoder fields, such as is_decoder,
+        ride along as extra attributes, unused)."""
+        return _convert_config(config, cls)
+
+    def to_bert_config(self) -> BertConfig:
+        """The stock `transformers.BertConfig` of the same architecture."""
+        return _convert_config(self, BertConfig)

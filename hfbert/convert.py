@@ -11,9 +11,7 @@ HfBertForMaskedLM, BertForPreTraining <-> HfBertForPreTraining, and so on.
 """
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import transformers
 from transformers import AutoTokenizer, BertConfig
@@ -23,8 +21,10 @@ from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.errors import Refusal
 from hfbert.files import (
     FINAL_FOLDER_FIX,
+    LOAD_CHECKED,
     check_folder_readable,
     check_local_path_exists,
+    check_weights_loaded,
     refuse_pickled_weights,
     running_no_folder_code,
     staged_folder,
@@ -32,53 +32,7 @@ from hfbert.files import (
 from hfbert.flags import RefusingHfArgumentParser
 from hfbert.modeling_hfbert import AUTO_MAP
 
-_BOOKKEEPING_KEYS = {"model_type", "architectures", "auto_map", "transformers_version", "dtype"}
-
-
-def _convert_config(config: transformers.PretrainedConfig, target: type) -> transformers.PretrainedConfig:
-    """Every field but the bookkeeping ones, into `target`: HfBertConfig's fields are all BertConfig's."""
-    shared = {key: value for key, value in config.to_dict().items() if key not in _BOOKKEEPING_KEYS}
-    return target(**shared, attn_implementation=config._attn_implementation)
-
-
-def bert_config_for(config: HfBertConfig) -> BertConfig:
-    """The stock `transformers.BertConfig` of the same architecture."""
-    return _convert_config(config, BertConfig)
-
-
-def hfbert_config_for(config: BertConfig) -> HfBertConfig:
-    """The `HfBertConfig` of a stock BERT config's architecture (BERT's decoder fields, such as is_decoder,
-    ride along as extra attributes, unused)."""
-    return _convert_config(config, HfBertConfig)
-
-
-# Weights a folder may lack and still be the model it says: heads, which start fresh or are the task's own (a
-# BertForMaskedLM folder lacks the NSP head and the pooler).
-HEAD_WEIGHT_PREFIXES = ("cls.", "bert.pooler.", "classifier.", "qa_outputs.")
 _MISMATCH_FIX = "its config.json and weights do not belong together: copy or download the folder again"
-
-
-# How every command that checks what it loaded calls from_pretrained: weights of another shape reported in the
-# loading info (not raised as a RuntimeError), and never a pickle (`hfbert.files.refuse_pickled_weights`).
-LOAD_CHECKED = {"output_loading_info": True, "ignore_mismatched_sizes": True, "use_safetensors": True}
-
-
-def check_weights_loaded(folder: str, loading_info: Mapping[str, Any], fix: str) -> None:
-    """Refuse a model (from_pretrained with `LOAD_CHECKED`) whose encoder weights were not all in `folder` (e.g. a
-    config.json with more layers than model.safetensors holds) or any of whose weights has another shape there
-    than its config.json asks for: from_pretrained fills them with random values and carries on."""
-    body = [key for key in loading_info["missing_keys"] if not key.startswith(HEAD_WEIGHT_PREFIXES)]
-    if body:
-        shown = ", ".join(body[:4]) + (", ..." if len(body) > 4 else "")
-        raise Refusal(f"{folder} lacks encoder weights that its config.json asks for ({shown}); {fix}")
-    mismatched = sorted(loading_info["mismatched_keys"])
-    if mismatched:
-        shown = ", ".join(
-            f"{key}: {list(in_file)} in the file, {list(in_model)} in the model"
-            for key, in_file, in_model in mismatched[:2]
-        )
-        more = f", and {len(mismatched) - 2} more" if len(mismatched) > 2 else ""
-        raise Refusal(f"{folder} holds weights of other shapes than its config.json asks for ({shown}{more}); {fix}")
 
 
 # The classes hfbert and transformers both have, by their name after HfBert / Bert: hfbert's model classes.
@@ -143,7 +97,7 @@ def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_be
         )
     model, info = getattr(libraries[prefix], architecture).from_pretrained(source, **LOAD_CHECKED)
     check_weights_loaded(str(source), info, _MISMATCH_FIX)
-    twin_config = bert_config_for(config) if to_bert else hfbert_config_for(config)
+    twin_config = config.to_bert_config() if to_bert else HfBertConfig.from_bert_config(config)
     twin = getattr(libraries[twin_prefix], architecture.replace(prefix, twin_prefix, 1))(twin_config)
     twin.load_state_dict(model.state_dict(), strict=True)
     with staged_folder(output_dir) as staging:

@@ -420,7 +420,7 @@ def _group_split(
     # What names the rows' content: datasets' fingerprint of the source, else (streamed local files) the files'
     # sha256: hashing the IterableDataset object itself would be slow.
     if isinstance(rows, datasets.Dataset):
-        content = rows._fingerprint
+        content = rows._fingerprint  # private, kept: datasets has no public accessor (test_corpus checks it)
     else:
         content = Hasher.hash([(split, sha256_file(path)) for path in local_files(args)[split]])
     grouping = list(gen_kwargs.values())[1:]  # the text column, the boundary and whether rows are files

@@ -27,6 +27,10 @@ class Refusal(ValueError):
     """
 
 
+class CheckpointError(Refusal):
+    """A checkpoint or output folder that cannot be used as asked; the message names the problem and the fix."""
+
+
 class RunFailure(RuntimeError):
     """Work stopped on a condition outside the code (a full disk, a folder that became unwritable): the message
     names the cause, what is intact and how to go on. Entry points print it as one line, exit code 1."""

@@ -1,4 +1,5 @@
-"""Every crash-safe write of hfbert lives here: one file, one JSON file, a new folder, and a run's final files.
+"""Every crash-safe write of hfbert lives here: one file, one JSON file, a new folder, and a run's final files;
+with them the checks of what a user handed over, and the lock that keeps one run to a folder.
 
 The rule everywhere: write to a hidden temporary place next to the target, then rename (atomic on one file
 system), so a crash never leaves a torn or half-written result and never destroys what was there before.
@@ -14,16 +15,25 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import tempfile
+import time
 import zipfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager, suppress
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock
+    fcntl = None
+
+import torch
 from safetensors import SafetensorError, safe_open
 
-from hfbert.errors import Refusal
+from hfbert.errors import CheckpointError, Refusal
 
 # A set of files for a folder is staged here, then renamed to FINAL_READY once complete (see publish_files).
 FINAL_STAGING = ".final-staging"
@@ -386,6 +396,57 @@ def holds_tokenizer(folder: str | os.PathLike) -> bool:
     return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
 
 
+# Weights a folder may lack and still be the model it says: heads, which start fresh or are the task's own (a
+# BertForMaskedLM folder lacks the NSP head and the pooler).
+HEAD_WEIGHT_PREFIXES = ("cls.", "bert.pooler.", "classifier.", "qa_outputs.")
+
+
+# How every command that checks what it loaded calls from_pretrained: weights of another shape reported in the
+# loading info (not raised as a RuntimeError), and never a pickle (`refuse_pickled_weights`).
+LOAD_CHECKED = {"output_loading_info": True, "ignore_mismatched_sizes": True, "use_safetensors": True}
+
+
+def check_weights_loaded(folder: str, loading_info: Mapping[str, Any], fix: str) -> None:
+    """Refuse a model (from_pretrained with `LOAD_CHECKED`) whose encoder weights were not all in `folder` (e.g. a
+    config.json with more layers than model.safetensors holds) or any of whose weights has another shape there
+    than its config.json asks for: from_pretrained fills them with random values and carries on."""
+    body = [key for key in loading_info["missing_keys"] if not key.startswith(HEAD_WEIGHT_PREFIXES)]
+    if body:
+        shown = ", ".join(body[:4]) + (", ..." if len(body) > 4 else "")
+        raise Refusal(f"{folder} lacks encoder weights that its config.json asks for ({shown}); {fix}")
+    mismatched = sorted(loading_info["mismatched_keys"])
+    if mismatched:
+        shown = ", ".join(
+            f"{key}: {list(in_file)} in the file, {list(in_model)} in the model"
+            for key, in_file, in_model in mismatched[:2]
+        )
+        more = f", and {len(mismatched) - 2} more" if len(mismatched) > 2 else ""
+        raise Refusal(f"{folder} holds weights of other shapes than its config.json asks for ({shown}{more}); {fix}")
+
+
+# A weight beyond this is no trained model's: training from it ends in a NaN loss at the first step.
+ABSURD_WEIGHT = 1e4
+
+
+def check_weights_usable(where: str, weights: Mapping[str, torch.Tensor]) -> None:
+    """Refuse, naming the tensor, weights (a state dict) that are not finite or far beyond any trained model's
+    (|w| > `ABSURD_WEIGHT`): training from them ends in a NaN loss at the first step, blamed on the learning
+    rate, and fine-tuning in a fit that looks collapsed."""
+    for tensor_name, tensor in weights.items():
+        if not tensor.is_floating_point() or not tensor.numel():
+            continue
+        if not bool(tensor.isfinite().all()):
+            problem = f"{int((~tensor.isfinite()).sum())} non-finite values (nan or inf)"
+        elif (largest := float(tensor.abs().max())) > ABSURD_WEIGHT:
+            problem = f"|weight| up to {largest:.3g} (above {ABSURD_WEIGHT:g}, far beyond a trained model's)"
+        else:
+            continue
+        raise Refusal(
+            f"{where}: its weights are unusable: {tensor_name} holds {problem}; start from an earlier checkpoint "
+            "of the run that wrote them, or from another model"
+        )
+
+
 # How transformers says that only a folder's own Python loads it: the end of the ValueError that
 # `from_pretrained(..., trust_remote_code=False)` raises. Left at None, it asks "run the custom code? [y/N]"
 # on stdin instead, and `echo y | ...` runs the folder's code: hfbert passes False wherever the user did not ask.
@@ -415,3 +476,122 @@ def running_no_folder_code(where: str, what: str, fix: str = NO_FOLDER_CODE_FIX)
         if REMOTE_CODE_MARK not in str(error):
             raise
         raise folder_code_refusal(where, what, fix) from None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One run per folder: the lock a pretraining run (or a tokenizer's training) holds on its output folder.
+# ----------------------------------------------------------------------------------------------------------
+
+# Held (flock) by the run writing into a folder; hidden, so never uploaded and not one of the user's files.
+RUN_LOCK_NAME = ".hfbert-run.lock"
+
+
+def _folder_in_use(lock_path: Path) -> CheckpointError:
+    """The refusal of a second run, naming the holder as far as its lock file tells."""
+    try:
+        holder = json.loads(lock_path.read_text(encoding="utf-8"))
+        holder = f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
+    except FileNotFoundError:
+        holder = f"a run whose {lock_path.name} was deleted"
+    except (OSError, ValueError, KeyError, TypeError):  # the holder is still writing it
+        holder = "a process that is still starting"
+    return CheckpointError(
+        f"--output_dir {lock_path.parent} is in use by another training run ({holder}); "
+        "wait for it to finish or stop it, or pass another --output_dir. Two runs in one folder would "
+        "overwrite each other's checkpoints"
+    )
+
+
+def _flock(fd: int, lock_path: Path) -> None:
+    """Take `fd`'s exclusive flock; if another run holds it, close `fd` and refuse naming that run."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _folder_in_use(lock_path) from None
+
+
+def _lock_folder_itself(output_dir: Path) -> int | None:
+    """A descriptor of `output_dir` holding its exclusive flock, which deleting the lock file cannot release.
+    None where the filesystem cannot flock a directory (NFS turns flock into POSIX locks, which need a writable
+    descriptor): the lock file alone holds the folder there."""
+    fd = os.open(output_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _flock(fd, output_dir / RUN_LOCK_NAME)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def check_run_folder_free(output_dir: str | os.PathLike) -> None:
+    """Refuse an `output_dir` that another run holds (`run_folder_lock`) without taking it or writing anything:
+    what --dry_run checks in place of the lock."""
+    output_dir = Path(output_dir)
+    if fcntl is not None and output_dir.is_dir():
+        fd = _lock_folder_itself(output_dir)
+        if fd is not None:
+            os.close(fd)
+
+
+def _open_locked(lock_path: Path) -> int:
+    """A descriptor of `lock_path` holding its exclusive flock; raises `CheckpointError` if another run holds it."""
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        _flock(fd, lock_path)
+        with suppress(FileNotFoundError):  # a removed lock file is not the one locked
+            if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
+                return fd
+        os.close(fd)  # the previous holder removed the file between our open and flock: lock the new one
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) creates."""
+    folder = folder.absolute()
+    return list(takewhile(lambda path: not path.exists(), (folder, *folder.parents)))
+
+
+def _remove_if_empty(created: list[Path]) -> None:
+    """Remove the folders a run created (deepest first) while they are empty: a refused or failed run leaves
+    nothing of its own behind, and never touches a folder the user had."""
+    for path in created:
+        if not path.is_dir() or any(path.iterdir()):
+            return
+        path.rmdir()
+
+
+@contextmanager
+def run_folder_lock(output_dir: str | os.PathLike, first: Callable[[Path], Any] = lambda folder: None) -> Iterator[None]:
+    """Hold `output_dir` for this run: a second run on the same folder is refused with `CheckpointError`
+    naming the holder's pid, host and start time.
+
+    The lock is a flock on the folder (created if needed) and on `output_dir/.hfbert-run.lock`, which names the
+    holder; the kernel releases both when the holder dies, even by SIGKILL: a crashed run never blocks the
+    next, and a deleted lock file does not let a second run in. Take it on the main process only, before
+    anything else reads or writes the folder: holding it, the run does `first(output_dir)` before anything else
+    (a pretraining run finishes a same-step checkpoint replace that a crash interrupted). On exit the lock file
+    is removed, and the folder too if this run created it and left nothing in it (with the parents it created).
+    """
+    output_dir = Path(output_dir)
+    if fcntl is None or (output_dir.exists() and not output_dir.is_dir()):
+        yield  # a file in the way is refused by check_run_folder, with the fix
+        return
+    check_folder_writable(output_dir, "--output_dir")  # named here, not as a raw OSError on the lock file
+    created = _missing_folders(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = output_dir / RUN_LOCK_NAME
+    with ExitStack() as release:  # undone last to first, also where taking the lock file's flock fails
+        folder_fd = _lock_folder_itself(output_dir)
+        if folder_fd is not None:
+            release.callback(os.close, folder_fd)
+        fd = _open_locked(lock_path)
+        release.callback(_remove_if_empty, created)
+        release.callback(os.close, fd)
+        # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.
+        release.callback(lock_path.unlink, missing_ok=True)
+        # Written in place, not via a renamed temporary file: the flock belongs to this file's inode.
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(holder) + "\n").encode("utf-8"))
+        first(output_dir)  # the holder's first act: a crashed holder may have left work half done
+        yield

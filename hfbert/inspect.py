@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModelForPreTraining, AutoTokenizer
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
 from hfbert.analysis import (
+    MASK,
     AttentionResult,
     FillMaskResult,
     ModelAnalysis,
@@ -38,18 +39,18 @@ from hfbert.analysis import (
     similarity_section,
     write_text,
 )
-from hfbert.convert import LOAD_CHECKED, check_weights_loaded
 from hfbert.errors import Refusal
 from hfbert.files import (
     FINAL_FOLDER_FIX,
+    LOAD_CHECKED,
     check_folder_readable,
+    check_weights_loaded,
     holds_model,
     holds_tokenizer,
     refuse_pickled_weights,
     running_no_folder_code,
 )
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.pretraining.extras.samples import MASK
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
 MODEL_TYPE = "model type (config.json)"  # what a folder's own code would define, in its refusal

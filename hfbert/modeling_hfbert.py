@@ -305,6 +305,7 @@ def varlen_attention(
                 f"attention_padding='varlen' runs FlashAttention, which takes float16 or bfloat16, not "
                 f"{query.dtype}: train with mixed precision, or pass attention_padding='mask'"
             )
+        # Private, kept: the public varlen_attn has no dropout (test_speed_paths checks the op's arguments).
         context = torch.ops.aten._flash_attention_forward(
             *packed, query_offsets, key_offsets, query_len, key_len, dropout, False, False, scale=scaling
         )[0]

@@ -37,16 +37,18 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
 from transformers.hf_argparser import HfArg
 
-from hfbert.checkpointing import FINAL_MODEL_FILES, RUN_LOCK_NAME, find_checkpoints, run_folder_lock
+from hfbert.checkpointing import FINAL_MODEL_FILES, find_checkpoints, finish_interrupted_replace
 from hfbert.configuration_hfbert import HfBertConfig
 from hfbert.corpus import describe_documents, load_documents
 from hfbert.corpus_arguments import CorpusArguments, check_output_outside_corpus
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import (
+    RUN_LOCK_NAME,
     WRITE_ERRORS,
     check_local_files,
     check_local_path_exists,
     describe_write_failure,
+    run_folder_lock,
     running_no_folder_code,
     staged_files,
     write_tokenizer,
@@ -435,7 +437,8 @@ def main(argv: list[str] | None = None) -> None:
     corpus_args, training_args = RefusingHfArgumentParser((CorpusArguments, TokenizerTrainingArguments)).parse_flags(argv)
     check_output_outside_corpus(corpus_args, training_args.output_dir)
     # Held from the check to the save: two tokenizers trained into one folder would both report "Saved".
-    with run_folder_lock(training_args.output_dir):  # checks that the folder is writable first
+    # Holding it, a run folder's checkpoint that a crash left parked is put back: the folder is refused as the run.
+    with run_folder_lock(training_args.output_dir, finish_interrupted_replace):  # checks that it is writable first
         check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
         train_and_save(corpus_args, training_args)
 

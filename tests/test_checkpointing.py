@@ -2,11 +2,6 @@ import errno
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import textwrap
 from functools import partial
 from pathlib import Path
 from unittest import mock
@@ -26,27 +21,26 @@ from hfbert.checkpointing import (
     MANIFEST_NAME,
     PROGRESS_JSON,
     PROGRESS_PICKLE,
-    RUN_LOCK_NAME,
     RUN_SETTINGS_NAME,
     TOKENIZER_FOLDER,
-    CheckpointError,
     CheckpointWriteError,
     TrainingProgress,
     _write_manifest,
     check_run_folder,
     checkpoint_step,
     find_checkpoints,
+    finish_interrupted_replace,
     load_checkpoint,
     load_plain_data,
     read_run_settings,
     remove_checkpoints,
     resolve_resume_checkpoint,
-    run_folder_lock,
     save_checkpoint,
     tokenizer_folder,
     verify_checkpoint,
 )
-from hfbert.files import FINAL_RECORD, write_json_atomic
+from hfbert.errors import CheckpointError
+from hfbert.files import FINAL_RECORD, RUN_LOCK_NAME, run_folder_lock, write_json_atomic
 from hfbert.modeling_hfbert import AUTO_MAP
 
 SEED = 1234
@@ -231,7 +225,7 @@ def test_a_kill_between_the_renames_of_a_same_step_save_loses_neither_copy(tmp_p
     assert renames[-2:] == [".replaced-checkpoint-5", "checkpoint-5"]
     if not staged_left:  # only the parked copy is left: it goes back
         shutil.rmtree(tmp_path / ".tmp-checkpoint-5")
-    with run_folder_lock(tmp_path):
+    with run_folder_lock(tmp_path, finish_interrupted_replace):
         pass
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-5"]
     check_run_folder(tmp_path, resume_from_checkpoint="auto", overwrite_output_dir=False)
@@ -247,7 +241,7 @@ def test_a_checkpoint_killed_while_being_pruned_is_not_put_back(tmp_path, monkey
     with pytest.raises(Killed):
         save_steps(tmp_path, [6], total_limit=2)
     monkeypatch.undo()
-    with run_folder_lock(tmp_path):
+    with run_folder_lock(tmp_path, finish_interrupted_replace):
         pass
     assert [path.name for path in find_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-6"]
 
@@ -572,74 +566,6 @@ def test_remove_checkpoints_for_overwrite(tmp_path):
 # ----------------------------------------------------------------------------------------------- one run per folder
 
 
-def test_a_held_run_folder_refuses_a_second_run_naming_the_holder(tmp_path):
-    output_dir = tmp_path / "run"
-    with run_folder_lock(output_dir):
-        before = sorted(path.name for path in output_dir.iterdir())
-        with pytest.raises(CheckpointError) as refused, run_folder_lock(output_dir):
-            pass
-        assert sorted(path.name for path in output_dir.iterdir()) == before == [RUN_LOCK_NAME]
-    message = str(refused.value)
-    assert f"--output_dir {output_dir} is in use by another training run" in message
-    assert f"pid {os.getpid()} on host {socket.gethostname()}" in message and "another --output_dir" in message
-    assert not output_dir.exists()  # created for the lock, left empty: removed with it
-
-
-def test_deleting_the_lock_file_does_not_let_a_second_run_in(tmp_path):
-    """The lock was the file's alone: once someone deleted .hfbert-run.lock, a second run locked a new file."""
-    output_dir = tmp_path / "run"
-    with run_folder_lock(output_dir):
-        (output_dir / RUN_LOCK_NAME).unlink()
-        refused = rf"in use by another training run \(a run whose {RUN_LOCK_NAME} was deleted\)"
-        with pytest.raises(CheckpointError, match=refused), run_folder_lock(output_dir):
-            pass
-    with run_folder_lock(output_dir):  # released with the first run
-        pass
-
-
-def test_the_lock_is_released_and_removed_when_the_run_fails(tmp_path):
-    output_dir = tmp_path / "run"
-    output_dir.mkdir()
-    (output_dir / "checkpoint-2").mkdir()
-    with pytest.raises(RuntimeError), run_folder_lock(output_dir):
-        raise RuntimeError("training failed")
-    assert [path.name for path in output_dir.iterdir()] == ["checkpoint-2"]
-    with run_folder_lock(output_dir):  # free again
-        pass
-
-
-HOLD_THE_LOCK = textwrap.dedent(
-    """
-    import sys, time
-    sys.path.insert(0, sys.argv[2])
-    from hfbert.checkpointing import run_folder_lock
-    with run_folder_lock(sys.argv[1]):
-        print("held", flush=True)
-        time.sleep(600)
-    """
-)
-
-
-def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
-    output_dir = tmp_path / "run"
-    repo = str(Path(__file__).parent.parent)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_THE_LOCK, str(output_dir), repo], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(CheckpointError, match=rf"pid {holder.pid} on host"), run_folder_lock(output_dir):
-            pass
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait(timeout=30)
-    assert (output_dir / RUN_LOCK_NAME).is_file()  # SIGKILL leaves the file; the kernel dropped the flock
-    check_run_folder(output_dir, resume_from_checkpoint=None, overwrite_output_dir=False)  # looks empty
-    with run_folder_lock(output_dir):
-        pass
-    assert list(output_dir.iterdir()) == []  # the stale file went with the new run's lock
-
-
 def test_the_lock_file_is_not_one_of_the_users_files(tmp_path):
     (tmp_path / RUN_LOCK_NAME).write_text("{}")
     check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=False)
@@ -791,25 +717,6 @@ def test_auto_starts_over_only_where_no_complete_checkpoint_exists(tmp_path):
     assert not starts_over_with_auto(tmp_path, "auto")
 
 
-@pytest.mark.parametrize(
-    ("content", "holder"),
-    [
-        ('{"pid": 7, "host": "node1", "started": "2026-11-26 10:00:00 UTC"}\n', "pid 7 on host node1, started 2026-11-26 10:00:00 UTC"),
-        ('{"pid": 7, "ho', "a process that is still starting"),  # the holder is still writing it
-        (None, f"a run whose {RUN_LOCK_NAME} was deleted"),
-    ],
-)
-def test_a_refused_second_run_names_the_holder_as_far_as_its_lock_file_tells(tmp_path, content, holder):
-    from hfbert.checkpointing import _folder_in_use
-
-    if content is not None:
-        (tmp_path / RUN_LOCK_NAME).write_text(content)
-    assert str(_folder_in_use(tmp_path / RUN_LOCK_NAME)) == (
-        f"--output_dir {tmp_path} is in use by another training run ({holder}); wait for it to finish or stop it, "
-        "or pass another --output_dir. Two runs in one folder would overwrite each other's checkpoints"
-    )
-
-
 @pytest.mark.parametrize("count", [6, 7])
 def test_a_refusal_lists_six_names_of_a_run_folder_and_says_when_there_are_more(tmp_path, count):
     other, finished = tmp_path / "A" / "checkpoint-20", tmp_path / "B"
@@ -956,28 +863,6 @@ def test_each_refused_run_folder_is_told_whole(tmp_path):
     )
     (mine / "notes5.txt").unlink()
     assert "(notes0.txt, notes1.txt, notes2.txt, notes3.txt, notes4.txt); pass" in refusal(mine)
-
-
-def test_where_a_folder_cannot_be_flocked_the_lock_file_alone_holds_it(tmp_path):
-    """NFS: flock on a directory fails (EBADF on a read-only descriptor); the run goes on with the file's lock."""
-    import fcntl
-
-    real_flock = fcntl.flock
-
-    def no_folder_flock(fd, operation):
-        if os.path.isdir(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.EBADF, "Bad file descriptor")
-        real_flock(fd, operation)
-
-    output_dir = tmp_path / "run"
-    with (
-        mock.patch("hfbert.checkpointing.fcntl.flock", no_folder_flock),
-        run_folder_lock(output_dir),
-        pytest.raises(CheckpointError, match="is in use by another training run"),
-        run_folder_lock(output_dir),
-    ):
-        pass
-    assert not output_dir.exists()
 
 
 class OneOfTwo:

@@ -20,7 +20,7 @@ from test_modeling_hfbert import padded_batch
 from torch.testing import assert_close
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining
-from hfbert.convert import bert_config_for, from_transformers, main, to_transformers
+from hfbert.convert import from_transformers, main, to_transformers
 from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 
 
@@ -110,9 +110,7 @@ def test_a_config_with_more_layers_than_the_weights_is_refused(tmp_path, directi
     if direction == "to-transformers":
         HfBertForPreTraining(tiny_config()).save_pretrained(source)
     else:
-        from hfbert.convert import bert_config_for
-
-        transformers.BertForPreTraining(bert_config_for(tiny_config())).save_pretrained(source)
+        transformers.BertForPreTraining(tiny_config().to_bert_config()).save_pretrained(source)
     more_layers_in_config(source)
     with pytest.raises(ValueError, match=r"lacks encoder weights that its config.json asks for \(.*layer\.2\."):
         main([direction, str(source), str(tmp_path / "out")])
@@ -176,7 +174,7 @@ def stock_or_hfbert_folder(folder, direction):
     if direction == "to-transformers":
         HfBertForPreTraining(tiny_config()).save_pretrained(folder)
     else:
-        transformers.BertForPreTraining(bert_config_for(tiny_config())).save_pretrained(folder)
+        transformers.BertForPreTraining(tiny_config().to_bert_config()).save_pretrained(folder)
     return folder
 
 

@@ -138,6 +138,16 @@ def test_second_load_reads_the_cache(sample_documents, monkeypatch):
     assert paragraphs_of(again["train"]) == paragraphs_of(sample_documents["train"])
 
 
+def test_datasets_private_fingerprint_names_a_datasets_content_as_its_cache_does():
+    """hfbert keys its caches on datasets' `Dataset._fingerprint`, which has no public accessor (corpus.py,
+    data.py, instances.py, health/corpus.py): the same for the same rows, another for other rows, and the one a
+    map was given. This fails when datasets changes it."""
+    rows = datasets.Dataset.from_dict({"text": ["a", "b"]})
+    assert rows._fingerprint == datasets.Dataset.from_dict({"text": ["a", "b"]})._fingerprint
+    assert rows._fingerprint != datasets.Dataset.from_dict({"text": ["a", "c"]})._fingerprint
+    assert rows.map(lambda batch: batch, batched=True, new_fingerprint="f0")._fingerprint == "f0"
+
+
 def test_streaming_gives_the_same_documents(sample_documents):
     streamed = load_documents(CorpusArguments(streaming=True))
     assert isinstance(streamed, datasets.IterableDatasetDict)

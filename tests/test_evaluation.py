@@ -11,7 +11,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertForPreTraining
 
 from hfbert import HfBertConfig, HfBertForPreTraining
-from hfbert.convert import bert_config_for
 from hfbert.errors import RunFailure
 from hfbert.pretraining.batches import masked_positions_from_labels
 from hfbert.pretraining.evaluation import (
@@ -69,7 +68,7 @@ def test_flops_per_token_is_what_torch_counts_on_each_training_path(attention):
     positions, slot_labels, _ = masked_positions_from_labels(labels, 6)
     static = counted_training_flops(model, labels=slot_labels, masked_positions=positions, **common)
     assert static == tokens * flops_per_token(config, length, head_rows=6)
-    reference = BertForPreTraining(bert_config_for(config)).train()
+    reference = BertForPreTraining(config.to_bert_config()).train()
     reference.config._attn_implementation = attention
     assert counted_training_flops(reference, labels=input_ids, **common) == tokens * flops_per_token(config, length)
 

@@ -1,8 +1,15 @@
-"""hfbert.files: every crash-safe write (file, JSON, new folder, a run's final files)."""
+"""hfbert.files: every crash-safe write (file, JSON, new folder, a run's final files), the checks of what a user
+handed over, and the lock of one run per folder."""
 
 import errno
+import fcntl
 import hashlib
 import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from unittest import mock
 
@@ -12,10 +19,13 @@ from conftest import DAMAGES, damage, tiny_config
 from safetensors.torch import save_file
 
 from hfbert import HfBertForPreTraining
-from hfbert.errors import Refusal
+from hfbert.checkpointing import check_run_folder
+from hfbert.errors import CheckpointError, Refusal
 from hfbert.files import (
     FINAL_READY,
     NEARLY_FULL_BYTES,
+    RUN_LOCK_NAME,
+    _folder_in_use,
     atomic_path,
     check_folder_writable,
     check_local_files,
@@ -30,6 +40,7 @@ from hfbert.files import (
     publish_files,
     read_json,
     refuse_pickled_weights,
+    run_folder_lock,
     sha256_file,
     staged_files,
     staged_folder,
@@ -390,3 +401,111 @@ def test_a_folder_whose_weights_are_only_a_pickle_is_refused_naming_the_safetens
     )
     (tmp_path / "model.safetensors").write_bytes(b"")  # beside safetensors, the pickle is never read
     refuse_pickled_weights(tmp_path, "--flag x")
+
+
+# ----------------------------------------------------------------------------------------------- one run per folder
+
+
+def test_a_held_run_folder_refuses_a_second_run_naming_the_holder(tmp_path):
+    output_dir = tmp_path / "run"
+    with run_folder_lock(output_dir):
+        before = sorted(path.name for path in output_dir.iterdir())
+        with pytest.raises(CheckpointError) as refused, run_folder_lock(output_dir):
+            pass
+        assert sorted(path.name for path in output_dir.iterdir()) == before == [RUN_LOCK_NAME]
+    message = str(refused.value)
+    assert f"--output_dir {output_dir} is in use by another training run" in message
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in message and "another --output_dir" in message
+    assert not output_dir.exists()  # created for the lock, left empty: removed with it
+
+
+def test_deleting_the_lock_file_does_not_let_a_second_run_in(tmp_path):
+    """The lock was the file's alone: once someone deleted .hfbert-run.lock, a second run locked a new file."""
+    output_dir = tmp_path / "run"
+    with run_folder_lock(output_dir):
+        (output_dir / RUN_LOCK_NAME).unlink()
+        refused = rf"in use by another training run \(a run whose {RUN_LOCK_NAME} was deleted\)"
+        with pytest.raises(CheckpointError, match=refused), run_folder_lock(output_dir):
+            pass
+    with run_folder_lock(output_dir):  # released with the first run
+        pass
+
+
+def test_the_lock_is_released_and_removed_when_the_run_fails(tmp_path):
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    (output_dir / "checkpoint-2").mkdir()
+    with pytest.raises(RuntimeError), run_folder_lock(output_dir):
+        raise RuntimeError("training failed")
+    assert [path.name for path in output_dir.iterdir()] == ["checkpoint-2"]
+    with run_folder_lock(output_dir):  # free again
+        pass
+
+
+HOLD_THE_LOCK = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    from hfbert.files import run_folder_lock
+    with run_folder_lock(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
+    output_dir = tmp_path / "run"
+    repo = str(Path(__file__).parent.parent)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_LOCK, str(output_dir), repo], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=rf"pid {holder.pid} on host"), run_folder_lock(output_dir):
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert (output_dir / RUN_LOCK_NAME).is_file()  # SIGKILL leaves the file; the kernel dropped the flock
+    check_run_folder(output_dir, resume_from_checkpoint=None, overwrite_output_dir=False)  # looks empty
+    with run_folder_lock(output_dir):
+        pass
+    assert list(output_dir.iterdir()) == []  # the stale file went with the new run's lock
+
+
+@pytest.mark.parametrize(
+    ("content", "holder"),
+    [
+        ('{"pid": 7, "host": "node1", "started": "2026-11-26 10:00:00 UTC"}\n', "pid 7 on host node1, started 2026-11-26 10:00:00 UTC"),
+        ('{"pid": 7, "ho', "a process that is still starting"),  # the holder is still writing it
+        (None, f"a run whose {RUN_LOCK_NAME} was deleted"),
+    ],
+)
+def test_a_refused_second_run_names_the_holder_as_far_as_its_lock_file_tells(tmp_path, content, holder):
+    if content is not None:
+        (tmp_path / RUN_LOCK_NAME).write_text(content)
+    assert str(_folder_in_use(tmp_path / RUN_LOCK_NAME)) == (
+        f"--output_dir {tmp_path} is in use by another training run ({holder}); wait for it to finish or stop it, "
+        "or pass another --output_dir. Two runs in one folder would overwrite each other's checkpoints"
+    )
+
+
+def test_where_a_folder_cannot_be_flocked_the_lock_file_alone_holds_it(tmp_path):
+    """NFS: flock on a directory fails (EBADF on a read-only descriptor); the run goes on with the file's lock."""
+    real_flock = fcntl.flock
+
+    def no_folder_flock(fd, operation):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real_flock(fd, operation)
+
+    output_dir = tmp_path / "run"
+    with (
+        mock.patch("hfbert.files.fcntl.flock", no_folder_flock),
+        run_folder_lock(output_dir),
+        pytest.raises(CheckpointError, match="is in use by another training run"),
+        run_folder_lock(output_dir),
+    ):
+        pass
+    assert not output_dir.exists()

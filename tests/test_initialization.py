@@ -5,7 +5,6 @@ import torch
 import transformers
 from conftest import tiny_config
 
-from hfbert.convert import bert_config_for
 from hfbert.initialization import init_structured_attention
 from hfbert.modeling_hfbert import HfBertForPreTraining
 
@@ -75,7 +74,7 @@ def test_only_positions_segments_and_three_heads_change():
 def test_transformers_bert_gets_the_same_start_and_the_same_outputs():
     config = tiny_config(**PRESET_SHAPE, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     ours = HfBertForPreTraining(config)
-    theirs = transformers.BertForPreTraining(bert_config_for(config))
+    theirs = transformers.BertForPreTraining(config.to_bert_config())
     theirs.load_state_dict(ours.state_dict())
     init_structured_attention(ours, seed=3)
     init_structured_attention(theirs, seed=3)

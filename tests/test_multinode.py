@@ -20,8 +20,8 @@ import pytest
 import torch
 from test_training import REPO, final_weights, run_args, subprocess_env
 
-from hfbert.checkpointing import CheckpointError, run_folder_lock
-from hfbert.errors import Refusal, RunFailure
+from hfbert.errors import CheckpointError, Refusal, RunFailure
+from hfbert.files import run_folder_lock
 from hfbert.pretraining.extras import cluster
 from hfbert.pretraining.extras.cluster import (
     ProcessGroupError,

@@ -17,8 +17,8 @@ from accelerate.state import AcceleratorState, GradientState
 from test_training import REPO, run_args, subprocess_env
 from torch.utils.data import DataLoader, TensorDataset
 
-from hfbert.checkpointing import CheckpointError, TrainingProgress
-from hfbert.errors import Refusal
+from hfbert.checkpointing import TrainingProgress
+from hfbert.errors import CheckpointError, Refusal
 from hfbert.pretraining.batches import TrainingBatches
 from hfbert.pretraining.extras.reshard import (
     continue_on_this_split,

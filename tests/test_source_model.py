@@ -18,7 +18,6 @@ from conftest import (
 
 from hfbert import HfBertConfig, HfBertForPreTraining
 from hfbert.checkpointing import MANIFEST_NAME, _write_manifest
-from hfbert.convert import bert_config_for
 from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, stops_in_one_line
 from hfbert.pretraining.cli import main
 from hfbert.pretraining.settings import ModelSettings
@@ -63,7 +62,7 @@ def test_hfbert_final_folder_gives_its_exact_weights_and_tokenizer(tmp_path, tok
 
 
 def test_stock_bert_folder_is_converted_with_both_heads(tmp_path, tokenizer):
-    bert = transformers.BertForPreTraining(bert_config_for(model_config(tokenizer)))
+    bert = transformers.BertForPreTraining(model_config(tokenizer).to_bert_config())
     bert.save_pretrained(tmp_path / "bert")
     tokenizer.save_pretrained(tmp_path / "bert")
     source = find_source_model(str(tmp_path / "bert"))
@@ -74,7 +73,7 @@ def test_stock_bert_folder_is_converted_with_both_heads(tmp_path, tokenizer):
 
 
 def test_stock_bert_without_nsp_head_starts_that_head_fresh_with_a_warning(tmp_path, tokenizer, caplog):
-    masked_lm = transformers.BertForMaskedLM(bert_config_for(model_config(tokenizer)))
+    masked_lm = transformers.BertForMaskedLM(model_config(tokenizer).to_bert_config())
     masked_lm.save_pretrained(tmp_path / "mlm")
     source = find_source_model(str(tmp_path / "mlm"))
     with caplog.at_level(logging.WARNING, logger="hfbert.pretraining.source_model"):

@@ -5,9 +5,12 @@ the last encoder layer only at [CLS] and the masked positions (`last_layer_posit
 at the masked rows; asking for hidden states turns the first part off, so the paths are compared here.
 """
 
+import inspect
+
 import pytest
 import torch
 from conftest import tiny_config
+from torch.nn.attention.varlen import varlen_attn
 from torch.testing import assert_close
 
 from hfbert import HfBertForMaskedLM, HfBertForPreTraining, modeling_hfbert
@@ -272,6 +275,19 @@ def test_varlen_attention_is_per_row_eager_attention_over_the_row_tokens(queries
         )
         compared = length if queries == "every position" else query_len  # padding's own output is unused
         assert_close(actual[row, :compared], expected[0, :compared], **TIGHT, msg=f"row {row}")
+
+
+def test_the_private_flash_op_takes_the_arguments_varlen_passes_and_the_public_one_still_lacks_dropout():
+    """varlen_attention calls aten's private _flash_attention_forward by position (the public varlen_attn has no
+    dropout, which BERT trains with): this fails when torch moves those arguments or gives varlen_attn dropout."""
+    schema = torch.ops.aten._flash_attention_forward.default._schema
+    positional = [argument.name for argument in schema.arguments if not argument.kwarg_only]
+    assert positional == [
+        "query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p", "is_causal", "return_debug_mask"
+    ]
+    assert "scale" in [argument.name for argument in schema.arguments if argument.kwarg_only]
+    assert schema.returns[0].name == "output"
+    assert not any("dropout" in name for name in inspect.signature(varlen_attn).parameters)
 
 
 @pytest.mark.parametrize("model_class", [HfBertForPreTraining, HfBertForMaskedLM], ids=lambda c: c.__name__)

@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 from test_training import run_args, train_in_process
 
 from hfbert import HfBertForPreTraining
-from hfbert.checkpointing import RUN_LOCK_NAME
-from hfbert.convert import bert_config_for
+from hfbert.files import RUN_LOCK_NAME
 from hfbert.pretraining import run, source_model
 from hfbert.pretraining.cli import parse_args
 
@@ -93,7 +92,7 @@ def assert_same_weights(weights: dict[str, torch.Tensor], source: dict[str, torc
 
 @pytest.mark.slow
 def test_continued_pretraining_from_a_stock_bert_folder_and_from_a_checkpoint(tmp_path, run_inputs, phase_1):
-    config = bert_config_for(transformers.AutoConfig.from_pretrained(phase_1))
+    config = transformers.AutoConfig.from_pretrained(phase_1).to_bert_config()
     stock = tmp_path / "stock-bert"
     transformers.BertForPreTraining(config).save_pretrained(stock)
     transformers.AutoTokenizer.from_pretrained(run_inputs["tokenizer"]).save_pretrained(stock)

@@ -16,10 +16,10 @@ from transformers import AutoTokenizer, BertTokenizer
 
 import hfbert.tokenization
 from hfbert import HfBertForPreTraining
-from hfbert.checkpointing import run_folder_lock
 from hfbert.corpus import load_documents
 from hfbert.corpus_arguments import CorpusArguments
 from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
+from hfbert.files import run_folder_lock
 from hfbert.tokenization import (
     MAX_WORD_CHARS,
     SPECIAL_TOKENS,
@@ -269,6 +269,17 @@ def test_main_refuses_a_pretraining_run_folder(tmp_path, monkeypatch, run):
         with pytest.raises(ValueError, match=rf"--output_dir {tmp_path} holds a pretraining run .*another --output_dir"):
             main(["--vocab_size", "1000", "--output_dir", str(tmp_path), *overwrite])
     assert (tmp_path / "tokenizer.json").read_text() == "{}"
+
+
+def test_main_puts_back_a_checkpoint_that_a_crash_left_parked_and_refuses_its_run_folder(tmp_path, monkeypatch):
+    """A same-step save killed between its two renames leaves the run's checkpoint parked; holding the folder,
+    the tokenizer's training puts it back first, and so refuses the folder as the run it is."""
+    refuse_to_read_the_corpus(monkeypatch)
+    (tmp_path / ".replaced-checkpoint-10").mkdir()
+    (tmp_path / ".replaced-checkpoint-10" / "checkpoint_manifest.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"holds a pretraining run \(checkpoint-10\)"):
+        main(["--vocab_size", "1000", "--output_dir", str(tmp_path), "--overwrite_output_dir"])
+    assert (tmp_path / "checkpoint-10" / "checkpoint_manifest.json").is_file()
 
 
 def test_main_refuses_a_folder_another_tokenizer_is_being_trained_into(tmp_path, monkeypatch):

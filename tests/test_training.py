@@ -22,8 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.testing import assert_close
 
-from hfbert.checkpointing import RUN_LOCK_NAME, CheckpointError, run_folder_lock
-from hfbert.errors import RunFailure
+from hfbert.errors import CheckpointError, RunFailure
+from hfbert.files import RUN_LOCK_NAME, run_folder_lock
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.cli import main
 
@@ -810,6 +810,17 @@ def test_a_second_run_on_a_folder_in_use_is_refused_before_any_work(tmp_path, ru
         assert listing(output_dir) == before
     train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir"))
     assert (output_dir / "model.safetensors").is_file() and not (output_dir / RUN_LOCK_NAME).exists()
+
+
+def test_a_run_puts_back_a_checkpoint_that_a_crash_left_parked_before_it_checks_the_folder(tmp_path, run_inputs):
+    """A same-step save killed between its two renames leaves no checkpoint-2, only the parked copy: the run
+    holding the folder puts it back first, so the folder is refused as the run it holds, with that fix."""
+    output_dir = tmp_path / "run"
+    (output_dir / ".replaced-checkpoint-2").mkdir(parents=True)
+    (output_dir / ".replaced-checkpoint-2" / "checkpoint_manifest.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"already holds another run's output \(checkpoint-2\)"):
+        train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"))
+    assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-2"]
 
 
 def test_a_folder_of_the_users_own_files_is_refused_untouched(tmp_path, run_inputs):

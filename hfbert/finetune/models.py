@@ -24,12 +24,19 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING as CLASSIFIERS
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
-from hfbert.checkpointing import MANIFEST_NAME, TOKENIZER_FOLDER, tokenizer_folder, verify_checkpoint
+from hfbert.checkpointing import (
+    MANIFEST_NAME,
+    TOKENIZER_FOLDER,
+    TRAINING_ARGS_NAME,
+    tokenizer_folder,
+    verify_checkpoint,
+)
 from hfbert.errors import Refusal
 from hfbert.files import (
     REMOTE_CODE_MARK,
     TOKENIZER_FILES,
     check_folder_readable,
+    check_weights_usable,
     folder_code_refusal,
     holds_model,
     refuse_pickled_weights,
@@ -44,8 +51,6 @@ from hfbert.finetune.settings import (
     FinetuneTrainingArguments,
 )
 from hfbert.model_card import pretrained_from_structured_start
-from hfbert.pretraining.finish import TRAINING_ARGS_NAME
-from hfbert.pretraining.source_model import check_weights_usable
 
 # What the results are keyed by: the model under test, and what it is compared with (never a folder's name).
 MODEL_ROLE = "model"

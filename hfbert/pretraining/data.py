@@ -273,7 +273,7 @@ def tokenized_with_statistics(
             f"tokenize_documents expects a 'paragraphs' column, got columns {documents.column_names}; "
             "pass the output of hfbert.corpus.load_documents"
         )
-    fingerprint = Hasher.hash(
+    fingerprint = Hasher.hash(  # _fingerprint: private, kept: datasets has no public accessor (test_corpus checks it)
         ["tokenize_documents", documents._fingerprint, tokenizer_fingerprint(tokenizer), _CODE_FINGERPRINT]
     )
     return documents.map(

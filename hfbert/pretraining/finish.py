@@ -18,7 +18,13 @@ import torch
 from accelerate import Accelerator
 
 from hfbert.analysis import ModelAnalysis
-from hfbert.checkpointing import TrainingProgress, write_on_every_process
+from hfbert.checkpointing import (
+    EVAL_RESULTS_NAME,
+    LOG_HISTORY_NAME,
+    TRAINING_ARGS_NAME,
+    TrainingProgress,
+    write_on_every_process,
+)
 from hfbert.files import FINAL_RECORD, recorded_final_files, staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
@@ -35,10 +41,6 @@ from hfbert.pretraining.settings import OutputSettings, PretrainingSettings
 from hfbert.pretraining.training import TrainingState
 
 logger = logging.getLogger(__name__)
-
-EVAL_RESULTS_NAME = "eval_results.json"
-TRAINING_ARGS_NAME = "training_args.json"
-LOG_HISTORY_NAME = "log_history.json"
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ class TokenizedDocuments:
     """
 
     def __init__(self, dataset: Dataset):
-        if dataset._indices is not None:
+        if dataset._indices is not None:  # private, kept: no public way to ask (test_instances checks it)
             raise ValueError("TokenizedDocuments reads Arrow files in order; pass dataset.flatten_indices()")
         if dataset.column_names != ["sentences"]:
             raise ValueError(
@@ -188,6 +188,7 @@ class InstanceRecipe:
 
     def fingerprint(self, documents: Dataset, *extra: Any) -> str:
         """A datasets cache key for something made from ``documents`` with this recipe (and ``extra``)."""
+        # _fingerprint: private, kept: datasets has no public accessor of it (test_corpus checks it)
         return Hasher.hash([documents._fingerprint, self, extra, _CODE_FINGERPRINT])
 
 

@@ -32,17 +32,16 @@ from accelerate.utils import set_seed
 
 from hfbert.checkpointing import (
     check_run_folder,
-    check_run_folder_free,
+    finish_interrupted_replace,
     load_checkpoint,
     read_manifest,
     read_run_settings,
     remove_checkpoints,
     resolve_resume_checkpoint,
-    run_folder_lock,
     starts_over_with_auto,
 )
 from hfbert.configuration_hfbert import HfBertConfig
-from hfbert.files import check_local_files, publish_files
+from hfbert.files import check_local_files, check_run_folder_free, publish_files, run_folder_lock
 from hfbert.initialization import init_structured_attention
 from hfbert.model_card import check_hub_access
 from hfbert.modeling_hfbert import HfBertForPreTraining
@@ -260,7 +259,8 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
     accelerator, precision = start(settings)
     optimization = settings.optimization
     with ExitStack() as held:  # the run folder's lock, taken by the main process; its refusal ends every rank
-        checked_on_main_process(accelerator, partial(held.enter_context, run_folder_lock(settings.output.output_dir)))
+        lock = run_folder_lock(settings.output.output_dir, finish_interrupted_replace)
+        checked_on_main_process(accelerator, partial(held.enter_context, lock))
         check_output_dir_shared(Path(settings.output.output_dir), accelerator)
         checkpoint, source = check_before_work(settings, accelerator)
         prepared = prepare_run_data(settings, accelerator, checkpoint, source)

@@ -11,12 +11,10 @@ model is built.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from huggingface_hub.errors import HFValidationError, StrictDataclassClassValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, AutoTokenizer, BertForPreTraining, PreTrainedTokenizerBase
@@ -24,12 +22,14 @@ from transformers import AutoConfig, AutoTokenizer, BertForPreTraining, PreTrain
 import hfbert  # noqa: F401  (registers model_type "hfbert" with AutoConfig)
 from hfbert.checkpointing import MANIFEST_NAME, damaged_file, find_checkpoints, tokenizer_folder
 from hfbert.configuration_hfbert import PRESET_FIELDS, PRESETS, HfBertConfig
-from hfbert.convert import LOAD_CHECKED, bert_config_for, check_weights_loaded, hfbert_config_for
 from hfbert.errors import Refusal
 from hfbert.files import (
+    LOAD_CHECKED,
     REMOTE_CODE_MARK,
     check_local_files,
     check_local_path_exists,
+    check_weights_loaded,
+    check_weights_usable,
     folder_code_refusal,
     holds_weights,
     refuse_pickled_weights,
@@ -46,8 +46,6 @@ _FIX = (
     "pass an hfbert run's output folder, one of its checkpoint-<step> folders, a transformers BERT folder "
     "(config.json with model_type 'bert' and its weights) or a Hub id such as bert-base-uncased"
 )
-# A weight beyond this is no trained model's: training from it ends in a NaN loss at the first step.
-ABSURD_WEIGHT = 1e4
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,7 @@ def find_source_model(name: str) -> SourceModel:
     config = _read_config(location, name)  # an HfBertConfig where model_type is "hfbert" (registered)
     if config.model_type not in ("hfbert", "bert"):
         raise Refusal(f"{FLAG} {name} holds a {config.model_type!r} model, not BERT; {_FIX}")
-    hfbert_config = config if config.model_type == "hfbert" else hfbert_config_for(config)
+    hfbert_config = config if config.model_type == "hfbert" else HfBertConfig.from_bert_config(config)
     return SourceModel(name, location, config.model_type, hfbert_config, tokenizer_location)
 
 
@@ -206,7 +204,7 @@ def load_source_model(source: SourceModel, config: HfBertConfig) -> HfBertForPre
     if source.model_type == "hfbert":
         model, info = HfBertForPreTraining.from_pretrained(source.location, config=config, **LOAD_CHECKED)
     else:
-        bert, info = BertForPreTraining.from_pretrained(source.location, config=bert_config_for(config), **LOAD_CHECKED)
+        bert, info = BertForPreTraining.from_pretrained(source.location, config=config.to_bert_config(), **LOAD_CHECKED)
         model = HfBertForPreTraining(config)
         model.load_state_dict(bert.state_dict(), strict=True)
     missing, unexpected = list(info["missing_keys"]), list(info["unexpected_keys"])
@@ -217,23 +215,3 @@ def load_source_model(source: SourceModel, config: HfBertConfig) -> HfBertForPre
         logger.warning(f"{FLAG} {source.name}: weights not used by BertForPreTraining: {', '.join(unexpected)}")
     check_weights_usable(f"{FLAG} {source.name}", model.state_dict())
     return model
-
-
-def check_weights_usable(where: str, weights: Mapping[str, torch.Tensor]) -> None:
-    """Refuse, naming the tensor, weights (a state dict) that are not finite or far beyond any trained model's
-    (|w| > `ABSURD_WEIGHT`): training from them ends in a NaN loss at the first step, blamed on the learning
-    rate, and fine-tuning in a fit that looks collapsed."""
-    for tensor_name, tensor in weights.items():
-        if not tensor.is_floating_point() or not tensor.numel():
-            continue
-        if not bool(tensor.isfinite().all()):
-            problem = f"{int((~tensor.isfinite()).sum())} non-finite values (nan or inf)"
-        elif (largest := float(tensor.abs().max())) > ABSURD_WEIGHT:
-            problem = f"|weight| up to {largest:.3g} (above {ABSURD_WEIGHT:g}, far beyond a trained model's)"
-        else:
-            continue
-        raise Refusal(
-            f"{where}: its weights are unusable: {tensor_name} holds {problem}; start from an earlier checkpoint "
-            "of the run that wrote them, or from another model"
-        )
-

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from datasets import Dataset
 
-from hfbert.checkpointing import CheckpointError, relaunch_command
-from hfbert.errors import Refusal
+from hfbert.checkpointing import relaunch_command
+from hfbert.errors import CheckpointError, Refusal
 from hfbert.pretraining.data import tokenize_batch, tokenized_features
 from hfbert.pretraining.instances import DRAW_KEY, MIN_NSP_DOCUMENTS, Span, TokenizedDocuments, TrainingStream
 

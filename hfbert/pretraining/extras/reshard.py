@@ -26,8 +26,8 @@ import numpy as np
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from hfbert.checkpointing import RNG_FILE, CheckpointError, TrainingProgress, relaunch_command
-from hfbert.errors import Refusal
+from hfbert.checkpointing import RNG_FILE, TrainingProgress, relaunch_command
+from hfbert.errors import CheckpointError, Refusal
 from hfbert.pretraining.settings import OptimizationSettings
 
 logger = logging.getLogger(__name__)

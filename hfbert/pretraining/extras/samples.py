@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hfbert.analysis import (
+    MASK,
     ModelAnalysis,
     code,
     nsp_lines,
@@ -19,7 +20,6 @@ from hfbert.analysis import (
 )
 from hfbert.errors import Refusal
 
-MASK = "[MASK]"
 SAMPLES_NAME = "samples.md"
 
 # write_samples masks the first occurrence of the most frequent of these words that the sentence contains as a

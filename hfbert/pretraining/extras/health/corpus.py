@@ -274,7 +274,7 @@ def cached_corpus_health(
     one writer at a time, as the data stage's `cache_writers_first` does); in memory, computed each time."""
     pairs = "next_sentence_label" in evaluation.column_names
     path = None
-    if train_tokenized.cache_files:
+    if train_tokenized.cache_files:  # _fingerprint: private, kept: no public accessor (test_corpus checks it)
         fingerprint = Hasher.hash([train_tokenized._fingerprint, evaluation._fingerprint, _CODE_FINGERPRINT,
                                    max_seq_length, pairs, scope])
         path = Path(train_tokenized.cache_files[0]["filename"]).parent / f"{_CACHE_PREFIX}{fingerprint}.json"
