@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,6 @@ from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, pu
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.data import PreparedData
 from hfbert.pretraining.evaluation import check_weights_are_finite
-from hfbert.pretraining.extras.cluster import end_process_group
 from hfbert.pretraining.extras.health.report import (
     RUN_HEALTH_NAME,
     health_card_section,
@@ -48,7 +47,7 @@ class FinalFolder:
 
     path: Path
     fill_mask: str | None = None
-    process_group_ended: bool = True  # False: the entry point leaves with cluster.exit_now
+    process_group_ended: bool = True  # False: the entry point leaves with process_group.exit_now
 
 
 def write_final_folder(
@@ -124,4 +123,4 @@ def finish(
     final = write_on_every_process(accelerator, write_main, output_dir, output_dir) or FinalFolder(output_dir)
     if accelerator.is_main_process and output.push_to_hub:  # after the agreement: not a write of the folder
         logger.info(f"Pushed to {push_to_hub(output_dir, output.hub_model_id, token=output.hub_token)}")
-    return replace(final, process_group_ended=end_process_group(accelerator))
+    return final

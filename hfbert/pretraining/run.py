@@ -1,6 +1,6 @@
 """The whole run: `pretrain(settings)` composes the stages in the order of the flow, in one function.
 
-    start               the precision and the Accelerator                                     (precision)
+    start               the process group, the precision and the Accelerator                    (process_group, precision)
     check_before_work   the run folder, the checkpoint to resume and its settings, Hub access   (checkpointing)
     data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data)
     model               the model and its start (--attention_init, or a source's weights)     (build_model)
@@ -8,6 +8,7 @@
     optimization        optimizer, schedule, budget, prepared by accelerate                    (optimization)
     fit                 the loop: step, log, evaluate, checkpoint, preemption; callbacks       (loop, callbacks)
     finish              final folder (model, tokenizer, card, curves, samples) and push         (finish)
+                        then the process group ended                                            (process_group)
 
 The cached and the streamed data (--streaming) differ only inside the data stage (`data.prepare`) and the
 training batches it leads to (`batches.build_loaders`). To pretrain another model through the same pipeline, pass its
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,14 +64,7 @@ from hfbert.pretraining.data import (
 )
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.extras.attention_shaping import ClsAttentionSpread, StructuredFade
-from hfbert.pretraining.extras.cluster import (
-    check_output_dir_shared,
-    check_processes_agree,
-    checked_on_main_process,
-    end_process_group,
-    form_process_group,
-    release_ddp_wrapper,
-)
+from hfbert.pretraining.extras.cluster import check_output_dir_shared, check_processes_agree
 from hfbert.pretraining.extras.health.report import health_report
 from hfbert.pretraining.extras.health.signatures import BudgetLimits, RunHealth
 from hfbert.pretraining.extras.plan import plan_lines, rehearse_data_stage
@@ -77,6 +72,12 @@ from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_globa
 from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
 from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
+from hfbert.pretraining.process_group import (
+    checked_on_main_process,
+    end_process_group,
+    form_process_group,
+    release_ddp_wrapper,
+)
 from hfbert.pretraining.settings import (
     PretrainingSettings,
     check_config_file,
@@ -295,10 +296,11 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
             release_ddp_wrapper(accelerator, state)
             stopped.process_group_ended = end_process_group(accelerator)
             raise
-        release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
+        release_ddp_wrapper(accelerator, state)  # before the process group ends
         write = partial(write_final_folder, prepared, metrics, summary, health_report(prepared.health, health.events), settings)
         with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
-            return finish(accelerator, state, settings.output, write)
+            final = finish(accelerator, state, settings.output, write)
+            return replace(final, process_group_ended=end_process_group(accelerator))
 
 
 def dry_run(settings: PretrainingSettings) -> str:
