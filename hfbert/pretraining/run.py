@@ -65,10 +65,10 @@ from hfbert.pretraining.data import (
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.extras.attention_shaping import ClsAttentionSpread, StructuredFade
 from hfbert.pretraining.extras.cluster import check_output_dir_shared, check_processes_agree
-from hfbert.pretraining.extras.health.report import health_report
 from hfbert.pretraining.extras.health.signatures import BudgetLimits, RunHealth
 from hfbert.pretraining.extras.plan import plan_lines, rehearse_data_stage
 from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch, set_accumulation
+from hfbert.pretraining.extras.samples import Samples
 from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
 from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
@@ -281,7 +281,8 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         peak_flops, peak_line = device_peak_flops(device, precision)  # the peak the logged MFU is against
         logger.info(peak_line)
         flops = ModelFlops(model.config, static_slots=slots, peak_flops_per_process=peak_flops)
-        # What the loop does besides the step: the start's, the bar, the [CLS] penalty, the trackers, the health.
+        # What the loop does besides the step: the start's, the bar, the [CLS] penalty, the trackers, the health;
+        # and what the final folder holds besides the model: the health's report and the samples.
         callbacks = [*start_callbacks, ProgressBar(accelerator, budget)]
         if optimization.cls_attention_spread:
             callbacks.append(ClsAttentionSpread(model, optimization.cls_attention_spread))
@@ -290,14 +291,16 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
             callbacks.append(Tracker(accelerator))
         # the budget as training_args.json records it: a replay of log_history.json judges as this run did
         health = RunHealth(prepared.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
+        samples = Samples(prepared.tokenizer, prepared.sample_sentences, prepared.other_sentence)
+        attached = Callbacks([*callbacks, health, samples])
         try:
-            metrics = fit(accelerator, state, budget, eval_loader, Callbacks([*callbacks, health]), settings, prepared, flops)
+            metrics = fit(accelerator, state, budget, eval_loader, attached, settings, prepared, flops)
         except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit
             release_ddp_wrapper(accelerator, state)
             stopped.process_group_ended = end_process_group(accelerator)
             raise
         release_ddp_wrapper(accelerator, state)  # before the process group ends
-        write = partial(write_final_folder, prepared, metrics, summary, health_report(prepared.health, health.events), settings)
+        write = partial(write_final_folder, prepared.tokenizer, metrics, summary, attached, settings)
         with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
             final = finish(accelerator, state, settings.output, write)
             return replace(final, process_group_ended=end_process_group(accelerator))
