@@ -91,8 +91,8 @@ def test_the_callbacks_files_card_sections_and_reference_lines_are_part_of_the_o
     assert json.loads((final.path / "run_health.json").read_text())["event_kinds"][0] == "duplicate_text"
     card = (final.path / "README.md").read_text()
     assert "## Run health" in card and "duplicate_text" in card and "[samples.md](samples.md)" in card
-    assert drawn["reference_lines"] == (("MLM loss", 7.0, "unigram baseline"), ("NSP loss", math.log(2), "chance"),
-                                        ("NSP accuracy", 0.5, "chance"))  # fmt: skip
+    assert drawn["reference_lines"] == [("MLM loss", 7.0, "unigram baseline"), ("NSP loss", math.log(2), "chance"),
+                                        ("NSP accuracy", 0.5, "chance")]  # fmt: skip
     assert final.fill_mask.startswith("## Fill-mask")
 
 

@@ -1,6 +1,7 @@
 """What the loop does besides the step, plugged in as callbacks (the shape of Composer's events): the loop
 calls every registered callback at each event, in order, and knows nothing of what they do. The structured
-fade, the [CLS] penalty, the progress bar and the trackers are callbacks (`attention_shaping`, `loop`).
+fade, the [CLS] penalty, the progress bar, the trackers, run health and the final folder's samples are
+callbacks (`extras.attention_shaping`, `loop`, `extras.health`, `extras.samples`), attached by `run`.
 
 Events, and what a callback may do there:
 
@@ -10,11 +11,9 @@ Events, and what a callback may do there:
     on_log(row, share)              at a logging point, with the training row (already read to the host)
     on_evaluate(row, share)         after each held-out evaluation, with its row
     on_fit_end(progress)            when fit stops: after the final evaluation, or on preemption before its checkpoint
-    on_final_folder(folder, model_name, config, weights)
-                                    on the main process, into the staged final folder (`finish`), whose
-                                    tokenizer and records are written and its model not yet (`weights`: the
-                                    final state dict): writes the callback's files there, returns what the
-                                    card and the curves show of them (`FinalFolderPart`)
+    on_final_folder(folder)         on the main process, while the final folder is staged (`finish`; its
+                                    tokenizer and records written, its model not yet): writes the callback's
+                                    files into it and fills in what the card and the curves show of them
 
 A callback's own state must follow from the checkpointed progress (its log history and update count), so
 that a resumed run continues it without a file of its own.
@@ -22,10 +21,8 @@ that a resumed run continues it without a file of its own.
 
 from __future__ import annotations
 
-import functools
-import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +31,21 @@ import torch
 from hfbert.checkpointing import TrainingProgress
 
 
-@dataclass(frozen=True)
-class FinalFolderPart:
-    """What a callback's files add to the final folder's card (`hfbert.model_card.build_model_card`'s
-    `samples_name` and `health_section`) and curves (`reference_lines`), and the text the run prints at its end."""
+@dataclass
+class StagedFinalFolder:
+    """The final folder as `on_final_folder` sees it: where it is staged, the model's name and config, the final
+    weights (a state dict: the model is saved after the event), and what the callbacks' files add, which they
+    fill in: the card's `samples_name` and `health_section` (`hfbert.model_card.build_model_card`), the curves'
+    `reference_lines` and the text printed at the run's end."""
 
+    path: Path
+    model_name: str
+    config: Any
+    weights: dict[str, torch.Tensor]
     samples_name: str | None = None
     health_section: str | None = None
-    reference_lines: tuple[tuple[str, float, str], ...] = ()
+    reference_lines: list[tuple[str, float, str]] = field(default_factory=list)
     fill_mask: str | None = None
-
-    def __or__(self, other: FinalFolderPart) -> FinalFolderPart:
-        """Both parts: the reference lines of each, `other`'s value where both give one."""
-        return FinalFolderPart(
-            other.samples_name or self.samples_name,
-            other.health_section or self.health_section,
-            (*self.reference_lines, *other.reference_lines),
-            other.fill_mask or self.fill_mask,
-        )
 
 
 class Callback:
@@ -75,10 +69,8 @@ class Callback:
     def on_fit_end(self, progress: TrainingProgress) -> None:
         pass
 
-    def on_final_folder(
-        self, folder: Path, model_name: str, config: Any, weights: dict[str, torch.Tensor]
-    ) -> FinalFolderPart:
-        return FinalFolderPart()
+    def on_final_folder(self, folder: StagedFinalFolder) -> None:
+        pass
 
 
 class Callbacks(Callback):
@@ -112,9 +104,7 @@ class Callbacks(Callback):
         for callback in self.callbacks:
             callback.on_fit_end(progress)
 
-    def on_final_folder(
-        self, folder: Path, model_name: str, config: Any, weights: dict[str, torch.Tensor]
-    ) -> FinalFolderPart:
-        parts = (callback.on_final_folder(folder, model_name, config, weights) for callback in self.callbacks)
-        return functools.reduce(operator.or_, parts, FinalFolderPart())
+    def on_final_folder(self, folder: StagedFinalFolder) -> None:
+        for callback in self.callbacks:
+            callback.on_final_folder(folder)
 

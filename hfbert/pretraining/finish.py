@@ -21,7 +21,7 @@ from hfbert.checkpointing import TrainingProgress, write_on_every_process
 from hfbert.files import FINAL_RECORD, recorded_final_files, staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
-from hfbert.pretraining.callbacks import Callback
+from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
 from hfbert.pretraining.evaluation import check_weights_are_finite
 from hfbert.pretraining.settings import OutputSettings, PretrainingSettings
 from hfbert.pretraining.training import TrainingState
@@ -67,11 +67,12 @@ def write_final_folder(
         write_json_atomic(staging / LOG_HISTORY_NAME, progress.log_history)
         # After the tokenizer's save (calling the tokenizer resets the truncation and padding its file keeps) and
         # before the model's (save_pretrained empties the state dict it is given and sets config fields).
-        part = callbacks.on_final_folder(staging, model_name, model.config, state_dict)
+        staged = StagedFinalFolder(staging, model_name, model.config, state_dict)
+        callbacks.on_final_folder(staged)
         model.save_pretrained(staging, state_dict=state_dict)
         plot_training_curves(
             progress.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining",
-            reference_lines=part.reference_lines,
+            reference_lines=staged.reference_lines,
         )
         card = build_model_card(
             model_name=model_name,
@@ -79,15 +80,15 @@ def write_final_folder(
             eval_results=eval_results,
             dataset_name=settings.corpus.dataset_name,
             dataset_config_name=settings.corpus.dataset_config_name,
-            samples_name=part.samples_name,
-            health_section=part.health_section,
+            samples_name=staged.samples_name,
+            health_section=staged.health_section,
             hub_model_id=output.hub_model_id,
         )
         card.save(staging / MODEL_CARD_NAME)  # staged: published with the rest of the folder
         # What a later --overwrite_output_dir may replace: this set, and what earlier runs published that is left.
         earlier = {name for name in recorded_final_files(output_dir) if (output_dir / name).exists()}
         write_json_atomic(staging / FINAL_RECORD, sorted({path.name for path in staging.iterdir()} | earlier))
-    return FinalFolder(output_dir, part.fill_mask)
+    return FinalFolder(output_dir, staged.fill_mask)
 
 
 def finish(

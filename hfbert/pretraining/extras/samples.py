@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hfbert.analysis import (
     ModelAnalysis,
     code,
@@ -21,7 +19,7 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.errors import Refusal
-from hfbert.pretraining.callbacks import Callback, FinalFolderPart
+from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
 
 MASK = "[MASK]"
 SAMPLES_NAME = "samples.md"
@@ -119,16 +117,14 @@ class Samples(Callback):
     def __init__(self, tokenizer: Any, sentences: Sequence[str], other_sentence: str | None):
         self.tokenizer, self.sentences, self.other_sentence = tokenizer, sentences, other_sentence
 
-    def on_final_folder(
-        self, folder: Path, model_name: str, config: Any, weights: dict[str, torch.Tensor]
-    ) -> FinalFolderPart:
+    def on_final_folder(self, folder: StagedFinalFolder) -> None:
         if len(self.sentences) < 2:
-            return FinalFolderPart()
-        analysis = ModelAnalysis.of_weights(config, weights, self.tokenizer)
-        fill_mask = write_samples(
-            folder, analysis, self.sentences, other_sentence=self.other_sentence, model_name=model_name
+            return
+        analysis = ModelAnalysis.of_weights(folder.config, folder.weights, self.tokenizer)
+        folder.fill_mask = write_samples(
+            folder.path, analysis, self.sentences, other_sentence=self.other_sentence, model_name=folder.model_name
         )
-        return FinalFolderPart(samples_name=SAMPLES_NAME, fill_mask=fill_mask)
+        folder.samples_name = SAMPLES_NAME
 
 
 def fill_mask_section(analysis: ModelAnalysis, sentences: Sequence[str], top_k: int, limit: int) -> str:

@@ -19,22 +19,12 @@ import statistics
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-import torch
-
 from hfbert.checkpointing import TrainingProgress
-from hfbert.files import write_json_atomic
-from hfbert.pretraining.callbacks import Callback, FinalFolderPart
+from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
 from hfbert.pretraining.extras.health.corpus import NOTE_KINDS, Baselines, CorpusHealth, HealthEvent
-from hfbert.pretraining.extras.health.report import (
-    RUN_HEALTH_NAME,
-    health_card_section,
-    health_report,
-    report_reference_lines,
-    summary_line,
-)
+from hfbert.pretraining.extras.health.report import summary_line, write_health_report
 
 logger = logging.getLogger(__name__)
 
@@ -383,14 +373,8 @@ class RunHealth(Callback):
     def on_fit_end(self, progress: TrainingProgress) -> None:
         self.say(f"Run health: {summary_line(self.events)}")
 
-    def on_final_folder(
-        self, folder: Path, model_name: str, config: Any, weights: dict[str, torch.Tensor]
-    ) -> FinalFolderPart:
-        """run_health.json, the card's section of it and the baselines as the curves' reference lines."""
-        report = health_report(self.corpus, self.events)
-        write_json_atomic(folder / RUN_HEALTH_NAME, report)
-        lines = tuple(report_reference_lines(report))
-        return FinalFolderPart(health_section=health_card_section(report), reference_lines=lines)
+    def on_final_folder(self, folder: StagedFinalFolder) -> None:
+        write_health_report(folder, self.corpus, self.events)
 
 
 def describe_statistics(corpus: CorpusHealth) -> str:
