@@ -44,6 +44,7 @@ from hfbert.checkpointing import (
     starts_over_with_auto,
 )
 from hfbert.configuration_hfbert import HfBertConfig
+from hfbert.corpus import naming_cache_failures
 from hfbert.files import check_local_files, publish_files
 from hfbert.initialization import init_structured_attention
 from hfbert.model_card import check_hub_access
@@ -57,6 +58,7 @@ from hfbert.pretraining.callbacks import Callback, Callbacks
 from hfbert.pretraining.data import (
     PreparedData,
     build_model_config,
+    cache_writers_first,
     check_corpus,
     check_stream_tokenizer,
     count_training_instances,
@@ -65,6 +67,7 @@ from hfbert.pretraining.data import (
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.extras.attention_shaping import ClsAttentionSpread, StructuredFade
 from hfbert.pretraining.extras.cluster import check_output_dir_shared, check_processes_agree
+from hfbert.pretraining.extras.health.corpus import CorpusHealth, cached_corpus_health
 from hfbert.pretraining.extras.health.signatures import BudgetLimits, RunHealth
 from hfbert.pretraining.extras.plan import plan_lines, rehearse_data_stage
 from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch, set_accumulation
@@ -173,9 +176,10 @@ def prepare_run_data(
     accelerator: Accelerator,
     checkpoint: Path | None,
     source: SourceModel | None = None,
-) -> PreparedData:
-    """The data stage, then the run folder made ready (checkpoints of a replaced run removed, an interrupted
-    final folder published). Seeds the run first, so the model built next starts from the same weights."""
+) -> tuple[PreparedData, CorpusHealth]:
+    """The data stage and run health's corpus statistics (from the columns it cached), then the run folder
+    made ready (checkpoints of a replaced run removed, an interrupted final folder published). Seeds the run
+    first, so the model built next starts from the same weights."""
     set_seed(settings.optimization.seed)
     output_dir = Path(settings.output.output_dir)
     prepared = prepare(
@@ -188,12 +192,16 @@ def prepare_run_data(
         checkpoint=checkpoint,
         source=source,
     )
+    with cache_writers_first(accelerator), naming_cache_failures():  # one writer of the statistics' cache file
+        corpus_health = cached_corpus_health(
+            prepared.statistics_columns, prepared.eval_instances, prepared.tokenizer, settings.data.max_seq_length
+        )
     if accelerator.is_main_process:
         if settings.output.overwrite_output_dir or starts_over_with_auto(output_dir, settings.output.resume_from_checkpoint):
             remove_checkpoints(output_dir)
         publish_files(output_dir)  # finishes a final folder whose publication was interrupted
     accelerator.wait_for_everyone()
-    return prepared
+    return prepared, corpus_health
 
 
 def run_summary(
@@ -262,7 +270,7 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         checked_on_main_process(accelerator, partial(held.enter_context, run_folder_lock(settings.output.output_dir)))
         check_output_dir_shared(Path(settings.output.output_dir), accelerator)
         checkpoint, source = check_before_work(settings, accelerator)
-        prepared = prepare_run_data(settings, accelerator, checkpoint, source)
+        prepared, corpus_health = prepare_run_data(settings, accelerator, checkpoint, source)
         check_processes_agree(settings, prepared, accelerator)  # before the first update, on every rank
         model, start_callbacks = build_model(settings, prepared.config, source, model_class)
         set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
@@ -290,7 +298,7 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
             accelerator.init_trackers("hfbert-pretraining", config=summary)
             callbacks.append(Tracker(accelerator))
         # the budget as training_args.json records it: a replay of log_history.json judges as this run did
-        health = RunHealth(prepared.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
+        health = RunHealth(corpus_health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
         samples = Samples(prepared.tokenizer, prepared.sample_sentences, prepared.other_sentence)
         attached = Callbacks([*callbacks, health, samples])
         try:
