@@ -7,7 +7,7 @@
     batches             the loaders and each batch's shape                                     (batches; stream)
     optimization        optimizer, schedule, budget, prepared by accelerate                    (optimization)
     fit                 the loop: step, log, evaluate, checkpoint, preemption; callbacks       (loop, callbacks)
-    finish              final folder (model, tokenizer, card, curves, samples) and push         (finish)
+    finish              final folder (model, tokenizer, card, curves, the callbacks' files), push (finish)
                         then the process group ended                                            (process_group)
 
 The cached and the streamed data (--streaming) differ only inside the data stage (`data.prepare`) and the
