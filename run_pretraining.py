@@ -8,7 +8,7 @@ Run with --help for every flag; the library behind it is the package hfbert.pret
 import os
 
 # The launcher (torchrun) that started this process, read before the imports below (seconds): a worker whose
-# launcher dies meanwhile is reparented, and so still stops (hfbert.pretraining.extras.cluster.stop_with_the_launcher).
+# launcher dies meanwhile is reparented, and so still stops (hfbert.pretraining.process_group.stop_with_the_launcher).
 LAUNCHER_PID = os.getppid()
 
 from hfbert.errors import stops_in_one_line  # noqa: E402

@@ -124,7 +124,7 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     settings = parse_run_flags(run_flags(args, output_dir, variant_flags))
     optimization = settings.optimization
     accelerator, precision = start_run(settings)
-    prepared = prepare_run_data(settings, accelerator, checkpoint=None)
+    prepared, _ = prepare_run_data(settings, accelerator, checkpoint=None)
     model, start_callbacks = build_model(settings, prepared.config, None, HfBertForPreTraining)
     set_seed(optimization.seed, device_specific=True)
     device, eval_batch_size = accelerator.device, settings.output.per_device_eval_batch_size

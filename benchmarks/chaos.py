@@ -71,7 +71,7 @@ MAX_ATTEMPTS = 6
 DDP_TIMEOUT_SECONDS = 60  # a lost peer ends a collective within the attempt's bound
 EXIT_GRACE_SECONDS = 5  # a launcher exits after its workers: what is left after it is an orphan
 # ... unless a signal ended the launcher (SIGKILL, or SIGUSR1, which torchrun does not handle): its workers then
-# stop by design (cluster.stop_with_the_launcher): the update, the next logging step, a checkpoint, and a store
+# stop by design (process_group.stop_with_the_launcher): the update, the next logging step, a checkpoint, and a store
 # that is gone noticed within --ddp_timeout. Trial 435203504 (load 7): still saving 5 s after torchrun died.
 ORPHAN_STOP_SECONDS = DDP_TIMEOUT_SECONDS + 60
 KILL_WAIT_SECONDS = 30  # a killed process frees its memory before it closes its files

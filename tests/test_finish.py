@@ -2,6 +2,7 @@
 weights in memory, and the fill-mask section handed back instead of parsed out of samples.md."""
 
 import json
+import math
 
 import torch
 from conftest import tiny_config
@@ -10,7 +11,7 @@ from test_inspect import write_samples_from_folder
 from hfbert import HfBertForPreTraining
 from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.cli import parse_args
-from hfbert.pretraining.data import PreparedData
+from hfbert.pretraining.extras.samples import Samples
 from hfbert.pretraining.finish import FinalFolder, write_final_folder
 
 SENTENCES = [
@@ -22,14 +23,13 @@ OTHER = "The band toured Europe in the summer ."
 
 
 def write(output_dir, model, tokenizer, sentences=(SENTENCES, OTHER), flags=()) -> FinalFolder:
-    prepared = PreparedData(tokenizer, model.config, train=None, eval_instances=None, sample_sentences=sentences[0],
-                           other_sentence=sentences[1])  # fmt: skip
+    samples = Samples(tokenizer, sentences[0], other_sentence=sentences[1])
     history = [{"step": 1, "loss": 7.0, "learning_rate": 1e-4}, {"step": 2, "eval_mlm_loss": 6.5}]
     progress = TrainingProgress(completed_steps=2, train_seconds=3.0, log_history=history)
     metrics = {"eval_mlm_loss": 6.5, "eval_mlm_accuracy": 0.01}
     summary = {"precision": "no", "corpus": "shipped WikiText-2 sample"}
     settings = parse_args(["--output_dir", str(output_dir), *flags])
-    return write_final_folder(prepared, metrics, summary, None, settings, model, model.state_dict(), progress)
+    return write_final_folder(tokenizer, metrics, summary, samples, settings, model, model.state_dict(), progress)
 
 
 def test_the_final_folder_is_one_set_with_samples_from_the_weights_in_memory(tmp_path, sample_tokenizer):
@@ -68,6 +68,45 @@ def test_the_cards_snippets_load_the_hub_model_id_namespace_included(tmp_path, s
     card = (folder / "README.md").read_text()
     assert card.count('from_pretrained("me/hfbert-x"') == 3 and 'pipeline("fill-mask", model="me/hfbert-x"' in card
     assert '"hfbert-x"' not in card and "\n# hfbert-x\n" in card  # the title is the model's name
+
+
+def test_the_callbacks_files_card_sections_and_reference_lines_are_part_of_the_one_set(tmp_path, sample_tokenizer, monkeypatch):
+    """Run health and the samples are callbacks that finish does not know by name (`on_final_folder`): their
+    files are published with the rest, the card links the samples and holds the health section, and the curves
+    draw the health's baselines."""
+    from test_run_health import BUDGET, corpus_with_duplicates
+
+    from hfbert.pretraining import finish
+    from hfbert.pretraining.callbacks import Callbacks
+    from hfbert.pretraining.extras.health.signatures import RunHealth
+
+    drawn = {}
+    monkeypatch.setattr(finish, "plot_training_curves", lambda *args, **kwargs: drawn.update(kwargs))
+    model, progress = HfBertForPreTraining(tiny_config()), TrainingProgress(completed_steps=2)
+    callbacks = Callbacks([RunHealth(corpus_with_duplicates(), BUDGET, True), Samples(sample_tokenizer, SENTENCES, OTHER)])
+    settings = parse_args(["--output_dir", str(tmp_path / "run")])
+    final = write_final_folder(sample_tokenizer, {}, {}, callbacks, settings, model, model.state_dict(), progress)
+    published = json.loads((final.path / ".hfbert-final-files.json").read_text())
+    assert {"run_health.json", "samples.md", "samples_attention.png"} <= set(published)
+    assert json.loads((final.path / "run_health.json").read_text())["event_kinds"][0] == "duplicate_text"
+    card = (final.path / "README.md").read_text()
+    assert "## Run health" in card and "duplicate_text" in card and "[samples.md](samples.md)" in card
+    assert drawn["reference_lines"] == [("MLM loss", 7.0, "unigram baseline"), ("NSP loss", math.log(2), "chance"),
+                                        ("NSP accuracy", 0.5, "chance")]  # fmt: skip
+    assert final.fill_mask.startswith("## Fill-mask")
+
+
+def test_the_tokenizer_is_saved_before_the_samples_call_it(tmp_path, sample_tokenizer):
+    """A call resets the truncation (and padding) a tokenizer's file keeps: saved after the samples, a
+    --tokenizer_name folder with truncation would reach the final folder without it."""
+    from transformers import AutoTokenizer
+
+    sample_tokenizer.save_pretrained(tmp_path / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
+    tokenizer.backend_tokenizer.enable_truncation(max_length=64)
+    folder = write(tmp_path / "run", HfBertForPreTraining(tiny_config()), tokenizer).path
+    assert (folder / "samples.md").is_file()
+    assert json.loads((folder / "tokenizer.json").read_text())["truncation"]["max_length"] == 64
 
 
 class OtherRankOfTwo:

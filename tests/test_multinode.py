@@ -22,13 +22,10 @@ from test_training import REPO, final_weights, run_args, subprocess_env
 
 from hfbert.errors import CheckpointError, Refusal, RunFailure
 from hfbert.files import run_folder_lock
+from hfbert.pretraining import process_group
 from hfbert.pretraining.extras import cluster
-from hfbert.pretraining.extras.cluster import (
-    ProcessGroupError,
-    checked_on_main_process,
-    differences,
-    form_process_group,
-)
+from hfbert.pretraining.extras.cluster import differences
+from hfbert.pretraining.process_group import ProcessGroupError, checked_on_main_process, form_process_group
 
 BOUND_SECONDS = 240  # every process of a launch has exited by then (one takes 20-40 s on 2 busy cores)
 STEPS = ("--max_train_steps", "30", "--checkpointing_steps", "10", "--eval_steps", "1000")
@@ -203,7 +200,7 @@ def checked(rank: int, outcome: list, check) -> object:
         else:
             outcome[:] = objects
 
-    with mock.patch.object(cluster, "broadcast_object_list", broadcast), mock.patch.object(cluster, "end_process_group"):
+    with mock.patch.object(process_group, "broadcast_object_list", broadcast), mock.patch.object(process_group, "end_process_group"):
         return checked_on_main_process(accelerator, check)
 
 
@@ -232,8 +229,8 @@ def test_a_full_disk_at_the_shared_folder_check_is_one_refusal_on_every_rank(tmp
                 outcome[:] = objects
 
         with (
-            full_disk, mock.patch.object(cluster, "broadcast_object_list", broadcast),
-            mock.patch.object(cluster, "end_process_group"),
+            full_disk, mock.patch.object(process_group, "broadcast_object_list", broadcast),
+            mock.patch.object(process_group, "end_process_group"),
             pytest.raises(Refusal, match=r"^--output_dir .*: no space left writing .*; free space .* same command"),
         ):
             cluster.check_output_dir_shared(tmp_path, accelerator)
@@ -415,7 +412,7 @@ else:
         open(sys.argv[2] + "-imported", "w").close()
         while not os.path.exists(sys.argv[2] + "-go"):
             time.sleep(0.05)
-    from hfbert.pretraining.extras.cluster import stop_with_the_launcher
+    from hfbert.pretraining.process_group import stop_with_the_launcher
     stop_with_the_launcher(launcher)
     open(sys.argv[2], "w").close()
     time.sleep(600)
@@ -511,7 +508,7 @@ class Accelerator:  # what end_process_group uses of accelerate's
     def end_training(self):
         raise AssertionError("the group was torn down without its store")
 
-from hfbert.pretraining.extras.cluster import end_process_group, exit_now
+from hfbert.pretraining.process_group import end_process_group, exit_now
 if end_process_group(Accelerator()):
     sys.exit(1)
 exit_now(143)

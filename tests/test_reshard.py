@@ -19,13 +19,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hfbert.checkpointing import TrainingProgress
 from hfbert.errors import CheckpointError, Refusal
-from hfbert.pretraining.batches import TrainingBatches
-from hfbert.pretraining.extras.reshard import (
-    continue_on_this_split,
-    keep_global_batch,
-    micro_batches_to_skip,
-    set_accumulation,
-)
+from hfbert.pretraining.batches import TrainingBatches, micro_batches_to_skip
+from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.settings import OptimizationSettings
 
 CHECKPOINT = "runs/x/checkpoint-30"
@@ -100,8 +95,7 @@ def test_a_global_batch_that_cannot_be_split_is_refused_naming_the_launches_that
     ],
 )
 def test_the_global_position_becomes_this_process_count_s(position, num_processes, batches_per_process, expected):
-    progress = TrainingProgress(micro_batches_in_epoch=position)
-    skipped = micro_batches_to_skip(progress, num_processes, batches_per_process)
+    skipped = micro_batches_to_skip(position, 0, num_processes, batches_per_process)
     assert skipped == expected and type(skipped) is int  # a count of batches to skip, never 4.0
 
 
@@ -123,7 +117,7 @@ def test_a_resumed_epoch_continues_accelerate_s_accumulation_count_from_its_posi
 
 def test_a_position_inside_an_update_of_this_split_is_refused():
     with pytest.raises(CheckpointError) as refused:
-        micro_batches_to_skip(TrainingProgress(micro_batches_in_epoch=6), 4, 5)
+        micro_batches_to_skip(6, 0, 4, 5)
     assert str(refused.value) == (
         "the checkpoint stands at micro-batch 6 of epoch 0, which 4 processes cannot continue from (it is no "
         "multiple of 4); resume it on a number of processes that divides the micro-batches of an update"

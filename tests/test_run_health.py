@@ -12,7 +12,7 @@ from datasets import Dataset
 from hfbert.files import write_json_atomic
 from hfbert.model_card import build_model_card
 from hfbert.plotting import plot_training_curves
-from hfbert.pretraining.data import tokenized_with_statistics
+from hfbert.pretraining.data import StatisticsColumns, tokenized_with_statistics
 from hfbert.pretraining.extras.health import corpus as health_corpus
 from hfbert.pretraining.extras.health.corpus import (
     Baselines,
@@ -113,13 +113,14 @@ def test_corpus_health_is_read_from_the_cache_the_second_time(tmp_path, sample_t
     documents = Dataset.load_from_disk(tmp_path / "d")
     tokenized = tokenized_with_statistics(documents, sample_tokenizer)
     evaluation = Dataset.from_dict({"input_ids": [[2, 10, 11, 3]] * 4, "next_sentence_label": [0, 1, 0, 1]})
-    first = cached_corpus_health(tokenized, documents, evaluation, sample_tokenizer, 128, "x")
+    columns = StatisticsColumns(tokenized, documents, "x")
+    first = cached_corpus_health(columns, evaluation, sample_tokenizer, 128)
 
     def fail(*args, **kwargs):
         raise AssertionError("computed again instead of read from the cache")
 
     monkeypatch.setattr(health_corpus, "corpus_statistics", fail)
-    assert cached_corpus_health(tokenized, documents, evaluation, sample_tokenizer, 128, "x") == first
+    assert cached_corpus_health(columns, evaluation, sample_tokenizer, 128) == first
 
 
 # ---- signatures on made-up rows ------------------------------------------------------------------------

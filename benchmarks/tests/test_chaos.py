@@ -153,7 +153,7 @@ WRITTEN_OUT = {
 }
 
 # A worker whose store's host (node 0's torchrun) died hung at exit in a torch.distributed destructor; it now
-# exits without the teardown (cluster.end_process_group, exit_now; tests/test_multinode.py has the fast test).
+# exits without the teardown (process_group.end_process_group, exit_now; tests/test_multinode.py has the fast test).
 # Two nodes on two cores take minutes; the suite keeps the one-node trials (issue 44: under a minute).
 TWO_NODES = pytest.mark.skipif(not os.environ.get("HFBERT_CHAOS_ALL"), reason="set HFBERT_CHAOS_ALL=1 to run it")
 

@@ -3,6 +3,8 @@ each, in the order data flows through them:
 
     settings      the run's flags, in groups (corpus, data, model, optimization, output)
     precision     the precision and the Accelerator
+    process_group the processes of a launch: their group formed and ended, the main process's checks
+                  given to every rank, a worker that stops with its launcher
     source_model  --model_name_or_path: the weights a run starts from
     data          corpus -> documents -> tokenizer -> model config -> NSP instances (cached by datasets, or
                   with --streaming a fixed validation set and each process's share of a stream)
@@ -15,7 +17,8 @@ each, in the order data flows through them:
     callbacks     the events the loop calls besides the step
     loop          fit and train_step: step, log, evaluate, checkpoint; preemption
     finish        the final folder (model, tokenizer, card, curves) and the push
-    run           pretrain(settings): the model built and every stage composed, in one function
+    run           pretrain(settings): the model built and every stage composed, in one function; it
+                  ends the process group
     cli           run_pretraining.py's flags and recipes -> main -> pretrain (also `python -m
                   hfbert.pretraining`, __main__, and the console script hfbert-pretrain)
     extras/       the optional parts, attached by run and cli alone: run health, the dry run's plan,

@@ -32,9 +32,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from hfbert.checkpointing import TrainingProgress
-from hfbert.errors import Refusal, RunFailure
+from hfbert.errors import CheckpointError, Refusal, RunFailure
 from hfbert.modeling_hfbert import IGNORE_INDEX
-from hfbert.pretraining.extras.reshard import micro_batches_to_skip
 from hfbert.pretraining.instances import DRAW_KEY, SHUFFLE_GROUP, DrawnInstances, TrainingStream
 from hfbert.pretraining.stream import (
     ERROR_KEY,
@@ -377,6 +376,22 @@ def loader_options(num_workers: int, pin_memory: bool, persistent: bool = True) 
     }
 
 
+def micro_batches_to_skip(position: int, epoch: int, num_processes: int, batches_per_process: int) -> int:
+    """This process's micro-batches of `epoch` already trained on, from the global `position` (the
+    checkpoint's `micro_batches_in_epoch`). A position past every process's next-to-last micro-batch is the end
+    of the epoch (the writer's epoch ended with its last update; with another process count accelerate fills
+    its last round differently): skip it all."""
+    if position > (batches_per_process - 1) * num_processes:
+        return batches_per_process
+    if position % num_processes:
+        raise CheckpointError(
+            f"the checkpoint stands at micro-batch {position} of epoch {epoch}, which "
+            f"{num_processes} processes cannot continue from (it is no multiple of {num_processes}); resume it "
+            "on a number of processes that divides the micro-batches of an update"
+        )
+    return position // num_processes
+
+
 class TrainingBatches:
     """A process's training batches, all that setup, the loop and a checkpoint ask of them: here those of the
     written or drawn instances, where an epoch is a shuffle of them all and the position within it is
@@ -398,7 +413,9 @@ class TrainingBatches:
         self.loader.set_epoch(epoch)
         if not progress.micro_batches_in_epoch:
             return self.loader
-        skip = micro_batches_to_skip(progress, accelerator.num_processes, len(self.loader))
+        skip = micro_batches_to_skip(
+            progress.micro_batches_in_epoch, progress.epoch, accelerator.num_processes, len(self.loader)
+        )
         # accelerate's micro-batch counter (which micro-batch ends an accumulation) comes back from this rank's
         # RNG file counted in the writer's split, or not at all: count it in this one (0 past the epoch's end).
         accelerator.step = skip % len(self.loader)

@@ -1,6 +1,7 @@
 """What the loop does besides the step, plugged in as callbacks (the shape of Composer's events): the loop
 calls every registered callback at each event, in order, and knows nothing of what they do. The structured
-fade, the [CLS] penalty, the progress bar and the trackers are callbacks (`attention_shaping`, `loop`).
+fade, the [CLS] penalty, the progress bar, the trackers, run health and the final folder's samples are
+callbacks (`extras.attention_shaping`, `loop`, `extras.health`, `extras.samples`), attached by `run`.
 
 Events, and what a callback may do there:
 
@@ -10,6 +11,9 @@ Events, and what a callback may do there:
     on_log(row, share)              at a logging point, with the training row (already read to the host)
     on_evaluate(row, share)         after each held-out evaluation, with its row
     on_fit_end(progress)            when fit stops: after the final evaluation, or on preemption before its checkpoint
+    on_final_folder(folder)         on the main process, while the final folder is staged (`finish`; its
+                                    tokenizer and records written, its model not yet): writes the callback's
+                                    files into it and fills in what the card and the curves show of them
 
 A callback's own state must follow from the checkpointed progress (its log history and update count), so
 that a resumed run continues it without a file of its own.
@@ -18,11 +22,30 @@ that a resumed run continues it without a file of its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from hfbert.checkpointing import TrainingProgress
+
+
+@dataclass
+class StagedFinalFolder:
+    """The final folder as `on_final_folder` sees it: where it is staged, the model's name and config, the final
+    weights (a state dict: the model is saved after the event), and what the callbacks' files add, which they
+    fill in: the card's `samples_name` and `health_section` (`hfbert.model_card.build_model_card`), the curves'
+    `reference_lines` and the text printed at the run's end."""
+
+    path: Path
+    model_name: str
+    config: Any
+    weights: dict[str, torch.Tensor]
+    samples_name: str | None = None
+    health_section: str | None = None
+    reference_lines: list[tuple[str, float, str]] = field(default_factory=list)
+    fill_mask: str | None = None
 
 
 class Callback:
@@ -44,6 +67,9 @@ class Callback:
         pass
 
     def on_fit_end(self, progress: TrainingProgress) -> None:
+        pass
+
+    def on_final_folder(self, folder: StagedFinalFolder) -> None:
         pass
 
 
@@ -77,4 +103,8 @@ class Callbacks(Callback):
     def on_fit_end(self, progress: TrainingProgress) -> None:
         for callback in self.callbacks:
             callback.on_fit_end(progress)
+
+    def on_final_folder(self, folder: StagedFinalFolder) -> None:
+        for callback in self.callbacks:
+            callback.on_final_folder(folder)
 

@@ -31,8 +31,8 @@ import yaml
 from hfbert.corpus_arguments import CorpusArguments
 from hfbert.errors import Refusal, stops_in_one_line
 from hfbert.flags import RefusingHfArgumentParser
-from hfbert.pretraining.extras.cluster import exit_now, stop_with_the_launcher
 from hfbert.pretraining.loop import Preempted
+from hfbert.pretraining.process_group import exit_now, stop_with_the_launcher
 from hfbert.pretraining.run import dry_run, pretrain
 from hfbert.pretraining.settings import (
     DataSettings,

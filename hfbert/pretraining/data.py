@@ -12,6 +12,7 @@ share of the stream (`streamed_instances`, made into instances by :mod:`hfbert.p
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -52,12 +53,6 @@ from hfbert.corpus_arguments import CorpusArguments, corpus_fingerprint
 from hfbert.errors import Refusal
 from hfbert.files import running_no_folder_code
 from hfbert.initialization import check_structured_attention_config
-from hfbert.pretraining.extras.health.corpus import (
-    STATISTICS_FEATURES,
-    CorpusHealth,
-    cached_corpus_health,
-    document_statistics,
-)
 from hfbert.pretraining.instances import (
     BOUNDARY_HINT,
     MIN_NSP_DOCUMENTS,
@@ -262,6 +257,41 @@ def tokenize_documents(
     return tokenized_with_statistics(documents, tokenizer, num_proc).select_columns(["sentences"])
 
 
+# The columns the tokenizing map adds beside "sentences" (one row per document that has text).
+STATISTICS_FEATURES = {
+    "paragraph_hashes": List(Value("int64")),
+    "paragraph_tokens": List(Value("int32")),
+    "document_hash": Value("int64"),
+    "document_tokens": Value("int64"),
+    "sentence_count": Value("int32"),
+    "unknown_tokens": Value("int32"),
+    "document_index": Value("int64"),  # the row of the documents dataset (documents without text are dropped)
+}
+
+
+def text_hash(text: str) -> int:
+    """A 63-bit hash of `text` with its whitespace collapsed (the same in every process, unlike `hash`; 63
+    bits: pyarrow reads Python ints as int64)."""
+    digest = hashlib.blake2b(" ".join(text.split()).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def document_statistics(
+    paragraphs: Sequence[str], paragraph_ids: Sequence[Sequence[Sequence[int]]], unknown_id: int | None, index: int
+) -> dict[str, Any]:
+    """The `STATISTICS_FEATURES` row of one document: its paragraphs' text and their sentences' token ids."""
+    paragraph_tokens = [sum(len(ids) for ids in sentences) for sentences in paragraph_ids]
+    return {
+        "paragraph_hashes": [text_hash(paragraph) for paragraph in paragraphs],
+        "paragraph_tokens": paragraph_tokens,
+        "document_hash": text_hash("\n".join(paragraphs)),
+        "document_tokens": sum(paragraph_tokens),
+        "sentence_count": sum(1 for sentences in paragraph_ids for ids in sentences if ids),
+        "unknown_tokens": sum(ids.count(unknown_id) for sentences in paragraph_ids for ids in sentences),
+        "document_index": index,
+    }
+
+
 def tokenized_with_statistics(
     documents: Dataset, tokenizer: PreTrainedTokenizerBase, num_proc: int | None = None
 ) -> Dataset:
@@ -334,6 +364,17 @@ TRAINED_TOKENIZER_DIR = ".tokenizer"  # hidden: never uploaded
 SAMPLE_WORDS = (6, 40)  # the final folder's samples use sentences of 6 to 40 words
 
 
+@dataclass(frozen=True)
+class StatisticsColumns:
+    """Training documents (`scope` says which: the training split, a stream's first window) and their tokenized
+    form with the `STATISTICS_FEATURES` columns beside the sentences: what the corpus statistics are counted
+    from (`hfbert.pretraining.extras.health.corpus.cached_corpus_health`), no text read again."""
+
+    tokenized: Dataset
+    documents: Dataset
+    scope: str
+
+
 @dataclass
 class PreparedData:
     """What the run trains on: tokenizer, the model config that matches it, and the instances."""
@@ -344,7 +385,7 @@ class PreparedData:
     eval_instances: Dataset
     sample_sentences: list[str]  # validation sentences for the final folder's samples.md
     other_sentence: str | None  # a sentence of another validation document (the random NSP pair)
-    health: CorpusHealth | None = None  # the corpus statistics and baselines (hfbert.pretraining.extras.health)
+    statistics_columns: StatisticsColumns | None = None
     # sha256 of the local corpus files as the data stage read them (None: a Hub dataset); what checkpoints record
     corpus_sha256: str | None = None
 
@@ -470,9 +511,9 @@ def prepare(
             instances = streamed_instances(documents, tokenizer, data, seed, corpus, accelerator)
         else:
             instances = cached_instances(documents, tokenizer, data, seed)
-    train, validation, evaluation, health = instances
+    train, validation, evaluation, columns = instances
     sentences, other = sample_sentences(validation)
-    return PreparedData(tokenizer, config, train, evaluation, sentences, other, health, corpus_sha256)
+    return PreparedData(tokenizer, config, train, evaluation, sentences, other, columns, corpus_sha256)
 
 
 def evaluation_instances(tokenized: Dataset, recipe: InstanceRecipe, data: DataSettings) -> Dataset:
@@ -488,10 +529,9 @@ def evaluation_instances(tokenized: Dataset, recipe: InstanceRecipe, data: DataS
 
 def cached_instances(
     documents: DatasetDict, tokenizer: Any, data: DataSettings, seed: int
-) -> tuple[DrawnInstances, Dataset, Dataset, CorpusHealth]:
+) -> tuple[DrawnInstances, Dataset, Dataset, StatisticsColumns]:
     """The training instances (`dupe_factor` passes, counted now and made while training), the validation
-    documents, their instances and the training corpus's statistics and baselines, from the same cached
-    columns."""
+    documents, their instances and the training split's statistics columns, all from the same cached map."""
     recipe = instance_recipe(data, tokenizer, seed)
     workers = data.preprocessing_num_workers
     tokenized = {
@@ -501,10 +541,8 @@ def cached_instances(
     # --objective mlm cuts every document the same way in every pass: --dupe_factor is 1 (settings refuse more).
     train = draw_training_instances(sentences["train"], recipe, data.dupe_factor, num_proc=workers)
     evaluation = evaluation_instances(sentences["validation"], recipe, data)
-    health = cached_corpus_health(
-        tokenized["train"], documents["train"], evaluation, tokenizer, data.max_seq_length, "the training split"
-    )
-    return train, documents["validation"], evaluation, health
+    columns = StatisticsColumns(tokenized["train"], documents["train"], "the training split")
+    return train, documents["validation"], evaluation, columns
 
 
 def streamed_instances(
@@ -514,10 +552,10 @@ def streamed_instances(
     seed: int,
     corpus: CorpusArguments,
     accelerator: Accelerator,
-) -> tuple[TrainingStream, Dataset, Dataset, CorpusHealth]:
+) -> tuple[TrainingStream, Dataset, Dataset, StatisticsColumns]:
     """This process's share of the training stream (`split_dataset_by_node`), the validation documents (written
     to the datasets cache, `validation_documents`), their instances, made as a cached run makes them, and the
-    statistics of the stream's first window."""
+    statistics columns of the stream's first window (written to the datasets cache too)."""
     recipe = instance_recipe(data, tokenizer, seed)
     validation = validation_documents(documents, corpus, data)
     tokenized = tokenize_documents(validation, tokenizer, num_proc=data.preprocessing_num_workers)
@@ -530,10 +568,10 @@ def streamed_instances(
     head = written_documents(train, data.stream_window_documents, corpus, "train", held_out)
     scope = f"the first {len(head):,} training documents of the stream (--streaming reads no further ahead)"
     tokenized_head = tokenized_with_statistics(head, tokenizer, num_proc=data.preprocessing_num_workers)
-    health = cached_corpus_health(tokenized_head, head, evaluation, tokenizer, data.max_seq_length, scope)
+    columns = StatisticsColumns(tokenized_head, head, scope)
     train = split_dataset_by_node(train, rank=accelerator.process_index, world_size=accelerator.num_processes)
     stream = TrainingStream(train, recipe, tokenizer, data.stream_window_documents, accelerator.process_index)
-    return stream, validation, evaluation, health
+    return stream, validation, evaluation, columns
 
 
 def check_stream_validation_for_nsp(tokenized: Dataset) -> None:

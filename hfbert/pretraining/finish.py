@@ -1,5 +1,5 @@
-"""Finish stage: the final folder of a run (model, tokenizer, metrics, curves, samples, model card, written as
-one set) and the push to the Hub.
+"""Finish stage: the final folder of a run (model, tokenizer, metrics, curves, model card and the callbacks'
+files, such as samples.md and run_health.json, written as one set) and the push to the Hub.
 
 Everything is staged first and published together (`hfbert.files.staged_files`), so a crash never
 leaves a mix of an earlier run's files and this run's.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from hfbert.analysis import ModelAnalysis
 from hfbert.checkpointing import (
     EVAL_RESULTS_NAME,
     LOG_HISTORY_NAME,
@@ -28,15 +27,8 @@ from hfbert.checkpointing import (
 from hfbert.files import FINAL_RECORD, recorded_final_files, staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
-from hfbert.pretraining.data import PreparedData
+from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
 from hfbert.pretraining.evaluation import check_weights_are_finite
-from hfbert.pretraining.extras.cluster import end_process_group
-from hfbert.pretraining.extras.health.report import (
-    RUN_HEALTH_NAME,
-    health_card_section,
-    report_reference_lines,
-)
-from hfbert.pretraining.extras.samples import SAMPLES_NAME, write_samples
 from hfbert.pretraining.settings import OutputSettings, PretrainingSettings
 from hfbert.pretraining.training import TrainingState
 
@@ -50,44 +42,39 @@ class FinalFolder:
 
     path: Path
     fill_mask: str | None = None
-    process_group_ended: bool = True  # False: the entry point leaves with cluster.exit_now
+    process_group_ended: bool = True  # False: the entry point leaves with process_group.exit_now
 
 
 def write_final_folder(
-    prepared: PreparedData,
+    tokenizer: Any,
     metrics: dict[str, float],
     summary: dict[str, Any],
-    health: dict[str, Any] | None,
+    callbacks: Callback,
     settings: PretrainingSettings,
     model: torch.nn.Module,
     state_dict: dict[str, torch.Tensor],
     progress: TrainingProgress,
 ) -> FinalFolder:
-    """Write model (with its code), `data`'s tokenizer, eval_results.json (the final evaluation's `metrics`),
+    """Write model (with its code), the run's tokenizer, eval_results.json (the final evaluation's `metrics`),
     training_args.json (`summary`: every setting and the facts of the run), log_history.json (`progress`'s),
-    run_health.json (`health`, if any), the curves, samples.md (fill-mask, NSP and similarity on `data`'s
-    sample sentences) and the model card into --output_dir as one set. Main process only."""
+    what `callbacks` add (`Callback.on_final_folder`: samples.md, run_health.json), the curves and the model
+    card into --output_dir as one set. Main process only."""
     output_dir, output = Path(settings.output.output_dir), settings.output
     model_name = (output.hub_model_id or output_dir.name).split("/")[-1]
     eval_results = {"step": progress.completed_steps, "train_seconds": progress.train_seconds, **metrics}
-    sentences, tokenizer = prepared.sample_sentences, prepared.tokenizer
-    # Before save_pretrained, which empties the state dict it is given.
-    analysis = ModelAnalysis.of_weights(model.config, state_dict, tokenizer) if len(sentences) >= 2 else None
     with staged_files(output_dir) as staging:
-        model.save_pretrained(staging, state_dict=state_dict)
         write_tokenizer(tokenizer, staging)
         write_json_atomic(staging / EVAL_RESULTS_NAME, eval_results)
         write_json_atomic(staging / TRAINING_ARGS_NAME, summary)
         write_json_atomic(staging / LOG_HISTORY_NAME, progress.log_history)
-        if health is not None:
-            write_json_atomic(staging / RUN_HEALTH_NAME, health)
+        # After the tokenizer's save (calling the tokenizer resets the truncation and padding its file keeps) and
+        # before the model's (save_pretrained empties the state dict it is given and sets config fields).
+        staged = StagedFinalFolder(staging, model_name, model.config, state_dict)
+        callbacks.on_final_folder(staged)
+        model.save_pretrained(staging, state_dict=state_dict)
         plot_training_curves(
             progress.log_history, staging / CURVES_NAME, title=f"{model_name} pretraining",
-            reference_lines=report_reference_lines(health),
-        )
-        # computed on the weights in memory, on CPU copies of the model
-        fill_mask = None if analysis is None else write_samples(
-            staging, analysis, sentences, other_sentence=prepared.other_sentence, model_name=model_name
+            reference_lines=staged.reference_lines,
         )
         card = build_model_card(
             model_name=model_name,
@@ -95,15 +82,15 @@ def write_final_folder(
             eval_results=eval_results,
             dataset_name=settings.corpus.dataset_name,
             dataset_config_name=settings.corpus.dataset_config_name,
-            samples_name=None if fill_mask is None else SAMPLES_NAME,
-            health_section=None if health is None else health_card_section(health),
+            samples_name=staged.samples_name,
+            health_section=staged.health_section,
             hub_model_id=output.hub_model_id,
         )
         card.save(staging / MODEL_CARD_NAME)  # staged: published with the rest of the folder
         # What a later --overwrite_output_dir may replace: this set, and what earlier runs published that is left.
         earlier = {name for name in recorded_final_files(output_dir) if (output_dir / name).exists()}
         write_json_atomic(staging / FINAL_RECORD, sorted({path.name for path in staging.iterdir()} | earlier))
-    return FinalFolder(output_dir, fill_mask)
+    return FinalFolder(output_dir, staged.fill_mask)
 
 
 def finish(
@@ -112,8 +99,8 @@ def finish(
     output: OutputSettings,
     write: Callable[[torch.nn.Module, dict[str, torch.Tensor], TrainingProgress], FinalFolder],
 ) -> FinalFolder:
-    """Gather the weights, write the final folder (`write`: `write_final_folder` given the run's data,
-    metrics, summary, health and settings, to which this adds the model, its weights and the progress; main
+    """Gather the weights, write the final folder (`write`: `write_final_folder` given the run's tokenizer,
+    metrics, summary, callbacks and settings, to which this adds the model, its weights and the progress; main
     process; a failure such as a full disk is explained on every process: what is intact and how to finish)
     and push it if asked. Weights that are no longer finite stop the run instead (`check_weights_are_finite`)."""
     accelerator.wait_for_everyone()
@@ -126,4 +113,4 @@ def finish(
     final = write_on_every_process(accelerator, write_main, output_dir, output_dir) or FinalFolder(output_dir)
     if accelerator.is_main_process and output.push_to_hub:  # after the agreement: not a write of the folder
         logger.info(f"Pushed to {push_to_hub(output_dir, output.hub_model_id, token=output.hub_token)}")
-    return replace(final, process_group_ended=end_process_group(accelerator))
+    return final

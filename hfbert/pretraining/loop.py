@@ -188,7 +188,7 @@ class Preempted(RuntimeError):
     def __init__(self, message: str, signal_number: int):
         super().__init__(message)
         self.signal_number = signal_number
-        self.process_group_ended = True  # False: the entry point leaves with cluster.exit_now
+        self.process_group_ended = True  # False: the entry point leaves with process_group.exit_now
 
 
 class PreemptionSignals:

@@ -1,13 +1,14 @@
 """The whole run: `pretrain(settings)` composes the stages in the order of the flow, in one function.
 
-    start               the precision and the Accelerator                                     (precision)
+    start               the process group, the precision and the Accelerator                    (process_group, precision)
     check_before_work   the run folder, the checkpoint to resume and its settings, Hub access   (checkpointing)
     data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data)
     model               the model and its start (--attention_init, or a source's weights)     (build_model)
     batches             the loaders and each batch's shape                                     (batches; stream)
     optimization        optimizer, schedule, budget, prepared by accelerate                    (optimization)
     fit                 the loop: step, log, evaluate, checkpoint, preemption; callbacks       (loop, callbacks)
-    finish              final folder (model, tokenizer, card, curves, samples) and push         (finish)
+    finish              final folder (model, tokenizer, card, curves, the callbacks' files), push (finish)
+                        then the process group ended                                            (process_group)
 
 The cached and the streamed data (--streaming) differ only inside the data stage (`data.prepare`) and the
 training batches it leads to (`batches.build_loaders`). To pretrain another model through the same pipeline, pass its
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from hfbert.checkpointing import (
     starts_over_with_auto,
 )
 from hfbert.configuration_hfbert import HfBertConfig
+from hfbert.corpus import naming_cache_failures
 from hfbert.files import check_local_files, check_run_folder_free, publish_files, run_folder_lock
 from hfbert.initialization import init_structured_attention
 from hfbert.model_card import check_hub_access
@@ -54,6 +57,7 @@ from hfbert.pretraining.callbacks import Callback, Callbacks
 from hfbert.pretraining.data import (
     PreparedData,
     build_model_config,
+    cache_writers_first,
     check_corpus,
     check_stream_tokenizer,
     count_training_instances,
@@ -61,21 +65,21 @@ from hfbert.pretraining.data import (
 )
 from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.extras.attention_shaping import ClsAttentionSpread, StructuredFade
-from hfbert.pretraining.extras.cluster import (
-    check_output_dir_shared,
-    check_processes_agree,
+from hfbert.pretraining.extras.cluster import check_output_dir_shared, check_processes_agree
+from hfbert.pretraining.extras.health.corpus import CorpusHealth, cached_corpus_health
+from hfbert.pretraining.extras.health.signatures import BudgetLimits, RunHealth
+from hfbert.pretraining.extras.plan import plan_lines, rehearse_data_stage
+from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch, set_accumulation
+from hfbert.pretraining.extras.samples import Samples
+from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
+from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
+from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
+from hfbert.pretraining.process_group import (
     checked_on_main_process,
     end_process_group,
     form_process_group,
     release_ddp_wrapper,
 )
-from hfbert.pretraining.extras.health.report import health_report
-from hfbert.pretraining.extras.health.signatures import BudgetLimits, RunHealth
-from hfbert.pretraining.extras.plan import plan_lines, rehearse_data_stage
-from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch, set_accumulation
-from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
-from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
-from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.settings import (
     PretrainingSettings,
     check_config_file,
@@ -173,9 +177,10 @@ def prepare_run_data(
     accelerator: Accelerator,
     checkpoint: Path | None,
     source: SourceModel | None = None,
-) -> PreparedData:
-    """The data stage, then the run folder made ready (checkpoints of a replaced run removed, an interrupted
-    final folder published). Seeds the run first, so the model built next starts from the same weights."""
+) -> tuple[PreparedData, CorpusHealth]:
+    """The data stage and run health's corpus statistics (from the columns it cached), then the run folder
+    made ready (checkpoints of a replaced run removed, an interrupted final folder published). Seeds the run
+    first, so the model built next starts from the same weights."""
     set_seed(settings.optimization.seed)
     output_dir = Path(settings.output.output_dir)
     prepared = prepare(
@@ -188,12 +193,16 @@ def prepare_run_data(
         checkpoint=checkpoint,
         source=source,
     )
+    with cache_writers_first(accelerator), naming_cache_failures():  # one writer of the statistics' cache file
+        corpus_health = cached_corpus_health(
+            prepared.statistics_columns, prepared.eval_instances, prepared.tokenizer, settings.data.max_seq_length
+        )
     if accelerator.is_main_process:
         if settings.output.overwrite_output_dir or starts_over_with_auto(output_dir, settings.output.resume_from_checkpoint):
             remove_checkpoints(output_dir)
         publish_files(output_dir)  # finishes a final folder whose publication was interrupted
     accelerator.wait_for_everyone()
-    return prepared
+    return prepared, corpus_health
 
 
 def run_summary(
@@ -263,7 +272,7 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         checked_on_main_process(accelerator, partial(held.enter_context, lock))
         check_output_dir_shared(Path(settings.output.output_dir), accelerator)
         checkpoint, source = check_before_work(settings, accelerator)
-        prepared = prepare_run_data(settings, accelerator, checkpoint, source)
+        prepared, corpus_health = prepare_run_data(settings, accelerator, checkpoint, source)
         check_processes_agree(settings, prepared, accelerator)  # before the first update, on every rank
         model, start_callbacks = build_model(settings, prepared.config, source, model_class)
         set_seed(optimization.seed, device_specific=True)  # same initial weights everywhere, distinct dropout
@@ -282,7 +291,8 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         peak_flops, peak_line = device_peak_flops(device, precision)  # the peak the logged MFU is against
         logger.info(peak_line)
         flops = ModelFlops(model.config, static_slots=slots, peak_flops_per_process=peak_flops)
-        # What the loop does besides the step: the start's, the bar, the [CLS] penalty, the trackers, the health.
+        # What the loop does besides the step: the start's, the bar, the [CLS] penalty, the trackers, the health;
+        # and what the final folder holds besides the model: the health's report and the samples.
         callbacks = [*start_callbacks, ProgressBar(accelerator, budget)]
         if optimization.cls_attention_spread:
             callbacks.append(ClsAttentionSpread(model, optimization.cls_attention_spread))
@@ -290,17 +300,20 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
             accelerator.init_trackers("hfbert-pretraining", config=summary)
             callbacks.append(Tracker(accelerator))
         # the budget as training_args.json records it: a replay of log_history.json judges as this run did
-        health = RunHealth(prepared.health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
+        health = RunHealth(corpus_health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
+        samples = Samples(prepared.tokenizer, prepared.sample_sentences, prepared.other_sentence)
+        attached = Callbacks([*callbacks, health, samples])
         try:
-            metrics = fit(accelerator, state, budget, eval_loader, Callbacks([*callbacks, health]), settings, prepared, flops)
+            metrics = fit(accelerator, state, budget, eval_loader, attached, settings, prepared, flops)
         except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit
             release_ddp_wrapper(accelerator, state)
             stopped.process_group_ended = end_process_group(accelerator)
             raise
-        release_ddp_wrapper(accelerator, state)  # before the process group ends, in finish
-        write = partial(write_final_folder, prepared, metrics, summary, health_report(prepared.health, health.events), settings)
+        release_ddp_wrapper(accelerator, state)  # before the process group ends
+        write = partial(write_final_folder, prepared.tokenizer, metrics, summary, attached, settings)
         with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
-            return finish(accelerator, state, settings.output, write)
+            final = finish(accelerator, state, settings.output, write)
+            return replace(final, process_group_ended=end_process_group(accelerator))
 
 
 def dry_run(settings: PretrainingSettings) -> str:

@@ -27,7 +27,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from hfbert.checkpointing import RNG_FILE, TrainingProgress, relaunch_command
-from hfbert.errors import CheckpointError, Refusal
+from hfbert.errors import Refusal
 from hfbert.pretraining.settings import OptimizationSettings
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def set_accumulation(accelerator: Accelerator, optimization: OptimizationSetting
 def continue_on_this_split(
     accelerator: Accelerator, progress: TrainingProgress, checkpoint: Path, seed: int
 ) -> None:
-    """After `load_checkpoint` (`micro_batches_to_skip` then places each process in the epoch): RNG streams
+    """After `load_checkpoint` (`hfbert.pretraining.batches.micro_batches_to_skip` then places each process in the epoch): RNG streams
     for a process whose rank wrote no RNG file (the checkpoint came from fewer processes), seeded by (seed,
     rank, step), not the fresh-start seed it had, which would replay step 0's dropout. Its dropout is then not
     what any uninterrupted run draws; nothing else is."""
@@ -103,19 +103,3 @@ def continue_on_this_split(
         f"{checkpoint} holds no {RNG_FILE.format(rank=rank)} (written by fewer processes): process {rank} "
         f"seeds its RNG streams (dropout) from (seed {seed}, rank {rank}, step {step})."
     )
-
-
-def micro_batches_to_skip(progress: TrainingProgress, num_processes: int, batches_per_process: int) -> int:
-    """This process's micro-batches of the epoch already trained on, from the global position. A position
-    past every process's next-to-last micro-batch is the end of the epoch (the writer's epoch ended with its
-    last update; with another process count accelerate fills its last round differently): skip it all."""
-    position = progress.micro_batches_in_epoch
-    if position > (batches_per_process - 1) * num_processes:
-        return batches_per_process
-    if position % num_processes:
-        raise CheckpointError(
-            f"the checkpoint stands at micro-batch {position} of epoch {progress.epoch}, which "
-            f"{num_processes} processes cannot continue from (it is no multiple of {num_processes}); resume it "
-            "on a number of processes that divides the micro-batches of an update"
-        )
-    return position // num_processes

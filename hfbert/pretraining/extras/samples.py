@@ -1,5 +1,6 @@
 """The final folder's samples.md: what the trained model makes of a few validation sentences (fill-mask,
-next-sentence prediction, similarity, attention), computed on the run's weights in memory."""
+next-sentence prediction, similarity, attention), computed on the run's weights in memory (the callback
+`Samples`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.errors import Refusal
+from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
 
 SAMPLES_NAME = "samples.md"
 
@@ -106,6 +108,23 @@ def write_samples(
     plot_attention(attention, folder / "samples_attention.png", name)
     write_text(folder / SAMPLES_NAME, "\n".join(lines) + "\n")
     return fill_mask
+
+
+class Samples(Callback):
+    """Writes samples.md into the final folder from the run's sample sentences and `other_sentence` (the data
+    stage's `PreparedData.sample_sentences`; none from fewer than two), on CPU copies of the final weights."""
+
+    def __init__(self, tokenizer: Any, sentences: Sequence[str], other_sentence: str | None):
+        self.tokenizer, self.sentences, self.other_sentence = tokenizer, sentences, other_sentence
+
+    def on_final_folder(self, folder: StagedFinalFolder) -> None:
+        if len(self.sentences) < 2:
+            return
+        analysis = ModelAnalysis.of_weights(folder.config, folder.weights, self.tokenizer)
+        folder.fill_mask = write_samples(
+            folder.path, analysis, self.sentences, other_sentence=self.other_sentence, model_name=folder.model_name
+        )
+        folder.samples_name = SAMPLES_NAME
 
 
 def fill_mask_section(analysis: ModelAnalysis, sentences: Sequence[str], top_k: int, limit: int) -> str:

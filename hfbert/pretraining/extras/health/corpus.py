@@ -1,7 +1,7 @@
 """Corpus statistics and the baselines a run should beat, from what the data stage already made.
 
 The tokenizing map of the data stage (`hfbert.pretraining.data.tokenized_with_statistics`) writes, beside each
-document's token ids, a few integers per document (`STATISTICS_FEATURES`: a hash and a token count per
+document's token ids, a few integers per document (its `STATISTICS_FEATURES`: a hash and a token count per
 paragraph, a hash of the whole document, its sentences, its [UNK] tokens) into the same datasets cache. The
 statistics are sums and counts over those integers, and the baselines are counts over the cached token ids:
 no text is read or tokenized again. Both are then stored as one JSON file beside the tokenized documents'
@@ -10,7 +10,6 @@ cache files, under a key made of the caches' fingerprints, so that a second run 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -21,10 +20,10 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow.compute as pc
-from datasets import Value
 from datasets.fingerprint import Hasher
 
 from hfbert.files import write_json_atomic
+from hfbert.pretraining.data import STATISTICS_FEATURES, StatisticsColumns
 
 EVENT_KINDS = (
     "duplicate_text", "unknown_tokens", "short_documents",  # the corpus's: `CorpusStatistics.events`
@@ -45,16 +44,6 @@ SHORT_DOCUMENT_SHARE = 0.25
 MOST_REPEATED_LINES = 5  # shown in run_health.json and in the duplicate_text warning
 REPEATED_LINE_CHARACTERS = 80  # each shown line is cut to this many characters
 
-# The columns the tokenizing map adds beside "sentences" (one row per document that has text).
-STATISTICS_FEATURES = {
-    "paragraph_hashes": datasets.List(Value("int64")),
-    "paragraph_tokens": datasets.List(Value("int32")),
-    "document_hash": Value("int64"),
-    "document_tokens": Value("int64"),
-    "sentence_count": Value("int32"),
-    "unknown_tokens": Value("int32"),
-    "document_index": Value("int64"),  # the row of the documents dataset (documents without text are dropped)
-}
 _CODE_FINGERPRINT = Hasher.hash(Path(__file__).read_bytes())
 _CACHE_PREFIX = "hfbert-corpus-health-"
 
@@ -72,29 +61,6 @@ class HealthEvent:
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
             raise ValueError(f"health event kind {self.kind!r} is not one of {EVENT_KINDS}")
-
-
-def text_hash(text: str) -> int:
-    """A 63-bit hash of `text` with its whitespace collapsed (the same in every process, unlike `hash`; 63
-    bits: pyarrow reads Python ints as int64)."""
-    digest = hashlib.blake2b(" ".join(text.split()).encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def document_statistics(
-    paragraphs: Sequence[str], paragraph_ids: Sequence[Sequence[Sequence[int]]], unknown_id: int | None, index: int
-) -> dict[str, Any]:
-    """The `STATISTICS_FEATURES` row of one document: its paragraphs' text and their sentences' token ids."""
-    paragraph_tokens = [sum(len(ids) for ids in sentences) for sentences in paragraph_ids]
-    return {
-        "paragraph_hashes": [text_hash(paragraph) for paragraph in paragraphs],
-        "paragraph_tokens": paragraph_tokens,
-        "document_hash": text_hash("\n".join(paragraphs)),
-        "document_tokens": sum(paragraph_tokens),
-        "sentence_count": sum(1 for sentences in paragraph_ids for ids in sentences if ids),
-        "unknown_tokens": sum(ids.count(unknown_id) for sentences in paragraph_ids for ids in sentences),
-        "document_index": index,
-    }
 
 
 @dataclass(frozen=True)
@@ -169,7 +135,8 @@ class Baselines:
 
 @dataclass(frozen=True)
 class CorpusHealth:
-    """The corpus statistics and the baselines, as the data stage returns them (`PreparedData.health`)."""
+    """The corpus statistics and the baselines (`cached_corpus_health`, from the data stage's
+    `PreparedData.statistics_columns`)."""
 
     statistics: CorpusStatistics
     baselines: Baselines
@@ -263,15 +230,12 @@ def nsp_chance(evaluation: datasets.Dataset) -> tuple[float | None, float | None
 
 
 def cached_corpus_health(
-    train_tokenized: datasets.Dataset,
-    train_documents: datasets.Dataset,
-    evaluation: datasets.Dataset,
-    tokenizer: Any,
-    max_seq_length: int,
-    scope: str,
+    columns: StatisticsColumns, evaluation: datasets.Dataset, tokenizer: Any, max_seq_length: int
 ) -> CorpusHealth:
-    """`CorpusHealth` of a run, read from the datasets cache, or computed and written there (call it with
-    one writer at a time, as the data stage's `cache_writers_first` does); in memory, computed each time."""
+    """`CorpusHealth` of a run's training documents (the data stage's `columns`), read from the datasets cache,
+    or computed and written there (call it with one writer at a time: the data stage's `cache_writers_first`);
+    in memory, computed each time."""
+    train_tokenized, scope = columns.tokenized, columns.scope
     pairs = "next_sentence_label" in evaluation.column_names
     path = None
     if train_tokenized.cache_files:  # _fingerprint: private, kept: no public accessor (test_corpus checks it)
@@ -280,7 +244,7 @@ def cached_corpus_health(
         path = Path(train_tokenized.cache_files[0]["filename"]).parent / f"{_CACHE_PREFIX}{fingerprint}.json"
         if path.is_file():
             return CorpusHealth.from_dict(json.loads(path.read_text()))
-    statistics = corpus_statistics(train_tokenized, train_documents, max_seq_length, pairs, scope)
+    statistics = corpus_statistics(train_tokenized, columns.documents, max_seq_length, pairs, scope)
     train_counts = token_counts(train_tokenized, "sentences", len(tokenizer))
     eval_counts = token_counts(evaluation, "input_ids", len(tokenizer))
     unigram = unigram_cross_entropy(train_counts, eval_counts, tokenizer.all_special_ids)

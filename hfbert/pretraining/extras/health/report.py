@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from hfbert.files import write_json_atomic
+from hfbert.pretraining.callbacks import StagedFinalFolder
 from hfbert.pretraining.extras.health.corpus import EVENT_KINDS, NOTE_KINDS, CorpusHealth, HealthEvent
 
 RUN_HEALTH_NAME = "run_health.json"
@@ -21,6 +23,15 @@ def health_report(corpus: CorpusHealth | None, events: list[HealthEvent]) -> dic
         "events": [asdict(event) for event in events],
         **({} if corpus is None else corpus.to_dict()),
     }
+
+
+def write_health_report(folder: StagedFinalFolder, corpus: CorpusHealth | None, events: list[HealthEvent]) -> None:
+    """run_health.json (`health_report`) into the staged final folder, its section of the card and the baselines
+    as the curves' reference lines."""
+    report = health_report(corpus, events)
+    write_json_atomic(folder.path / RUN_HEALTH_NAME, report)
+    folder.health_section = health_card_section(report)
+    folder.reference_lines += report_reference_lines(report)
 
 
 def summary_line(events: list[HealthEvent]) -> str:

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hfbert.checkpointing import TrainingProgress
-from hfbert.pretraining.callbacks import Callback
+from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
 from hfbert.pretraining.extras.health.corpus import NOTE_KINDS, Baselines, CorpusHealth, HealthEvent
-from hfbert.pretraining.extras.health.report import summary_line
+from hfbert.pretraining.extras.health.report import summary_line, write_health_report
 
 logger = logging.getLogger(__name__)
 
@@ -372,6 +372,9 @@ class RunHealth(Callback):
 
     def on_fit_end(self, progress: TrainingProgress) -> None:
         self.say(f"Run health: {summary_line(self.events)}")
+
+    def on_final_folder(self, folder: StagedFinalFolder) -> None:
+        write_health_report(folder, self.corpus, self.events)
 
 
 def describe_statistics(corpus: CorpusHealth) -> str:
