@@ -18,7 +18,7 @@ learning rate, one after the other in one process:
 Throughput is non-padding tokens/s over the updates after `--warmup_steps`, so without the compilation, whose
 seconds (the first update's minus the second's, as the run logs them) are reported apart (instances x their mean
 length / seconds, both loops drawing uniformly shuffled batches); the FLOPs per token are the library's
-(`hfbert.pretraining.evaluation.flops_per_token`: hfbert's last layer at [CLS] and the rows its MLM head
+(`hfbert.pretraining.flops.flops_per_token`: hfbert's last layer at [CLS] and the rows its MLM head
 computes, the static slots on CUDA or the masked tokens, transformers' every layer and head at every position).
 MFU is against the device's datasheet peak (`device_peak_flops`, the row named above the table; none on a CPU
 or a GPU without a row) and against the matmul peak measured in the same process; then the loop's share of the
@@ -64,7 +64,8 @@ from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import build_loaders, resolve_max_predictions, resolve_num_workers
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args as parse_run_flags
-from hfbert.pretraining.evaluation import LogInterval, ModelFlops, device_peak_flops, flops_per_token
+from hfbert.pretraining.evaluation import LogInterval
+from hfbert.pretraining.flops import ModelFlops, device_peak_flops, flops_per_token
 from hfbert.pretraining.loop import ProgressBar, fit, train_step
 from hfbert.pretraining.run import build_model, prepare_run_data
 from hfbert.pretraining.run import start as start_run

@@ -10,7 +10,8 @@ each, in the order data flows through them:
     stream        --streaming: training instances made from a stream of documents in windows, by loader
                   workers, with each worker's position for an exact resume
     batches       the loaders and the one collator (padding, masking, the static form)
-    evaluation    held-out evaluation, the metrics' sums, model FLOPs and MFU (used by the loop)
+    flops         the model FLOPs per token and the datasheet peaks behind the logged MFU
+    evaluation    held-out evaluation and the metrics' sums, the log interval's row (used by the loop)
     training      optimizer, schedule and budget, prepared by accelerate; the checkpointed training state
     callbacks     the events the loop calls besides the step
     loop          fit and train_step: step, log, evaluate, checkpoint; preemption

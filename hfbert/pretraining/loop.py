@@ -23,11 +23,11 @@ from hfbert.pretraining.callbacks import Callback
 from hfbert.pretraining.data import PreparedData
 from hfbert.pretraining.evaluation import (
     LogInterval,
-    ModelFlops,
     check_loss_is_finite,
     check_weights_are_finite,
     evaluate,
 )
+from hfbert.pretraining.flops import ModelFlops
 from hfbert.pretraining.settings import (
     CORPUS_FINGERPRINT,
     OptimizationSettings,

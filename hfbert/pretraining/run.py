@@ -60,7 +60,6 @@ from hfbert.pretraining.data import (
     count_training_instances,
     prepare,
 )
-from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.extras.attention_shaping import ClsAttentionSpread, StructuredFade
 from hfbert.pretraining.extras.cluster import (
     check_output_dir_shared,
@@ -75,6 +74,7 @@ from hfbert.pretraining.extras.health.signatures import BudgetLimits, RunHealth
 from hfbert.pretraining.extras.plan import plan_lines, rehearse_data_stage
 from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch, set_accumulation
 from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
+from hfbert.pretraining.flops import ModelFlops, device_peak_flops
 from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.settings import (
