@@ -11,10 +11,11 @@ each, in the order data flows through them:
                   workers, with each worker's position for an exact resume
     batches       the loaders and the one collator (padding, masking, the static form)
     flops         the model FLOPs per token and the datasheet peaks behind the logged MFU
-    evaluation    held-out evaluation and the metrics' sums, the log interval's row (used by the loop)
-    training      optimizer, schedule and budget, prepared by accelerate; the checkpointed training state
+    evaluation    held-out evaluation and the metrics' sums
+    training      Training, the one owner of model, optimizer, schedule, budget and progress: the step, the
+                  update, the log interval, the checkpoint and the resume
     callbacks     the events the loop calls besides the step
-    loop          fit and train_step: step, log, evaluate, checkpoint; preemption
+    loop          fit: step, log, evaluate, checkpoint on their schedules; preemption
     finish        the final folder (model, tokenizer, card, curves) and the push
     run           pretrain(settings): the model built and every stage composed, in one function
     cli           run_pretraining.py's flags and recipes -> main -> pretrain (also `python -m

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hfbert.checkpointing import TrainingProgress
+from hfbert.pretraining.training import TrainingProgress
 
 
 class Callback:

@@ -18,12 +18,11 @@ import torch
 from accelerate import Accelerator
 
 from hfbert.analysis import ModelAnalysis
-from hfbert.checkpointing import TrainingProgress, write_on_every_process
+from hfbert.checkpointing import write_on_every_process
 from hfbert.files import FINAL_RECORD, recorded_final_files, staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.data import PreparedData
-from hfbert.pretraining.evaluation import check_weights_are_finite
 from hfbert.pretraining.extras.cluster import end_process_group
 from hfbert.pretraining.extras.health.report import (
     RUN_HEALTH_NAME,
@@ -32,7 +31,7 @@ from hfbert.pretraining.extras.health.report import (
 )
 from hfbert.pretraining.extras.samples import SAMPLES_NAME, write_samples
 from hfbert.pretraining.settings import OutputSettings, PretrainingSettings
-from hfbert.pretraining.training import TrainingState
+from hfbert.pretraining.training import Training, TrainingProgress, check_weights_are_finite
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ def write_final_folder(
 
 def finish(
     accelerator: Accelerator,
-    state: TrainingState,
+    state: Training,
     output: OutputSettings,
     write: Callable[[torch.nn.Module, dict[str, torch.Tensor], TrainingProgress], FinalFolder],
 ) -> FinalFolder:
