@@ -10,7 +10,7 @@ learning rate, one after the other in one process:
   eager and `-- --torch_compile_mode reduce-overhead` (or max-autotune) with CUDA graphs;
 - transformers: `Trainer` + `BertForPreTraining` (sdpa) + `DataCollatorForLanguageModeling`, the same
   precision, `dataloader_num_workers` as hfbert's loader;
-- bare step: hfbert's `train_step` repeated on one batch already on the device (the loop with free batches);
+- bare step: hfbert's `Training.step` repeated on one batch already on the device (the loop with free batches);
 - `--variant NAME=FLAGS` (repeatable): more hfbert loops in the same process, each with FLAGS added to the run's
   (a lever on or off: `eager=--torch_compile false`, `varlen=--attention_padding varlen`), each with its bare
   step, all against the one Trainer run (in the first loop's precision).
@@ -18,7 +18,7 @@ learning rate, one after the other in one process:
 Throughput is non-padding tokens/s over the updates after `--warmup_steps`, so without the compilation, whose
 seconds (the first update's minus the second's, as the run logs them) are reported apart (instances x their mean
 length / seconds, both loops drawing uniformly shuffled batches); the FLOPs per token are the library's
-(`hfbert.pretraining.evaluation.flops_per_token`: hfbert's last layer at [CLS] and the rows its MLM head
+(`hfbert.pretraining.flops.flops_per_token`: hfbert's last layer at [CLS] and the rows its MLM head
 computes, the static slots on CUDA or the masked tokens, transformers' every layer and head at every position).
 MFU is against the device's datasheet peak (`device_peak_flops`, the row named above the table; none on a CPU
 or a GPU without a row) and against the matmul peak measured in the same process; then the loop's share of the
@@ -63,9 +63,9 @@ from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import build_loaders, resolve_max_predictions, resolve_num_workers
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args as parse_run_flags
-from hfbert.pretraining.evaluation import LogInterval, ModelFlops, device_peak_flops, flops_per_token
-from hfbert.pretraining.loop import ProgressBar, fit, train_step
-from hfbert.pretraining.run import build_model, prepare_run_data
+from hfbert.pretraining.flops import ModelFlops, device_peak_flops, flops_per_token
+from hfbert.pretraining.loop import ProgressBar, fit
+from hfbert.pretraining.run import build_model, prepare_run_data, run_checkpoints
 from hfbert.pretraining.run import start as start_run
 from hfbert.pretraining.training import setup_training
 
@@ -132,30 +132,31 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
         settings.data, optimization, eval_batch_size, device, prepared.tokenizer, prepared.train, prepared.eval_instances
     )
     static_slots = resolve_max_predictions(settings.data, optimization, device)
-    state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
-    initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     flops = ModelFlops(model.config, static_slots, peak_flops_per_process=None)
-    callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, budget)])  # as `run.pretrain` has
-    fit(accelerator, state, budget, eval_loader, callbacks, settings, prepared, flops)
+    checkpoints = run_checkpoints(settings, prepared)
+    training, eval_loader = setup_training(model, batches, eval_loader, optimization, accelerator, checkpoints, flops)
+    initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, training.budget)])  # as `run.pretrain` has
+    fit(training, eval_loader, callbacks, settings.output)
     mean_length = statistics.mean(len(ids) for ids in prepared.train.write()["input_ids"])
     head_rows = static_slots or settings.data.mlm_probability * mean_length
-    rows = {row["step"]: row for row in state.progress.log_history if "loss" in row}
+    rows = {row["step"]: row for row in training.progress.log_history if "loss" in row}
     compile_seconds = next((row["compile_seconds"] for row in rows.values() if "compile_seconds" in row), None)
     workers = resolve_num_workers(settings.data.dataloader_num_workers, device)
     run = HfbertRun(accelerator, precision, model, workers, optimization.seed, head_rows, compile_seconds)
     last = max(rows)
     seconds = rows[last]["train_seconds"] - rows[args.warmup_steps]["train_seconds"]
     loop = (last - args.warmup_steps) * args.batch_size * mean_length / seconds
-    batch = next(iter(state.batches.loader))
-    interval, no_callbacks = LogInterval(accelerator.device, 0.0), Callbacks()  # as the loop's step has
+    batch = next(iter(training.batches.loader))
+    no_callbacks = Callbacks()  # as the loop's step has
     for _ in range(args.warmup_steps // 2):
-        train_step(accelerator, state, batch, optimization, interval, no_callbacks)
+        training.step(batch, no_callbacks.loss)
     # Back to back, synchronised at the two ends only: on a GPU the host queues the next step while the device
     # runs this one, as in the loop (a synchronisation around each step measured it below the loop on an H100).
     synchronize(accelerator.device)
     start = time.perf_counter()
     for _ in range(BARE_STEPS):
-        train_step(accelerator, state, batch, optimization, interval, no_callbacks)
+        training.step(batch, no_callbacks.loss)
     synchronize(accelerator.device)
     bare = BARE_STEPS * int(batch["attention_mask"].sum()) / (time.perf_counter() - start)
     return run, prepared, initial, mean_length, loop, bare

@@ -9,7 +9,7 @@ longest row rounded up to 8, masked by the collator) or synthetic full-length ro
 
 Per model it reports non-padding tokens/s and the step time (medians over the timed steps), memory and the model FLOPs utilisation
 (MFU) against a matmul peak measured on the device for the dtype, with the library's FLOPs per non-padding
-token (`hfbert.pretraining.evaluation.flops_per_token`: hfbert's last layer at [CLS] and the rows its head
+token (`hfbert.pretraining.flops.flops_per_token`: hfbert's last layer at [CLS] and the rows its head
 computes, the head at the masked tokens or static slots; transformers' every layer and head at every position).
 Memory is torch.cuda.max_memory_allocated on CUDA; on CPU (no allocator statistics) it is the size of the
 activations autograd saves for backward in one step, measured with saved-tensor hooks.
@@ -54,7 +54,7 @@ from hfbert.corpus_arguments import CorpusArguments
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.batches import DataCollatorForPretraining, masked_positions_from_labels
 from hfbert.pretraining.data import tokenize_documents
-from hfbert.pretraining.evaluation import flops_per_token
+from hfbert.pretraining.flops import flops_per_token
 from hfbert.pretraining.instances import InstanceRecipe, write_instances
 from hfbert.tokenization import train_tokenizer
 

@@ -30,7 +30,7 @@ import torch
 from hfbert.configuration_hfbert import PRESETS, HfBertConfig
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.batches import default_max_predictions
-from hfbert.pretraining.evaluation import flops_per_token
+from hfbert.pretraining.flops import flops_per_token
 
 REPO = Path(__file__).resolve().parents[1]
 GRADIENT_BYTES_PER_PARAMETER = 4  # DDP all-reduces gradients in the parameters' dtype: fp32 under fp16/bf16 autocast

@@ -45,7 +45,7 @@ import torch
 from benchmarks.bench_pretraining import describe_machine
 from hfbert.configuration_hfbert import PRESETS
 from hfbert.files import atomic_path
-from hfbert.pretraining.evaluation import device_peak_flops
+from hfbert.pretraining.flops import device_peak_flops
 
 REPO = Path(__file__).resolve().parents[1]
 RESUME_TEST = "tests/test_training.py::test_half_then_resume_then_half_equals_straight_training"

@@ -31,26 +31,27 @@ from hfbert.pretraining.extras.health.signatures import (
     NSP_SHARE,
     PLATEAU_SHARE,
     STALL_EVALUATIONS,
-    BudgetLimits,
     detect_events,
     is_evaluation_row,
     nsp_chance_line,
     recent_gains,
+    text_passes_per_update,
 )
+from hfbert.pretraining.training import Budget
 
 
-def read_run(folder: Path, fallback: Baselines | None) -> tuple[list[dict[str, Any]], Baselines | None, BudgetLimits]:
+def read_run(folder: Path, fallback: Baselines | None) -> tuple[list[dict[str, Any]], Baselines | None, dict[str, Any]]:
     """A final folder's log_history.json and training_args.json, or a checkpoint's (its saved progress and
     run_settings.json: a run still going)."""
     if (folder / "log_history.json").is_file():
         history = json.loads((folder / "log_history.json").read_text())
-        budget = BudgetLimits.of_training_args(json.loads((folder / "training_args.json").read_text()))
+        training_args = json.loads((folder / "training_args.json").read_text())
     else:
         history = read_progress(folder)["log_history"]
-        budget = BudgetLimits.of_training_args(json.loads((folder / "run_settings.json").read_text()))
+        training_args = json.loads((folder / "run_settings.json").read_text())
     health = folder / "run_health.json"
     baselines = CorpusHealth.from_dict(json.loads(health.read_text())).baselines if health.is_file() else fallback
-    return history, baselines, budget
+    return history, baselines, training_args
 
 
 def largest_ratio(values: list[float]) -> float:
@@ -63,7 +64,8 @@ def largest_ratio(values: list[float]) -> float:
     return max(ratios, default=math.nan)
 
 
-def margins(history: list[dict[str, Any]], baselines: Baselines | None, budget: BudgetLimits) -> dict[str, Any]:
+def margins(history: list[dict[str, Any]], baselines: Baselines | None, training_args: dict[str, Any]) -> dict[str, Any]:
+    budget = Budget.of_training_args(training_args)
     training = [row for row in history if not is_evaluation_row(row)]
     evaluations = [row for row in history if is_evaluation_row(row)]
     share = [budget.share_spent(row["step"], row.get("train_seconds", 0.0)) for row in evaluations]
@@ -83,7 +85,7 @@ def margins(history: list[dict[str, Any]], baselines: Baselines | None, budget: 
                 (row["train_nsp_accuracy"] - baselines.nsp_chance_accuracy for row in training
                  if "train_nsp_accuracy" in row and budget.share_spent(row["step"], row.get("train_seconds", 0.0)) >= NSP_SHARE),
                 default=math.nan)
-    state, events = detect_events(history, baselines, budget)
+    state, events = detect_events(history, baselines, budget, text_passes_per_update(training_args))
     gains = [recent_gains(state.scores[: i + 1]) for i in range(len(state.scores))]
     result[f"evaluations whose last {STALL_EVALUATIONS} beat no earlier held-out MLM loss"] = sum(
         1 for gain in gains if gain is not None and not gain[0])
@@ -145,9 +147,9 @@ def main() -> None:
     runs, results = {}, []
     for spec in args.runs:
         name, folder = spec.split("=", 1)
-        history, baselines, budget = read_run(Path(folder), fallback)
+        history, baselines, training_args = read_run(Path(folder), fallback)
         runs[name] = (history, baselines)
-        results.append(margins(history, baselines, budget))
+        results.append(margins(history, baselines, training_args))
         print(json.dumps({"run": name, **results[-1]}))
     print(json.dumps(rates(results)))
     if args.png:

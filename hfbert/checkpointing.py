@@ -1,9 +1,9 @@
 """Crash-safe training checkpoints on top of `accelerate`'s `save_state` / `load_state`.
 
 A checkpoint is a folder `checkpoint-<completed_steps>` holding what `Accelerator.save_state` writes (model
-weights as safetensors, optimizer, scheduler, grad scaler, one RNG file per process), the `TrainingProgress`
-as JSON, the model's config and code and the tokenizer beside the weights (so that it loads as a model folder),
-plus `checkpoint_manifest.json` (size and sha256 of every file). A resume never unpickles: the torch files are
+weights as safetensors, optimizer, scheduler, grad scaler, one RNG file per process), the training progress
+as JSON (plain data: `hfbert.pretraining.training.TrainingProgress` writes and reads it), the model's config
+and code and the tokenizer beside the weights (so that it loads as a model folder), plus `checkpoint_manifest.json` (size and sha256 of every file). A resume never unpickles: the torch files are
 read with `weights_only=True` (accelerate's loader, whose allow-list adds numpy's RNG state). The state is first
 written to `.tmp-checkpoint-<step>`; the manifest is written last and only then is the folder renamed into
 place, so a folder named `checkpoint-<step>` with a manifest is complete by construction. A killed save
@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ REPLACED_CHECKPOINT_PREFIX = ".replaced-checkpoint-"
 PRUNED_CHECKPOINT_PREFIX = ".pruned-checkpoint-"
 MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT_VERSION = 1
-# The run's `TrainingProgress`, as JSON; an hfbert up to 88be5f0 had accelerate pickle it as the first object
+# The run's training progress, as JSON; an hfbert up to 88be5f0 had accelerate pickle it as the first object
 # registered for checkpointing, a file that its checkpoints still hold (read as plain data, never unpickled).
 PROGRESS_JSON = "training_progress.json"
 PROGRESS_PICKLE = "custom_checkpoint_0.pkl"
@@ -84,31 +84,6 @@ class CheckpointWriteError(RunFailure):
     intact checkpoint."""
 
 
-@dataclass
-class TrainingProgress:
-    """Where training stands, saved with every checkpoint so that a resume continues at the exact batch.
-
-    `save_checkpoint` writes it as `PROGRESS_JSON` and `load_checkpoint` restores it (never through
-    accelerate's `register_for_checkpointing`, whose loader unpickles). The data position is global (counted
-    over all processes), so a run on another number of processes continues from the same sample.
-    """
-
-    completed_steps: int = 0  # optimizer updates done
-    epoch: int = 0  # epoch in progress (or the next one, once an epoch has ended)
-    # Micro-batches of `epoch`'s draw order consumed by all processes together: its first
-    # micro_batches_in_epoch x per_device_train_batch_size samples.
-    micro_batches_in_epoch: int = 0
-    log_history: list[dict[str, Any]] = field(default_factory=list)  # train/eval log rows, for the curves
-    train_seconds: float = 0.0  # wall-clock time spent training (evaluation and saving excluded)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-data copy of the progress (what a checkpoint's `PROGRESS_JSON` holds)."""
-        return asdict(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the progress saved by `state_dict` (an older format is refused first, by `read_progress`)."""
-        for name in asdict(self):
-            setattr(self, name, state[name])
 
 
 def load_plain_data(checkpoint: Path, name: str) -> Any:
@@ -136,7 +111,7 @@ def _unsafe_pickle(checkpoint: Path, name: str, error: pickle.UnpicklingError) -
 
 
 def read_progress(checkpoint: Path) -> dict[str, Any]:
-    """The `TrainingProgress` state of `checkpoint`: its `PROGRESS_JSON`, or the `PROGRESS_PICKLE` of a
+    """The training progress of `checkpoint` (plain data): its `PROGRESS_JSON`, or the `PROGRESS_PICKLE` of a
     checkpoint written by an hfbert up to 88be5f0 (read as plain data, which is all it held). A progress that counts
     micro-batches per process (`batch_in_epoch`) is refused: the hfbert before global data positions wrote it,
     and only that one resumes it."""
@@ -332,7 +307,7 @@ def save_checkpoint(
     step: int,
     total_limit: int | None = None,
     *,
-    progress: TrainingProgress,
+    progress: dict[str, Any],
     tokenizer: Any = None,
     model_config: Any = None,
     json_files: dict[str, Any] | None = None,
@@ -340,8 +315,8 @@ def save_checkpoint(
     """Save the full training state to `output_dir/checkpoint-<step>`, crash-safely. Call on EVERY process.
 
     The state goes to `.tmp-checkpoint-<step>` (accelerate writes the shared files from the main process and
-    one RNG file per process; `progress` as `PROGRESS_JSON`, the `tokenizer` and the `model_config` with the
-    model's code (`save_model_files`), which make it a model folder, and `json_files` (file name -> JSON data:
+    one RNG file per process; `progress`, the training progress's plain data, as `PROGRESS_JSON`, the
+    `tokenizer` and the `model_config` with the model's code (`save_model_files`), which make it a model folder, and `json_files` (file name -> JSON data:
     the run's settings as `RUN_SETTINGS_NAME`, a stream's position) are saved beside them), then the main
     process writes the manifest and puts the folder in place (`_put_in_place`). A failed write (e.g. a full
     disk) raises `CheckpointError` and leaves earlier checkpoints untouched. Returns the checkpoint folder.
@@ -367,7 +342,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
 
     def write_main_files() -> None:
-        write_json_atomic(temp_folder / PROGRESS_JSON, progress.state_dict())
+        write_json_atomic(temp_folder / PROGRESS_JSON, progress)
         if tokenizer is not None:
             write_tokenizer(tokenizer, temp_folder)
         if model_config is not None:
@@ -383,6 +358,28 @@ def save_checkpoint(
         _put_in_place(temp_folder, final_folder, total_limit)
     accelerator.wait_for_everyone()
     return final_folder
+
+
+@dataclass(frozen=True)
+class RunCheckpoints:
+    """Where and with what a run writes its checkpoints (`save_checkpoint`): into `output_dir`, the newest
+    `total_limit` kept, each with the run's `tokenizer` (reused on resume), `model_config` (a checkpoint is a
+    folder a new run can start from) and `json_files` (file name -> JSON: its settings, compared on resume)."""
+
+    output_dir: str
+    total_limit: int | None
+    tokenizer: Any
+    model_config: Any
+    json_files: dict[str, Any]
+
+    def write(self, accelerator: Accelerator, step: int, progress: dict[str, Any], position: dict[str, Any]) -> Path:
+        """The checkpoint of update `step`: the state, `progress` and `position` (JSON files of a data position
+        that the progress does not hold). Call on every process."""
+        files = {**self.json_files, **position}
+        return save_checkpoint(
+            accelerator, self.output_dir, step, self.total_limit, progress=progress, tokenizer=self.tokenizer,
+            model_config=self.model_config, json_files=files,
+        )  # fmt: skip
 
 
 def _put_in_place(temp_folder: Path, final_folder: Path, total_limit: int | None) -> None:
@@ -486,10 +483,10 @@ def relaunch_command(num_processes: int, cpu: bool) -> str:
     return f"accelerate launch --num_processes {num_processes} run_pretraining.py ..."
 
 
-def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike, progress: TrainingProgress) -> None:
+def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> dict[str, Any]:
     """Restore a checkpoint already verified by `resolve_resume_checkpoint`: model, optimizer, grad scaler and
-    RNG with `accelerator.load_state` (every torch file read with weights_only=True), and `progress` from its
-    `read_progress`. Call on every process, after `accelerator.prepare`. The processes that wrote it may be
+    RNG with `accelerator.load_state` (every torch file read with weights_only=True); returns its training
+    progress (`read_progress`). Call on every process, after `accelerator.prepare`. The processes that wrote it may be
     more or fewer than this run's (see `hfbert.pretraining.extras.reshard`): accelerate loads
     `random_states_<rank>.pkl` where it exists (`check_rng_states` made sure it can) and skips it where not."""
     checkpoint = Path(checkpoint)
@@ -509,7 +506,7 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike, pro
             f"Checkpoint {checkpoint} cannot be loaded ({type(error).__name__}: {error}) although its files match "
             f"the manifest written with it; {_earlier_checkpoints_hint(checkpoint)}"
         ) from error
-    progress.load_state_dict(read_progress(checkpoint))
+    return read_progress(checkpoint)
 
 
 @contextmanager

@@ -6,11 +6,11 @@ import math
 import torch
 from conftest import tiny_config
 
-from hfbert.checkpointing import TrainingProgress
 from hfbert.initialization import init_structured_attention
 from hfbert.modeling_hfbert import HfBertForPreTraining
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.extras.attention_shaping import ClsAttentionSpread, StructuredFade
+from hfbert.pretraining.training import TrainingProgress
 
 SHAPE = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -24,7 +24,6 @@ from hfbert.checkpointing import (
     RUN_SETTINGS_NAME,
     TOKENIZER_FOLDER,
     CheckpointWriteError,
-    TrainingProgress,
     _write_manifest,
     check_run_folder,
     checkpoint_step,
@@ -42,6 +41,7 @@ from hfbert.checkpointing import (
 from hfbert.errors import CheckpointError
 from hfbert.files import FINAL_RECORD, RUN_LOCK_NAME, run_folder_lock, write_json_atomic
 from hfbert.modeling_hfbert import AUTO_MAP
+from hfbert.pretraining.training import TrainingProgress
 
 SEED = 1234
 BATCHES_PER_EPOCH = 10
@@ -113,7 +113,7 @@ def train(run, stop_at_step: int) -> None:
 
 
 def resume(run, checkpoint: Path) -> None:
-    load_checkpoint(run[0], checkpoint, run[5])
+    run[5].load_state_dict(load_checkpoint(run[0], checkpoint))
 
 
 def parameters(model) -> list[torch.Tensor]:
@@ -130,13 +130,13 @@ def test_resume_reproduces_uninterrupted_training(tmp_path, split_step, written_
 
     first_half = build_run()
     train(first_half, split_step)
-    checkpoint = save_checkpoint(first_half[0], tmp_path, first_half[5].completed_steps, progress=first_half[5])
+    checkpoint = save_checkpoint(first_half[0], tmp_path, first_half[5].completed_steps, progress=first_half[5].state_dict())
     assert checkpoint == tmp_path / f"checkpoint-{split_step}"
     if written_by_main:
         as_main_wrote_it(checkpoint)
 
     resumed = build_run()  # a fresh process: new Accelerator, freshly initialised model
-    load_checkpoint(resumed[0], resolve_resume_checkpoint(tmp_path, "latest"), resumed[5])
+    resumed[5].load_state_dict(load_checkpoint(resumed[0], resolve_resume_checkpoint(tmp_path, "latest")))
     assert resumed[5].completed_steps == split_step
     train(resumed, TOTAL_STEPS)
 
@@ -149,13 +149,13 @@ def save_steps(tmp_path, steps, total_limit=None):
     run = build_run()
     for step in steps:
         run[5].completed_steps = step
-        save_checkpoint(run[0], tmp_path, step, total_limit=total_limit, progress=run[5])
+        save_checkpoint(run[0], tmp_path, step, total_limit=total_limit, progress=run[5].state_dict())
     return run
 
 
 def test_checkpoint_holds_accelerate_state_and_manifest(tmp_path):
     run = build_run()
-    checkpoint = save_checkpoint(run[0], tmp_path, 7, progress=run[5])
+    checkpoint = save_checkpoint(run[0], tmp_path, 7, progress=run[5].state_dict())
     names = {path.name for path in checkpoint.iterdir()}
     assert names == {
         "model.safetensors",
@@ -191,10 +191,10 @@ def test_steps_order_numerically_not_alphabetically(tmp_path):
 def test_saving_the_same_step_twice_replaces_it(tmp_path):
     run = save_steps(tmp_path, [5])
     run[5].log_history.append({"step": 5, "loss": 1.0})
-    save_checkpoint(run[0], tmp_path, 5, progress=run[5])
+    save_checkpoint(run[0], tmp_path, 5, progress=run[5].state_dict())
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-5"]
     reloaded = build_run()
-    load_checkpoint(reloaded[0], tmp_path / "checkpoint-5", reloaded[5])
+    reloaded[5].load_state_dict(load_checkpoint(reloaded[0], tmp_path / "checkpoint-5"))
     assert reloaded[5].log_history == [{"step": 5, "loss": 1.0}]
 
 
@@ -220,7 +220,7 @@ def test_a_kill_between_the_renames_of_a_same_step_save_loses_neither_copy(tmp_p
 
     monkeypatch.setattr(os, "replace", killed_after_parking)
     with pytest.raises(Killed):
-        save_checkpoint(run[0], tmp_path, 5, progress=run[5])
+        save_checkpoint(run[0], tmp_path, 5, progress=run[5].state_dict())
     monkeypatch.setattr(os, "replace", real_replace)
     assert renames[-2:] == [".replaced-checkpoint-5", "checkpoint-5"]
     if not staged_left:  # only the parked copy is left: it goes back
@@ -231,7 +231,7 @@ def test_a_kill_between_the_renames_of_a_same_step_save_loses_neither_copy(tmp_p
     check_run_folder(tmp_path, resume_from_checkpoint="auto", overwrite_output_dir=False)
     assert resolve_resume_checkpoint(tmp_path, "auto") == tmp_path / "checkpoint-5"  # verified whole
     reloaded = build_run()
-    load_checkpoint(reloaded[0], tmp_path / "checkpoint-5", reloaded[5])
+    reloaded[5].load_state_dict(load_checkpoint(reloaded[0], tmp_path / "checkpoint-5"))
     assert reloaded[5].log_history == ([{"step": 5, "loss": 1.0}] if staged_left else [])
 
 
@@ -261,7 +261,7 @@ def test_interrupted_save_leaves_previous_checkpoint_latest(tmp_path):
     assert resolve_resume_checkpoint(tmp_path, "latest") == tmp_path / "checkpoint-3"
     shutil.rmtree(tmp_path / "checkpoint-9")
     # The next save cleans the leftover temp folder.
-    save_checkpoint(run[0], tmp_path, 6, progress=run[5])
+    save_checkpoint(run[0], tmp_path, 6, progress=run[5].state_dict())
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-6"]
 
 
@@ -315,13 +315,13 @@ def test_a_checkpoint_of_another_process_count_loads(tmp_path):
     data position and the global batch are `hfbert.pretraining.extras.reshard`'s (tests/test_reshard.py)."""
     run = save_steps(tmp_path, [2])
     run[5].micro_batches_in_epoch = 6
-    save_checkpoint(run[0], tmp_path, 2, progress=run[5])
+    save_checkpoint(run[0], tmp_path, 2, progress=run[5].state_dict())
     manifest_path = tmp_path / "checkpoint-2" / MANIFEST_NAME
     manifest = json.loads(manifest_path.read_text())
     manifest["num_processes"] = 4
     write_json_atomic(manifest_path, manifest)
     resumed = build_run()
-    load_checkpoint(resumed[0], tmp_path / "checkpoint-2", resumed[5])
+    resumed[5].load_state_dict(load_checkpoint(resumed[0], tmp_path / "checkpoint-2"))
     assert resumed[5].micro_batches_in_epoch == 6
 
 
@@ -368,7 +368,7 @@ def test_automatic_checkpoint_naming_is_refused(tmp_path):
         project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
     )[0]
     with pytest.raises(CheckpointError) as refused:
-        save_checkpoint(accelerator, tmp_path, 1, progress=TrainingProgress())
+        save_checkpoint(accelerator, tmp_path, 1, progress=TrainingProgress().state_dict())
     assert str(refused.value) == (
         "Accelerator was built with ProjectConfiguration(automatic_checkpoint_naming=True); hfbert names, "
         "writes and prunes checkpoints itself: build the Accelerator without automatic_checkpoint_naming "
@@ -505,7 +505,7 @@ def test_a_failed_save_names_the_cause_and_keeps_earlier_checkpoints(tmp_path):
         mock.patch.object(accelerator, "save_state", side_effect=RuntimeError("unexpected pos 64 vs 0")),
         pytest.raises(CheckpointWriteError, match=r"writing .*checkpoint-2 failed.*unexpected pos.*checkpoint-1 is intact"),
     ):
-        save_checkpoint(accelerator, tmp_path, 2, progress=TrainingProgress())
+        save_checkpoint(accelerator, tmp_path, 2, progress=TrainingProgress().state_dict())
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
 
 
@@ -531,7 +531,7 @@ def test_a_full_disk_while_writing_the_weights_names_the_intact_checkpoint(tmp_p
         mock.patch("accelerate.utils.other.safe_save_file", write_then_fail),
         pytest.raises(CheckpointWriteError) as raised,
     ):
-        save_checkpoint(accelerator, tmp_path, 2, progress=TrainingProgress())
+        save_checkpoint(accelerator, tmp_path, 2, progress=TrainingProgress().state_dict())
     assert str(raised.value) == (
         f"no space left writing {tmp_path / 'checkpoint-2'}; the last complete checkpoint {tmp_path / 'checkpoint-1'} "
         f"is intact; free space (`df -h {tmp_path}`, or lower --checkpoints_total_limit) and resume with the same "
@@ -547,11 +547,11 @@ def test_a_full_disk_while_writing_the_tokenizer_names_the_intact_checkpoint(tmp
     tokenizer = mock.Mock()
     tokenizer.save_pretrained.side_effect = Exception("No space left on device (os error 28)")  # its very type
     with pytest.raises(CheckpointWriteError, match=r"^no space left writing .*checkpoint-1 is intact; free space"):
-        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer, progress=TrainingProgress())
+        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer, progress=TrainingProgress().state_dict())
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint-1"]
     tokenizer.save_pretrained.side_effect = Exception("a bug of the tokenizers library")
     with pytest.raises(Exception, match="a bug of the tokenizers library"):  # not taken for a write failure
-        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer, progress=TrainingProgress())
+        save_checkpoint(accelerator, tmp_path, 2, tokenizer=tokenizer, progress=TrainingProgress().state_dict())
 
 
 def test_remove_checkpoints_for_overwrite(tmp_path):
@@ -634,7 +634,7 @@ TINY_RUN_SETTINGS = {RUN_SETTINGS_NAME: {"model": {"model_size": "tiny"}}}
 def test_a_damaged_checkpoint_file_is_named_on_resume(tmp_path, name, how):
     run = build_run()
     for step in (4, 8):
-        save_checkpoint(run[0], tmp_path, step, json_files=TINY_RUN_SETTINGS, progress=run[5])
+        save_checkpoint(run[0], tmp_path, step, json_files=TINY_RUN_SETTINGS, progress=run[5].state_dict())
     damage(tmp_path / "checkpoint-8" / name, how)
     before = listing(tmp_path)
     with pytest.raises(CheckpointError) as refused:
@@ -670,7 +670,7 @@ def test_a_checkpoint_written_damaged_is_named_on_load(tmp_path, name, how):
 @pytest.mark.parametrize("how", DAMAGES)
 def test_damaged_run_settings_are_named(tmp_path, how):
     run = build_run()
-    save_checkpoint(run[0], tmp_path, 4, json_files=TINY_RUN_SETTINGS, progress=run[5])
+    save_checkpoint(run[0], tmp_path, 4, json_files=TINY_RUN_SETTINGS, progress=run[5].state_dict())
     damage(tmp_path / "checkpoint-4" / "run_settings.json", how)
     with pytest.raises(CheckpointError, match=r"run_settings\.json is (truncated|not valid JSON).*--overwrite"):
         read_run_settings(tmp_path / "checkpoint-4")
@@ -741,15 +741,6 @@ def test_a_failed_write_on_a_nearly_full_disk_is_named_a_full_disk(tmp_path):
     assert f"free space (`df -h {tmp_path}`, or lower --checkpoints_total_limit)" in message
 
 
-def test_training_progress_comes_back_whole_from_its_state_dict():
-    saved = TrainingProgress(
-        completed_steps=30, epoch=2, micro_batches_in_epoch=8, log_history=[{"step": 30, "loss": 2.5}], train_seconds=12.5
-    )
-    restored = TrainingProgress()
-    restored.load_state_dict(saved.state_dict())
-    assert restored == saved
-
-
 def test_latest_with_only_interrupted_saves_names_them_and_how_to_start_over(tmp_path, caplog):
     for leftover in (".tmp-checkpoint-5", "checkpoint-7"):
         (tmp_path / leftover).mkdir()
@@ -803,22 +794,22 @@ def test_a_save_makes_missing_parents_keeps_one_checkpoint_at_limit_1_and_adds_j
     run = save_steps(output_dir, [2, 4], total_limit=1)
     assert [path.name for path in output_dir.iterdir()] == ["checkpoint-4"]
     stream_state = {"stream_state.json": {"offset": 12}}
-    checkpoint = save_checkpoint(run[0], output_dir, 6, total_limit=1, json_files=stream_state, progress=run[5])
+    checkpoint = save_checkpoint(run[0], output_dir, 6, total_limit=1, json_files=stream_state, progress=run[5].state_dict())
     assert json.loads((checkpoint / "stream_state.json").read_text()) == {"offset": 12}
     assert "stream_state.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
     # The model's config beside the weights: a checkpoint is a folder --model_name_or_path can start from.
     config = HfBertConfig.from_preset("tiny", vocab_size=123)
-    checkpoint = save_checkpoint(run[0], output_dir, 7, total_limit=1, model_config=config, progress=run[5])
+    checkpoint = save_checkpoint(run[0], output_dir, 7, total_limit=1, model_config=config, progress=run[5].state_dict())
     assert HfBertConfig.from_pretrained(checkpoint).vocab_size == 123
     assert "config.json" in json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
     with pytest.raises(CheckpointError, match=r"^--checkpoints_total_limit 0 must be >= 1 \(or unset to keep all\)$"):
-        save_checkpoint(run[0], output_dir, 8, total_limit=0, progress=run[5])
+        save_checkpoint(run[0], output_dir, 8, total_limit=0, progress=run[5].state_dict())
 
 
 def test_a_checkpoint_is_a_model_folder_with_its_tokenizer_config_and_code_beside_the_weights(tmp_path, sample_tokenizer):
     config = HfBertConfig.from_preset("tiny", vocab_size=len(sample_tokenizer))
     run = build_run()
-    checkpoint = save_checkpoint(run[0], tmp_path, 3, progress=run[5], tokenizer=sample_tokenizer, model_config=config)
+    checkpoint = save_checkpoint(run[0], tmp_path, 3, progress=run[5].state_dict(), tokenizer=sample_tokenizer, model_config=config)
     model_files = {"config.json", "configuration_hfbert.py", "modeling_hfbert.py", "tokenizer.json", "tokenizer_config.json"}
     assert model_files <= {path.name for path in checkpoint.iterdir()}
     assert model_files <= set(json.loads((checkpoint / MANIFEST_NAME).read_text())["files"])

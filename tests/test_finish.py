@@ -9,10 +9,10 @@ from conftest import tiny_config
 from test_inspect import write_samples_from_folder
 
 from hfbert import HfBertForPreTraining
-from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.cli import parse_args
 from hfbert.pretraining.extras.samples import Samples
 from hfbert.pretraining.finish import FinalFolder, write_final_folder
+from hfbert.pretraining.training import TrainingProgress
 
 SENTENCES = [
     "The game was released in Japan in 2011 and sold well .",

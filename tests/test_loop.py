@@ -5,6 +5,7 @@ what a run of several processes would need (issue 45: mutation testing maps only
 import json
 import signal
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,19 +13,19 @@ import torch
 from accelerate import Accelerator
 from test_training import run_args, train_in_process
 
-from hfbert.checkpointing import RUN_SETTINGS_NAME, TrainingProgress
-from hfbert.pretraining import loop
+from hfbert.checkpointing import RUN_SETTINGS_NAME
+from hfbert.pretraining import loop, training
 from hfbert.pretraining.callbacks import Callback
-from hfbert.pretraining.loop import (
+from hfbert.pretraining.loop import PreemptionSignals, ProgressBar, end_epoch
+from hfbert.pretraining.settings import OutputSettings
+from hfbert.pretraining.training import (
+    Budget,
     CompileTime,
-    PreemptionSignals,
-    ProgressBar,
-    end_epoch,
-    out_of_budget,
+    LearningRateSchedule,
+    Training,
+    TrainingProgress,
     synced_train_seconds,
 )
-from hfbert.pretraining.settings import OutputSettings
-from hfbert.pretraining.training import Budget, LearningRateSchedule, TrainingState
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Processes:
 
 
 def budget(max_steps: int = 10, max_seconds: float | None = None) -> Budget:
-    return Budget(LearningRateSchedule(1e-3, 0, max_steps, max_seconds, "linear"), max_steps, num_epochs=3)
+    return Budget(max_steps, max_seconds, num_epochs=3)
 
 
 def test_a_checkpoint_records_the_runs_settings_tokenizer_and_config_and_the_limit_keeps_the_newest(
@@ -64,11 +65,11 @@ def test_a_checkpoint_records_the_runs_settings_tokenizer_and_config_and_the_lim
 
 def test_the_budget_ends_at_its_updates_or_its_seconds_whichever_comes_first():
     steps_only, with_time = budget(10), budget(10, max_seconds=5.0)
-    assert not out_of_budget(TrainingProgress(completed_steps=9), steps_only, seconds=1e9)
-    assert out_of_budget(TrainingProgress(completed_steps=10), steps_only, seconds=0.0)
-    assert not out_of_budget(TrainingProgress(completed_steps=9), with_time, seconds=4.99)
-    assert out_of_budget(TrainingProgress(completed_steps=9), with_time, seconds=5.0)
-    assert out_of_budget(TrainingProgress(completed_steps=10), with_time, seconds=0.0)
+    assert not steps_only.is_spent(9, seconds=1e9)
+    assert steps_only.is_spent(10, seconds=0.0)
+    assert not with_time.is_spent(9, seconds=4.99)
+    assert with_time.is_spent(9, seconds=5.0)
+    assert with_time.is_spent(10, seconds=0.0)
 
 
 def test_training_seconds_are_the_slowest_processes_only_under_a_time_budget_on_several_processes():
@@ -116,17 +117,20 @@ def test_signal_handlers_are_recorded_while_active_and_given_back_after():
 @pytest.mark.parametrize("eval_steps", [None, 5])
 @pytest.mark.parametrize("each_epoch", [True, False])
 def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_checkpointing_as_scheduled(
-    eval_steps, each_epoch
+    eval_steps, each_epoch, monkeypatch
 ):
     calls = []
 
-    def evaluation(share):
-        calls.append(("evaluation", share))
+    def evaluation(training, eval_loader, callbacks):
+        calls.append(("evaluation", training.share_spent()))
         return {"eval_mlm_loss": 1.0}
 
+    monkeypatch.setattr(loop, "run_evaluation", evaluation)
     progress = TrainingProgress(completed_steps=7, epoch=1, micro_batches_in_epoch=12)
+    stand_in = SimpleNamespace(progress=progress, share_spent=lambda: 0.5,
+                               save_checkpoint=lambda *given: calls.append(("checkpoint", *given)))  # fmt: skip
     run = OutputSettings(output_dir="run", eval_steps=eval_steps, checkpointing_steps="epoch" if each_epoch else "3")
-    metrics = end_epoch(progress, run, evaluation, lambda *given: calls.append(("checkpoint", *given)), share=0.5)
+    metrics = end_epoch(stand_in, run, "eval_loader", Callback())
     assert (progress.epoch, progress.micro_batches_in_epoch, progress.completed_steps) == (2, 0, 7)
     evaluated = [("evaluation", 0.5)] if eval_steps is None else []
     saved = [("checkpoint",)] if each_epoch else []
@@ -142,15 +146,19 @@ def test_the_end_of_an_epoch_starts_the_next_at_its_first_batch_evaluating_and_c
         ([{"step": 6, "loss": 1.0}], None, True),
     ],
 )
-def test_the_final_metrics_evaluate_again_unless_an_evaluation_ran_at_the_last_update(history, metrics, evaluates):
+def test_the_final_metrics_evaluate_again_unless_an_evaluation_ran_at_the_last_update(
+    history, metrics, evaluates, monkeypatch
+):
     calls = []
 
-    def evaluation(share):
-        calls.append(share)
+    def evaluation(training, eval_loader, callbacks):
+        calls.append(training.share_spent())
         return {"eval_mlm_loss": 3.0}
 
+    monkeypatch.setattr(loop, "run_evaluation", evaluation)
     progress = TrainingProgress(completed_steps=6, log_history=history)
-    final = loop.final_metrics(progress, evaluation, metrics, share=0.75)
+    stand_in = SimpleNamespace(progress=progress, share_spent=lambda: 0.75)
+    final = loop.final_metrics(stand_in, "eval_loader", Callback(), metrics)
     assert calls == ([0.75] if evaluates else [])
     assert final == ({"eval_mlm_loss": 3.0} if evaluates else metrics)
 
@@ -222,7 +230,7 @@ class StandInBatches:
 
     epochs: list[int] = field(default_factory=list)
 
-    def epoch(self, epoch, progress, accelerator):
+    def epoch(self, epoch, position, accelerator):
         self.epochs.append(epoch)
         return iter([{"epoch": epoch}] * 2)
 
@@ -232,7 +240,6 @@ class StandInBatches:
 
 @dataclass
 class StandInAccelerator(Processes):
-    sync_gradients: bool = True
     mixed_precision: str = "no"
     is_local_main_process: bool = False
 
@@ -247,25 +254,31 @@ def fit_with_stand_ins(monkeypatch, progress, max_seconds=None, num_processes=1,
     """`fit` with every part but its own control flow stood in: it returns what the callbacks saw, the epochs
     the batches were asked for, the checkpoints written and the final metrics (or the `Preempted` raised)."""
     recorder, batches, written = Recorder(), StandInBatches(), []
-    monkeypatch.setattr(loop, "train_step", lambda *given: None)
-    monkeypatch.setattr(loop, "LogInterval", lambda device, seconds: StandInInterval())
+
+    def step(stand_in, batch, adjust_loss):  # what a step counts: its micro-batch, here each one an update
+        stand_in.progress.micro_batches_in_epoch += 1
+        stand_in.update_ended = True
+
+    monkeypatch.setattr(Training, "step", step)
+    monkeypatch.setattr(training, "LogInterval", lambda device, seconds: StandInInterval())
     monkeypatch.setattr(loop, "check_loss_is_finite", lambda *given: None)
     monkeypatch.setattr(loop, "evaluate", evaluate or (lambda model, loader, accelerator: {"eval_mlm_loss": 2.0}))
 
-    def write(accelerator, state, settings, data):
-        written.append(state.progress.completed_steps)
-        folder = loop.checkpoint_folder(settings.output.output_dir, state.progress.completed_steps)
+    def write(stand_in):
+        written.append(stand_in.progress.completed_steps)
+        folder = loop.checkpoint_folder(run["output_dir"], stand_in.progress.completed_steps)
         folder.mkdir(parents=True)
         return folder
 
-    monkeypatch.setattr(loop, "write_checkpoint", write)
+    monkeypatch.setattr(Training, "save_checkpoint", write)
     optimization = type("Optimization", (), {"compiles_update": lambda self, device: False})()
-    settings = type("Settings", (), {"output": OutputSettings(**run), "optimization": optimization})()
     model = type("Model", (), {"train": lambda self: None})()
-    state = TrainingState(model, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))]), progress, batches)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
     accelerator = StandInAccelerator(num_processes, others=[0.0] * (num_processes - 1), device=torch.device("cpu"))
+    stand_in = Training(accelerator, model, optimizer, batches, budget(6, max_seconds), None, optimization, None, None,
+                        progress)  # fmt: skip
     try:
-        result = loop.fit(accelerator, state, budget(6, max_seconds), "eval_loader", recorder, settings, None, None)
+        result = loop.fit(stand_in, "eval_loader", recorder, OutputSettings(**run))
     except loop.Preempted as stopped:
         result = stopped
     return recorder.events, batches.epochs, written, result
@@ -375,11 +388,10 @@ def test_the_step_asks_the_model_for_the_masked_rows_only():
 
     model = Model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    state = TrainingState(model, optimizer, TrainingProgress(), None)
-    optimization = type(
-        "Optimization", (), {"compiles_update": lambda self, device: False, "attention_padding": "mask", "max_grad_norm": 0}
-    )()
-    accelerator = Accelerator(cpu=True)
-    interval = type("Interval", (), {"add": lambda self, *given: None})()
-    loop.train_step(accelerator, state, {"input_ids": "ids"}, optimization, interval, Callback())
+    optimization = type("Optimization", (), {"compiles_update": lambda self, device: False, "attention_padding": "mask",
+                                             "max_grad_norm": 0, "gradient_accumulation_steps": 1})()  # fmt: skip
+    schedule = LearningRateSchedule(0.1, 0, "constant")
+    stand_in = Training(Accelerator(cpu=True), model, optimizer, None, None, schedule, optimization, None, None)
+    stand_in.interval = type("Interval", (), {"add": lambda self, *given: None})()
+    stand_in.step({"input_ids": "ids"}, Callback().loss)
     assert asked == {"input_ids": "ids", "mlm_masked_rows_only": True, "attention_padding": "mask"}

@@ -29,8 +29,8 @@ from hfbert.corpus_arguments import SHIPPED_SAMPLE_DIR, SHIPPED_SAMPLE_FILES
 from hfbert.errors import Refusal
 from hfbert.files import run_folder_lock
 from hfbert.pretraining.cli import main, parse_args
-from hfbert.pretraining.evaluation import flops_per_token
 from hfbert.pretraining.extras.plan import INSTANCE_FILL, TOKENS_PER_BYTE, budget_lines
+from hfbert.pretraining.flops import flops_per_token
 from hfbert.tokenization import model_config_for_tokenizer
 
 

@@ -17,11 +17,11 @@ from accelerate.state import AcceleratorState, GradientState
 from test_training import REPO, run_args, subprocess_env
 from torch.utils.data import DataLoader, TensorDataset
 
-from hfbert.checkpointing import TrainingProgress
 from hfbert.errors import CheckpointError, Refusal
 from hfbert.pretraining.batches import TrainingBatches, micro_batches_to_skip
-from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch, set_accumulation
+from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch
 from hfbert.pretraining.settings import OptimizationSettings
+from hfbert.pretraining.training import Training, TrainingProgress
 
 CHECKPOINT = "runs/x/checkpoint-30"
 
@@ -99,18 +99,24 @@ def test_the_global_position_becomes_this_process_count_s(position, num_processe
     assert skipped == expected and type(skipped) is int  # a count of batches to skip, never 4.0
 
 
-@pytest.mark.parametrize(("position", "skipped", "counter"), [(4, 4, 4), (9, 9, 0)])
-def test_a_resumed_epoch_continues_accelerate_s_accumulation_count_from_its_position(position, skipped, counter):
-    """The counter came back from the writer's RNG file, counted in its split; past the epoch's end it is 0, as
-    accelerate leaves it when an epoch ends."""
+@pytest.mark.parametrize(("position", "skipped", "ends"), [(4, 4, [False, True, False, True, True]), (9, 9, [])])
+def test_a_resumed_epoch_continues_the_accumulation_from_its_position(position, skipped, ends):
+    """Which micro-batch ends an update follows from the position alone, counted in this split (what
+    accelerate's counter, restored from the writer's RNG file, had to be set for): after 4 of the epoch's 9
+    micro-batches with accumulation 2, the 6th and 8th end one, and the 9th, the epoch's last, a short one."""
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    accelerator = Accelerator(cpu=True)
     loader = TrainingBatches(DataLoader(TensorDataset(torch.arange(36)), batch_size=4))
     loader.prepare(accelerator)
-    accelerator.step = 7  # e.g. what a 1-process writer with accumulation 7 left
-    batches = loader.epoch(0, TrainingProgress(micro_batches_in_epoch=position), accelerator)
-    assert (len(list(batches)), accelerator.step) == (9 - skipped, counter)
+    progress = TrainingProgress(micro_batches_in_epoch=position)
+    optimization = OptimizationSettings(gradient_accumulation_steps=2)
+    training = Training(accelerator, None, None, loader, None, None, optimization, None, None, progress)
+    seen = []
+    for _ in loader.epoch(0, position, accelerator):
+        seen.append(training.ends_update())
+        progress.micro_batches_in_epoch += 1  # as the step counts it
+    assert (len(seen), seen) == (9 - skipped, ends)
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
 
@@ -124,16 +130,9 @@ def test_a_position_inside_an_update_of_this_split_is_refused():
     )
 
 
-def test_the_chosen_accumulation_is_set_on_the_settings_and_the_accelerator():
-    optimization = OptimizationSettings(gradient_accumulation_steps=1)
-    accelerator = SimpleNamespace(gradient_accumulation_steps=1)
-    set_accumulation(accelerator, optimization, 4)
-    assert optimization.gradient_accumulation_steps == accelerator.gradient_accumulation_steps == 4
-
-
 def dropout_draw(accelerator, checkpoint, seed=42, step=30):
     torch.manual_seed(0)  # what a fresh start on every rank leaves
-    continue_on_this_split(accelerator, TrainingProgress(completed_steps=step), checkpoint, seed)
+    continue_on_this_split(accelerator, step, checkpoint, seed)
     return torch.rand(4)
 
 
@@ -164,29 +163,29 @@ def test_a_rank_the_checkpoint_has_no_rng_file_for_draws_by_seed_rank_and_step(t
 RECORDING_RUN = textwrap.dedent(
     """
     import hashlib, json, os, sys
-    import hfbert.pretraining.loop as loop
     from hfbert.errors import run_cli
     from hfbert.pretraining.cli import main
+    from hfbert.pretraining.training import Training
 
     record_path = os.path.join(sys.argv.pop(1), f"rank{os.environ.get('RANK', '0')}-{os.getpid()}.jsonl")
-    train_step = loop.train_step
+    step = Training.step
 
-    def recording_train_step(accelerator, state, batch, *args, **kwargs):
-        progress = state.progress
+    def recording_step(training, batch, *args, **kwargs):
+        progress, accelerator = training.progress, training.accelerator
         where = [progress.epoch, progress.micro_batches_in_epoch + accelerator.process_index]
-        outputs, loss = train_step(accelerator, state, batch, *args, **kwargs)
+        outputs, loss = step(training, batch, *args, **kwargs)
         digest = hashlib.sha256()
         for name in sorted(batch):
             digest.update(name.encode() + batch[name].cpu().numpy().tobytes())
         row = {"where": where, "update": progress.completed_steps + 1, "batch": digest.hexdigest(),
                "loss": loss.item(), "processes": accelerator.num_processes,
-               "accumulation": accelerator.gradient_accumulation_steps,
-               "bucket_view": getattr(state.model, "gradient_as_bucket_view", None)}
+               "accumulation": training.optimization.gradient_accumulation_steps,
+               "bucket_view": getattr(training.model, "gradient_as_bucket_view", None)}
         with open(record_path, "a") as record:
             record.write(json.dumps(row) + "\\n")
         return outputs, loss
 
-    loop.train_step = recording_train_step
+    Training.step = recording_step
     run_cli(main)
     """
 )

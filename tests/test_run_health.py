@@ -35,14 +35,15 @@ from hfbert.pretraining.extras.health.signatures import (
     LOSS_SPIKE_FACTOR,
     NSP_MLM_IMPROVEMENT,
     PLATEAU_MARGIN,
-    BudgetLimits,
     RunHealth,
     detect_events,
+    text_passes_per_update,
 )
+from hfbert.pretraining.training import Budget
 
 UNIQUE = [f"Paragraph number {i} tells of the {i} th ship . It sailed in {1900 + i} ." for i in range(40)]
 BASELINES = Baselines(unigram_mlm_loss=7.0, nsp_chance_accuracy=0.5, nsp_chance_loss=math.log(2), nsp_eval_instances=400)
-BUDGET = BudgetLimits(max_train_steps=1000)
+BUDGET = Budget(max_train_steps=1000)
 
 
 def statistics_of(documents, tokenizer, pairs=True, max_seq_length=128) -> CorpusStatistics:
@@ -206,9 +207,10 @@ def warnings_of(events):
 # The README main job as a new user ran it on an AMD EPYC (issue 56): held-out NSP lagged (0.563 at 3,000,
 # under the line of 0.578) while the training pairs' NSP accuracy was 0.78, and came off chance at 4,000.
 README_BASELINES = Baselines(7.24, nsp_chance_accuracy=0.533, nsp_chance_loss=0.69, nsp_eval_instances=490)
-README_BUDGET = BudgetLimits.of_training_args({
+README_TRAINING_ARGS = {
     "max_train_steps": 6000, "train_instances": 57232, "dupe_factor": 40, "per_device_train_batch_size": 16,
-    "num_processes": 1, "gradient_accumulation_steps": 1})
+    "num_processes": 1, "gradient_accumulation_steps": 1}
+README_BUDGET, README_PASSES = Budget.of_training_args(README_TRAINING_ARGS), text_passes_per_update(README_TRAINING_ARGS)
 README_MAIN_JOB = run_of([
     (1000, 6.10, 0.170, 0.533, 5.60, 0.60),
     (2000, 5.90, 0.200, 0.576, 5.10, 0.70),
@@ -220,12 +222,12 @@ README_MAIN_JOB = run_of([
 
 
 def test_passes_over_the_text_follow_from_the_instances_and_the_batch():
-    assert README_BUDGET.text_passes_per_update == pytest.approx(16 * 40 / 57232)
-    assert BudgetLimits.of_training_args({"max_train_steps": 10, "train_instances": None}).text_passes_per_update is None
+    assert pytest.approx(16 * 40 / 57232) == README_PASSES
+    assert text_passes_per_update({"max_train_steps": 10, "train_instances": None}) is None
 
 
 def test_nsp_lagging_held_out_while_training_learns_it_is_a_note_not_a_warning():
-    _, events = detect_events(README_MAIN_JOB, README_BASELINES, README_BUDGET)
+    _, events = detect_events(README_MAIN_JOB, README_BASELINES, README_BUDGET, README_PASSES)
     assert warnings_of(events) == []
     (note,) = events
     assert (note.kind, note.update) == ("overfitting", 3000)
@@ -237,7 +239,7 @@ def test_nsp_lagging_held_out_while_training_learns_it_is_a_note_not_a_warning()
 def test_shuffled_sentences_leave_nsp_at_chance_in_training_too_and_warn():
     rows = run_of([(1000 * i, 6.4 - 0.1 * i, 0.16 + 0.01 * i, 0.516, 5.6 - 0.2 * i, 0.50 + 0.005 * (i % 2))
                    for i in range(1, 7)])
-    _, events = detect_events(rows, README_BASELINES, README_BUDGET)
+    _, events = detect_events(rows, README_BASELINES, README_BUDGET, README_PASSES)
     assert kinds(events) == ["nsp_at_chance"] and events[0].update == 3000 and events[0].resolved_at is None
 
 
@@ -248,7 +250,7 @@ def test_held_out_loss_rising_while_accuracy_and_training_improve_is_a_note_not_
     points = [(1000 * (i + 1), loss, 0.19 + 0.003 * i, 0.70 + 0.005 * i, 5.0 - 0.15 * i, 0.75 + 0.01 * i)
               for i, loss in enumerate(losses)]
     _, events = detect_events(run_of(points, rate=lambda step: 1e-3 * (1 - step / 17738)), README_BASELINES,
-                              README_BUDGET)
+                              README_BUDGET, README_PASSES)
     assert warnings_of(events) == []
     (note,) = events
     assert note.kind == "overfitting" and note.update == 8000  # 4 evaluations past the best, at 4,000
@@ -257,17 +259,17 @@ def test_held_out_loss_rising_while_accuracy_and_training_improve_is_a_note_not_
 
 def test_a_stall_where_nothing_improves_still_warns_and_held_out_accuracy_rising_is_no_stall():
     flat = [(1000 * (i + 1), 5.0, 0.2, 0.9, 4.0, 0.9) for i in range(5)]
-    assert kinds(detect_events(run_of(flat), README_BASELINES, README_BUDGET)[1]) == ["stalled"]
+    assert kinds(detect_events(run_of(flat), README_BASELINES, README_BUDGET, README_PASSES)[1]) == ["stalled"]
     accuracy_rises = [(step, loss, 0.2 + 0.01 * i, nsp, train, tnsp) for i, (step, loss, _, nsp, train, tnsp)
                       in enumerate(flat)]
-    assert detect_events(run_of(accuracy_rises), README_BASELINES, README_BUDGET)[1] == []
+    assert detect_events(run_of(accuracy_rises), README_BASELINES, README_BUDGET, README_PASSES)[1] == []
 
 
 @pytest.mark.parametrize("rate", [1e-9, 5e-2])
 def test_a_dead_rate_and_a_rate_far_too_high_still_warn_at_the_end(rate):
     # As benchmarks/results/run_health.md measured them at README size: held-out MLM loss on the unigram
     # plateau to the end; at 5e-2 MLM 0.19 below its first evaluation, NSP at chance in training too.
-    budget = BudgetLimits(max_train_steps=600)
+    budget = Budget(max_train_steps=600)
     drop = 0.0 if rate == 1e-9 else 0.04
     rows = run_of([(100 * i, 7.4 - drop * i, 0.05, 0.52, 7.5 - drop * i, 0.5) for i in range(1, 7)],
                   rate=lambda step: rate * (1 - step / 600))
@@ -278,7 +280,7 @@ def test_a_dead_rate_and_a_rate_far_too_high_still_warn_at_the_end(rate):
 
 
 def test_each_warning_is_outgrown_when_its_signature_no_longer_holds():
-    budget = BudgetLimits(max_train_steps=6000)
+    budget = Budget(max_train_steps=6000)
     nsp = run_of([(1000 * i, 6.4 - 0.1 * i, 0.2, 0.52 if i <= 3 else 0.64, 5.0 - 0.1 * i, 0.51) for i in range(1, 7)])
     _, events = detect_events(nsp, README_BASELINES, budget)
     assert [(e.kind, e.update, e.resolved_at) for e in events] == [("nsp_at_chance", 3000, 4000)]
@@ -295,7 +297,7 @@ def test_a_spike_has_no_outgrown_state_and_an_outgrown_kind_can_fire_again():
     rows = [*rows_with_a_spike(), *training_rows([5.0] * 30, first_step=90)]
     (spike,) = detect_events(rows, BASELINES, BUDGET)[1]
     assert spike.resolved_at is None and summary_line([spike]) == "1 open warning(s): loss_spike (update 70)"
-    budget = BudgetLimits(max_train_steps=4000)
+    budget = Budget(max_train_steps=4000)
     back = run_of([(1000, 7.1, 0.1, 0.9, 6.0, 0.9), (2000, 6.5, 0.1, 0.9, 5.9, 0.9),
                    (3000, 7.1, 0.1, 0.9, 5.8, 0.9)])
     events = detect_events(back, README_BASELINES, budget)[1]
@@ -311,7 +313,7 @@ def test_nan_rows_fire_nothing():
 # ---- the callback ---------------------------------------------------------------------------------------
 
 
-class Progress:  # what RunHealth reads of hfbert.checkpointing.TrainingProgress
+class Progress:  # what RunHealth reads of hfbert.pretraining.training.TrainingProgress
     def __init__(self, rows, completed_steps):
         self.log_history, self.completed_steps = rows, completed_steps
 
@@ -326,9 +328,9 @@ def rows_with_a_spike():
 
 
 def test_outgrowing_is_logged_once_and_replayed_silently_on_resume(caplog):
-    budget = BudgetLimits(max_train_steps=6000)
+    budget = Budget(max_train_steps=6000)
     rows = run_of([(1000 * i, 6.4 - 0.1 * i, 0.2, 0.52 if i <= 3 else 0.64, 5.0 - 0.1 * i, 0.51) for i in range(1, 7)])
-    health = RunHealth(CorpusHealth(CorpusStatistics("x", 2, 4, 100, 0, 0, 0, 0, []), README_BASELINES), budget, True)
+    health = RunHealth(CorpusHealth(CorpusStatistics("x", 2, 4, 100, 0, 0, 0, 0, []), README_BASELINES), budget, None, True)
     with caplog.at_level(logging.INFO, logger="hfbert"):
         health.on_fit_start(Progress([], 0), 0.0)
         for row in rows:
@@ -341,7 +343,7 @@ def test_outgrowing_is_logged_once_and_replayed_silently_on_resume(caplog):
         "Run health, nsp_at_chance"]
     assert messages[-1] == "Run health: no open warnings (1 outgrown: nsp_at_chance 3000 → 4000)"
     caplog.clear()
-    resumed = RunHealth(health.corpus, budget, main_process=True)
+    resumed = RunHealth(health.corpus, budget, None, main_process=True)
     with caplog.at_level(logging.INFO, logger="hfbert"):
         resumed.on_fit_start(Progress(rows, 6000), 1.0)
     assert resumed.events == health.events and health.events[0].resolved_at == 4000
@@ -349,7 +351,7 @@ def test_outgrowing_is_logged_once_and_replayed_silently_on_resume(caplog):
 
 
 def test_run_health_logs_each_event_once_and_replays_it_silently_on_resume(caplog):
-    health = RunHealth(corpus_with_duplicates(), BUDGET, main_process=True)
+    health = RunHealth(corpus_with_duplicates(), BUDGET, None, main_process=True)
     with caplog.at_level(logging.INFO, logger="hfbert"):
         health.on_fit_start(Progress([], 0), 0.0)
         for row in rows_with_a_spike():
@@ -358,7 +360,7 @@ def test_run_health_logs_each_event_once_and_replays_it_silently_on_resume(caplo
     assert [w.split(":")[0] for w in warnings] == ["Run health, duplicate_text", "Run health, loss_spike"]
     assert kinds(health.events) == ["duplicate_text", "loss_spike"]
     caplog.clear()
-    resumed = RunHealth(corpus_with_duplicates(), BUDGET, main_process=True)
+    resumed = RunHealth(corpus_with_duplicates(), BUDGET, None, main_process=True)
     with caplog.at_level(logging.INFO, logger="hfbert"):
         resumed.on_fit_start(Progress(rows_with_a_spike(), 80), 0.08)
         resumed.on_log(training_rows([30.0], first_step=90)[0], 0.09)  # a second spike: the kind has fired
@@ -367,7 +369,7 @@ def test_run_health_logs_each_event_once_and_replays_it_silently_on_resume(caplo
 
 
 def test_only_the_main_process_logs(caplog):
-    health = RunHealth(corpus_with_duplicates(), BUDGET, main_process=False)
+    health = RunHealth(corpus_with_duplicates(), BUDGET, None, main_process=False)
     with caplog.at_level(logging.INFO, logger="hfbert"):
         health.on_fit_start(Progress([], 0), 0.0)
         for row in rows_with_a_spike():

@@ -73,10 +73,10 @@ def weights_at_the_first_update(args: list[str]) -> dict[str, torch.Tensor]:
     """Train with `args`; the model's weights as the loop starts, after loading, setup and any resume."""
     started = {}
 
-    def fit_and_record(accelerator, state, *rest):
-        model = accelerator.unwrap_model(state.model)
+    def fit_and_record(training, *rest):
+        model = training.accelerator.unwrap_model(training.model)
         started.update({name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()})
-        return fit(accelerator, state, *rest)
+        return fit(training, *rest)
 
     fit = run.fit
     with mock.patch.object(run, "fit", side_effect=fit_and_record):

@@ -561,20 +561,20 @@ def test_runs_start_from_the_start_they_name(tmp_path, run_inputs, attention_ini
 
 def linear_output_dtypes_in_training(args: list[str]) -> set[torch.dtype]:
     """Train with `args`; the dtypes the first attention query projection outputs in the training steps."""
-    from hfbert.pretraining import loop
+    from hfbert.pretraining.training import Training
 
     dtypes = set()
-    train_step = loop.train_step
+    step = Training.step
 
-    def recording(accelerator, state, *rest, **kwargs):
-        query = accelerator.unwrap_model(state.model).bert.encoder.layer[0].attention.self.query
+    def recording(training, *rest, **kwargs):
+        query = training.accelerator.unwrap_model(training.model).bert.encoder.layer[0].attention.self.query
         hook = query.register_forward_hook(lambda module, inputs, output: dtypes.add(output.dtype))
         try:
-            return train_step(accelerator, state, *rest, **kwargs)
+            return step(training, *rest, **kwargs)
         finally:
             hook.remove()
 
-    with mock.patch.object(loop, "train_step", recording):
+    with mock.patch.object(Training, "step", recording):
         train_in_process(args)
     return dtypes
 
@@ -1241,21 +1241,21 @@ def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_t
     testing of loop.py maps it: SIGUSR1 during update 4 stops after update 4, with checkpoint-4 (written for
     the stop, or the scheduled one at 4) and no final folder; the resume runs updates 5 and 6 only and equals
     a straight run."""
-    from hfbert.pretraining import loop
+    from hfbert.pretraining.training import Training
 
-    train_step = loop.train_step
+    step = Training.step
 
-    def signal_during_update_4(accelerator, state, *rest, **kwargs):
-        if state.progress.completed_steps == 3:
+    def signal_during_update_4(training, *rest, **kwargs):
+        if training.progress.completed_steps == 3:
             os.kill(os.getpid(), signal.SIGUSR1)
-        return train_step(accelerator, state, *rest, **kwargs)
+        return step(training, *rest, **kwargs)
 
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--eval_steps", "1000", *EXACT)
     if checkpointing_steps is not None:
         args += ["--checkpointing_steps", checkpointing_steps]
     with monkeypatch.context() as patched:
-        patched.setattr(loop, "train_step", signal_during_update_4)
+        patched.setattr(Training, "step", signal_during_update_4)
         with pytest.raises(SystemExit) as stopped:
             train_in_process(args)
     assert stopped.value.code == 128 + signal.SIGUSR1
@@ -1311,7 +1311,7 @@ def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, mon
     """Every update but the logging ones and the first (which compiles: autotuning waits for the device) runs
     under torch.cuda.set_sync_debug_mode("error"): any host synchronisation raises (loader, step, clipping, the
     fp16 scaler, optimizer, window statistics)."""
-    from hfbert.pretraining import evaluation, loop
+    from hfbert.pretraining import training
 
     def strict(function):
         calls = []
@@ -1328,8 +1328,8 @@ def test_cuda_training_steps_never_wait_for_the_device(tmp_path, run_inputs, mon
 
         return run_strictly
 
-    monkeypatch.setattr(loop, "train_step", strict(loop.train_step))
-    monkeypatch.setattr(evaluation.LogInterval, "add", strict(evaluation.LogInterval.add))
+    monkeypatch.setattr(training.Training, "step", strict(training.Training.step))
+    monkeypatch.setattr(training.LogInterval, "add", strict(training.LogInterval.add))
     output_dir = tmp_path / "run"
     # The last value of a repeated flag wins: the precision CUDA picks (fp16), logging every 3 updates.
     extra = ("--max_train_steps", "6", "--mixed_precision", "auto", "--logging_steps", "3")

@@ -1,7 +1,8 @@
-"""The update (`hfbert.pretraining.loop.train_step`): it never reads a tensor back to the host (on a GPU that
+"""The update (`hfbert.pretraining.training.Training.step`): it never reads a tensor back to the host (on a GPU that
 waits for the device), the fp16 loss scaler included; compiled, it is one graph and gives eager's results."""
 
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,13 +15,10 @@ from test_speed_paths import pretraining_batch, static_batch
 from torch.testing import assert_close
 
 from hfbert import HfBertForPreTraining, modeling_hfbert
-from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.callbacks import Callbacks
 from hfbert.pretraining.cli import parse_args
-from hfbert.pretraining.evaluation import LogInterval
-from hfbert.pretraining.loop import train_step
 from hfbert.pretraining.settings import DataSettings, OptimizationSettings
-from hfbert.pretraining.training import TrainingState, build_optimizer, compile_model
+from hfbert.pretraining.training import LearningRateSchedule, Training, build_optimizer, compile_model
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
 
@@ -52,7 +50,15 @@ def accelerator():
     GradientState._reset_state()
 
 
-def prepared_state(accelerator: Accelerator, optimization: OptimizationSettings) -> TrainingState:
+def training_of(accelerator: Accelerator, model, optimizer, optimization: OptimizationSettings) -> Training:
+    """The training of a prepared `model` and `optimizer`, at the optimizer's own rate (a constant schedule), of
+    batches whose epoch has no end."""
+    schedule = LearningRateSchedule(optimizer.param_groups[0]["lr"], 0, "constant")
+    batches = SimpleNamespace(batches_per_process=None)
+    return Training(accelerator, model, optimizer, batches, None, schedule, optimization, None, None)
+
+
+def prepared_training(accelerator: Accelerator, optimization: OptimizationSettings) -> Training:
     """The tiny model (no dropout: eager and compiled draw no masks alike), its optimizer, prepared; compiled
     as `setup_training` compiles it where `optimization` says."""
     torch.manual_seed(0)
@@ -60,17 +66,16 @@ def prepared_state(accelerator: Accelerator, optimization: OptimizationSettings)
     if optimization.compiles_update(accelerator.device.type):
         compile_model(model, optimization.torch_compile_mode)
     optimizer = build_optimizer(model, optimization, accelerator.device)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    return TrainingState(model, optimizer, TrainingProgress(), batches=None)
+    return training_of(accelerator, *accelerator.prepare(model, optimizer), optimization)
 
 
-def with_loss_scaler(accelerator: Accelerator, state: TrainingState, monkeypatch) -> torch.amp.GradScaler:
+def with_loss_scaler(accelerator: Accelerator, training: Training, monkeypatch) -> torch.amp.GradScaler:
     """What accelerate sets up for fp16 on CUDA (it makes no scaler on a CPU), on the CPU."""
     scaler = torch.amp.GradScaler("cpu")
     monkeypatch.setattr(accelerator, "scaler", scaler)
     monkeypatch.setattr(accelerator, "native_amp", True)
     monkeypatch.setattr(type(accelerator), "mixed_precision", "fp16")
-    state.optimizer = AcceleratedOptimizer(state.optimizer.optimizer, device_placement=False, scaler=scaler)
+    training.optimizer = AcceleratedOptimizer(training.optimizer.optimizer, device_placement=False, scaler=scaler)
     return scaler
 
 
@@ -82,41 +87,35 @@ def with_loss_scaler(accelerator: Accelerator, state: TrainingState, monkeypatch
 def test_an_update_never_reads_a_tensor_back_to_the_host(accelerator, monkeypatch, loss_scaler, compiled):
     torch._dynamo.reset()
     optimization = OptimizationSettings(max_grad_norm=1.0, torch_compile=compiled)
-    state = prepared_state(accelerator, optimization)
-    scaler = with_loss_scaler(accelerator, state, monkeypatch) if loss_scaler else None
+    training = prepared_training(accelerator, optimization)
+    scaler = with_loss_scaler(accelerator, training, monkeypatch) if loss_scaler else None
     # The model's input checks read CPU tensors on purpose (nothing to wait for); on CUDA they assert on the
     # device instead (the GPU test in test_training.py runs them).
     monkeypatch.setattr(modeling_hfbert, "check_range", lambda *args: None)
     batch = static_batch(pretraining_batch())
-    interval = LogInterval(accelerator.device, 0.0)
-    train_step(accelerator, state, batch, optimization, interval, Callbacks())  # compiles: tracing may read values
-    before = state.model.bert.embeddings.word_embeddings.weight.detach().clone()
+    training.step(batch, Callbacks().loss)  # compiles: tracing may read values
+    before = training.model.bert.embeddings.word_embeddings.weight.detach().clone()
     with host_reads_raise():
         for _ in range(2):
-            train_step(accelerator, state, batch, optimization, interval, Callbacks())
-    assert not torch.equal(state.model.bert.embeddings.word_embeddings.weight, before)  # the updates ran
+            training.step(batch, Callbacks().loss)
+    interval = training.interval
+    assert not torch.equal(training.model.bert.embeddings.word_embeddings.weight, before)  # the updates ran
     assert interval.batches == 3 and interval.clipped_updates == 3 and interval.grad_norm.item() > 0
     if loss_scaler:  # the scaler scaled the loss and let every (finite) update through
         assert scaler._scale is not None
-        assert all(s["step"].item() == 3 for s in state.optimizer.optimizer.state.values())
+        assert all(s["step"].item() == 3 for s in training.optimizer.optimizer.state.values())
 
 
-def gradients_then_updates(
-    accelerator, state: TrainingState, optimization: OptimizationSettings, batch, updates: int
-):
+def gradients_then_updates(training: Training, batch, updates: int):
     """The gradients of one backward, then the losses and the largest gradient norm of `updates` updates and
     the weights after them."""
-    outputs = state.model(**batch, mlm_masked_rows_only=True, attention_padding="mask")  # as train_step calls it
+    outputs = training.model(**batch, mlm_masked_rows_only=True, attention_padding="mask")  # as the step calls it
     (outputs.mlm_loss + outputs.nsp_loss).backward()
-    gradients = {name: p.grad.clone() for name, p in state.model.named_parameters()}
-    state.optimizer.zero_grad(set_to_none=True)
-    interval = LogInterval(accelerator.device, 0.0)
-    losses = [
-        train_step(accelerator, state, batch, optimization, interval, Callbacks())[1].detach()
-        for _ in range(updates)
-    ]
-    weights = {name: p.detach().clone() for name, p in state.model.named_parameters()}
-    return gradients, torch.stack(losses), interval.grad_norm, weights
+    gradients = {name: p.grad.clone() for name, p in training.model.named_parameters()}
+    training.optimizer.zero_grad(set_to_none=True)
+    losses = [training.step(batch, Callbacks().loss)[1].detach() for _ in range(updates)]
+    weights = {name: p.detach().clone() for name, p in training.model.named_parameters()}
+    return gradients, torch.stack(losses), training.interval.grad_norm, weights
 
 
 @pytest.mark.slow
@@ -130,8 +129,8 @@ def test_the_compiled_update_is_one_graph_per_part_and_gives_eagers_gradients_lo
     runs = {}
     for compiled in (False, True):
         optimization = OptimizationSettings(learning_rate=1e-3, max_grad_norm=0.5, torch_compile=compiled)
-        state = prepared_state(accelerator, optimization)
-        runs[compiled] = gradients_then_updates(accelerator, state, optimization, batch, 3)
+        training = prepared_training(accelerator, optimization)
+        runs[compiled] = gradients_then_updates(training, batch, 3)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])  # the model's and the clipping's
     (eager_gradients, *eager), (gradients, *compiled) = runs[False], runs[True]
@@ -156,10 +155,9 @@ def test_a_graph_break_in_the_model_fails_the_compiled_update(accelerator, monke
 
     monkeypatch.setattr(modeling_hfbert, "check_inputs", breaking)
     optimization = OptimizationSettings(torch_compile=True)
-    state = prepared_state(accelerator, optimization)
-    interval = LogInterval(accelerator.device, 0.0)
+    training = prepared_training(accelerator, optimization)
     with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
-        train_step(accelerator, state, static_batch(pretraining_batch()), optimization, interval, Callbacks())
+        training.step(static_batch(pretraining_batch()), Callbacks().loss)
 
 
 @pytest.mark.parametrize(
@@ -198,11 +196,12 @@ def micro_batch(masked_per_row: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def test_an_accumulated_update_weighs_each_micro_batchs_own_mean_equally_whatever_its_masked_tokens():
-    """hfbert's own loop: accelerate divides each micro-batch's loss (its own means over its masked tokens and
-    rows) by the accumulation steps, so with 1 and 8 masked tokens a row the update is the mean of the two
-    micro-batches' means, not the mean over all their masked tokens that one batch of the 4 rows gives."""
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
-    optimization = OptimizationSettings(max_grad_norm=0.0)
+    """hfbert's own loop: each micro-batch's loss (its own means over its masked tokens and rows) is divided by
+    the accumulation steps, as accelerate divides it, so with 1 and 8 masked tokens a row the update is the mean
+    of the two micro-batches' means, not the mean over all their masked tokens that one batch of the 4 rows
+    gives."""
+    accelerator = Accelerator(cpu=True)
+    optimization = OptimizationSettings(max_grad_norm=0.0, gradient_accumulation_steps=2)
     torch.manual_seed(0)
     model = HfBertForPreTraining(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -219,10 +218,9 @@ def test_an_accumulated_update_weighs_each_micro_batchs_own_mean_equally_whateve
     pooled_update = sgd_update(pooled.mlm_loss + pooled.nsp_loss)
 
     prepared, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1.0))
-    state = TrainingState(prepared, optimizer, TrainingProgress(), batches=None)
-    interval = LogInterval(accelerator.device, 0.0)
+    training = training_of(accelerator, prepared, optimizer, optimization)
     for batch in micro_batches:
-        train_step(accelerator, state, batch, optimization, interval, Callbacks())
+        training.step(batch, Callbacks().loss)
     for name, weight in model.named_parameters():
         assert_close(weight, mean_of_means[name], atol=1e-6, rtol=1e-5, msg=name)
     assert not torch.allclose(model.cls.predictions.bias, pooled_update["cls.predictions.bias"], atol=1e-2)

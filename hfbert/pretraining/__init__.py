@@ -12,10 +12,12 @@ each, in the order data flows through them:
     stream        --streaming: training instances made from a stream of documents in windows, by loader
                   workers, with each worker's position for an exact resume
     batches       the loaders and the one collator (padding, masking, the static form)
-    evaluation    held-out evaluation, the metrics' sums, model FLOPs and MFU (used by the loop)
-    training      optimizer, schedule and budget, prepared by accelerate; the checkpointed training state
+    flops         the model FLOPs per token and the datasheet peaks behind the logged MFU
+    evaluation    held-out evaluation and the metrics' sums
+    training      Training, the one owner of model, optimizer, schedule, budget and progress: the step, the
+                  update, the log interval, the checkpoint and the resume
     callbacks     the events the loop calls besides the step
-    loop          fit and train_step: step, log, evaluate, checkpoint; preemption
+    loop          fit: step, log, evaluate, checkpoint on their schedules; preemption
     finish        the final folder (model, tokenizer, card, curves) and the push
     run           pretrain(settings): the model built and every stage composed, in one function; it
                   ends the process group

@@ -31,7 +31,6 @@ from accelerate.utils import gather_object, send_to_device
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from hfbert.checkpointing import TrainingProgress
 from hfbert.errors import CheckpointError, Refusal, RunFailure
 from hfbert.modeling_hfbert import IGNORE_INDEX
 from hfbert.pretraining.instances import DRAW_KEY, SHUFFLE_GROUP, DrawnInstances, TrainingStream
@@ -394,31 +393,31 @@ def micro_batches_to_skip(position: int, epoch: int, num_processes: int, batches
 
 class TrainingBatches:
     """A process's training batches, all that setup, the loop and a checkpoint ask of them: here those of the
-    written or drawn instances, where an epoch is a shuffle of them all and the position within it is
-    `TrainingProgress.micro_batches_in_epoch` (global, so another process count continues it); a stream's
-    are a `StreamBatches`."""
+    written or drawn instances, where an epoch is a shuffle of them all and the position within it is the
+    micro-batches of it trained on (`TrainingProgress.micro_batches_in_epoch`, global, so another process count
+    continues it); a stream's are a `StreamBatches`."""
 
     def __init__(self, loader: DataLoader):
         self.loader = loader
         # Over all processes; None: a stream, one endless epoch of unknown length.
         self.batches_per_epoch: int | None = len(loader)
 
+    @property
+    def batches_per_process(self) -> int | None:
+        """This process's micro-batches of an epoch, once `prepare`d; None: a stream."""
+        return None if self.batches_per_epoch is None else len(self.loader)
+
     def prepare(self, accelerator: Accelerator) -> None:
         """Split the batches over this launch's processes."""
         self.loader = accelerator.prepare_data_loader(self.loader)
 
-    def epoch(self, epoch: int, progress: TrainingProgress, accelerator: Accelerator) -> Iterable[dict]:
-        """The batches of `epoch` from where `progress` stands, on this process's device: the epoch's own
-        shuffle, past the batches already trained on when resumed mid-epoch."""
+    def epoch(self, epoch: int, position: int, accelerator: Accelerator) -> Iterable[dict]:
+        """The batches of `epoch` from `position` (its micro-batches trained on, by all processes together), on
+        this process's device: the epoch's own shuffle, past the batches already trained on when resumed mid-epoch."""
         self.loader.set_epoch(epoch)
-        if not progress.micro_batches_in_epoch:
+        if not position:
             return self.loader
-        skip = micro_batches_to_skip(
-            progress.micro_batches_in_epoch, progress.epoch, accelerator.num_processes, len(self.loader)
-        )
-        # accelerate's micro-batch counter (which micro-batch ends an accumulation) comes back from this rank's
-        # RNG file counted in the writer's split, or not at all: count it in this one (0 past the epoch's end).
-        accelerator.step = skip % len(self.loader)
+        skip = micro_batches_to_skip(position, epoch, accelerator.num_processes, len(self.loader))
         return accelerator.skip_first_batches(self.loader, skip)
 
     def logged_epoch(self, epoch: int) -> int:
@@ -426,13 +425,13 @@ class TrainingBatches:
         return epoch
 
     def checkpoint_files(self, accelerator: Accelerator) -> dict[str, Any]:
-        """The JSON files a checkpoint adds for the position (call on every process); {} where `progress`
-        holds it."""
+        """The JSON files a checkpoint adds for the position (call on every process); {} where the training
+        progress holds it."""
         return {}
 
     def resume(self, checkpoint: Path, accelerator: Accelerator) -> None:
-        """Continue from `checkpoint`'s position (after its state, `progress` included, is loaded); here the
-        position is `progress`'s, loaded with the state."""
+        """Continue from `checkpoint`'s position (after its state, the progress included, is loaded); here the
+        position is the progress's, loaded with the state."""
 
 
 def collate_stream(collator: DataCollatorForPretraining, rows: list[dict]) -> tuple[dict | None, Any]:
@@ -460,9 +459,9 @@ class StreamBatches(TrainingBatches):
     def prepare(self, accelerator: Accelerator) -> None:
         pass  # split by process already (split_dataset_by_node); `epoch` moves each batch to the device
 
-    def epoch(self, epoch: int, progress: Any, accelerator: Accelerator) -> Iterator[dict[str, torch.Tensor]]:
-        """The stream's batches, without end, on this process's device (`epoch` and `progress` are the
-        loop's: the position is the loader's own)."""
+    def epoch(self, epoch: int, position: int, accelerator: Accelerator) -> Iterator[dict[str, torch.Tensor]]:
+        """The stream's batches, without end, on this process's device (`epoch` and `position` are the
+        loop's: the stream keeps its own)."""
         for batch, stream_pass in self.loader:
             if batch is None:
                 raise RunFailure(stream_pass)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from hfbert.checkpointing import TrainingProgress
+from hfbert.pretraining.training import TrainingProgress
 
 
 @dataclass

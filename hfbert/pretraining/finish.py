@@ -21,16 +21,14 @@ from hfbert.checkpointing import (
     EVAL_RESULTS_NAME,
     LOG_HISTORY_NAME,
     TRAINING_ARGS_NAME,
-    TrainingProgress,
     write_on_every_process,
 )
 from hfbert.files import FINAL_RECORD, recorded_final_files, staged_files, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
-from hfbert.pretraining.evaluation import check_weights_are_finite
 from hfbert.pretraining.settings import OutputSettings, PretrainingSettings
-from hfbert.pretraining.training import TrainingState
+from hfbert.pretraining.training import Training, TrainingProgress, check_weights_are_finite
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +93,7 @@ def write_final_folder(
 
 def finish(
     accelerator: Accelerator,
-    state: TrainingState,
+    state: Training,
     output: OutputSettings,
     write: Callable[[torch.nn.Module, dict[str, torch.Tensor], TrainingProgress], FinalFolder],
 ) -> FinalFolder:

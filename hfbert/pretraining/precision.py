@@ -100,8 +100,7 @@ def build_accelerator(optimization: OptimizationSettings, output: OutputSettings
         torch.cuda.get_device_capability() if use_cuda else None,
     )
     accelerator = Accelerator(
-        mixed_precision=precision,
-        gradient_accumulation_steps=optimization.gradient_accumulation_steps,
+        mixed_precision=precision,  # accumulation is the training's own (`hfbert.pretraining.training.Training`)
         log_with=output.report_to if output.with_tracking else None,
         project_dir=output.output_dir,
         # Pinned batches are copied while the previous step runs (accelerate's loader moves one batch ahead).

@@ -5,7 +5,7 @@
     data                corpus -> documents -> tokenizer -> model config -> NSP instances       (data)
     model               the model and its start (--attention_init, or a source's weights)     (build_model)
     batches             the loaders and each batch's shape                                     (batches; stream)
-    optimization        optimizer, schedule, budget, prepared by accelerate                    (optimization)
+    training            its one owner: model, optimizer, schedule, budget, progress (prepared)  (training)
     fit                 the loop: step, log, evaluate, checkpoint, preemption; callbacks       (loop, callbacks)
     finish              final folder (model, tokenizer, card, curves, the callbacks' files), push (finish)
                         then the process group ended                                            (process_group)
@@ -33,9 +33,10 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from hfbert.checkpointing import (
+    RUN_SETTINGS_NAME,
+    RunCheckpoints,
     check_run_folder,
     finish_interrupted_replace,
-    load_checkpoint,
     read_manifest,
     read_run_settings,
     remove_checkpoints,
@@ -63,15 +64,15 @@ from hfbert.pretraining.data import (
     count_training_instances,
     prepare,
 )
-from hfbert.pretraining.evaluation import ModelFlops, device_peak_flops
 from hfbert.pretraining.extras.attention_shaping import ClsAttentionSpread, StructuredFade
 from hfbert.pretraining.extras.cluster import check_output_dir_shared, check_processes_agree
 from hfbert.pretraining.extras.health.corpus import CorpusHealth, cached_corpus_health
-from hfbert.pretraining.extras.health.signatures import BudgetLimits, RunHealth
+from hfbert.pretraining.extras.health.signatures import RunHealth, text_passes_per_update
 from hfbert.pretraining.extras.plan import plan_lines, rehearse_data_stage
-from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch, set_accumulation
+from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch
 from hfbert.pretraining.extras.samples import Samples
 from hfbert.pretraining.finish import FinalFolder, finish, write_final_folder
+from hfbert.pretraining.flops import ModelFlops, device_peak_flops
 from hfbert.pretraining.loop import Preempted, PreemptionSignals, ProgressBar, Tracker, fit
 from hfbert.pretraining.precision import build_accelerator, use_deterministic_algorithms
 from hfbert.pretraining.process_group import (
@@ -81,6 +82,7 @@ from hfbert.pretraining.process_group import (
     release_ddp_wrapper,
 )
 from hfbert.pretraining.settings import (
+    CORPUS_FINGERPRINT,
     PretrainingSettings,
     check_config_file,
     check_resume_settings,
@@ -153,7 +155,7 @@ def check_before_work(
     if output.resume_from_checkpoint is not None:
         # Every process resumes the folder the main process verified, with the accumulation it chose.
         checkpoint, accumulation = checked_on_main_process(accelerator, partial(verify_data_resume, settings, accelerator))
-        set_accumulation(accelerator, settings.optimization, accumulation)
+        settings.optimization.gradient_accumulation_steps = accumulation
     source = check_source_model(settings.model, settings.data)
     if settings.corpus.streaming:
         check_stream_tokenizer(settings.data, checkpoint, source)
@@ -243,6 +245,17 @@ def run_summary(
     return summary
 
 
+def run_checkpoints(settings: PretrainingSettings, prepared: PreparedData) -> RunCheckpoints:
+    """Where and with what the run writes its checkpoints: its tokenizer and model config, and its settings
+    with the corpus as the data stage read it (text edited since is not what trained), compared on resume."""
+    recorded = settings.checkpoint_settings() | {CORPUS_FINGERPRINT: prepared.corpus_sha256}
+    output = settings.output
+    return RunCheckpoints(
+        output.output_dir, output.checkpoints_total_limit, prepared.tokenizer, prepared.config,
+        {RUN_SETTINGS_NAME: recorded},
+    )  # fmt: skip
+
+
 def build_model(
     settings: PretrainingSettings, config: HfBertConfig, source: SourceModel | None, model_class: ModelClass
 ) -> tuple[torch.nn.Module, list[Callback]]:
@@ -281,38 +294,38 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
             settings.data, optimization, eval_batch_size, device, prepared.tokenizer, prepared.train, prepared.eval_instances
         )
         slots = resolve_max_predictions(settings.data, optimization, device)
-        state, eval_loader, budget = setup_training(model, batches, eval_loader, optimization, accelerator)
-        summary = run_summary(settings, model, prepared, precision, slots, budget, accelerator.num_processes)
+        peak_flops, peak_line = device_peak_flops(device, precision)  # the peak the logged MFU is against
+        flops = ModelFlops(model.config, static_slots=slots, peak_flops_per_process=peak_flops)
+        checkpoints = run_checkpoints(settings, prepared)
+        training, eval_loader = setup_training(model, batches, eval_loader, optimization, accelerator, checkpoints, flops)
+        summary = run_summary(settings, model, prepared, precision, slots, training.budget, accelerator.num_processes)
         if checkpoint is not None:  # go on from its place in the data, on this run's split
             logger.info(f"Resuming from {checkpoint}")
-            load_checkpoint(accelerator, checkpoint, state.progress)
-            continue_on_this_split(accelerator, state.progress, checkpoint, optimization.seed)
-            state.batches.resume(checkpoint, accelerator)
-        peak_flops, peak_line = device_peak_flops(device, precision)  # the peak the logged MFU is against
+            training.resume(checkpoint)
+            continue_on_this_split(accelerator, training.progress.completed_steps, checkpoint, optimization.seed)
         logger.info(peak_line)
-        flops = ModelFlops(model.config, static_slots=slots, peak_flops_per_process=peak_flops)
         # What the loop does besides the step: the start's, the bar, the [CLS] penalty, the trackers, the health;
         # and what the final folder holds besides the model: the health's report and the samples.
-        callbacks = [*start_callbacks, ProgressBar(accelerator, budget)]
+        callbacks = [*start_callbacks, ProgressBar(accelerator, training.budget)]
         if optimization.cls_attention_spread:
             callbacks.append(ClsAttentionSpread(model, optimization.cls_attention_spread))
         if settings.output.with_tracking:
             accelerator.init_trackers("hfbert-pretraining", config=summary)
             callbacks.append(Tracker(accelerator))
-        # the budget as training_args.json records it: a replay of log_history.json judges as this run did
-        health = RunHealth(corpus_health, BudgetLimits.of_training_args(summary), accelerator.is_main_process)
+        # the run's budget and passes, as a replay of log_history.json with training_args.json finds them
+        health = RunHealth(corpus_health, training.budget, text_passes_per_update(summary), accelerator.is_main_process)
         samples = Samples(prepared.tokenizer, prepared.sample_sentences, prepared.other_sentence)
         attached = Callbacks([*callbacks, health, samples])
         try:
-            metrics = fit(accelerator, state, budget, eval_loader, attached, settings, prepared, flops)
+            metrics = fit(training, eval_loader, attached, settings.output)
         except Preempted as stopped:  # every rank stops at the same update: its process group ends now, not at exit
-            release_ddp_wrapper(accelerator, state)
+            release_ddp_wrapper(accelerator, training)
             stopped.process_group_ended = end_process_group(accelerator)
             raise
-        release_ddp_wrapper(accelerator, state)  # before the process group ends
+        release_ddp_wrapper(accelerator, training)  # before the process group ends
         write = partial(write_final_folder, prepared.tokenizer, metrics, summary, attached, settings)
         with PreemptionSignals():  # a signal during the final save (staged, shorter than a checkpoint) waits
-            final = finish(accelerator, state, settings.output, write)
+            final = finish(accelerator, training, settings.output, write)
             return replace(final, process_group_ended=end_process_group(accelerator))
 
 

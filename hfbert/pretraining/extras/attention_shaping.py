@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.callbacks import Callback
+from hfbert.pretraining.training import TrainingProgress
 
 
 class StructuredFade(Callback):

@@ -34,7 +34,7 @@ from hfbert.pretraining.data import (
     split_validation_documents,
     stream_validation_split,
 )
-from hfbert.pretraining.evaluation import flops_per_token
+from hfbert.pretraining.flops import flops_per_token
 from hfbert.pretraining.instances import MIN_NSP_DOCUMENTS, check_documents_for_nsp, check_validation_for_mlm
 from hfbert.pretraining.settings import DataSettings, PretrainingSettings, read_config_file
 from hfbert.pretraining.source_model import SourceModel, source_run_config

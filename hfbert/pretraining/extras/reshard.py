@@ -26,7 +26,7 @@ import numpy as np
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from hfbert.checkpointing import RNG_FILE, TrainingProgress, relaunch_command
+from hfbert.checkpointing import RNG_FILE, relaunch_command
 from hfbert.errors import Refusal
 from hfbert.pretraining.settings import OptimizationSettings
 
@@ -80,21 +80,12 @@ def keep_global_batch(
     return {**saved, ACCUMULATION: accumulation}
 
 
-def set_accumulation(accelerator: Accelerator, optimization: OptimizationSettings, accumulation: int) -> None:
-    """The accumulation the main process chose (`keep_global_batch`), on this process and its Accelerator
-    (built before the checkpoint was read)."""
-    optimization.gradient_accumulation_steps = accumulation
-    accelerator.gradient_accumulation_steps = accumulation
-
-
-def continue_on_this_split(
-    accelerator: Accelerator, progress: TrainingProgress, checkpoint: Path, seed: int
-) -> None:
-    """After `load_checkpoint` (`hfbert.pretraining.batches.micro_batches_to_skip` then places each process in the epoch): RNG streams
-    for a process whose rank wrote no RNG file (the checkpoint came from fewer processes), seeded by (seed,
-    rank, step), not the fresh-start seed it had, which would replay step 0's dropout. Its dropout is then not
-    what any uninterrupted run draws; nothing else is."""
-    rank, step = accelerator.process_index, progress.completed_steps
+def continue_on_this_split(accelerator: Accelerator, step: int, checkpoint: Path, seed: int) -> None:
+    """After the resume from `checkpoint`, written after update `step` (`micro_batches_to_skip` then places each
+    process in the epoch): RNG streams for a process whose rank wrote no RNG file (the checkpoint came from
+    fewer processes), seeded by (seed, rank, step), not the fresh-start seed it had, which would replay step 0's
+    dropout. Its dropout is then not what any uninterrupted run draws; nothing else is."""
+    rank = accelerator.process_index
     if (checkpoint / RNG_FILE.format(rank=rank)).is_file():
         return
     derived = int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])

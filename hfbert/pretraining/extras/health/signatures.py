@@ -21,10 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hfbert.checkpointing import TrainingProgress
 from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
 from hfbert.pretraining.extras.health.corpus import NOTE_KINDS, Baselines, CorpusHealth, HealthEvent
 from hfbert.pretraining.extras.health.report import summary_line, write_health_report
+from hfbert.pretraining.training import Budget, TrainingProgress
 
 logger = logging.getLogger(__name__)
 
@@ -74,31 +74,13 @@ OUTGROWN_WHEN = {
 }
 
 
-@dataclass(frozen=True)
-class BudgetLimits:
-    """The run's budget as training_args.json records it (`hfbert.pretraining.training.Budget.share_spent`
-    without the schedule), and how many passes over the training text an update makes (None for a stream)."""
-
-    max_train_steps: int | None
-    max_train_seconds: float | None = None
-    text_passes_per_update: float | None = None
-
-    @classmethod
-    def of_training_args(cls, training_args: dict[str, Any]) -> BudgetLimits:
-        """From training_args.json (or the run's summary, which it is)."""
-        steps = training_args.get("max_train_steps") or training_args.get("planned_train_steps")
-        instances, pairings = training_args.get("train_instances"), training_args.get("dupe_factor", 1)
-        batch = (training_args.get("per_device_train_batch_size", 0) * training_args.get("num_processes", 1)
-                 * training_args.get("gradient_accumulation_steps", 1))
-        # the instances are --dupe_factor pairing passes over the text
-        per_update = batch * pairings / instances if instances and batch else None
-        return cls(steps, training_args.get("max_train_seconds"), per_update)
-
-    def share_spent(self, step: int, seconds: float) -> float:
-        spent = step / self.max_train_steps if self.max_train_steps else 0.0
-        if self.max_train_seconds:
-            spent = max(spent, seconds / self.max_train_seconds)
-        return min(spent, 1.0)
+def text_passes_per_update(training_args: dict[str, Any]) -> float | None:
+    """How many passes over the training text an update makes, from training_args.json (or the run's summary,
+    which it is): the instances are --dupe_factor pairing passes over the text. None for a stream."""
+    instances, pairings = training_args.get("train_instances"), training_args.get("dupe_factor", 1)
+    batch = (training_args.get("per_device_train_batch_size", 0) * training_args.get("num_processes", 1)
+             * training_args.get("gradient_accumulation_steps", 1))
+    return batch * pairings / instances if instances and batch else None
 
 
 @dataclass
@@ -265,16 +247,18 @@ def learning_event(
 
 
 def evaluation_row_events(
-    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, budget: BudgetLimits
+    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, budget: Budget,
+    passes_per_update: float | None = None,
 ) -> tuple[list[HealthEvent], set[str]]:
     """Plateau, NSP at chance, learning stopped and the overfitting note at an evaluation, and the kinds
-    (`OUTGROWN_WHEN`) whose signature it shows no longer holds."""
+    (`OUTGROWN_WHEN`) whose signature it shows no longer holds; the messages count the passes over the text
+    where `passes_per_update` is known (`text_passes_per_update`)."""
     state.evaluations += 1
     loss, step = row.get("eval_mlm_loss"), int(row["step"])
     if not _finite(loss):
         return [], set()
     share = budget.share_spent(step, float(row.get("train_seconds", 0.0)))
-    passes = None if budget.text_passes_per_update is None else step * budget.text_passes_per_update
+    passes = None if passes_per_update is None else step * passes_per_update
     accuracy = row.get("eval_mlm_accuracy")
     state.scores.append((step, loss, accuracy if _finite(accuracy) else math.nan, _mean(state.losses_since_evaluation)))
     gains = recent_gains(state.scores)
@@ -291,12 +275,13 @@ def evaluation_row_events(
 
 
 def observe_row(
-    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, budget: BudgetLimits
+    row: dict[str, Any], state: SignatureState, baselines: Baselines | None, budget: Budget,
+    passes_per_update: float | None = None,
 ) -> list[HealthEvent]:
     """The events `row` fires and those it shows outgrown (with their `resolved_at`); a kind fires again only
     after it was outgrown."""
     if is_evaluation_row(row):
-        found, outgrown = evaluation_row_events(row, state, baselines, budget)
+        found, outgrown = evaluation_row_events(row, state, baselines, budget, passes_per_update)
         state.losses_since_evaluation, state.nsp_accuracies_since_evaluation = [], []
     else:
         found, outgrown = training_row_events(row, state), set()
@@ -313,25 +298,28 @@ def observe_row(
 
 
 def detect_events(
-    rows: Iterable[dict[str, Any]], baselines: Baselines | None, budget: BudgetLimits
+    rows: Iterable[dict[str, Any]], baselines: Baselines | None, budget: Budget, passes_per_update: float | None = None
 ) -> tuple[SignatureState, list[HealthEvent]]:
     """Replay `rows` (a log_history) through the detectors: the state after them and every event fired,
     outgrown ones with their `resolved_at`."""
     state = SignatureState()
     for row in rows:
-        observe_row(row, state, baselines, budget)
+        observe_row(row, state, baselines, budget, passes_per_update)
     return state, state.events
 
 
 class RunHealth(Callback):
     """Names the corpus warnings before the first update, each signature when it fires (a warning; the
     overfitting note at INFO) and when it is outgrown (INFO), one line each on the main process; `events`
-    holds them all (a resumed run replays its log history)."""
+    holds them all (a resumed run replays its log history). `budget`: the run's, whose shares a replay of its
+    training_args.json finds too (`Budget.of_training_args`); `passes_per_update`: `text_passes_per_update`."""
 
-    def __init__(self, corpus: CorpusHealth | None, budget: BudgetLimits, main_process: bool):
+    def __init__(
+        self, corpus: CorpusHealth | None, budget: Budget, passes_per_update: float | None, main_process: bool
+    ):
         self.corpus = corpus
         self.baselines = None if corpus is None else corpus.baselines
-        self.budget = budget
+        self.budget, self.passes_per_update = budget, passes_per_update
         self.main_process = main_process
         self.state = SignatureState()
         self.corpus_events = corpus.statistics.events() if corpus is not None else []
@@ -353,7 +341,7 @@ class RunHealth(Callback):
             self.say(f"Run health, {event.kind}: {event.message}", level)
 
     def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
-        self.state, replayed = detect_events(progress.log_history, self.baselines, self.budget)
+        self.state, replayed = detect_events(progress.log_history, self.baselines, self.budget, self.passes_per_update)
         if progress.completed_steps == 0 and self.corpus is not None:
             self.say(f"Run health: {describe_statistics(self.corpus)}")
             for event in self.corpus_events:
@@ -362,7 +350,7 @@ class RunHealth(Callback):
             self.say(f"Run health: resumed with the earlier events: {summary_line(replayed)}")
 
     def on_log(self, row: dict[str, Any], share: float) -> None:
-        for event in observe_row(row, self.state, self.baselines, self.budget):
+        for event in observe_row(row, self.state, self.baselines, self.budget, self.passes_per_update):
             self.announce(event)
 
     def on_evaluate(self, row: dict[str, Any], share: float) -> None:
