@@ -83,7 +83,7 @@ def test_the_callbacks_files_card_sections_and_reference_lines_are_part_of_the_o
     drawn = {}
     monkeypatch.setattr(finish, "plot_training_curves", lambda *args, **kwargs: drawn.update(kwargs))
     model, progress = HfBertForPreTraining(tiny_config()), TrainingProgress(completed_steps=2)
-    callbacks = Callbacks([RunHealth(corpus_with_duplicates(), BUDGET, True), Samples(sample_tokenizer, SENTENCES, OTHER)])
+    callbacks = Callbacks([RunHealth(corpus_with_duplicates(), BUDGET, None, True), Samples(sample_tokenizer, SENTENCES, OTHER)])
     settings = parse_args(["--output_dir", str(tmp_path / "run")])
     final = write_final_folder(sample_tokenizer, {}, {}, callbacks, settings, model, model.state_dict(), progress)
     published = json.loads((final.path / ".hfbert-final-files.json").read_text())
