@@ -266,7 +266,7 @@ def test_a_fading_start_with_the_cls_penalty_resumes_exactly_and_ends_without_th
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_inputs):
+def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_inputs, caplog):
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "400", "--checkpointing_steps", "3")
     # A constant schedule, so that the resumed run may deliberately stop earlier (--max_train_steps 12).
@@ -294,14 +294,10 @@ def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_
 
     resume = [*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"]
     resume[resume.index("400")] = "12"  # finish soon after the checkpoint it resumes from
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run_pretraining.py"), *resume],
-        capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert f"Resuming from {output_dir / f'checkpoint-{last}'}\n" in result.stderr
+    train_in_process(resume)  # in this process: only the kill needs a process of its own
+    assert f"Resuming from {output_dir / f'checkpoint-{last}'}\n" in caplog.text
     assert evaluated_steps(output_dir) == list(range(last + 1, 13))  # the updates after it, and only those
-    assert "--max_train_steps changed from 400 to 12" in result.stderr
+    assert "--max_train_steps changed from 400 to 12" in caplog.text
     assert json.loads((output_dir / "eval_results.json").read_text())["step"] == 12
     assert len(list(output_dir.glob("checkpoint-*"))) <= 2
 
