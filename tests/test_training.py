@@ -1,5 +1,6 @@
 """run_pretraining.py end to end: output folder, resume, kill-and-resume, two processes, push, bad input."""
 
+import gc
 import json
 import math
 import os
@@ -129,9 +130,10 @@ def test_accelerate_launch_produces_a_folder_and_checkpoints_that_load_everywher
     assert card.startswith("---\n") and "library_name: transformers" in card and "eval" in card.lower()
 
     # Every checkpoint loads as the final folder does (the last one with its weights), with hfbert and without.
-    for folder in (output_dir, output_dir / "checkpoint-12", output_dir / "checkpoint-24"):
+    folders = (output_dir, output_dir / "checkpoint-12", output_dir / "checkpoint-24")
+    for folder in folders:
         assert_loads_with_hfbert(folder)
-        assert_loads_without_hfbert(folder)
+    assert_loads_without_hfbert(*folders)
     final, last = (load_pretraining_model(folder).state_dict() for folder in (output_dir, output_dir / "checkpoint-24"))
     assert final.keys() == last.keys() and all(torch.equal(final[name], last[name]) for name in final)
 
@@ -157,8 +159,9 @@ def assert_loads_with_hfbert(folder: Path) -> None:
     assert len(predictions) == 5 and all("sequence" in p and "score" in p for p in predictions)
 
 
-def assert_loads_without_hfbert(folder: Path) -> None:
-    """A fresh process that cannot import hfbert loads the folder with trust_remote_code=True."""
+def assert_loads_without_hfbert(*folders: Path) -> None:
+    """A fresh process that cannot import hfbert loads each folder with trust_remote_code=True (one process for
+    all: its start, not the loading, is most of the time)."""
     script = textwrap.dedent(
         f"""
         import sys
@@ -172,17 +175,17 @@ def assert_loads_without_hfbert(folder: Path) -> None:
         from transformers import (AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer,
                                   pipeline)
 
-        folder = {str(folder)!r}
-        for auto_class in (AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining):
-            model = auto_class.from_pretrained(folder, trust_remote_code=True)
-            assert "transformers_modules" in type(model).__module__
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-        fill_mask = pipeline("fill-mask", model=folder, trust_remote_code=True)
-        print(len(fill_mask("the game was " + tokenizer.mask_token + " .")))
+        for folder in {[str(folder) for folder in folders]!r}:
+            for auto_class in (AutoModel, AutoModelForMaskedLM, AutoModelForPreTraining):
+                model = auto_class.from_pretrained(folder, trust_remote_code=True)
+                assert "transformers_modules" in type(model).__module__
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+            fill_mask = pipeline("fill-mask", model=folder, trust_remote_code=True)
+            print(len(fill_mask("the game was " + tokenizer.mask_token + " .")))
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=folder.parent)
-    assert result.returncode == 0 and result.stdout.strip() == "5", result.stderr[-3000:]
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=folders[0].parent)
+    assert result.returncode == 0 and result.stdout.split() == ["5"] * len(folders), result.stderr[-3000:]
 
 
 # ----------------------------------------------------------------------------------------------- resume
@@ -197,6 +200,24 @@ def evaluated_steps(folder: Path) -> list[int]:
     the updates it ran itself (a resume that started again from update 0 evaluates earlier ones too)."""
     history = json.loads((folder / "log_history.json").read_text())
     return [row["step"] for row in history if "eval_mlm_loss" in row]
+
+
+FINISHED_RUN = ("--max_train_steps", "4", "--checkpointing_steps", "2")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, run_inputs) -> Path:
+    """One run of FINISHED_RUN's 4 updates (checkpoint-2, checkpoint-4 and the final folder) for the tests that
+    resume from it or refuse to: read only; a test that changes it changes `copy_of` it."""
+    output_dir = tmp_path_factory.mktemp("finished") / "run"
+    train_in_process(run_args(run_inputs, output_dir, *FINISHED_RUN))
+    return output_dir
+
+
+def copy_of(run: Path, output_dir: Path, *, checkpoints: bool = True) -> Path:
+    """`run` copied to `output_dir` (without its checkpoints: the final folder of a run that wrote none)."""
+    shutil.copytree(run, output_dir, ignore=None if checkpoints else shutil.ignore_patterns("checkpoint-*"))
+    return output_dir
 
 
 @pytest.mark.slow
@@ -245,7 +266,7 @@ def test_a_fading_start_with_the_cls_penalty_resumes_exactly_and_ends_without_th
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_inputs):
+def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_inputs, caplog):
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "400", "--checkpointing_steps", "3")
     # A constant schedule, so that the resumed run may deliberately stop earlier (--max_train_steps 12).
@@ -273,14 +294,10 @@ def test_killed_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, run_
 
     resume = [*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"]
     resume[resume.index("400")] = "12"  # finish soon after the checkpoint it resumes from
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run_pretraining.py"), *resume],
-        capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert f"Resuming from {output_dir / f'checkpoint-{last}'}\n" in result.stderr
+    train_in_process(resume)  # in this process: only the kill needs a process of its own
+    assert f"Resuming from {output_dir / f'checkpoint-{last}'}\n" in caplog.text
     assert evaluated_steps(output_dir) == list(range(last + 1, 13))  # the updates after it, and only those
-    assert "--max_train_steps changed from 400 to 12" in result.stderr
+    assert "--max_train_steps changed from 400 to 12" in caplog.text
     assert json.loads((output_dir / "eval_results.json").read_text())["step"] == 12
     assert len(list(output_dir.glob("checkpoint-*"))) <= 2
 
@@ -696,9 +713,8 @@ def test_output_dir_of_another_run_is_refused_untouched(tmp_path, run_inputs):
 
 
 @pytest.mark.slow
-def test_truncated_checkpoint_is_refused_on_resume(tmp_path, run_inputs):
-    output_dir = tmp_path / "run"
-    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "4", "--checkpointing_steps", "2"))
+def test_truncated_checkpoint_is_refused_on_resume(tmp_path, run_inputs, finished_run):
+    output_dir = copy_of(finished_run, tmp_path / "run")
     weights = output_dir / "checkpoint-4" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     before = listing(output_dir)
@@ -837,12 +853,11 @@ def test_a_folder_of_the_users_own_files_is_refused_untouched(tmp_path, run_inpu
 
 
 @pytest.mark.slow
-def test_overwrite_output_dir_replaces_an_earlier_run_and_refuses_what_else_the_folder_holds(tmp_path, run_inputs):
+def test_overwrite_output_dir_replaces_an_earlier_run_and_refuses_what_else_the_folder_holds(tmp_path, run_inputs, finished_run):
     """Issue 64, item 2: --overwrite_output_dir deleted a Trainer's checkpoint-7 and replaced the user's
     README.md and config.json; now it replaces what hfbert wrote and nothing else."""
-    output_dir = tmp_path / "run"
+    output_dir = copy_of(finished_run, tmp_path / "run")
     args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2")
-    train_in_process(args)
     (output_dir / "checkpoint-2" / "checkpoint_manifest.json").rename(output_dir / "kept-manifest.json")
     for name in ("checkpoint-2", "kept-manifest.json"):
         with pytest.raises(CheckpointError, match=rf"hfbert wrote in .*, and it also holds {name}"):
@@ -855,14 +870,13 @@ def test_overwrite_output_dir_replaces_an_earlier_run_and_refuses_what_else_the_
     assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES | {"checkpoint-2"}
 
 
-@pytest.mark.parametrize("resume", [False, True])
-def test_a_run_killed_during_its_first_save_points_to_a_way_out(tmp_path, run_inputs, resume):
+def test_a_run_killed_during_its_first_save_points_to_a_way_out(tmp_path, run_inputs):
     output_dir = tmp_path / "run"
     (output_dir / ".tmp-checkpoint-3").mkdir(parents=True)
     (output_dir / ".tokenizer").mkdir()
-    extra = ["--resume_from_checkpoint", "latest"] if resume else []
-    with pytest.raises(CheckpointError, match=r"no complete checkpoint.*--overwrite_output_dir"):
-        train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", *extra))
+    for extra in ([], ["--resume_from_checkpoint", "latest"]):  # started again or resumed: the same way out
+        with pytest.raises(CheckpointError, match=r"no complete checkpoint.*--overwrite_output_dir"):
+            train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", *extra))
     train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--overwrite_output_dir"))
     assert (output_dir / "model.safetensors").is_file() and not (output_dir / ".tmp-checkpoint-3").exists()
 
@@ -906,10 +920,8 @@ def test_a_full_disk_at_the_final_save_names_the_intact_checkpoint_and_the_resum
 
 
 @pytest.mark.slow
-def test_resuming_into_a_folder_of_another_finished_run_is_refused_untouched(tmp_path, run_inputs):
-    first, finished = tmp_path / "A", tmp_path / "B"
-    train_in_process(run_args(run_inputs, first, "--max_train_steps", "2", "--checkpointing_steps", "2"))
-    train_in_process(run_args(run_inputs, finished, "--max_train_steps", "2"))
+def test_resuming_into_a_folder_of_another_finished_run_is_refused_untouched(tmp_path, run_inputs, finished_run):
+    first, finished = finished_run, copy_of(finished_run, tmp_path / "B", checkpoints=False)
     before = listing(finished)
     resume = ["--resume_from_checkpoint", str(first / "checkpoint-2")]
     with pytest.raises(CheckpointError, match=rf"--output_dir {finished} already holds another run \(.*model.safetensors"):
@@ -937,6 +949,7 @@ def tiny_disk(tmp_path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(disk)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield disk
+    gc.collect()  # a run that failed in this process: the frames of its traceback hold its open files there
     subprocess.run(["umount", str(disk)], check=True)
 
 
@@ -945,22 +958,19 @@ def test_a_really_full_disk_while_checkpointing_names_the_intact_checkpoint(tmp_
     # torch.save reports it as "unexpected pos 138880 vs 138768", naming no full disk: the free space tells.
     output_dir = tiny_disk / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--checkpointing_steps", "2")
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run_pretraining.py"), *args], capture_output=True, text=True, env=subprocess_env()
-    )
-    assert result.returncode == 1
+    with pytest.raises(RunFailure) as failed:  # the entry point's exit code 1
+        train_in_process(args)
     assert (
         f"no space left writing {output_dir / 'checkpoint-4'}; the last complete checkpoint "
         f"{output_dir / 'checkpoint-2'} is intact; free space"
-    ) in result.stderr, result.stderr[-3000:]
+    ) in str(failed.value)
     assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-2"]
 
 @pytest.mark.slow
-def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_inputs):
-    output_dir = tmp_path / "run"
-    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2"))
+def test_changed_flags_on_resume_are_refused_naming_both_values(tmp_path, run_inputs, finished_run):
+    output_dir = copy_of(finished_run, tmp_path / "run")
     before = listing(output_dir)
-    changed = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--resume_from_checkpoint", "latest")
+    changed = run_args(run_inputs, output_dir, *FINISHED_RUN, "--resume_from_checkpoint", "latest")
     changed[changed.index("--learning_rate") + 1] = "5e-4"
     changed[changed.index("--per_device_train_batch_size") + 1] = "4"
     with pytest.raises(ValueError, match=r"--learning_rate 0.001 in the checkpoint, 0.0005 now") as error:
@@ -1023,22 +1033,19 @@ def datasets_cache_files() -> set[Path]:
 
 
 @pytest.mark.slow
-def test_a_resume_and_a_second_identical_run_reuse_the_preprocessing_cache(tmp_path, run_inputs):
+def test_a_resume_and_a_second_identical_run_reuse_the_preprocessing_cache(tmp_path, run_inputs, finished_run):
     # The resume loads its tokenizer from checkpoint-2, another folder than --tokenizer_name.
-    args = run_args(run_inputs, tmp_path / "first", "--max_train_steps", "4", "--checkpointing_steps", "2")
-    train_in_process([*args, "--dupe_factor", "2"])
-    after_first = datasets_cache_files()
-    resume = run_args(run_inputs, tmp_path / "resumed", "--max_train_steps", "4", "--dupe_factor", "2")
-    train_in_process([*resume, "--resume_from_checkpoint", str(tmp_path / "first" / "checkpoint-2")])
+    after_first = datasets_cache_files()  # finished_run's among them
+    resume = run_args(run_inputs, tmp_path / "resumed", "--max_train_steps", "4")
+    train_in_process([*resume, "--resume_from_checkpoint", str(finished_run / "checkpoint-2")])
     assert datasets_cache_files() == after_first
-    train_in_process(run_args(run_inputs, tmp_path / "second", "--max_train_steps", "2", "--dupe_factor", "2"))
+    train_in_process(run_args(run_inputs, tmp_path / "second", "--max_train_steps", "2"))
     assert datasets_cache_files() == after_first
 
 
 @pytest.mark.slow
-def test_resume_into_a_new_folder_uses_the_checkpoints_own_tokenizer(tmp_path, run_inputs):
-    first = tmp_path / "first"
-    train_in_process(run_args(run_inputs, first, "--max_train_steps", "4", "--checkpointing_steps", "2"))
+def test_resume_into_a_new_folder_uses_the_checkpoints_own_tokenizer(tmp_path, run_inputs, finished_run):
+    first = finished_run
     saved_vocab = json.loads((first / "checkpoint-2" / "tokenizer.json").read_text())["model"]["vocab"]
     # Without --tokenizer_name a fresh run would train a new tokenizer; a resumed one must use its checkpoint's.
     args = run_args(run_inputs, tmp_path / "second", "--max_train_steps", "4")
@@ -1180,38 +1187,50 @@ def test_sigterm_to_the_whole_process_group_with_dataloader_workers_saves_a_chec
 
 
 
-def run_signalling_itself(tmp_path: Path, args: list[str], function: str, signal_name: str) -> subprocess.CompletedProcess:
-    """run_pretraining.py in a subprocess whose hfbert.pretraining.<module.function> first sends the process
-    `signal_name`: a signal that arrives exactly there."""
-    module, name = function.rsplit(".", 1)
-    script = textwrap.dedent(f"""
-        import os, signal, sys
-        import hfbert.pretraining.{module} as stage
-        original = stage.{name}
+@pytest.fixture
+def unhandled_signals_fail():
+    """SIGTERM and SIGINT that reach this process while no run handles them fail the test, instead of ending
+    pytest (SIGTERM) or the whole session (SIGINT); every run puts these handlers back when it ends."""
 
-        def signal_first(*args, **kwargs):
-            os.kill(os.getpid(), signal.{signal_name})
-            return original(*args, **kwargs)
+    def fail(signal_number, frame):
+        raise AssertionError(f"{signal.Signals(signal_number).name} reached the test process unhandled")
 
-        stage.{name} = signal_first
-        from hfbert.pretraining.cli import main
-        main(sys.argv[1:])
-    """)
-    return subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=subprocess_env(), cwd=REPO
-    )
+    previous = {number: signal.signal(number, fail) for number in (signal.SIGTERM, signal.SIGINT)}
+    yield fail
+    for number, handler in previous.items():
+        signal.signal(number, handler)
+
+
+def signal_first(monkeypatch, module, name: str, signal_name: str) -> None:
+    """`module.name` first sends this process `signal_name`: a signal that arrives exactly there. In this
+    process: a run sent a signal by itself is what a launch sent one there would be, less the interpreter's start."""
+    original = getattr(module, name)
+
+    def signalling_first(*args, **kwargs):
+        os.kill(os.getpid(), signal.Signals[signal_name])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, signalling_first)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
-def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(tmp_path, run_inputs, signal_name):
+def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(
+    tmp_path, run_inputs, signal_name, monkeypatch, capsys, unhandled_signals_fail
+):
+    from hfbert.pretraining import loop
+
     # Only the final evaluation: --eval_steps beyond the budget. Without --checkpointing_steps, too.
     output_dir = tmp_path / "run"
     args = run_args(run_inputs, output_dir, "--max_train_steps", "3", "--eval_steps", "1000", *EXACT)
-    result = run_signalling_itself(tmp_path, args, "loop.run_evaluation", signal_name)
-    assert result.returncode == 128 + signal.Signals[signal_name], result.stderr[-3000:]
-    assert f"Stopped by {signal_name} after update 3; the training state is saved in {output_dir / 'checkpoint-3'}" in result.stderr
-    assert "--resume_from_checkpoint latest" in result.stderr
+    with monkeypatch.context() as patched:
+        signal_first(patched, loop, "run_evaluation", signal_name)
+        with pytest.raises(SystemExit) as stopped:
+            train_in_process(args)
+    stderr = capsys.readouterr().err
+    assert stopped.value.code == 128 + signal.Signals[signal_name], stderr[-3000:]
+    assert f"Stopped by {signal_name} after update 3; the training state is saved in {output_dir / 'checkpoint-3'}" in stderr
+    assert "--resume_from_checkpoint latest" in stderr
     assert not (output_dir / "model.safetensors").exists()
     if signal_name == "SIGTERM":  # the resumed run goes straight to the final evaluation and save
         train_in_process([*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"])
@@ -1224,18 +1243,29 @@ def test_a_signal_during_the_final_evaluation_leaves_a_checkpoint_to_resume(tmp_
 
 
 @pytest.mark.slow
-def test_a_signal_during_the_final_save_lets_it_finish(tmp_path, run_inputs):
+def test_a_signal_during_the_final_save_lets_it_finish(tmp_path, run_inputs, monkeypatch, unhandled_signals_fail):
+    from hfbert.pretraining import run
+
     output_dir = tmp_path / "run"
-    result = run_signalling_itself(
-        tmp_path, run_args(run_inputs, output_dir, "--max_train_steps", "2"), "finish.write_final_folder", "SIGTERM"
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    signal_first(monkeypatch, run, "write_final_folder", "SIGTERM")
+    train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"))  # returns: no exit, no SystemExit
     assert {path.name for path in output_dir.iterdir()} >= FINAL_FILES
+
+
+SIX_UPDATES = ("--max_train_steps", "6", "--eval_steps", "1000", *EXACT)
+
+
+@pytest.fixture(scope="module")
+def six_updates_straight(tmp_path_factory, run_inputs) -> Path:
+    """An uninterrupted run of SIX_UPDATES, which the runs stopped and resumed in this process end equal to."""
+    output_dir = tmp_path_factory.mktemp("straight") / "run"
+    train_in_process(run_args(run_inputs, output_dir, *SIX_UPDATES))
+    return output_dir
 
 
 @pytest.mark.parametrize("checkpointing_steps", [None, "2"])
 def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_the_resume_is_exact(
-    tmp_path, run_inputs, monkeypatch, capsys, checkpointing_steps
+    tmp_path, run_inputs, monkeypatch, capsys, checkpointing_steps, six_updates_straight
 ):
     """The preemption path in-process (the subprocess tests above cover real launches), so that mutation
     testing of loop.py maps it: SIGUSR1 during update 4 stops after update 4, with checkpoint-4 (written for
@@ -1251,7 +1281,7 @@ def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_t
         return step(training, *rest, **kwargs)
 
     output_dir = tmp_path / "run"
-    args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--eval_steps", "1000", *EXACT)
+    args = run_args(run_inputs, output_dir, *SIX_UPDATES)
     if checkpointing_steps is not None:
         args += ["--checkpointing_steps", checkpointing_steps]
     with monkeypatch.context() as patched:
@@ -1269,8 +1299,7 @@ def test_a_signal_in_this_process_stops_after_its_update_with_a_checkpoint_and_t
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handlers the run found are back
     train_in_process([*args, "--resume_from_checkpoint", "latest", "--eval_steps", "1"])
     assert evaluated_steps(output_dir) == [5, 6]
-    train_in_process(run_args(run_inputs, tmp_path / "straight", "--max_train_steps", "6", "--eval_steps", "1000", *EXACT))
-    straight, resumed = final_weights(tmp_path / "straight"), final_weights(output_dir)
+    straight, resumed = final_weights(six_updates_straight), final_weights(output_dir)
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(resumed[name], tensor) for name, tensor in straight.items())
 
