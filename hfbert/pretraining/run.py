@@ -182,14 +182,8 @@ def prepare_run_data(
     set_seed(settings.optimization.seed)
     output_dir = Path(settings.output.output_dir)
     prepared = prepare(
-        settings.corpus,
-        settings.data,
-        settings.model,
-        settings.optimization.seed,
-        output_dir,
-        accelerator,
-        checkpoint=checkpoint,
-        source=source,
+        settings.corpus, settings.data, settings.model, settings.optimization.seed, output_dir, accelerator,
+        checkpoint=checkpoint, source=source,
     )
     with cache_writers_first(accelerator), naming_cache_failures():  # one writer of the statistics' cache file
         corpus_health = cached_corpus_health(
