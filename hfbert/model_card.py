@@ -252,11 +252,7 @@ def upload_file_set(folder: str | os.PathLike) -> list[str]:
 
 
 def push_to_hub(
-    folder: str | os.PathLike,
-    repo_id: str,
-    *,
-    token: str | None = None,
-    private: bool = False,
+    folder: str | os.PathLike, repo_id: str, *, token: str | None = None, private: bool = False
 ) -> str:
     """Create `repo_id` on the Hub if needed and upload exactly `upload_file_set(folder)` in one commit.
 

@@ -21,7 +21,7 @@ that a resumed run continues it without a file of its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,37 +74,27 @@ class Callback:
 
 
 class Callbacks(Callback):
-    """The run's callbacks as one: each event goes to each callback, in the order given."""
+    """The run's callbacks as one: each event goes to each callback, in the order given (the loss through
+    each in turn)."""
 
     def __init__(self, callbacks: Sequence[Callback] = ()):
         self.callbacks = tuple(callbacks)
-
-    def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
-        for callback in self.callbacks:
-            callback.on_fit_start(progress, share)
 
     def loss(self, loss: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         for callback in self.callbacks:
             loss = callback.loss(loss, batch)
         return loss
 
-    def on_update(self, step: int, share: float) -> None:
-        for callback in self.callbacks:
-            callback.on_update(step, share)
 
-    def on_log(self, row: dict[str, Any], share: float) -> None:
-        for callback in self.callbacks:
-            callback.on_log(row, share)
+def _to_each(event: str) -> Callable[..., None]:
+    """`Callbacks`' `event`: the same call on each of its callbacks, in order."""
 
-    def on_evaluate(self, row: dict[str, Any], share: float) -> None:
+    def to_each(self: Callbacks, *args: Any, **kwargs: Any) -> None:
         for callback in self.callbacks:
-            callback.on_evaluate(row, share)
+            getattr(callback, event)(*args, **kwargs)
 
-    def on_fit_end(self, progress: TrainingProgress) -> None:
-        for callback in self.callbacks:
-            callback.on_fit_end(progress)
+    return to_each
 
-    def on_final_folder(self, folder: StagedFinalFolder) -> None:
-        for callback in self.callbacks:
-            callback.on_final_folder(folder)
 
+for _event in (name for name in vars(Callback) if name.startswith("on_")):  # every event but the loss
+    setattr(Callbacks, _event, _to_each(_event))

@@ -307,17 +307,10 @@ def tokenized_with_statistics(
         ["tokenize_documents", documents._fingerprint, tokenizer_fingerprint(tokenizer), _CODE_FINGERPRINT]
     )
     return documents.map(
-        tokenize_batch,
-        batched=True,
-        with_indices=True,
-        batch_size=DOCUMENTS_PER_BATCH,
-        writer_batch_size=DOCUMENTS_PER_BATCH,
-        num_proc=num_proc,
-        remove_columns=documents.column_names,
+        tokenize_batch, batched=True, with_indices=True, fn_kwargs={"tokenizer": tokenizer},
+        batch_size=DOCUMENTS_PER_BATCH, writer_batch_size=DOCUMENTS_PER_BATCH, num_proc=num_proc,
+        remove_columns=documents.column_names, new_fingerprint=fingerprint, desc="Tokenizing sentences",
         features=Features({**tokenized_features(len(tokenizer)), **STATISTICS_FEATURES}),
-        fn_kwargs={"tokenizer": tokenizer},
-        new_fingerprint=fingerprint,
-        desc="Tokenizing sentences",
     )
 
 
@@ -455,12 +448,8 @@ def build_model_config(
 def instance_recipe(data: DataSettings, tokenizer: Any, seed: int) -> InstanceRecipe:
     """How the run's documents become instances: --objective, --max_seq_length and --short_seq_prob."""
     return InstanceRecipe(
-        objective=data.objective,
-        cls_token_id=tokenizer.cls_token_id,
-        sep_token_id=tokenizer.sep_token_id,
-        max_seq_length=data.max_seq_length,
-        short_seq_prob=data.short_seq_prob,
-        seed=seed,
+        objective=data.objective, cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+        max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob, seed=seed,
     )
 
 
@@ -616,12 +605,8 @@ def written_documents(
         [split, source, resolve_document_boundary(corpus), corpus_fingerprint(corpus), count, key, _CODE_FINGERPRINT]
     )
     return Dataset.from_generator(
-        _first_documents,
-        features=DOCUMENT_FEATURES,
-        gen_kwargs={"documents": stream, "count": count},
-        split=NamedSplit(split),
-        writer_batch_size=DOCUMENTS_PER_BATCH,
-        fingerprint=fingerprint,
+        _first_documents, features=DOCUMENT_FEATURES, gen_kwargs={"documents": stream, "count": count},
+        split=NamedSplit(split), writer_batch_size=DOCUMENTS_PER_BATCH, fingerprint=fingerprint,
     )
 
 

@@ -116,10 +116,7 @@ class ProgressBar(Callback):
     def __init__(self, accelerator: Accelerator, budget: Budget):
         self.bar = tqdm(
             total=None if budget.max_train_seconds else budget.max_train_steps,  # a time budget: unknown
-            disable=not accelerator.is_local_main_process,
-            desc="pretraining",
-            unit="step",
-            dynamic_ncols=True,
+            disable=not accelerator.is_local_main_process, desc="pretraining", unit="step", dynamic_ncols=True
         )
 
     def on_fit_start(self, progress: TrainingProgress, share: float) -> None:
@@ -197,9 +194,7 @@ def end_epoch(
     progress = training.progress
     progress.epoch += 1
     progress.micro_batches_in_epoch = 0
-    metrics = None
-    if output.eval_steps is None:
-        metrics = run_evaluation(training, eval_loader, callbacks)
+    metrics = run_evaluation(training, eval_loader, callbacks) if output.eval_steps is None else None
     if output.checkpoint_each_epoch:
         training.save_checkpoint()
     return metrics

@@ -49,11 +49,7 @@ from hfbert.files import check_local_files, check_run_folder_free, publish_files
 from hfbert.initialization import init_structured_attention
 from hfbert.model_card import check_hub_access
 from hfbert.modeling_hfbert import HfBertForPreTraining
-from hfbert.pretraining.batches import (
-    build_loaders,
-    resolve_max_predictions,
-    resolve_num_workers,
-)
+from hfbert.pretraining.batches import build_loaders, resolve_max_predictions, resolve_num_workers
 from hfbert.pretraining.callbacks import Callback, Callbacks
 from hfbert.pretraining.data import (
     PreparedData,
@@ -186,14 +182,8 @@ def prepare_run_data(
     set_seed(settings.optimization.seed)
     output_dir = Path(settings.output.output_dir)
     prepared = prepare(
-        settings.corpus,
-        settings.data,
-        settings.model,
-        settings.optimization.seed,
-        output_dir,
-        accelerator,
-        checkpoint=checkpoint,
-        source=source,
+        settings.corpus, settings.data, settings.model, settings.optimization.seed, output_dir, accelerator,
+        checkpoint=checkpoint, source=source,
     )
     with cache_writers_first(accelerator), naming_cache_failures():  # one writer of the statistics' cache file
         corpus_health = cached_corpus_health(

@@ -200,9 +200,7 @@ class OptimizationSettings:
     num_train_epochs: int = HfArg(
         default=3, help="Epochs, unless --max_train_steps or --max_train_seconds is given."
     )
-    max_train_steps: int | None = HfArg(
-        default=None, help="Optimizer updates; overrides epochs."
-    )
+    max_train_steps: int | None = HfArg(default=None, help="Optimizer updates; overrides epochs.")
     max_train_seconds: float | None = HfArg(
         default=None,
         help="Stop after this much training time (evaluation and saving excluded), e.g. 600; the "
@@ -391,7 +389,7 @@ class PretrainingSettings:
 
     def was_given(self, group: Any, name: str) -> bool:
         """Whether a flag was given: named (`given`), or, in settings built in code, other than its default."""
-        return name in self.given or getattr(group, name) != _default(group, name)
+        return name in self.given or getattr(group, name) != group.__dataclass_fields__[name].default
 
     def validate(self) -> None:
         """Refuse every bad flag and contradiction, naming the flag and the fix (the one place that checks)."""
@@ -433,10 +431,6 @@ class PretrainingSettings:
     def groups(self) -> tuple[Any, ...]:
         """The settings groups, in the order their flags are declared."""
         return self.corpus, self.data, self.model, self.optimization, self.output
-
-
-def _default(group: Any, name: str) -> Any:
-    return next(f.default for f in fields(group) if f.name == name)
 
 
 # Each flag's range, checked in this order (a flag left unset, None, is not): the flags, whether a value is in

@@ -336,11 +336,6 @@ def synced_train_seconds(accelerator: Accelerator, progress: TrainingProgress, b
     return accelerator.reduce(seconds, "max").item()
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = learning_rate
-
-
 @dataclass
 class Training:
     """The run's training and its one owner: the prepared `model` and `optimizer`, the `batches`, the
@@ -404,7 +399,9 @@ class Training:
             self.accelerator.unscale_gradients(self.optimizer)
             clip = compiled_clipping() if self.compiled else torch.nn.utils.clip_grad_norm_
             grad_norm = clip(list(self.model.parameters()), max_norm)
-        set_learning_rate(self.optimizer, self.schedule(self.progress.completed_steps, self.seconds, self.budget))
+        learning_rate = self.schedule(self.progress.completed_steps, self.seconds, self.budget)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
         self.optimizer.step()  # under fp16 the scaler gives the fused step its inf flag on the device: no wait
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
