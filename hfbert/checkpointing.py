@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import pickle
+import random
 import re
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
@@ -143,15 +145,17 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     return int(match.group(1))
 
 
-def _checkpoint_folders(output_dir: str | os.PathLike, prefixes: tuple[str, ...] = ()) -> list[Path]:
-    """The folders in `output_dir` named `checkpoint-<step>` or starting with one of `prefixes`, by name."""
+def _checkpoint_folders(output_dir: str | os.PathLike, also: re.Pattern[str] | None = None) -> list[Path]:
+    """The folders in `output_dir` named `checkpoint-<step>` or, given `also`, named as it matches, by name; never
+    a symbolic link (`check_run_folder` refuses one; read, rotated or deleted, it would be followed)."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
     return sorted(
         path
         for path in output_dir.iterdir()
-        if path.is_dir() and (_CHECKPOINT_NAME.match(path.name) or path.name.startswith(prefixes))
+        if path.is_dir() and not path.is_symlink()
+        and (_CHECKPOINT_NAME.match(path.name) or (also and also.fullmatch(path.name)))
     )
 
 
@@ -256,7 +260,7 @@ def finish_interrupted_replace(output_dir: Path) -> None:
     for parked in output_dir.glob(f"{REPLACED_CHECKPOINT_PREFIX}*"):
         step = parked.name.removeprefix(REPLACED_CHECKPOINT_PREFIX)
         final, staged = output_dir / f"{CHECKPOINT_PREFIX}{step}", output_dir / f"{TEMP_CHECKPOINT_PREFIX}{step}"
-        if not parked.is_dir() or final.exists():
+        if not _STAGING_NAME.fullmatch(parked.name) or not parked.is_dir() or final.exists():
             continue  # the replace finished: the parked copy is a leftover of its cleanup
         if (staged / MANIFEST_NAME).is_file():
             os.replace(staged, final)
@@ -285,9 +289,11 @@ TOKENIZER_FOLDER = "tokenizer"
 # The temporary folders of a checkpoint save (the next save removes them); with the final folder's, the
 # folders of an earlier run that --overwrite_output_dir removes, and (with the trained tokenizer) the names
 # that mark a folder as an hfbert run, complete or not.
-_CHECKPOINT_STAGING = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
-_LEFTOVER_PREFIXES = (*_CHECKPOINT_STAGING, FINAL_STAGING, FINAL_READY)
-_RUN_MARKERS = (*_LEFTOVER_PREFIXES, ".tokenizer")
+# Matched whole, as hfbert forms them: a user's `.final-ready-old` is not one of them.
+_STAGING_PREFIXES = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
+_STAGING_NAME = re.compile("|".join(rf"{re.escape(prefix)}\d+" for prefix in _STAGING_PREFIXES))
+_LEFTOVER_NAME = re.compile(rf"{_STAGING_NAME.pattern}|{re.escape(FINAL_STAGING)}|{re.escape(FINAL_READY)}")
+_RUN_MARKER = re.compile(rf"{_LEFTOVER_NAME.pattern}|\.tokenizer")
 
 
 def tokenizer_folder(folder: str | os.PathLike) -> Path | None:
@@ -337,7 +343,7 @@ def save_checkpoint(
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         for path in output_dir.iterdir():
-            if path.is_dir() and path.name.startswith(_CHECKPOINT_STAGING):
+            if path.is_dir() and _STAGING_NAME.fullmatch(path.name):
                 shutil.rmtree(path)
     accelerator.wait_for_everyone()
 
@@ -524,18 +530,36 @@ def _state_files(checkpoint: Path) -> Iterator[Path]:
         yield Path(view)
 
 
+# How accelerate's load_state restores each of `RNG_STATES` (and how the check puts this process's back).
+_RNG_ACCESS = (
+    (random.getstate, random.setstate),
+    (np.random.get_state, np.random.set_state),
+    (torch.get_rng_state, torch.set_rng_state),
+)
+
+
 def check_rng_states(checkpoint: Path) -> None:
     """Refuse a resume that cannot be exact because accelerate's load_state would skip a process's RNG file
-    silently: one that does not load as plain data or lacks a state it restores. One without CUDA's streams,
-    on a machine with CUDA, is one warning (they start from the seed)."""
+    silently: one that does not load as plain data, lacks a state it restores or holds one it cannot set (tried
+    here as load_state sets it, this process's streams put back). One without CUDA's streams, on a machine with
+    CUDA, is one warning (they start from the seed)."""
     for path in sorted(checkpoint.glob(RNG_FILE.format(rank="*"))):
         states = load_plain_data(checkpoint, path.name)
         missing = [state for state in RNG_STATES if not isinstance(states, dict) or state not in states]
-        if missing:
+        problem = f"holds no {', '.join(missing)}" if missing else None
+        for state, (get, put) in zip(RNG_STATES, _RNG_ACCESS, strict=True) if not missing else ():
+            current = get()
+            try:
+                put(states[state])
+            except Exception as error:  # what load_state catches, logging "Could not load random states" at INFO
+                reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+                problem = problem or f"holds a {state} that cannot be restored ({reason})"
+            finally:
+                put(current)
+        if problem:
             raise CheckpointError(
-                f"Checkpoint {checkpoint} cannot be resumed exactly: {path.name} holds no {', '.join(missing)} (the "
-                "RNG streams of dropout would start elsewhere than where the run left them); "
-                f"{_earlier_checkpoints_hint(checkpoint)}"
+                f"Checkpoint {checkpoint} cannot be resumed exactly: {path.name} {problem} (the RNG streams of "
+                f"dropout would start elsewhere than where the run left them); {_earlier_checkpoints_hint(checkpoint)}"
             )
         if torch.cuda.is_available() and "torch_cuda_manual_seed" not in states:
             logger.warning(
@@ -557,14 +581,17 @@ def resolve_resume_checkpoint(output_dir: str | os.PathLike, resume_from_checkpo
             return None
         incomplete = [  # what no reader may use: interrupted saves and folders without a manifest
             path.name
-            for path in _checkpoint_folders(output_dir, (TEMP_CHECKPOINT_PREFIX,))
+            for path in _checkpoint_folders(output_dir, _STAGING_NAME)
             if path.name.startswith(TEMP_CHECKPOINT_PREFIX) or not (path / MANIFEST_NAME).is_file()
         ]
-        if not checkpoints:
-            interrupted = f" (only interrupted saves: {', '.join(incomplete)})" if incomplete else ""
+        if not checkpoints:  # the fix must hold: starting over refuses what hfbert did not write
+            foreign = ", ".join(_not_hfberts(output_dir, _run_folder_names(output_dir)))
+            interrupted = ", ".join(name for name in incomplete if name.startswith(TEMP_CHECKPOINT_PREFIX))
             raise CheckpointError(
-                f"--resume_from_checkpoint latest: {output_dir} holds no complete checkpoint{interrupted}; "
-                "there is nothing to resume: start the run over with the same command without "
+                f"--resume_from_checkpoint latest: {output_dir} holds no complete checkpoint"
+                f"{f' (only interrupted saves: {interrupted})' if interrupted else ''}; there is nothing to resume: "
+                f"{f'move {foreign} out of it (hfbert did not write it), then ' if foreign else ''}"
+                "start the run over with the same command without "
                 "--resume_from_checkpoint, plus --overwrite_output_dir (or use --resume_from_checkpoint auto, "
                 "which starts over when there is no checkpoint)"
             )
@@ -616,18 +643,19 @@ def _check_auto_start(output_dir: Path, names: list[str]) -> None:
             f"({', '.join(names[:6])}); nothing to resume: pass a new --output_dir, or --overwrite_output_dir "
             "instead to replace it"
         )
-    foreign = [name for name in names if not (name.startswith(_RUN_MARKERS) or _CHECKPOINT_NAME.match(name))]
+    foreign = _not_hfberts(output_dir, names)
     if foreign:
         raise CheckpointError(
-            f"--resume_from_checkpoint auto: {output_dir} holds no hfbert run but other files "
-            f"({', '.join(foreign[:6])}); pass a new or empty --output_dir"
+            f"--resume_from_checkpoint auto: {output_dir} holds no complete checkpoint and what hfbert did not write "
+            f"({', '.join(foreign[:6])}{', ...' if len(foreign) > 6 else ''}): move them out of it, or pass a new or "
+            "empty --output_dir"
         )
 
 
 def _describe_folder(output_dir: Path, names: list[str]) -> str:
     """What a folder holds, for a refusal: a run (its files, corpus and step where it records them) or files."""
     shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-    if not any(name in FINAL_MODEL_FILES or _CHECKPOINT_NAME.match(name) or name.startswith(_RUN_MARKERS) for name in names):
+    if not any(name in FINAL_MODEL_FILES or _CHECKPOINT_NAME.match(name) or _RUN_MARKER.fullmatch(name) for name in names):
         return f"other files ({shown})"
     facts = []
     for name, key in ((TRAINING_ARGS_NAME, "corpus"), (EVAL_RESULTS_NAME, "step")):
@@ -664,7 +692,15 @@ def check_run_folder(
         )
     if not output_dir.is_dir():  # a new folder: nothing in the way
         return
-    names = sorted(path.name for path in output_dir.iterdir() if path.name not in (RUN_LOCK_NAME, FINAL_RECORD))
+    names = _run_folder_names(output_dir)
+    hfbert_named = (name for name in names if _CHECKPOINT_NAME.match(name) or _RUN_MARKER.fullmatch(name))
+    links = [name for name in hfbert_named if (output_dir / name).is_symlink()]
+    if links:  # refused in every mode: a resume would read it and rotation delete it, overwriting delete through it
+        raise CheckpointError(
+            f"--output_dir {output_dir} holds {', '.join(links)} as a symbolic link: hfbert reads, rotates and "
+            "deletes there only the folders it wrote, never through a link; replace the link with a copy of its "
+            "folder, or move it out"
+        )
     if resume_from_checkpoint == "auto":
         _check_auto_start(output_dir, names)
         return
@@ -684,13 +720,8 @@ def check_run_folder(
 def _check_overwrite(output_dir: Path, names: list[str]) -> None:
     """--overwrite_output_dir replaces what hfbert wrote in `output_dir` (`names`: what it holds): checkpoints
     with a manifest, the files its final folders published (`FINAL_RECORD`) and its hidden staging folders.
-    Anything else is refused, named, before anything is deleted."""
-    published = recorded_final_files(output_dir)
-    foreign = [
-        f"{name} (no {MANIFEST_NAME})" if _CHECKPOINT_NAME.match(name) else name
-        for name in names
-        if not (name.startswith(_RUN_MARKERS) or name in published or (output_dir / name / MANIFEST_NAME).is_file())
-    ]
+    Anything else is refused, named, before anything is deleted (`_not_hfberts`)."""
+    foreign = _not_hfberts(output_dir, names)
     if foreign:
         raise CheckpointError(
             f"--overwrite_output_dir replaces only what hfbert wrote in {output_dir} (checkpoints with a "
@@ -710,7 +741,7 @@ def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
             "--resume_from_checkpoint latest to continue that run, --overwrite_output_dir to replace it, or a "
             "new --output_dir"
         )
-    if any(name.startswith(_RUN_MARKERS) for name in names):
+    if any(_RUN_MARKER.fullmatch(name) for name in names):
         raise CheckpointError(
             f"--output_dir {output_dir} holds an interrupted run with no complete checkpoint "
             f"({', '.join(names)}); nothing can be resumed: pass --overwrite_output_dir to start it over, or a "
@@ -722,10 +753,39 @@ def _check_fresh_start(output_dir: Path, names: list[str]) -> None:
     )
 
 
+def _run_folder_names(output_dir: Path) -> list[str]:
+    """What `output_dir` holds, by name, but the run's lock and its record of published files."""
+    return sorted(path.name for path in output_dir.iterdir() if path.name not in (RUN_LOCK_NAME, FINAL_RECORD))
+
+
+def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
+    """What of `names` (in `output_dir`) hfbert did not write, as a refusal names it: all but its hidden folders,
+    the files its final folders published (`FINAL_RECORD`) and its checkpoints, of which a file the manifest does
+    not list ('checkpoint-8/my_eval.txt') or one without a manifest ('checkpoint-7 (no ...)')."""
+    published, foreign = recorded_final_files(output_dir), []
+    for name in names:
+        if _CHECKPOINT_NAME.match(name):
+            try:
+                listed = {*read_manifest(output_dir / name)["files"], MANIFEST_NAME}
+            except CheckpointError:
+                state = "no" if not (output_dir / name / MANIFEST_NAME).is_file() else "an unreadable"
+                foreign.append(f"{name} ({state} {MANIFEST_NAME})")
+                continue
+            files = (path.relative_to(output_dir).as_posix() for path in sorted((output_dir / name).rglob("*")))
+            foreign += [file for file in files if not (output_dir / file).is_dir() and file.split("/", 1)[1] not in listed]
+        elif not (_RUN_MARKER.fullmatch(name) or name in published):
+            foreign.append(name)
+    return foreign
+
+
 def remove_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """Delete every checkpoint and leftover temporary folder of an earlier run in `output_dir` (for
-    `--overwrite_output_dir`; main process only). Returns what was removed."""
-    removed = _checkpoint_folders(output_dir, _LEFTOVER_PREFIXES)
+    """Delete every checkpoint (with a manifest) and leftover temporary folder of an earlier run in `output_dir`
+    (for `--overwrite_output_dir`, or `auto` starting over; main process only), none of them a link, after
+    `check_run_folder` refused anything else. Returns what was removed."""
+    removed = [
+        path for path in _checkpoint_folders(output_dir, _LEFTOVER_NAME)
+        if _LEFTOVER_NAME.fullmatch(path.name) or (path / MANIFEST_NAME).is_file()
+    ]  # fmt: skip
     for path in removed:
         shutil.rmtree(path)
     return removed

@@ -381,7 +381,7 @@ def test_automatic_checkpoint_naming_is_refused(tmp_path):
 def test_output_dir_of_another_run_is_refused(tmp_path, previous_output):
     (tmp_path / previous_output).mkdir()
     if previous_output == "checkpoint-5":
-        (tmp_path / previous_output / MANIFEST_NAME).write_text("{}")
+        _write_manifest(tmp_path / previous_output, 5, 1)
     else:  # published by a final folder
         (tmp_path / FINAL_RECORD).write_text(json.dumps([previous_output]))
     before = sorted(Path(tmp_path).rglob("*"))
@@ -456,7 +456,8 @@ def test_auto_resumes_the_newest_checkpoint_or_starts_over_an_interrupted_run(tm
         return resolve_resume_checkpoint(folder, "auto")
 
     assert auto(tmp_path / "new") is None
-    for leftover in (".tokenizer", ".tmp-checkpoint-5", "checkpoint-7", RUN_LOCK_NAME):  # no complete checkpoint
+    for leftover in (".tokenizer", ".tmp-checkpoint-5", RUN_LOCK_NAME):  # no complete checkpoint (for checkpoint-7 without
+        # a manifest, not hfbert's: test_auto_and_latest_never_start_over_a_checkpoint_hfbert_did_not_write)
         (tmp_path / leftover).mkdir()
     assert auto(tmp_path) is None
     save_steps(tmp_path, [2, 4])
@@ -469,7 +470,7 @@ def test_auto_resumes_the_newest_checkpoint_or_starts_over_an_interrupted_run(tm
         (folder / name).write_text("keep")
     with pytest.raises(CheckpointError, match=r"auto: .*finished holds a finished run without checkpoints"):
         auto(finished)
-    with pytest.raises(CheckpointError, match=r"auto: .*mine holds no hfbert run but other files \(notes.txt\)"):
+    with pytest.raises(CheckpointError, match=r"auto: .*mine holds no complete checkpoint and what hfbert did not write \(notes.txt\)"):
         auto(mine)
 
 def test_output_dir_checks(tmp_path):
@@ -748,8 +749,8 @@ def test_latest_with_only_interrupted_saves_names_them_and_how_to_start_over(tmp
         resolve_resume_checkpoint(tmp_path, "latest")
     assert str(refused.value) == (
         f"--resume_from_checkpoint latest: {tmp_path} holds no complete checkpoint (only interrupted saves: "
-        ".tmp-checkpoint-5, checkpoint-7); there is nothing to resume: start the run over with the same command "
-        "without --resume_from_checkpoint, plus --overwrite_output_dir (or use --resume_from_checkpoint auto, "
+        f".tmp-checkpoint-5); there is nothing to resume: move checkpoint-7 (no {MANIFEST_NAME}) out of it (hfbert "
+        "did not write it), then start the run over with the same command without --resume_from_checkpoint, plus --overwrite_output_dir (or use --resume_from_checkpoint auto, "
         "which starts over when there is no checkpoint)"
     )
     shutil.rmtree(tmp_path / "checkpoint-7")
@@ -915,3 +916,124 @@ def test_when_one_process_fails_to_write_its_part_every_process_stops_with_its_r
     with pytest.raises(checkpointing.CheckpointWriteError, match=r"the last complete checkpoint .*checkpoint-7 is "
                        r"intact; resume with the same command plus --resume_from_checkpoint latest$"):  # fmt: skip
         checkpointing.write_on_every_process(OneOfTwo(True), lambda: None, output_dir / "checkpoint-10", output_dir, temp)
+
+
+# ----------------------------------------------------------------------------------------------- only what hfbert wrote
+
+
+def test_auto_and_latest_never_start_over_a_checkpoint_hfbert_did_not_write(tmp_path):
+    """The attack on d734940, F1: `auto` started over a folder holding a Trainer's checkpoint-7 (no manifest) and
+    deleted it; `latest` refused it but recommended `auto`."""
+    (tmp_path / "checkpoint-7").mkdir()
+    (tmp_path / "checkpoint-7" / "pytorch_model.bin").write_text("my trainer weights")
+    (tmp_path / ".tmp-checkpoint-5").mkdir()  # hfbert's interrupted save beside it
+    before = listing(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(tmp_path, resume_from_checkpoint="auto", overwrite_output_dir=False)
+    assert str(refused.value) == (
+        f"--resume_from_checkpoint auto: {tmp_path} holds no complete checkpoint and what hfbert did not write "
+        f"(checkpoint-7 (no {MANIFEST_NAME})): move them out of it, or pass a new or empty --output_dir"
+    )
+    assert not starts_over_with_auto_removing(tmp_path)  # remove_checkpoints too keeps what has no manifest
+    assert listing(tmp_path) == {name: mtime for name, mtime in before.items() if ".tmp" not in name}
+    with pytest.raises(CheckpointError) as refused:
+        resolve_resume_checkpoint(tmp_path, "latest")
+    assert str(refused.value) == (
+        f"--resume_from_checkpoint latest: {tmp_path} holds no complete checkpoint; there is nothing to resume: "
+        f"move checkpoint-7 (no {MANIFEST_NAME}) out of it (hfbert did not write it), then start the run over "
+        "with the same command without --resume_from_checkpoint, plus --overwrite_output_dir (or use "
+        "--resume_from_checkpoint auto, which starts over when there is no checkpoint)"
+    )
+    shutil.rmtree(tmp_path / "checkpoint-7")  # as the hint says: now auto starts over
+    (tmp_path / ".tokenizer").mkdir()
+    check_run_folder(tmp_path, resume_from_checkpoint="auto", overwrite_output_dir=False)
+    check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
+
+
+def starts_over_with_auto_removing(folder: Path) -> list[Path]:
+    return [path for path in remove_checkpoints(folder) if not path.name.startswith(".tmp-checkpoint-")]
+
+
+def test_overwrite_refuses_a_users_file_in_a_checkpoint_and_hidden_names_that_only_share_a_prefix(tmp_path):
+    """The attack on d734940, F4: --overwrite_output_dir deleted checkpoint-8/my_eval.txt (not in its manifest)
+    and .final-ready-old/ (a prefix of hfbert's .final-ready)."""
+    save_steps(tmp_path, [4])
+    (tmp_path / "checkpoint-4" / "my_eval.txt").write_text("mine")
+    for name in (".final-ready-old", ".tmp-checkpoint-old", ".replaced-checkpoint-old", ".tokenizer-mine"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x").write_text("mine")
+    before = listing(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
+    assert "it also holds .final-ready-old, .replaced-checkpoint-old, .tmp-checkpoint-old, .tokenizer-mine, " \
+        "checkpoint-4/my_eval.txt: move them out" in str(refused.value)
+    with pytest.raises(CheckpointError, match=r"is not empty and holds no hfbert run \(\.final-ready-old"):
+        _fresh_start_of_hidden_names(tmp_path)
+    finish_interrupted_replace(tmp_path)  # a parked checkpoint is .replaced-checkpoint-<step>, nothing else
+    save_steps(tmp_path, [5])  # the save's cleanup of its staging folders
+    remove_checkpoints(tmp_path)
+    kept = {name: mtime for name, mtime in listing(tmp_path).items() if name in before}
+    assert kept == {name: mtime for name, mtime in before.items() if not name.startswith("checkpoint-4")}
+
+
+def _fresh_start_of_hidden_names(tmp_path):
+    hidden = tmp_path.parent / f"{tmp_path.name}-hidden"
+    hidden.mkdir()
+    (hidden / ".final-ready-old").mkdir()
+    check_run_folder(hidden, resume_from_checkpoint=None, overwrite_output_dir=False)
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "latest", "auto", "fresh"])
+def test_a_linked_checkpoint_is_refused_naming_it_before_anything_is_deleted(tmp_path, mode):
+    """The attack on d734940, F5: a symlinked checkpoint-9 made --overwrite_output_dir stop in a traceback ("Cannot
+    call rmtree on a symbolic link") after checkpoint-2..8 were deleted."""
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    save_steps(run_dir, [2, 4])
+    shutil.copytree(run_dir / "checkpoint-4", elsewhere)
+    (run_dir / "checkpoint-9").symlink_to(elsewhere, target_is_directory=True)
+    before = listing(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(
+            run_dir,
+            resume_from_checkpoint={"latest": "latest", "auto": "auto"}.get(mode),
+            overwrite_output_dir=mode == "overwrite",
+        )
+    assert str(refused.value) == (
+        f"--output_dir {run_dir} holds checkpoint-9 as a symbolic link: hfbert reads, rotates and deletes there "
+        "only the folders it wrote, never through a link; replace the link with a copy of its folder, or move it out"
+    )
+    assert listing(tmp_path) == before
+    assert find_checkpoints(run_dir) == [run_dir / "checkpoint-2", run_dir / "checkpoint-4"]  # never followed
+    save_steps(run_dir, [6], total_limit=1)  # rotation mid-run passes the link by
+    remove_checkpoints(run_dir)
+    assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoint-9"]
+    assert listing(elsewhere) == {name[len("elsewhere/"):]: mtime for name, mtime in before.items() if name.startswith("elsewhere/")}
+
+
+@pytest.mark.parametrize(
+    "state, value",
+    [("torch_manual_seed", torch.zeros(5, dtype=torch.uint8)), ("torch_manual_seed", torch.zeros(5056)),
+     ("random_state", (3, (1, 2), None)), ("numpy_random_seed", ("MT19937", [1, 2], 0, 0, 0.0))],
+)  # fmt: skip
+def test_an_rng_state_that_cannot_be_set_is_refused_as_a_resume_that_cannot_be_exact(tmp_path, state, value):
+    """The attack on d734940, F3: a torch_manual_seed of 5 bytes was accepted; accelerate's load_state then failed
+    in torch.set_rng_state and logged "Could not load random states" at INFO (weights 1.8e-4 from the straight
+    run's)."""
+    save_steps(tmp_path, [2, 4])
+    checkpoint = tmp_path / "checkpoint-4"
+    states = load_plain_data(checkpoint, "random_states_0.pkl")
+    torch.save({**states, state: value}, checkpoint / "random_states_0.pkl")
+    as_main_wrote_it(checkpoint)
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    with pytest.raises(CheckpointError) as refused:
+        resolve_resume_checkpoint(tmp_path, "latest")
+    assert str(refused.value).startswith(
+        f"Checkpoint {checkpoint} cannot be resumed exactly: random_states_0.pkl holds a {state} that cannot be "
+        "restored ("
+    )
+    assert "\n" not in str(refused.value)
+    assert f"; resume from an earlier checkpoint instead, e.g. --resume_from_checkpoint {tmp_path / 'checkpoint-2'}" in str(refused.value)
+    assert torch.equal(torch.rand(3), expected)  # the check left this process's streams as they were
+    resolve_resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-2"))  # a good file passes
