@@ -17,6 +17,7 @@ from accelerate.state import AcceleratorState, GradientState
 from test_training import REPO, run_args, subprocess_env
 from torch.utils.data import DataLoader, TensorDataset
 
+from hfbert.checkpointing import _write_manifest
 from hfbert.errors import CheckpointError, Refusal
 from hfbert.pretraining.batches import TrainingBatches, micro_batches_to_skip
 from hfbert.pretraining.extras.reshard import continue_on_this_split, keep_global_batch
@@ -140,6 +141,7 @@ def test_a_rank_the_checkpoint_has_no_rng_file_for_draws_by_seed_rank_and_step(t
     checkpoint = tmp_path / "checkpoint-30"
     checkpoint.mkdir()
     (checkpoint / "random_states_0.pkl").write_bytes(b"")
+    _write_manifest(checkpoint, 30, 1)  # written by one process
     rank = [SimpleNamespace(process_index=index) for index in range(3)]
     torch.manual_seed(0)
     fresh = torch.rand(4)
@@ -148,12 +150,27 @@ def test_a_rank_the_checkpoint_has_no_rng_file_for_draws_by_seed_rank_and_step(t
         draw = dropout_draw(rank[1], checkpoint)
     assert (
         f"{checkpoint} holds no random_states_1.pkl (written by fewer processes): process 1 seeds its RNG "
-        "streams (dropout) from (seed 42, rank 1, step 30)."
+        "streams (dropout) from (seed 42, rank 1, step 30), so the resume is not exact."
     ) in caplog.text
     assert torch.equal(dropout_draw(rank[1], checkpoint), draw)  # reproducible
     others = [fresh, dropout_draw(rank[2], checkpoint), dropout_draw(rank[1], checkpoint, step=31)]
     others.append(dropout_draw(rank[1], checkpoint, seed=43))
     assert not any(torch.equal(draw, other) for other in others)  # not step 0's, nor another rank's or step's
+
+
+def test_an_rng_file_deleted_from_a_checkpoint_is_warned_as_deleted_not_as_written_by_fewer_processes(tmp_path, caplog):
+    """The attack on d734940, F3: random_states_0.pkl deleted from a one-process checkpoint was warned as
+    'written by fewer processes'."""
+    checkpoint = tmp_path / "checkpoint-30"
+    checkpoint.mkdir()
+    _write_manifest(checkpoint, 30, 1)
+    with caplog.at_level(logging.WARNING):
+        dropout_draw(SimpleNamespace(process_index=0), checkpoint)
+    assert (
+        f"{checkpoint} holds no random_states_0.pkl although the 1 process that wrote it saved one each (it was "
+        "removed since): process 0 seeds its RNG streams (dropout) from (seed 42, rank 0, step 30), so the resume "
+        "is not exact."
+    ) in caplog.text
 
 
 # ----------------------------------------------------------------------------------------------- end to end

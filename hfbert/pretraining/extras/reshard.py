@@ -26,7 +26,7 @@ import numpy as np
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from hfbert.checkpointing import RNG_FILE, relaunch_command
+from hfbert.checkpointing import RNG_FILE, read_manifest, relaunch_command
 from hfbert.errors import Refusal
 from hfbert.pretraining.settings import OptimizationSettings
 
@@ -90,7 +90,11 @@ def continue_on_this_split(accelerator: Accelerator, step: int, checkpoint: Path
         return
     derived = int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
     set_seed(derived)
+    writers = int(read_manifest(checkpoint)["num_processes"])
+    why = "(written by fewer processes)" if rank >= writers else (
+        f"although the {writers} process{'es' if writers > 1 else ''} that wrote it saved one each (it was removed since)"
+    )  # fmt: skip
     logger.warning(
-        f"{checkpoint} holds no {RNG_FILE.format(rank=rank)} (written by fewer processes): process {rank} "
-        f"seeds its RNG streams (dropout) from (seed {seed}, rank {rank}, step {step})."
+        f"{checkpoint} holds no {RNG_FILE.format(rank=rank)} {why}: process {rank} seeds its RNG streams "
+        f"(dropout) from (seed {seed}, rank {rank}, step {step}), so the resume is not exact."
     )
