@@ -38,6 +38,8 @@ REFUSED_FLAGS = [
     # Validated pushed or not: the model card's Python snippets load it (quotes and newlines landed in them raw).
     (["--hub_model_id", 'me/x")\nimport os'], '--hub_model_id me/x")\nimport os: Repo id must'),
     (["--hub_model_id", "a/b/c"], "--hub_model_id a/b/c: Repo id must"),
+    # The card said from_pretrained("hfbert-x"), and the Hub creates <user>/hfbert-x: no one could load it.
+    (["--hub_model_id", "hfbert-x"], "--hub_model_id hfbert-x has no namespace"),
     (["--max_grad_norm", "nan"], "--max_grad_norm nan must be a finite number, e.g. 1.0"),
     (["--max_train_seconds", "nan"], "--max_train_seconds nan must be a finite number"),
     (["--max_train_seconds", "inf"], "--max_train_seconds inf must be a finite number"),
