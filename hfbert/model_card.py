@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -282,17 +283,35 @@ def push_to_hub(
     repo_url = api.create_repo(repo_id, private=private, exist_ok=True)
     # create_commit with our own list (rather than upload_folder's patterns) keeps upload_file_set the single
     # definition of what is uploaded.
-    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=folder / name) for name in files]
+    operations = [  # the card as `card_for` gives it, every other file as it is
+        CommitOperationAdd(name, card_for(folder, repo_id) if name == MODEL_CARD_NAME else folder / name)
+        for name in files
+    ]
     commit = api.create_commit(repo_url.repo_id, operations=operations, commit_message="Upload hfbert model")
     return commit.commit_url
 
 
+def card_for(folder: Path, repo_id: str) -> bytes:
+    """The folder's model card as uploaded to `repo_id`: its snippets load `repo_id` (training wrote the id it was
+    given, or the folder's name) and fine-tune a clone of it; the folder's own file is left as it is."""
+    text = (folder / MODEL_CARD_NAME).read_bytes().decode("utf-8", "surrogateescape")  # any bytes, kept as they are
+    text = re.sub(r'(from_pretrained\(|model=)"[^"\n]*"', rf'\1"{repo_id}"', text)
+    text = re.sub(r"(python -m hfbert\.finetune )\S+", rf"\g<1>{repo_id.split('/')[-1]}", text)
+    return text.encode("utf-8", "surrogateescape")
+
+
 def check_hub_model_id(repo_id: str) -> None:
-    """Refuse a --hub_model_id the Hub would reject, before anything is trained or uploaded."""
+    """Refuse a --hub_model_id the Hub would reject, or one without a namespace (the Hub would create
+    <user>/<id>, which the card's snippets would not load), before anything is trained or uploaded."""
     try:
         validate_repo_id(repo_id)
     except HFValidationError as error:
         raise Refusal(f"--hub_model_id {repo_id}: {error}; pass your-name/model-name") from None
+    if "/" not in repo_id:
+        raise Refusal(
+            f"--hub_model_id {repo_id} has no namespace, so the model card's snippets would load {repo_id}, not "
+            f"the repo the Hub creates under your name; pass <your-username>/{repo_id}"
+        )
 
 
 def hub_access_problem(token: str | None = None) -> str | None:

@@ -190,8 +190,19 @@ def possible_continuation_forms(
     return sorted(CONTINUING_SUBWORD_PREFIX + character for character in forms)
 
 
+# Token ids are stored as uint16 up to 65,536 entries and int32 above, but the trainer aborted in Rust at 2**31.
+MAX_VOCAB_SIZE = 1 << 20
+VOCAB_SIZE_ABOVE_MAX = (
+    f"is above {MAX_VOCAB_SIZE:,}, the largest vocabulary hfbert trains (BERT's is 30,522, multilingual ones "
+    "250,002; the trainer reserves memory for every entry first); pass e.g. --vocab_size 30522"
+)
+
+
 def check_vocab_size(vocab_size: int) -> None:
-    """Raise Refusal for a --vocab_size that leaves no room beside `SPECIAL_TOKENS` (before any reading)."""
+    """Raise Refusal for a --vocab_size that leaves no room beside `SPECIAL_TOKENS`, or above `MAX_VOCAB_SIZE`
+    (before any reading)."""
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise Refusal(f"--vocab_size {vocab_size} {VOCAB_SIZE_ABOVE_MAX}")
     if vocab_size <= len(SPECIAL_TOKENS):
         raise Refusal(
             f"--vocab_size {vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens; "

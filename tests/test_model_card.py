@@ -182,8 +182,9 @@ def test_push_to_hub_uploads_exactly_the_file_set(tmp_path):
     operations = create_commit.call_args.kwargs["operations"]
     assert all(isinstance(operation, CommitOperationAdd) for operation in operations)
     assert {operation.path_in_repo for operation in operations} == {*FINAL_FILES, "README.md"}
-    for operation in operations:
-        assert operation.path_or_fileobj == str(folder / operation.path_in_repo)
+    for operation in operations:  # the card goes as bytes, its snippets loading the pushed id (test_push)
+        if operation.path_in_repo != "README.md":
+            assert operation.path_or_fileobj == str(folder / operation.path_in_repo)
 
 
 def test_push_to_hub_refuses_an_unfinished_folder(tmp_path):
@@ -220,3 +221,12 @@ def test_a_hub_model_id_the_hub_would_reject_is_refused_before_any_work(tmp_path
         check_hub_access(repo_id)
     with pytest.raises(Refusal, match=rf"--hub_model_id {repo_id}: Repo id must"):
         push_to_hub(tmp_path, repo_id)
+
+
+def test_a_hub_model_id_without_a_namespace_is_refused_naming_the_fix(tmp_path):
+    """The card said from_pretrained("hfbert-x"), while the Hub creates <user>/hfbert-x."""
+    message = r"^--hub_model_id hfbert-x has no namespace.*; pass <your-username>/hfbert-x$"
+    with pytest.raises(Refusal, match=message):
+        check_hub_access("hfbert-x")
+    with pytest.raises(Refusal, match=message):
+        push_to_hub(tmp_path, "hfbert-x")

@@ -38,6 +38,8 @@ REFUSED_FLAGS = [
     # Validated pushed or not: the model card's Python snippets load it (quotes and newlines landed in them raw).
     (["--hub_model_id", 'me/x")\nimport os'], '--hub_model_id me/x")\nimport os: Repo id must'),
     (["--hub_model_id", "a/b/c"], "--hub_model_id a/b/c: Repo id must"),
+    # The card said from_pretrained("hfbert-x"), and the Hub creates <user>/hfbert-x: no one could load it.
+    (["--hub_model_id", "hfbert-x"], "--hub_model_id hfbert-x has no namespace"),
     (["--max_grad_norm", "nan"], "--max_grad_norm nan must be a finite number, e.g. 1.0"),
     (["--max_train_seconds", "nan"], "--max_train_seconds nan must be a finite number"),
     (["--max_train_seconds", "inf"], "--max_train_seconds inf must be a finite number"),
@@ -280,6 +282,9 @@ def test_what_a_checkpoint_records_is_declared_on_the_fields():
         ["--max_train_steps", "1", "--max_train_seconds", "0.5", "--eval_steps", "1"],
         ["--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1", "--num_train_epochs", "1"],
         ["--push_to_hub", "--hub_model_id", "me/bert"],
+        ["--seed", "0"],
+        ["--seed", str(2**32 - 1)],
+        ["--vocab_size", str(1 << 20)],
         ["--model_size", "tiny", "--max_seq_length", "512"],
     ],
 )
@@ -314,6 +319,13 @@ def test_the_edges_of_each_range_are_accepted(flags):
         (["--ddp_timeout", "0"], "--ddp_timeout 0 must be > 0"),
         (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps 0 must be > 0"),
         (["--num_train_epochs", "0"], "--num_train_epochs 0 must be > 0"),
+        # accelerate's set_seed raised a ValueError traceback at the start of work; --dry_run accepted them.
+        (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1], e.g. 42"),
+        (["--seed", str(2**32)], f"--seed {2**32} must be in [0, 2**32 - 1], e.g. 42"),
+        # The tokenizer trainer aborted in Rust (exit 134) after reading the corpus.
+        (["--vocab_size", "1048577"], "--vocab_size 1048577 is above 1,048,576, the largest vocabulary hfbert trains "
+         "(BERT's is 30,522, multilingual ones 250,002; the trainer reserves memory for every entry first); pass e.g. "
+         "--vocab_size 30522"),
     ],
 )
 def test_the_value_just_outside_each_range_is_refused_naming_it(flags, message):

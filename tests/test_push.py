@@ -9,6 +9,7 @@ from conftest import DAMAGES, damage, tiny_config
 from hfbert import HfBertForPreTraining
 from hfbert.errors import REFUSAL_EXIT_CODE, Refusal, run_cli
 from hfbert.files import FINAL_READY, write_json_atomic
+from hfbert.model_card import build_model_card
 from hfbert.push import main
 
 
@@ -23,7 +24,7 @@ def run_folder(tmp_path, sample_tokenizer):
     return folder
 
 
-def push(folder, capsys):
+def push(folder, capsys, repo_id="me/m"):
     commit = mock.Mock(commit_url="https://huggingface.co/me/m/commit/1")
     with (
         mock.patch("huggingface_hub.constants.HF_HUB_OFFLINE", False),
@@ -31,13 +32,13 @@ def push(folder, capsys):
         mock.patch("huggingface_hub.HfApi.create_repo", return_value=mock.Mock(repo_id="me/m")),
         mock.patch("huggingface_hub.HfApi.create_commit", return_value=commit) as create_commit,
     ):
-        main([str(folder), "--hub_model_id", "me/m"])
+        main([str(folder), "--hub_model_id", repo_id])
     assert capsys.readouterr().out.strip() == commit.commit_url
-    return {operation.path_in_repo for operation in create_commit.call_args.kwargs["operations"]}
+    return {operation.path_in_repo: operation for operation in create_commit.call_args.kwargs["operations"]}
 
 
 def test_push_uploads_the_final_files_without_checkpoints(run_folder, capsys):
-    uploaded = push(run_folder, capsys)
+    uploaded = push(run_folder, capsys).keys()
     assert {"config.json", "model.safetensors", "README.md", "tokenizer.json"} <= uploaded
     assert not any(name.startswith("checkpoint-") for name in uploaded)
 
@@ -50,12 +51,36 @@ def test_push_first_finishes_an_interrupted_publication(run_folder, capsys):
     assert not ready.exists()
 
 
-def test_a_hub_model_id_the_hub_would_reject_is_refused_before_the_folder_is_touched(run_folder):
+@pytest.mark.parametrize("hub_model_id", [None, "me/hfbert-x"])
+def test_the_uploaded_cards_snippets_load_the_pushed_id_and_the_folders_card_is_kept(run_folder, capsys, hub_model_id):
+    """The card was uploaded as training wrote it: from_pretrained("run") (the folder's name) or the id it
+    trained with, not the id pushed to."""
+    card = build_model_card(
+        model_name=(hub_model_id or "run").split("/")[-1], training_config={"preset": "tiny"}, eval_results={},
+        dataset_name=None, dataset_config_name=None, hub_model_id=hub_model_id,
+    )  # fmt: skip
+    card.save(run_folder / "README.md")
+    written = (run_folder / "README.md").read_bytes()
+    uploaded = push(run_folder, capsys, repo_id="you/other")["README.md"].path_or_fileobj.decode()
+    assert uploaded.count('from_pretrained("you/other"') == 3 and 'model="you/other"' in uploaded
+    assert "python -m hfbert.finetune other " in uploaded
+    assert "from_pretrained(\"run\"" not in uploaded and "me/hfbert-x" not in uploaded
+    assert (run_folder / "README.md").read_bytes() == written
+
+
+@pytest.mark.parametrize(
+    ("hub_model_id", "message"),
+    [
+        ("a/b/c", "--hub_model_id a/b/c: Repo id must"),
+        ("hfbert-x", "--hub_model_id hfbert-x has no namespace.*; pass <your-username>/hfbert-x$"),
+    ],
+)
+def test_a_hub_model_id_the_hub_would_reject_is_refused_before_the_folder_is_touched(run_folder, hub_model_id, message):
     ready = run_folder / FINAL_READY  # an interrupted publication, which a push would finish first
     ready.mkdir()
     shutil.move(run_folder / "model.safetensors", ready / "model.safetensors")
-    with pytest.raises(Refusal, match="--hub_model_id a/b/c: Repo id must"):
-        main([str(run_folder), "--hub_model_id", "a/b/c"])
+    with pytest.raises(Refusal, match=message):
+        main([str(run_folder), "--hub_model_id", hub_model_id])
     assert (ready / "model.safetensors").is_file() and not (run_folder / "model.safetensors").exists()
 
 

@@ -187,6 +187,16 @@ def test_a_bad_recipe_is_refused_in_one_line_naming_the_file_and_the_key(tmp_pat
     assert message.format(path=path) in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_recipe_that_is_not_utf8_text_is_refused_in_one_line_naming_it(tmp_path):
+    """It ended in a UnicodeDecodeError traceback."""
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe\x00b")
+    with pytest.raises(Refusal) as error:
+        parse_args(["--recipe", str(path), "--output_dir", "o"])
+    assert str(error.value).startswith(f"recipe {path}: not valid YAML: 'utf-8' codec can't decode byte 0xff")
+    assert "\n" not in str(error.value)
+
+
 # A billion laughs cut to 9**4 leaves: its value, printed expanded, was a 53 KB line (the issue's 442-byte one
 # ran 52 s into a MemoryError traceback), though the file is 188 bytes.
 YAML_BOMB = (

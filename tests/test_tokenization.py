@@ -238,6 +238,8 @@ def refuse_to_read_the_corpus(monkeypatch):
         (["--min_frequency", "-3"], "--min_frequency -3 must be >= 0, e.g. 2"),
         (["--model_max_length", "0"], "--model_max_length 0 must be > 0, e.g. 512"),
         (["--vocab_size", "5"], "--vocab_size 5 leaves no room beside the 5 special tokens"),
+        # The trainer aborted in Rust (exit 134, "memory allocation of 4535485464592 bytes failed").
+        (["--vocab_size", "99999999999"], "--vocab_size 99999999999 is above 1,048,576"),
     ],
 )
 def test_main_refuses_bad_values_before_reading_the_corpus(tmp_path, monkeypatch, flags, message):

@@ -497,8 +497,9 @@ def test_push_to_hub_uploads_exactly_the_final_folder(tmp_path, run_inputs):
     assert uploaded == FINAL_FILES  # no checkpoints, no hidden tokenizer/staging folders
     upload_copy = tmp_path / "as-uploaded"
     upload_copy.mkdir()
-    for operation in operations:
-        shutil.copy(operation.path_or_fileobj, upload_copy / operation.path_in_repo)
+    for operation in operations:  # a file's path, or the card's bytes
+        with operation.as_file() as uploaded_file:
+            (upload_copy / operation.path_in_repo).write_bytes(uploaded_file.read())
     assert_loads_without_hfbert(upload_copy)
 
 

@@ -115,8 +115,9 @@ def check_yaml_recipe(path: Path, text: str) -> None:
 
 def read_recipe(path: Path, parser: RefusingHfArgumentParser) -> dict[str, Any]:
     """The recipe's flags (name -> value), its keys checked against the fields of `parser`'s dataclasses."""
-    text, kind = path.read_text(encoding="utf-8"), "JSON" if path.suffix == ".json" else "YAML"
-    try:  # as HfArgumentParser.parse_json_file / parse_yaml_file read them
+    kind = "JSON" if path.suffix == ".json" else "YAML"
+    try:  # as HfArgumentParser.parse_json_file / parse_yaml_file read them; a file not UTF-8 is a ValueError
+        text = path.read_text(encoding="utf-8")
         if kind == "YAML":
             check_yaml_recipe(path, text)
         values = json.loads(text) if kind == "JSON" else yaml.safe_load(text)

@@ -28,6 +28,7 @@ from hfbert.errors import Refusal
 from hfbert.files import check_local_path_exists
 from hfbert.flags import MUST_MATCH, declared
 from hfbert.model_card import check_hub_model_id
+from hfbert.tokenization import MAX_VOCAB_SIZE, VOCAB_SIZE_ABOVE_MAX
 
 # The flags that only shape a fresh model, and why each has no meaning for a run from weights.
 FRESH_MODEL_FLAGS = {
@@ -454,6 +455,8 @@ FLAG_RANGES = (
     (("adam_beta1", "adam_beta2"), lambda value: 0 <= value < 1, "must be in [0, 1), e.g. 0.9 or 0.999"),
     (("weight_decay", "max_grad_norm", "num_warmup_steps", "nsp_loss_weight", "cls_attention_spread"),
      lambda value: value >= 0, "must be >= 0"),
+    (("seed",), lambda value: 0 <= value < 2**32, "must be in [0, 2**32 - 1], e.g. 42"),  # accelerate's set_seed
+    (("vocab_size",), lambda value: value <= MAX_VOCAB_SIZE, VOCAB_SIZE_ABOVE_MAX),
 )  # fmt: skip
 
 
