@@ -32,6 +32,10 @@ TESTS_BY_MODULE = {
     "hfbert/checkpointing.py": ["tests/test_checkpointing.py", "tests/test_files.py"],
     "hfbert/files.py": ["tests/test_files.py", "tests/test_checkpointing.py"],
     "hfbert/pretraining/extras/reshard.py": ["tests/test_reshard.py"],
+    # optimization.py's successor: the optimizer, the schedule and the Training (step, update, checkpoint, resume)
+    "hfbert/pretraining/training.py": [
+        "tests/test_optimization.py", "tests/test_update.py", "tests/test_loop.py", "tests/test_reshard.py",
+    ],
     "hfbert/pretraining/settings.py": [
         "tests/test_pretraining_settings.py",
         "tests/test_cli_help.py::test_pretraining_help_shows_the_value_a_run_gets_once_and_never_none",
