@@ -159,6 +159,12 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
         training.step(batch, no_callbacks.loss)
     synchronize(accelerator.device)
     bare = BARE_STEPS * int(batch["attention_mask"].sum()) / (time.perf_counter() - start)
+    if args.profile:  # where the bare step's time goes, by operator (torch.profiler; benchmarks/results/cpu_profile.md)
+        with torch.profiler.profile() as profiler:
+            for _ in range(args.profile):
+                training.step(batch, no_callbacks.loss)
+            synchronize(accelerator.device)
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
     return run, prepared, initial, mean_length, loop, bare
 
 
@@ -289,6 +295,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--model_size", default="base", choices=list(PRESETS))
     parser.add_argument("--batch_size", type=int, default=128)
+    parser.add_argument("--profile", type=int, default=0, help="also profile this many bare steps: operators by self time")
     parser.add_argument("--steps", type=int, default=300, help="timed updates, after the warm-up")
     parser.add_argument(
         "--warmup_steps", type=int, default=50, help="untimed updates first (compilation too)"
