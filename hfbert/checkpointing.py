@@ -131,7 +131,32 @@ def read_progress(checkpoint: Path) -> dict[str, Any]:
             "counts batches per process): resume it with that hfbert, or start the run over with "
             "--overwrite_output_dir"
         )
+    _check_progress_counts(checkpoint, state)
     return state
+
+
+def _check_progress_counts(checkpoint: Path, state: dict[str, Any]) -> None:
+    """Refuse a progress that is not the one hfbert wrote with `checkpoint` (its counts are not counts, or its
+    update count is not the folder's and the manifest's): resumed, it would go on at another update or sample."""
+    name = PROGRESS_JSON if (checkpoint / PROGRESS_JSON).is_file() else PROGRESS_PICKLE
+    for count in ("completed_steps", "epoch", "micro_batches_in_epoch"):
+        value = state.get(count)
+        if type(value) is not int or value < 0:
+            problem = f"{count} {value!r}, not a count"
+            break
+    else:
+        steps = {read_manifest(checkpoint)["step"]}
+        if _CHECKPOINT_NAME.match(checkpoint.name):
+            steps.add(checkpoint_step(checkpoint))
+        if steps == {state["completed_steps"]}:
+            return
+        problem = (
+            f"completed_steps {state['completed_steps']!r}, not the {'/'.join(map(str, sorted(steps)))} updates "
+            "its folder name and manifest count"
+        )
+    raise CheckpointError(
+        f"Checkpoint {checkpoint} is corrupted: its {name} has {problem}; {_earlier_checkpoints_hint(checkpoint)}"
+    )
 
 
 def checkpoint_step(path: str | os.PathLike) -> int:
@@ -703,9 +728,12 @@ def check_run_folder(
         )
     if resume_from_checkpoint == "auto":
         _check_auto_start(output_dir, names)
+        _check_resume_folder(output_dir, names, resume_from_checkpoint)
         return
     if overwrite_output_dir:
         _check_overwrite(output_dir, names)
+    if resumes_own_run:  # its saves, rotation and final folder would replace or delete what hfbert did not write
+        _check_resume_folder(output_dir, names, resume_from_checkpoint)
     if resumes_own_run or overwrite_output_dir or not names:
         return
     if resume_from_checkpoint is not None:  # a checkpoint of another folder, resumed into this one
@@ -715,6 +743,17 @@ def check_run_folder(
             "would replace it. Pass a new or empty --output_dir, or --overwrite_output_dir to replace it"
         )
     _check_fresh_start(output_dir, names)
+
+
+def _check_resume_folder(output_dir: Path, names: list[str], resume_from_checkpoint: str) -> None:
+    """A run resumed in its own folder writes, rotates and publishes there: refuse what hfbert did not write."""
+    foreign = _not_hfberts(output_dir, [name for name in names if not name.startswith(TEMP_CHECKPOINT_PREFIX)])
+    if foreign:
+        raise CheckpointError(
+            f"--resume_from_checkpoint {resume_from_checkpoint}: {output_dir} holds what hfbert did not write "
+            f"({', '.join(foreign[:6])}{', ...' if len(foreign) > 6 else ''}), which the resumed run's checkpoints, "
+            "their rotation or its final folder would replace or delete: move it out of the folder, then resume"
+        )
 
 
 def _check_overwrite(output_dir: Path, names: list[str]) -> None:

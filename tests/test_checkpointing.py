@@ -1037,3 +1037,49 @@ def test_an_rng_state_that_cannot_be_set_is_refused_as_a_resume_that_cannot_be_e
     assert f"; resume from an earlier checkpoint instead, e.g. --resume_from_checkpoint {tmp_path / 'checkpoint-2'}" in str(refused.value)
     assert torch.equal(torch.rand(3), expected)  # the check left this process's streams as they were
     resolve_resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-2"))  # a good file passes
+
+
+@pytest.mark.parametrize("resume", ["latest", "auto", "checkpoint-4"])
+def test_a_resume_in_its_own_folder_refuses_what_hfbert_did_not_write(tmp_path, resume):
+    """The second attack (9e9ff09), N1 and N2: a resume replaced a user's manifest-less checkpoint-6 with its own
+    save, overwrote their README.md and config.json with the final folder's, and rotation deleted a file of
+    theirs inside checkpoint-2."""
+    save_steps(tmp_path, [2, 4])
+    (tmp_path / ".tokenizer").mkdir()
+    resume = str(tmp_path / resume) if resume.startswith("checkpoint") else resume
+    check_run_folder(tmp_path, resume_from_checkpoint=resume, overwrite_output_dir=False)  # hfbert's own: resumes
+    (tmp_path / "checkpoint-6").mkdir()
+    (tmp_path / "checkpoint-6" / "pytorch_model.bin").write_text("my weights")
+    for name in ("README.md", "config.json", "checkpoint-2/my_eval.txt"):
+        (tmp_path / name).write_text("mine")
+    before = listing(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(tmp_path, resume_from_checkpoint=resume, overwrite_output_dir=False)
+    assert str(refused.value) == (
+        f"--resume_from_checkpoint {resume}: {tmp_path} holds what hfbert did not write (README.md, "
+        f"checkpoint-2/my_eval.txt, checkpoint-6 (no {MANIFEST_NAME}), config.json), which the resumed run's "
+        "checkpoints, their rotation or its final folder would replace or delete: move it out of the folder, then resume"
+    )
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("forged", [{"completed_steps": 9}, {"completed_steps": "4"}, {"micro_batches_in_epoch": -1}])
+def test_a_progress_that_disagrees_with_its_checkpoint_is_refused(tmp_path, forged):
+    """The second attack (9e9ff09), N4: checkpoint-4's training_progress.json rewritten (another step count),
+    its manifest rewritten to match, resumed silently at the forged step. The progress must agree with the
+    folder it sits in and hold counts."""
+    save_steps(tmp_path, [2, 4])
+    checkpoint = tmp_path / "checkpoint-4"
+    progress = {**json.loads((checkpoint / PROGRESS_JSON).read_text()), **forged}
+    (checkpoint / PROGRESS_JSON).write_text(json.dumps(progress))
+    (checkpoint / MANIFEST_NAME).unlink()
+    _write_manifest(checkpoint, 4, 1)
+    with pytest.raises(CheckpointError) as refused:
+        resolve_resume_checkpoint(tmp_path, "latest")
+    name, value = next(iter(forged.items()))
+    assert str(refused.value).startswith(
+        f"Checkpoint {checkpoint} is corrupted: its {PROGRESS_JSON} has {name} {value!r}, "
+        f"{'not the 4 updates its folder name and manifest count' if value == 9 else 'not a count'}; "
+        f"resume from an earlier checkpoint instead, e.g. --resume_from_checkpoint {tmp_path / 'checkpoint-2'}"
+    )
+    resolve_resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-2"))  # its own progress passes
