@@ -14,7 +14,13 @@ from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
 from hfbert.corpus_arguments import is_file_collection
 from hfbert.errors import Refusal
-from hfbert.files import CHECKPOINT_PREFIX, FINAL_FOLDER_FIX, check_readable
+from hfbert.files import (
+    CHECKPOINT_PREFIX,
+    FINAL_FOLDER_FIX,
+    FINAL_RECORD,
+    check_readable,
+    recorded_final_files,
+)
 
 MODEL_CARD_NAME = "README.md"
 CURVES_NAME = "training_curves.png"
@@ -245,8 +251,16 @@ Measured on the validation split at the end of training (`eval_results.json`):
 
 
 def upload_file_set(folder: str | os.PathLike) -> list[str]:
-    """The files of a run folder that `push_to_hub` uploads (relative POSIX paths, sorted): the final model,
-    tokenizer, model card, eval results and curves; never checkpoints, temporary or hidden files."""
+    """The files of a run folder that `push_to_hub` uploads (relative POSIX paths, sorted): what its final folder
+    published, the names its `FINAL_RECORD` lists (model, tokenizer, card, eval results, curves, samples); never
+    checkpoints, temporary or hidden files, nor a file of the user's. A folder finished by an hfbert before that
+    record (7090c6f) uploads every file but checkpoints, temporary and hidden ones."""
+    recorded = recorded_final_files(folder)
+    return [name for name in _visible_files(folder) if not recorded or name.split("/")[0] in recorded]
+
+
+def _visible_files(folder: str | os.PathLike) -> list[str]:
+    """A run folder's files but checkpoints, temporary and hidden ones (relative POSIX paths, sorted)."""
     folder = Path(folder)
     files = (path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
     return sorted(filter_repo_objects(files, ignore_patterns=NOT_UPLOADED))
@@ -267,6 +281,12 @@ def push_to_hub(
         raise Refusal(
             f"--push_to_hub: {folder} lacks {', '.join(missing)}; push only a finished run's output folder "
             "(training writes these files at the end)"
+        )
+    left_out = sorted(set(_visible_files(folder)) - set(files))
+    if left_out:
+        logger.warning(
+            f"--push_to_hub: not uploading {', '.join(left_out)}: hfbert did not write them (its {FINAL_RECORD} "
+            f"does not list them); if they belong on the Hub, upload them yourself (`hf upload {repo_id} <file>`)"
         )
     try:  # every JSON and safetensors file that would be uploaded: a damaged one is named, nothing uploaded
         check_readable((folder / name for name in files), FINAL_FOLDER_FIX)

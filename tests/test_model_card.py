@@ -1,3 +1,5 @@
+import json
+import logging
 from unittest import mock
 
 import pytest
@@ -7,6 +9,7 @@ from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from safetensors.torch import save_file
 
 from hfbert.errors import Refusal
+from hfbert.files import FINAL_RECORD
 from hfbert.model_card import (
     build_model_card,
     check_hub_access,
@@ -164,6 +167,32 @@ def make_run_folder(tmp_path):
 
 def test_upload_file_set_is_the_final_model_only(tmp_path):
     assert upload_file_set(make_run_folder(tmp_path)) == sorted([*FINAL_FILES, "README.md"])
+
+
+def test_upload_file_set_leaves_out_what_hfbert_did_not_write(tmp_path, caplog):
+    """The second attack (9e9ff09), N3: push uploaded every file that was not hidden or a checkpoint, a user's
+    pickles and notes beside the final folder included. With the record the final folder writes, only its files go."""
+    folder = make_run_folder(tmp_path)
+    (folder / FINAL_RECORD).write_text(json.dumps(sorted([*FINAL_FILES, "README.md"])))
+    for name in ("notes.txt", "my_weights.pkl", "private/keys.txt"):
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_text("mine")
+    assert upload_file_set(folder) == sorted([*FINAL_FILES, "README.md"])
+    with (
+        mock.patch("huggingface_hub.constants.HF_HUB_OFFLINE", False),
+        mock.patch.object(HfApi, "whoami", return_value={"name": "someone"}),
+        mock.patch.object(HfApi, "create_repo"),
+        mock.patch.object(HfApi, "create_commit") as create_commit,
+        caplog.at_level(logging.WARNING, logger="hfbert.model_card"),
+    ):
+        push_to_hub(folder, "someone/hfbert-tiny")
+    uploaded = {operation.path_in_repo for operation in create_commit.call_args.kwargs["operations"]}
+    assert uploaded == {*FINAL_FILES, "README.md"}
+    assert caplog.messages == [
+        f"--push_to_hub: not uploading my_weights.pkl, notes.txt, private/keys.txt: hfbert did not write them "
+        f"(its {FINAL_RECORD} does not list them); if they belong on the Hub, upload them yourself "
+        "(`hf upload someone/hfbert-tiny <file>`)"
+    ]
 
 
 def test_push_to_hub_uploads_exactly_the_file_set(tmp_path):
