@@ -313,10 +313,12 @@ def push_to_hub(
 
 def card_for(folder: Path, repo_id: str) -> bytes:
     """The folder's model card as uploaded to `repo_id`: its snippets load `repo_id` (training wrote the id it was
-    given, or the folder's name) and fine-tune a clone of it; the folder's own file is left as it is."""
+    given, or the folder's name) and fine-tune a clone of it, its title is `repo_id`'s name; the folder's own file
+    is left as it is."""
     text = (folder / MODEL_CARD_NAME).read_bytes().decode("utf-8", "surrogateescape")  # any bytes, kept as they are
     text = re.sub(r'(from_pretrained\(|model=)"[^"\n]*"', rf'\1"{repo_id}"', text)
     text = re.sub(r"(python -m hfbert\.finetune )\S+", rf"\g<1>{repo_id.split('/')[-1]}", text)
+    text = re.sub(r"^# .*$", f"# {repo_id.split('/')[-1]}", text, count=1, flags=re.MULTILINE)  # the title
     return text.encode("utf-8", "surrogateescape")
 
 

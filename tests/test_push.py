@@ -64,6 +64,7 @@ def test_the_uploaded_cards_snippets_load_the_pushed_id_and_the_folders_card_is_
     uploaded = push(run_folder, capsys, repo_id="you/other")["README.md"].path_or_fileobj.decode()
     assert uploaded.count('from_pretrained("you/other"') == 3 and 'model="you/other"' in uploaded
     assert "python -m hfbert.finetune other " in uploaded
+    assert "\n# other\n" in uploaded and "\n# run\n" not in uploaded  # the title too (second attack, N5)
     assert "from_pretrained(\"run\"" not in uploaded and "me/hfbert-x" not in uploaded
     assert (run_folder / "README.md").read_bytes() == written
 
