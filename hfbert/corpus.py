@@ -46,6 +46,7 @@ from hfbert.corpus_arguments import (
     CorpusArguments,
     CorpusError,
     DocumentBoundary,
+    dataset_files_outside,
     is_file_collection,
     links_leading_out,
     local_files,
@@ -206,15 +207,12 @@ def _load_hub_dataset(
     args: CorpusArguments, num_proc: int | None
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     assert args.dataset_name is not None
-    if not os.path.isdir(args.dataset_name):
+    local = os.path.isdir(args.dataset_name)
+    if not local:
         _check_hub_reachable(args.dataset_name)
-    elif links := links_leading_out(args.dataset_name):  # datasets would follow them: they cannot be skipped
-        leads = "1 link leads" if len(links) == 1 else f"{len(links):,} links lead"
-        raise CorpusError(
-            f"--dataset_name {args.dataset_name}: {leads} out of the folder ({_some_of(links)}), and datasets would "
-            "read what it points to; copy that into the folder in its place, or remove the link"
-        )
     try:
+        if local:
+            _check_dataset_folder(args)
         return datasets.load_dataset(
             args.dataset_name,
             args.dataset_config_name,
@@ -228,6 +226,24 @@ def _load_hub_dataset(
         ) from error
     except FileNotFoundError as error:
         raise CorpusError(f"--dataset_name {args.dataset_name}: {error}") from error
+
+
+def _check_dataset_folder(args: CorpusArguments) -> None:
+    """Refuse a local --dataset_name folder from which datasets would read files outside it: a file link (datasets
+    follows links, so they cannot be skipped) or a path its README.md's data_files name."""
+    if links := links_leading_out(args.dataset_name):
+        leads = "1 link leads" if len(links) == 1 else f"{len(links):,} links lead"
+        raise CorpusError(
+            f"--dataset_name {args.dataset_name}: {leads} out of the folder ({_some_of(links)}), and datasets would "
+            "read what it points to; copy that into the folder in its place, or remove the link"
+        )
+    if outside := dataset_files_outside(args):
+        them = "it" if len(outside) == 1 else "them"
+        raise CorpusError(
+            f"--dataset_name {args.dataset_name}: its README.md's data_files name "
+            f"{'1 file' if len(outside) == 1 else f'{len(outside):,} files'} outside the folder "
+            f"({_some_of(outside)}), which datasets would read; copy {them} into the folder and name {them} there"
+        )
 
 
 def find_invalid_utf8(path: str | os.PathLike) -> tuple[int, int, bytes] | None:

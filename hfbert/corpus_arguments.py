@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
+import datasets
 from datasets.data_files import resolve_pattern
 from transformers.hf_argparser import HfArg
 
@@ -158,13 +159,35 @@ def check_output_outside_corpus(args: CorpusArguments, output_dir: str | os.Path
             )
 
 
+def dataset_folder_files(args: CorpusArguments) -> dict[str, list[Path]]:
+    """The files `datasets.load_dataset` reads from a local --dataset_name folder, by split, as its builder resolves
+    them (the folder's README.md `configs` included; a path there may lead out of the folder)."""
+    builder = datasets.load_dataset_builder(args.dataset_name, args.dataset_config_name)
+    return {str(split): [Path(name) for name in names] for split, names in (builder.config.data_files or {}).items()}
+
+
+def dataset_files_outside(args: CorpusArguments) -> list[Path]:
+    """The files datasets would read for a local --dataset_name folder that lie outside it (`dataset_folder_files`)."""
+    folder = Path(args.dataset_name).resolve()
+    files = (path for paths in dataset_folder_files(args).values() for path in paths)
+    return sorted(path for path in files if not path.resolve().is_relative_to(folder))
+
+
 def corpus_fingerprint(args: CorpusArguments) -> str | None:
     """sha256 of the content of the corpus's local files (the shipped sample without --train_file), recorded in
     every checkpoint so that a corpus edited before a resume is refused instead of silently changing the run.
-    None for a Hub dataset (its revision is the Hub's) or a path that is no file (refused when loaded)."""
-    if args.dataset_name is not None:
+    None for a Hub dataset (its revision is the Hub's) or a path that is no file (refused when loaded); for a local
+    --dataset_name folder, the files datasets reads from it (`dataset_folder_files`)."""
+    if args.dataset_name is None:
+        by_split = local_files(args)
+    elif not os.path.isdir(args.dataset_name):
         return None
-    files = [(split, path) for split, paths in sorted(local_files(args).items()) for path in paths]
+    else:
+        try:
+            by_split = dataset_folder_files(args)
+        except (FileNotFoundError, ValueError):  # datasets' refusal of the folder, which its loading names
+            return None
+    files = [(split, path) for split, paths in sorted(by_split.items()) for path in paths]
     if not all(path.is_file() for _, path in files):
         return None
     stats = tuple((split, str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for split, path in files)

@@ -550,6 +550,43 @@ def test_a_dataset_folder_with_a_file_link_leading_out_of_it_is_refused_before_a
     assert arrow_files() == before
 
 
+@pytest.mark.parametrize("relative", [True, False])
+def test_a_dataset_folder_whose_readme_names_files_outside_it_is_refused_before_any_read(
+    hub_layout_folder, tmp_path, relative
+):
+    """The third attack (7c6b93a), F1: a local --dataset_name folder's README.md `data_files` naming
+    ../secret/a.txt or an absolute path made datasets read files outside the folder; their text landed in
+    samples.md, which is uploaded."""
+    secret = write_texts(tmp_path / "secret", {"a.parquet": "hunter2"}) / "a.parquet"
+    named = os.path.relpath(secret, hub_layout_folder) if relative else str(secret)
+    readme = hub_layout_folder / "README.md"
+    readme.write_text(HUB_README.replace(f"{HUB_CONFIG}/test-*", named), encoding="utf-8")
+    arguments = CorpusArguments(dataset_name=str(hub_layout_folder), dataset_config_name=HUB_CONFIG)
+    before = arrow_files()
+    with pytest.raises(CorpusError) as refused:
+        load_documents(arguments)
+    assert str(refused.value) == (
+        f"--dataset_name {hub_layout_folder}: its README.md's data_files name 1 file outside the folder "
+        f"({hub_layout_folder / named if relative else secret}), which datasets would read; copy it into the "
+        "folder and name it there"
+    )
+    assert arrow_files() == before
+
+
+def test_a_dataset_folders_fingerprint_is_the_content_of_the_files_datasets_reads(hub_layout_folder):
+    """The third attack (7c6b93a), F3: a local --dataset_name folder had no fingerprint, so a resume on its
+    edited files was accepted."""
+    arguments = CorpusArguments(dataset_name=str(hub_layout_folder), dataset_config_name=HUB_CONFIG)
+    fingerprint = corpus_fingerprint(arguments)
+    assert fingerprint is not None
+    (hub_layout_folder / "notes.txt").write_text("not a data file")
+    assert corpus_fingerprint(arguments) == fingerprint
+    train = hub_layout_folder / HUB_CONFIG / "train-00000-of-00001.parquet"
+    pq.write_table(pa.table({"text": ["edited\n"]}), train)
+    assert corpus_fingerprint(arguments) != fingerprint
+    assert corpus_fingerprint(CorpusArguments(dataset_name="someone/on-the-hub")) is None  # the Hub's revision
+
+
 def test_a_file_whose_name_looks_like_a_glob_is_one_file(tmp_path):
     path = tmp_path / "notes[1].txt"
     path.write_text("One.\n\nTwo.\n")

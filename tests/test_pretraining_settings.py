@@ -125,6 +125,20 @@ def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
     ) in str(refused.value)
 
 
+def test_resume_refuses_a_local_dataset_folder_whose_files_changed(tmp_path):
+    """The third attack (7c6b93a), F3: a local --dataset_name folder had no fingerprint; its edited text resumed."""
+    folder = tmp_path / "my-dataset"
+    folder.mkdir()
+    for split in ("train", "validation"):
+        (folder / f"{split}.txt").write_text(f"The {split} text. Another sentence.\n")
+    flags = ["--output_dir", "o", "--dataset_name", str(folder), "--max_train_steps", "10"]
+    saved = parse_args(flags).checkpoint_settings()
+    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu") == []
+    (folder / "train.txt").write_text("The train text, edited.\n")
+    with pytest.raises(ValueError, match=re.escape(f"the corpus ({folder}) has changed since the checkpoint was")):
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu")
+
+
 def test_a_flag_the_command_leaves_unset_compares_by_what_it_resolves_to():
     flags = ["--output_dir", "o", "--max_train_steps", "10"]
     saved = parse_args(flags).checkpoint_settings() | {"torch_compile": False}  # an hfbert whose default was False

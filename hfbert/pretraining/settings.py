@@ -689,7 +689,7 @@ def check_resume_settings(
     ]
     if saved.get(CORPUS_FINGERPRINT) not in (None, current[CORPUS_FINGERPRINT]):
         corpus = settings.corpus
-        files = corpus.train_file if corpus.train_file is not None else "the shipped sample"
+        files = corpus.train_file or corpus.dataset_name or "the shipped sample"
         changed.append(
             f"the corpus ({files}{', ' + corpus.validation_file if corpus.validation_file else ''}) has changed "
             f"since the checkpoint was written (content sha256 {saved[CORPUS_FINGERPRINT][:12]}... then, "
