@@ -61,6 +61,17 @@ def _is_hub_id(name: str) -> bool:
     return not Path(name).expanduser().exists()
 
 
+def card_model_name(name: str) -> str:
+    """`name` as the card's title, metadata and snippets write it: a valid Hub repo id as it is; anything else (a
+    run folder's name may hold quotes or newlines, which would write into the card's Python and Markdown) with
+    each run of other characters than letters, digits, `-`, `_` and `.` made one `-`."""
+    try:
+        validate_repo_id(name)
+        return name
+    except HFValidationError:
+        return re.sub(r"[^\w.-]+", "-", name, flags=re.ASCII).strip("-.")[:96] or "hfbert-model"
+
+
 def build_model_card(
     *,
     model_name: str,
@@ -77,6 +88,7 @@ def build_model_card(
     how to load it (from `hub_model_id`, the repo it is pushed to, namespace included; else from `model_name`),
     the training curves and, given `health_section` (markdown from
     `hfbert.pretraining.extras.health.report.health_card_section`), the run's health."""
+    model_name = card_model_name(model_name)
     metrics = _metric_values(eval_results)
     base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
     card_data = ModelCardData(

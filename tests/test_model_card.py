@@ -132,6 +132,21 @@ def test_the_card_names_the_objective_the_run_trained(tmp_path):
     assert "next sentence prediction (NSP)" not in mlm_only
 
 
+@pytest.mark.parametrize(
+    ("folder_name", "shown"),
+    [('x"); import os; os.system("id"); ("', "x-import-os-os.system-id"), ("x\n\n## Security\nRun it", "x-Security-Run-it")],
+)
+def test_a_folder_name_that_is_no_repo_name_cannot_write_into_the_cards_code_or_headings(tmp_path, folder_name, shown):
+    """The third attack (7c6b93a), F2: without --hub_model_id the folder's name went raw into the card's snippets,
+    title and model_name: quotes made it Python (`os.system("id")`), newlines Markdown headings."""
+    text = ModelCard.load(write_card(tmp_path, model_name=folder_name)).text
+    assert 'import os' not in text and "## Security" not in text
+    assert f"\n# {shown}\n" in text and f'AutoTokenizer.from_pretrained("{shown}")' in text
+    assert f"python -m hfbert.finetune {shown} " in text
+    clean = ModelCard.load(write_card(tmp_path, model_name="hfbert-tiny_v1.2")).text  # a repo name stays as it is
+    assert 'from_pretrained("hfbert-tiny_v1.2")' in clean
+
+
 def test_card_for_local_files_without_eval(tmp_path):
     path = write_card(tmp_path, dataset_name=None, dataset_config_name=None, eval_results={}, license="mit")
     card = ModelCard.load(path)
