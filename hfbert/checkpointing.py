@@ -318,7 +318,12 @@ TOKENIZER_FOLDER = "tokenizer"
 _STAGING_PREFIXES = (TEMP_CHECKPOINT_PREFIX, REPLACED_CHECKPOINT_PREFIX, PRUNED_CHECKPOINT_PREFIX)
 _STAGING_NAME = re.compile("|".join(rf"{re.escape(prefix)}\d+" for prefix in _STAGING_PREFIXES))
 _LEFTOVER_NAME = re.compile(rf"{_STAGING_NAME.pattern}|{re.escape(FINAL_STAGING)}|{re.escape(FINAL_READY)}")
-_RUN_MARKER = re.compile(rf"{_LEFTOVER_NAME.pattern}|\.tokenizer")
+_TRAINED_TOKENIZER = ".tokenizer"  # hfbert.pretraining.data.TRAINED_TOKENIZER_DIR, a later stage's name
+_RUN_MARKER = re.compile(rf"{_LEFTOVER_NAME.pattern}|{re.escape(_TRAINED_TOKENIZER)}")
+# What hfbert.tokenization.save_tokenizer writes into the trained tokenizer's folder (a test holds the list),
+# and where it stages them.
+_TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+_TOKENIZER_PLACES = {".", FINAL_STAGING, FINAL_READY}
 
 
 def tokenizer_folder(folder: str | os.PathLike) -> Path | None:
@@ -812,9 +817,25 @@ def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
                 continue
             files = (path.relative_to(output_dir).as_posix() for path in sorted((output_dir / name).rglob("*")))
             foreign += [file for file in files if not (output_dir / file).is_dir() and file.split("/", 1)[1] not in listed]
+        elif name == _TRAINED_TOKENIZER:
+            foreign += _not_tokenizer_files(output_dir, name)
         elif not (_RUN_MARKER.fullmatch(name) or name in published):
             foreign.append(name)
     return foreign
+
+
+def _not_tokenizer_files(output_dir: Path, name: str) -> list[str]:
+    """What of the trained tokenizer's folder `name` hfbert did not write: all but its tokenizer files (where it
+    writes or stages them); the folder itself where it is a link or no folder."""
+    folder = output_dir / name
+    if folder.is_symlink() or not folder.is_dir():
+        return [f"{name} ({'a link' if folder.is_symlink() else 'no folder'})"]
+    files = (path.relative_to(folder) for path in sorted(folder.rglob("*")) if not path.is_dir() or path.is_symlink())
+    return [
+        f"{name}/{file.as_posix()}"
+        for file in files
+        if file.name not in _TOKENIZER_FILES or file.parent.as_posix() not in _TOKENIZER_PLACES
+    ]
 
 
 def remove_checkpoints(output_dir: str | os.PathLike) -> list[Path]:

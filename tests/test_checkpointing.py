@@ -42,6 +42,7 @@ from hfbert.errors import CheckpointError
 from hfbert.files import FINAL_RECORD, RUN_LOCK_NAME, run_folder_lock, write_json_atomic
 from hfbert.modeling_hfbert import AUTO_MAP
 from hfbert.pretraining.training import TrainingProgress
+from hfbert.tokenization import save_tokenizer
 
 SEED = 1234
 BATCHES_PER_EPOCH = 10
@@ -1083,3 +1084,20 @@ def test_a_progress_that_disagrees_with_its_checkpoint_is_refused(tmp_path, forg
         f"resume from an earlier checkpoint instead, e.g. --resume_from_checkpoint {tmp_path / 'checkpoint-2'}"
     )
     resolve_resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-2"))  # its own progress passes
+
+
+@pytest.mark.parametrize("resume", [None, "latest"])
+def test_a_users_file_in_the_trained_tokenizers_folder_is_refused(tmp_path, sample_tokenizer, resume):
+    """The third attack (7c6b93a), F4: .tokenizer/ counted as hfbert's by its name alone, so --overwrite_output_dir
+    deleted .tokenizer/.final-staging/mine.txt (the tokenizer's staging) and kept notes.txt unnamed."""
+    save_steps(tmp_path, [4])
+    save_tokenizer(sample_tokenizer, tmp_path / ".tokenizer")  # what a run writes there: accepted
+    check_run_folder(tmp_path, resume_from_checkpoint=resume, overwrite_output_dir=resume is None)
+    (tmp_path / ".tokenizer" / "notes.txt").write_text("mine")
+    (tmp_path / ".tokenizer" / ".final-staging").mkdir()
+    (tmp_path / ".tokenizer" / ".final-staging" / "mine.txt").write_text("mine")
+    before = listing(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(tmp_path, resume_from_checkpoint=resume, overwrite_output_dir=resume is None)
+    assert ".tokenizer/.final-staging/mine.txt, .tokenizer/notes.txt" in str(refused.value)
+    assert listing(tmp_path) == before
