@@ -46,17 +46,17 @@ from hfbert.corpus_arguments import (
     CorpusArguments,
     CorpusError,
     DocumentBoundary,
-    dataset_files_outside,
+    check_dataset_folder,
     is_file_collection,
     links_leading_out,
     local_files,
+    some_of,
 )
 from hfbert.errors import Refusal
 from hfbert.files import describe_write_failure, is_disk_full, sha256_file
 
 # Extensions with a structured `datasets` builder; every other extension is read as plain text.
 _BUILDER_BY_EXTENSION = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
-_LINKS_NAMED = 3  # the skipped links a count names; the rest are counted
 _HOW_DOCUMENTS_END = {
     "row": "a row a document",
     "blank_line": "documents end at blank lines",
@@ -212,7 +212,7 @@ def _load_hub_dataset(
         _check_hub_reachable(args.dataset_name)
     try:
         if local:
-            _check_dataset_folder(args)
+            check_dataset_folder(args.dataset_name, args.dataset_config_name)
         return datasets.load_dataset(
             args.dataset_name,
             args.dataset_config_name,
@@ -226,24 +226,6 @@ def _load_hub_dataset(
         ) from error
     except FileNotFoundError as error:
         raise CorpusError(f"--dataset_name {args.dataset_name}: {error}") from error
-
-
-def _check_dataset_folder(args: CorpusArguments) -> None:
-    """Refuse a local --dataset_name folder from which datasets would read files outside it: a file link (datasets
-    follows links, so they cannot be skipped) or a path its README.md's data_files name."""
-    if links := links_leading_out(args.dataset_name):
-        leads = "1 link leads" if len(links) == 1 else f"{len(links):,} links lead"
-        raise CorpusError(
-            f"--dataset_name {args.dataset_name}: {leads} out of the folder ({_some_of(links)}), and datasets would "
-            "read what it points to; copy that into the folder in its place, or remove the link"
-        )
-    if outside := dataset_files_outside(args):
-        them = "it" if len(outside) == 1 else "them"
-        raise CorpusError(
-            f"--dataset_name {args.dataset_name}: its README.md's data_files name "
-            f"{'1 file' if len(outside) == 1 else f'{len(outside):,} files'} outside the folder "
-            f"({_some_of(outside)}), which datasets would read; copy {them} into the folder and name {them} there"
-        )
 
 
 def find_invalid_utf8(path: str | os.PathLike) -> tuple[int, int, bytes] | None:
@@ -375,13 +357,7 @@ def skipped_links(given: str | None) -> str | None:
     links = links_leading_out(given) if given is not None and is_file_collection(given) else []
     if not links:
         return None
-    return f"{len(links):,} link{'s' if len(links) != 1 else ''} leading out of {given} skipped ({_some_of(links)})"
-
-
-def _some_of(paths: list[Path]) -> str:
-    """The first `_LINKS_NAMED` of `paths`, and how many more."""
-    more = len(paths) - _LINKS_NAMED
-    return ", ".join(map(str, paths[:_LINKS_NAMED])) + (f", and {more:,} more" if more > 0 else "")
+    return f"{len(links):,} link{'s' if len(links) != 1 else ''} leading out of {given} skipped ({some_of(links)})"
 
 
 def reads_whole_files(args: CorpusArguments) -> bool:

@@ -31,6 +31,9 @@ SHIPPED_SAMPLE_DIR = Path(__file__).parent / "corpora" / "wikitext-2-raw-sample"
 SHIPPED_SAMPLE_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw"}
 
 
+_PATHS_NAMED = 3  # the paths a refusal or a count names; the rest are counted
+
+
 class CorpusError(Refusal):
     """A corpus cannot be loaded: missing file, empty corpus, unreachable Hub dataset, bad column ..."""
 
@@ -159,18 +162,38 @@ def check_output_outside_corpus(args: CorpusArguments, output_dir: str | os.Path
             )
 
 
-def dataset_folder_files(args: CorpusArguments) -> dict[str, list[Path]]:
+def dataset_folder_files(dataset_name: str, config_name: str | None) -> dict[str, list[Path]]:
     """The files `datasets.load_dataset` reads from a local --dataset_name folder, by split, as its builder resolves
     them (the folder's README.md `configs` included; a path there may lead out of the folder)."""
-    builder = datasets.load_dataset_builder(args.dataset_name, args.dataset_config_name)
+    builder = datasets.load_dataset_builder(dataset_name, config_name)
     return {str(split): [Path(name) for name in names] for split, names in (builder.config.data_files or {}).items()}
 
 
-def dataset_files_outside(args: CorpusArguments) -> list[Path]:
-    """The files datasets would read for a local --dataset_name folder that lie outside it (`dataset_folder_files`)."""
-    folder = Path(args.dataset_name).resolve()
-    files = (path for paths in dataset_folder_files(args).values() for path in paths)
-    return sorted(path for path in files if not path.resolve().is_relative_to(folder))
+def check_dataset_folder(dataset_name: str, config_name: str | None) -> None:
+    """Refuse a local --dataset_name folder (pretraining's or finetune's) from which datasets would read files
+    outside it: a file link (datasets follows links, so they cannot be skipped) or a path its README.md's
+    data_files name (`dataset_folder_files`)."""
+    if links := links_leading_out(dataset_name):
+        leads = "1 link leads" if len(links) == 1 else f"{len(links):,} links lead"
+        raise CorpusError(
+            f"--dataset_name {dataset_name}: {leads} out of the folder ({some_of(links)}), and datasets would "
+            "read what it points to; copy that into the folder in its place, or remove the link"
+        )
+    folder = Path(dataset_name).resolve()
+    files = (path for paths in dataset_folder_files(dataset_name, config_name).values() for path in paths)
+    if outside := sorted(path for path in files if not path.resolve().is_relative_to(folder)):
+        them = "it" if len(outside) == 1 else "them"
+        raise CorpusError(
+            f"--dataset_name {dataset_name}: its README.md's data_files name "
+            f"{'1 file' if len(outside) == 1 else f'{len(outside):,} files'} outside the folder "
+            f"({some_of(outside)}), which datasets would read; copy {them} into the folder and name {them} there"
+        )
+
+
+def some_of(paths: list[Path]) -> str:
+    """The first `_PATHS_NAMED` of `paths`, and how many more."""
+    more = len(paths) - _PATHS_NAMED
+    return ", ".join(map(str, paths[:_PATHS_NAMED])) + (f", and {more:,} more" if more > 0 else "")
 
 
 def corpus_fingerprint(args: CorpusArguments) -> str | None:
@@ -184,7 +207,7 @@ def corpus_fingerprint(args: CorpusArguments) -> str | None:
         return None
     else:
         try:
-            by_split = dataset_folder_files(args)
+            by_split = dataset_folder_files(args.dataset_name, args.dataset_config_name)
         except (FileNotFoundError, ValueError):  # datasets' refusal of the folder, which its loading names
             return None
     files = [(split, path) for split, paths in sorted(by_split.items()) for path in paths]

@@ -1188,6 +1188,31 @@ def test_a_hub_set_without_the_evaluation_split_is_refused_naming_its_splits():
     assert str(refused.value) == "--dataset_name someone/set has no 'validation' split; it has ['train']"
 
 
+def test_a_local_dataset_folder_whose_readme_names_files_outside_it_is_refused_before_any_read(tmp_path):
+    """The fourth attack's brief (finetune beside the third attack's F1): a local --dataset_name folder whose
+    README.md data_files name a file outside it; datasets would read that file."""
+    from hfbert.finetune.data import _load_hub
+    from hfbert.finetune.settings import parse_args
+
+    secret = tmp_path / "secret.csv"
+    secret.write_text("text,label\nhunter2,0\n")
+    folder = tmp_path / "my-set"
+    folder.mkdir()
+    (folder / "train.csv").write_text("text,label\nfine,1\n")
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: train.csv\n"
+        "  - split: validation\n    path: ../secret.csv\n---\n"
+    )
+    settings = parse_args(["model", "--dataset_name", str(folder)])
+    with mock.patch("hfbert.finetune.data.datasets.load_dataset") as load, pytest.raises(Refusal) as refused:
+        _load_hub(settings.data)
+    assert str(refused.value) == (
+        f"--dataset_name {folder}: its README.md's data_files name 1 file outside the folder ({folder}/../secret.csv), "
+        "which datasets would read; copy it into the folder and name it there"
+    )
+    load.assert_not_called()
+
+
 # ------------------------------------------------------------------------------------------------ issue 64
 
 

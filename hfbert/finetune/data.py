@@ -26,6 +26,7 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from hfbert.corpus_arguments import check_dataset_folder
 from hfbert.errors import Refusal
 from hfbert.files import JSON_TOO_DEEP
 from hfbert.finetune.settings import FinetuneDataArguments
@@ -285,6 +286,8 @@ def _load_hub(data: FinetuneDataArguments) -> tuple[tuple, str, list[str] | None
     """The train and evaluation splits as (where, columns) each, the evaluation split's name, and the
     ClassLabel's names if the label column is one (its rows at -1, GLUE's unlabelled test rows, dropped)."""
     task = _glue_task(data)
+    if Path(data.dataset_name).is_dir():
+        check_dataset_folder(data.dataset_name, data.dataset_config_name)
     try:
         splits = datasets.load_dataset(data.dataset_name, data.dataset_config_name)
     except Exception as error:  # datasets raises many types for offline / missing / typo
