@@ -537,7 +537,7 @@ def check_run_folder_free(output_dir: str | os.PathLike) -> None:
 def _open_locked(lock_path: Path) -> int:
     """A descriptor of `lock_path` holding its exclusive flock; raises `CheckpointError` if another run holds it."""
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a link made since: ELOOP
         _flock(fd, lock_path)
         with suppress(FileNotFoundError):  # a removed lock file is not the one locked
             if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
@@ -580,6 +580,11 @@ def run_folder_lock(output_dir: str | os.PathLike, first: Callable[[Path], Any] 
     created = _missing_folders(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     lock_path = output_dir / RUN_LOCK_NAME
+    if lock_path.is_symlink() or (lock_path.exists() and not lock_path.is_file()):  # never written through
+        raise CheckpointError(
+            f"--output_dir {output_dir}: {lock_path} is {'a link' if lock_path.is_symlink() else 'no plain file'}, "
+            "where hfbert keeps its run lock (a plain file it writes and removes): remove it, then rerun"
+        )
     with ExitStack() as release:  # undone last to first, also where taking the lock file's flock fails
         folder_fd = _lock_folder_itself(output_dir)
         if folder_fd is not None:
