@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -280,18 +280,22 @@ def damaged_file(checkpoint: str | os.PathLike) -> str | None:
 
 def finish_interrupted_replace(output_dir: Path) -> None:
     """A save of a step that has a checkpoint parks the old one, then renames the new one into place; a kill
-    between the two renames leaves no checkpoint-N. Put the new one in place (its manifest, written last, says
-    it is whole), else the parked one back, before anything looks for checkpoints."""
+    between the two renames leaves no checkpoint-N. Put the new one in place (its manifest, written last, lists
+    every file in it), else the parked one back (whole by the same test), before anything looks for checkpoints;
+    a folder of those names that is neither is left for the checks to name."""
     for parked in output_dir.glob(f"{REPLACED_CHECKPOINT_PREFIX}*"):
         step = parked.name.removeprefix(REPLACED_CHECKPOINT_PREFIX)
         final, staged = output_dir / f"{CHECKPOINT_PREFIX}{step}", output_dir / f"{TEMP_CHECKPOINT_PREFIX}{step}"
         if not _STAGING_NAME.fullmatch(parked.name) or not parked.is_dir() or final.exists():
             continue  # the replace finished: the parked copy is a leftover of its cleanup
-        if (staged / MANIFEST_NAME).is_file():
+        if _unlisted_files(staged) == []:  # whole: its manifest, written last, lists every file in it
             os.replace(staged, final)
-            shutil.rmtree(parked)
-        else:
+            if _unlisted_files(parked) == []:
+                shutil.rmtree(parked)
+        elif _unlisted_files(parked) == []:
             os.replace(parked, final)
+        else:
+            continue  # neither folder is a checkpoint hfbert wrote whole: left for the checks to name
         logger.warning(f"Finished the replace of {final.name} that a crash interrupted")
 
 
@@ -809,19 +813,33 @@ def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
     published, foreign = recorded_final_files(output_dir), []
     for name in names:
         if _CHECKPOINT_NAME.match(name):
-            try:
-                listed = {*read_manifest(output_dir / name)["files"], MANIFEST_NAME}
-            except CheckpointError:
+            unlisted = _unlisted_files(output_dir / name)
+            if unlisted is None:
                 state = "no" if not (output_dir / name / MANIFEST_NAME).is_file() else "an unreadable"
                 foreign.append(f"{name} ({state} {MANIFEST_NAME})")
-                continue
-            files = (path.relative_to(output_dir).as_posix() for path in sorted((output_dir / name).rglob("*")))
-            foreign += [file for file in files if not (output_dir / file).is_dir() and file.split("/", 1)[1] not in listed]
+            else:
+                foreign += [f"{name}/{file}" for file in unlisted]
         elif name == _TRAINED_TOKENIZER:
             foreign += _not_tokenizer_files(output_dir, name)
         elif not (_RUN_MARKER.fullmatch(name) or name in published):
             foreign.append(name)
     return foreign
+
+
+def _unlisted_files(checkpoint: Path) -> list[str] | None:
+    """What in `checkpoint` its manifest does not list (relative POSIX paths: files, links, folders that hold no
+    listed file), or None where it has no readable manifest: what hfbert did not write there."""
+    try:
+        listed = {*read_manifest(checkpoint)["files"], MANIFEST_NAME}
+    except CheckpointError:
+        return None
+    folders = {parent.as_posix() for name in listed for parent in PurePosixPath(name).parents}
+    unlisted = []
+    for path in sorted(checkpoint.rglob("*")):  # rglob does not enter a folder link
+        name = path.relative_to(checkpoint).as_posix()
+        if name not in (folders if path.is_dir() and not path.is_symlink() else listed):
+            unlisted.append(name)
+    return unlisted
 
 
 def _not_tokenizer_files(output_dir: Path, name: str) -> list[str]:

@@ -1101,3 +1101,32 @@ def test_a_users_file_in_the_trained_tokenizers_folder_is_refused(tmp_path, samp
         check_run_folder(tmp_path, resume_from_checkpoint=resume, overwrite_output_dir=resume is None)
     assert ".tokenizer/.final-staging/mine.txt, .tokenizer/notes.txt" in str(refused.value)
     assert listing(tmp_path) == before
+
+
+def test_an_interrupted_replace_is_finished_only_from_folders_hfbert_wrote_whole(tmp_path):
+    """The fourth attack (aca973c), F6: a fresh run's lock "finished the replace" of a user's
+    .replaced-checkpoint-3/ (thesis.tex, no manifest) beside a .tmp-checkpoint-3 holding an empty manifest,
+    deleting thesis.tex, before the run was refused."""
+    (tmp_path / ".replaced-checkpoint-3").mkdir()
+    (tmp_path / ".replaced-checkpoint-3" / "thesis.tex").write_text("mine")
+    (tmp_path / ".tmp-checkpoint-3").mkdir()
+    (tmp_path / ".tmp-checkpoint-3" / MANIFEST_NAME).write_text("{}")
+    before = listing(tmp_path)
+    with run_folder_lock(tmp_path, finish_interrupted_replace):
+        pass
+    assert listing(tmp_path) == before
+
+
+def test_a_folder_link_or_an_empty_folder_in_a_checkpoint_is_named(tmp_path):
+    """The fourth attack (aca973c), F7: --overwrite_output_dir deleted checkpoint-4 with a user's folder link and
+    empty folder in it, naming neither (a file link was named)."""
+    save_steps(tmp_path, [4])
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "checkpoint-4" / "my_data_link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "checkpoint-4" / "my_empty_dir").mkdir()
+    (tmp_path / "elsewhere").rename(tmp_path.parent / f"{tmp_path.name}-elsewhere")  # outside the run folder
+    (tmp_path / "checkpoint-4" / "my_data_link").unlink()
+    (tmp_path / "checkpoint-4" / "my_data_link").symlink_to(tmp_path.parent / f"{tmp_path.name}-elsewhere")
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
+    assert "it also holds checkpoint-4/my_data_link, checkpoint-4/my_empty_dir: move them out" in str(refused.value)
