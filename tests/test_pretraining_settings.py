@@ -7,6 +7,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from conftest import tiny_config
 
 from hfbert.errors import Refusal
 from hfbert.pretraining.cli import parse_args
@@ -137,6 +138,26 @@ def test_resume_refuses_a_local_dataset_folder_whose_files_changed(tmp_path):
     (folder / "train.txt").write_text("The train text, edited.\n")
     with pytest.raises(ValueError, match=re.escape(f"the corpus ({folder}) has changed since the checkpoint was")):
         check_resume_settings(saved, parse_args(flags), "ckpt", "cpu")
+
+
+def test_resume_refuses_a_config_name_file_whose_values_changed(tmp_path):
+    """The fourth attack (aca973c), F2: --config_name's file edited (dropout 0.1 -> 0.5) between the run and its
+    resume: only the flag's value (the path) was compared, so the resume trained on at 0.5 without a word."""
+    config = tmp_path / "cfg.json"
+    tiny_config(vocab_size=1000).save_pretrained(tmp_path)
+    (tmp_path / "config.json").rename(config)
+    flags = ["--output_dir", "o", "--config_name", str(config), "--max_train_steps", "10"]
+    saved = json.loads(json.dumps(parse_args(flags).checkpoint_settings()))  # as run_settings.json gives it back
+    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu") == []
+    config.write_text(config.read_text().replace('"hidden_dropout_prob": 0.1', '"hidden_dropout_prob": 0.5'))
+    with pytest.raises(ValueError) as refused:
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu")
+    assert (
+        f"--config_name {config} holds other values than when the checkpoint was written (hidden_dropout_prob "
+        "0.1 then, 0.5 now): restore the file it was trained with"
+    ) in str(refused.value)
+    older = {name: value for name, value in saved.items() if name != "config_values"}  # a checkpoint before it
+    assert check_resume_settings(older, parse_args(flags), "ckpt", "cpu") == []
 
 
 def test_a_flag_the_command_leaves_unset_compares_by_what_it_resolves_to():

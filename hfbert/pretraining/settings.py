@@ -11,6 +11,7 @@ before any data is read or any file is written. Flag names follow transformers' 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import subprocess
@@ -324,6 +325,8 @@ class OutputSettings:
 BUDGET_FLAGS = ("max_train_steps", "num_train_epochs", "max_train_seconds")
 # Recorded with the settings: sha256 of the corpus's files (hfbert.corpus_arguments.corpus_fingerprint), not a flag.
 CORPUS_FINGERPRINT = "corpus_sha256"
+# Recorded with the settings: the values of --config_name's config as read (`config_values`), not a flag.
+CONFIG_VALUES = "config_values"
 # Recorded with the settings, not a flag either: the hfbert that wrote the checkpoint (`running_hfbert`).
 WRITER = "hfbert"
 # A change after which the same checkpoint and batches train other weights raises the update's revision, saying
@@ -413,12 +416,13 @@ class PretrainingSettings:
 
     def checkpoint_settings(self) -> dict[str, Any]:
         """What a checkpoint records of the settings: the flags declared MUST_MATCH (a resumed run repeats
-        them), the budget (`BUDGET_FLAGS`), the corpus's content fingerprint (`CORPUS_FINGERPRINT`) and the
-        hfbert that writes it (`WRITER`)."""
+        them), the budget (`BUDGET_FLAGS`), the corpus's content fingerprint (`CORPUS_FINGERPRINT`), the values
+        of --config_name's file (`CONFIG_VALUES`) and the hfbert that writes it (`WRITER`)."""
         groups = (self.corpus, self.data, self.model, self.optimization)
         recorded = {name: getattr(group, name) for group in groups for name in declared(group, MUST_MATCH)}
         budget = {name: getattr(self.optimization, name) for name in BUDGET_FLAGS}
-        return recorded | budget | {CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus), WRITER: running_hfbert()}
+        read = {CORPUS_FINGERPRINT: corpus_fingerprint(self.corpus), CONFIG_VALUES: config_values(self.model.config_name)}
+        return recorded | budget | read | {WRITER: running_hfbert()}
 
     def group_of(self, name: str) -> Any:
         """The settings group that holds the flag `name`."""
@@ -536,6 +540,16 @@ def check_config_file(settings: PretrainingSettings) -> None:
     if settings.model.config_name is not None:
         config = read_config_file(settings.model.config_name)
         check_max_seq_length(settings.data.max_seq_length, config, f"--config_name {settings.model.config_name}")
+
+
+def config_values(config_name: str | None) -> dict[str, Any] | None:
+    """What a resume compares of --config_name's config: every value but the version of transformers that wrote
+    it (None without the flag; the flag's value is compared apart, as a flag)."""
+    if config_name is None:
+        return None
+    values = json.loads(read_config_file(config_name).to_json_string(use_diff=False))  # as run_settings.json holds it
+    values.pop("transformers_version", None)
+    return values
 
 
 def read_config_file(config_name: str) -> HfBertConfig:
@@ -683,7 +697,7 @@ def check_resume_settings(
     changed = [
         difference
         for name in sorted(current)
-        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, WRITER, *unused)
+        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, CONFIG_VALUES, WRITER, *unused)
         and name in saved
         and (difference := flag_difference(name, saved[name], settings, device_type)) is not None
     ]
@@ -694,6 +708,14 @@ def check_resume_settings(
             f"the corpus ({files}{', ' + corpus.validation_file if corpus.validation_file else ''}) has changed "
             f"since the checkpoint was written (content sha256 {saved[CORPUS_FINGERPRINT][:12]}... then, "
             f"{str(current[CORPUS_FINGERPRINT])[:12]}... now): restore the files it was trained on"
+        )
+    then, now = saved.get(CONFIG_VALUES), current[CONFIG_VALUES]
+    if then is not None and now is not None and then != now:  # the file edited: the flag's value is the same
+        differ = sorted(name for name in then.keys() | now.keys() if then.get(name) != now.get(name))
+        changed.append(
+            f"--config_name {settings.model.config_name} holds other values than when the checkpoint was written ("
+            + "; ".join(f"{name} {then.get(name)!r} then, {now.get(name)!r} now" for name in differ[:6])
+            + "): restore the file it was trained with"
         )
     notes = []
     fade, schedule = settings.model.structured_attention_fade, settings.optimization.lr_scheduler_type
