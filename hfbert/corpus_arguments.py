@@ -200,7 +200,7 @@ def corpus_fingerprint(args: CorpusArguments) -> str | None:
     """sha256 of the content of the corpus's local files (the shipped sample without --train_file), recorded in
     every checkpoint so that a corpus edited before a resume is refused instead of silently changing the run.
     None for a Hub dataset (its revision is the Hub's) or a path that is no file (refused when loaded); for a local
-    --dataset_name folder, the files datasets reads from it (`dataset_folder_files`)."""
+    --dataset_name folder, the files datasets reads from it (`dataset_folder_files`) and its README.md."""
     if args.dataset_name is None:
         by_split = local_files(args)
     elif not os.path.isdir(args.dataset_name):
@@ -210,6 +210,9 @@ def corpus_fingerprint(args: CorpusArguments) -> str | None:
             by_split = dataset_folder_files(args.dataset_name, args.dataset_config_name)
         except (FileNotFoundError, ValueError):  # datasets' refusal of the folder, which its loading names
             return None
+        card = Path(args.dataset_name) / "README.md"  # its builder options (csv sep, skiprows ...) change the rows
+        if card.is_file():
+            by_split |= {"README.md": [card]}
     files = [(split, path) for split, paths in sorted(by_split.items()) for path in paths]
     if not all(path.is_file() for _, path in files):
         return None

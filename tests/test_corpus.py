@@ -585,6 +585,12 @@ def test_a_dataset_folders_fingerprint_is_the_content_of_the_files_datasets_read
     pq.write_table(pa.table({"text": ["edited\n"]}), train)
     assert corpus_fingerprint(arguments) != fingerprint
     assert corpus_fingerprint(CorpusArguments(dataset_name="someone/on-the-hub")) is None  # the Hub's revision
+    # The fourth attack (aca973c), F3: README.md's builder options (csv skiprows, sep, ...) change what is read
+    # without touching the data files.
+    edited = corpus_fingerprint(arguments)
+    readme = hub_layout_folder / "README.md"
+    readme.write_text(readme.read_text().replace("  data_files:", "  keep_default_na: false\n  data_files:"))
+    assert corpus_fingerprint(arguments) != edited
 
 
 def test_a_file_whose_name_looks_like_a_glob_is_one_file(tmp_path):
