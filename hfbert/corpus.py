@@ -159,7 +159,7 @@ def _group_lines(texts: Iterable[str], boundary: DocumentBoundary) -> Iterator[d
     paragraphs: list[str] = []
     for text in texts:
         # An empty row is a blank line; a row may also hold several lines.
-        for line in text.splitlines() or [""]:
+        for line in (text or "").splitlines() or [""]:  # a missing cell (None) is an empty row
             if boundary == "heading":
                 starts = is_wikitext_article_heading(line)
                 paragraph = clean_wikitext_line(line)

@@ -114,6 +114,15 @@ def test_document_boundary_defaults(arguments, boundary):
     assert resolve_document_boundary(arguments) == boundary
 
 
+@pytest.mark.parametrize("boundary", ["row", "blank_line", "heading"])
+def test_a_missing_cell_is_an_empty_row(boundary):
+    """The fourth attack (aca973c): a local --dataset_name csv cell that pandas reads as NA (None) ended in an
+    AttributeError traceback ('NoneType' object has no attribute 'splitlines')."""
+    rows = datasets.Dataset.from_dict({"text": ["First one.", None, "Second one."]})
+    expected = list(iter_documents(datasets.Dataset.from_dict({"text": ["First one.", "", "Second one."]}), "text", boundary))
+    assert list(iter_documents(rows, "text", boundary)) == expected
+
+
 def test_grouping_does_not_depend_on_read_batches(monkeypatch):
     rows = datasets.Dataset.from_dict({"text": sample_lines("train")})
     whole = list(iter_documents(rows, "text", "heading"))
