@@ -278,7 +278,8 @@ def test_main_puts_back_a_checkpoint_that_a_crash_left_parked_and_refuses_its_ru
     the tokenizer's training puts it back first, and so refuses the folder as the run it is."""
     refuse_to_read_the_corpus(monkeypatch)
     (tmp_path / ".replaced-checkpoint-10").mkdir()
-    (tmp_path / ".replaced-checkpoint-10" / "checkpoint_manifest.json").write_text("{}")
+    manifest = {"format_version": 1, "step": 10, "num_processes": 1, "files": {}}  # whole: it lists every file
+    (tmp_path / ".replaced-checkpoint-10" / "checkpoint_manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"holds a pretraining run \(checkpoint-10\)"):
         main(["--vocab_size", "1000", "--output_dir", str(tmp_path), "--overwrite_output_dir"])
     assert (tmp_path / "checkpoint-10" / "checkpoint_manifest.json").is_file()

@@ -834,7 +834,8 @@ def test_a_run_puts_back_a_checkpoint_that_a_crash_left_parked_before_it_checks_
     holding the folder puts it back first, so the folder is refused as the run it holds, with that fix."""
     output_dir = tmp_path / "run"
     (output_dir / ".replaced-checkpoint-2").mkdir(parents=True)
-    (output_dir / ".replaced-checkpoint-2" / "checkpoint_manifest.json").write_text("{}")
+    manifest = {"format_version": 1, "step": 2, "num_processes": 1, "files": {}}  # whole: it lists every file
+    (output_dir / ".replaced-checkpoint-2" / "checkpoint_manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match=r"already holds another run's output \(checkpoint-2\)"):
         train_in_process(run_args(run_inputs, output_dir, "--max_train_steps", "2"))
     assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-2"]
