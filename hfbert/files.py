@@ -545,6 +545,19 @@ def _open_locked(lock_path: Path) -> int:
         os.close(fd)  # the previous holder removed the file between our open and flock: lock the new one
 
 
+def _not_a_lock_file(lock_path: Path) -> str | None:
+    """What `lock_path` is where it is no file this run may write: a link, a hard link (another name of a file
+    elsewhere) or no plain file; None where it is missing or a plain file of one name."""
+    if lock_path.is_symlink():
+        return "a link"
+    if not lock_path.exists():
+        return None
+    if not lock_path.is_file():
+        return "no plain file"
+    links = lock_path.stat().st_nlink
+    return f"a file with {links} links (a hard link)" if links > 1 else None
+
+
 def _missing_folders(folder: Path) -> list[Path]:
     """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) creates."""
     folder = folder.absolute()
@@ -580,10 +593,10 @@ def run_folder_lock(output_dir: str | os.PathLike, first: Callable[[Path], Any] 
     created = _missing_folders(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     lock_path = output_dir / RUN_LOCK_NAME
-    if lock_path.is_symlink() or (lock_path.exists() and not lock_path.is_file()):  # never written through
+    if problem := _not_a_lock_file(lock_path):  # never written through: it may be another file's name
         raise CheckpointError(
-            f"--output_dir {output_dir}: {lock_path} is {'a link' if lock_path.is_symlink() else 'no plain file'}, "
-            "where hfbert keeps its run lock (a plain file it writes and removes): remove it, then rerun"
+            f"--output_dir {output_dir}: {lock_path} is {problem}, where hfbert keeps its run lock (a plain file "
+            "it writes and removes): remove it, then rerun"
         )
     with ExitStack() as release:  # undone last to first, also where taking the lock file's flock fails
         folder_fd = _lock_folder_itself(output_dir)
