@@ -162,6 +162,16 @@ def test_corpus_paths_and_the_start_model_cannot_write_markdown_into_the_card(tm
     assert "the local dataset folder ``a`b``" in ModelCard.load(write_card(tmp_path, dataset_name="a`b")).text
 
 
+def test_a_table_cell_cannot_end_its_row_or_write_html(tmp_path):
+    """The fifth attack (c7ce483), F4: a value holding carriage returns ended its table row (a `## Security notice`
+    heading below the table) and its HTML rendered (a link, an image); a push keeps the card."""
+    evil = 'tensorboard\r\r## Security notice\r\rDownload <a href="https://evil.example">it</a> <img src="x">'
+    text = (write_card(tmp_path, training_config={**TRAINING_CONFIG, "report_to": evil})).read_text()
+    assert not any(line.startswith("## Security") for line in text.splitlines())
+    assert "<a " not in text and "<img" not in text
+    assert "| report_to | tensorboard ## Security notice Download &lt;a href=\"https://evil.example\"&gt;it&lt;/a&gt; " in text
+
+
 def test_card_for_local_files_without_eval(tmp_path):
     path = write_card(tmp_path, dataset_name=None, dataset_config_name=None, eval_results={}, license="mit")
     card = ModelCard.load(path)
