@@ -162,6 +162,11 @@ def check_output_outside_corpus(args: CorpusArguments, output_dir: str | os.Path
             )
 
 
+# What datasets reads a local dataset folder's configs and builder options from (README.md's YAML, which
+# .huggingface.yaml overrides, and the legacy dataset_infos.json).
+DATASET_FOLDER_OPTIONS = ("README.md", ".huggingface.yaml", "dataset_infos.json")
+
+
 def dataset_folder_files(dataset_name: str, config_name: str | None) -> dict[str, list[Path]]:
     """The files `datasets.load_dataset` reads from a local --dataset_name folder, by split, as its builder resolves
     them (the folder's README.md `configs` included; a path there may lead out of the folder)."""
@@ -184,7 +189,7 @@ def check_dataset_folder(dataset_name: str, config_name: str | None) -> None:
     if outside := sorted(path for path in files if not path.resolve().is_relative_to(folder)):
         them = "it" if len(outside) == 1 else "them"
         raise CorpusError(
-            f"--dataset_name {dataset_name}: its README.md's data_files name "
+            f"--dataset_name {dataset_name}: its README.md's (or .huggingface.yaml's) data_files name "
             f"{'1 file' if len(outside) == 1 else f'{len(outside):,} files'} outside the folder "
             f"({some_of(outside)}), which datasets would read; copy {them} into the folder and name {them} there"
         )
@@ -200,7 +205,7 @@ def corpus_fingerprint(args: CorpusArguments) -> str | None:
     """sha256 of the content of the corpus's local files (the shipped sample without --train_file), recorded in
     every checkpoint so that a corpus edited before a resume is refused instead of silently changing the run.
     None for a Hub dataset (its revision is the Hub's) or a path that is no file (refused when loaded); for a local
-    --dataset_name folder, the files datasets reads from it (`dataset_folder_files`) and its README.md."""
+    --dataset_name folder, the files datasets reads from it (`dataset_folder_files`) and its options' files."""
     if args.dataset_name is None:
         by_split = local_files(args)
     elif not os.path.isdir(args.dataset_name):
@@ -210,9 +215,8 @@ def corpus_fingerprint(args: CorpusArguments) -> str | None:
             by_split = dataset_folder_files(args.dataset_name, args.dataset_config_name)
         except (FileNotFoundError, ValueError):  # datasets' refusal of the folder, which its loading names
             return None
-        card = Path(args.dataset_name) / "README.md"  # its builder options (csv sep, skiprows ...) change the rows
-        if card.is_file():
-            by_split |= {"README.md": [card]}
+        folder = Path(args.dataset_name)  # the files of builder options (csv sep, skiprows ...), which change the rows
+        by_split |= {name: [folder / name] for name in DATASET_FOLDER_OPTIONS if (folder / name).is_file()}
     files = [(split, path) for split, paths in sorted(by_split.items()) for path in paths]
     if not all(path.is_file() for _, path in files):
         return None

@@ -575,7 +575,7 @@ def test_a_dataset_folder_whose_readme_names_files_outside_it_is_refused_before_
     with pytest.raises(CorpusError) as refused:
         load_documents(arguments)
     assert str(refused.value) == (
-        f"--dataset_name {hub_layout_folder}: its README.md's data_files name 1 file outside the folder "
+        f"--dataset_name {hub_layout_folder}: its README.md's (or .huggingface.yaml's) data_files name 1 file outside the folder "
         f"({hub_layout_folder / named if relative else secret}), which datasets would read; copy it into the "
         "folder and name it there"
     )
@@ -599,6 +599,11 @@ def test_a_dataset_folders_fingerprint_is_the_content_of_the_files_datasets_read
     edited = corpus_fingerprint(arguments)
     readme = hub_layout_folder / "README.md"
     readme.write_text(readme.read_text().replace("  data_files:", "  keep_default_na: false\n  data_files:"))
+    assert corpus_fingerprint(arguments) != edited
+    # The fifth attack (c7ce483), F2: .huggingface.yaml, which datasets reads over README.md's YAML.
+    edited = corpus_fingerprint(arguments)
+    options = HUB_README.strip().strip("-").strip().replace("  data_files:", "  sep: ','\n  data_files:")
+    (hub_layout_folder / ".huggingface.yaml").write_text(options + "\n")
     assert corpus_fingerprint(arguments) != edited
 
 

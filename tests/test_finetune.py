@@ -1207,7 +1207,7 @@ def test_a_local_dataset_folder_whose_readme_names_files_outside_it_is_refused_b
     with mock.patch("hfbert.finetune.data.datasets.load_dataset") as load, pytest.raises(Refusal) as refused:
         _load_hub(settings.data)
     assert str(refused.value) == (
-        f"--dataset_name {folder}: its README.md's data_files name 1 file outside the folder ({folder}/../secret.csv), "
+        f"--dataset_name {folder}: its README.md's (or .huggingface.yaml's) data_files name 1 file outside the folder ({folder}/../secret.csv), "
         "which datasets would read; copy it into the folder and name it there"
     )
     load.assert_not_called()
