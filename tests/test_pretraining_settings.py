@@ -160,6 +160,18 @@ def test_resume_refuses_a_config_name_file_whose_values_changed(tmp_path):
     assert check_resume_settings(older, parse_args(flags), "ckpt", "cpu") == []
 
 
+@pytest.mark.parametrize(
+    "flag", [("--attention_padding", "varlen"), ("--torch_compile_mode", "max-autotune"), ("--deterministic", "true")]
+)
+def test_resume_refuses_a_flag_that_changes_the_updates_arithmetic(flag):
+    """The fifth attack (c7ce483), F6: --attention_padding varlen on a resume of a mask run went on silently,
+    1.2e-4 from the straight run (the compile mode and --deterministic change the kernels too)."""
+    flags = ["--output_dir", "o", "--max_train_steps", "10"]
+    saved = parse_args(flags).checkpoint_settings()
+    with pytest.raises(ValueError, match=re.escape(flag[0])):
+        check_resume_settings(saved, parse_args([*flags, *flag]), "ckpt", "cpu")
+
+
 def test_a_flag_the_command_leaves_unset_compares_by_what_it_resolves_to():
     flags = ["--output_dir", "o", "--max_train_steps", "10"]
     saved = parse_args(flags).checkpoint_settings() | {"torch_compile": False}  # an hfbert whose default was False

@@ -226,19 +226,21 @@ class OptimizationSettings:
         "graph, gradient clipping as another, so training and evaluation each compile once. Default: on CUDA (except with "
         "--deterministic or --cls_attention_spread), off on a CPU; `--torch_compile false` turns it off.",
     )
-    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = HfArg(
+    torch_compile_mode: Annotated[
+        Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"], MUST_MATCH
+    ] = HfArg(
         default="default",
         help="torch.compile's mode for the model: reduce-overhead and max-autotune replay CUDA graphs "
         "(no kernel launches from Python), max-autotune also tries kernels for each matmul; both compile "
         "longer and pay on a GPU only, where benchmarks/bench_loop.py measures which is faster.",
     )
-    attention_padding: Literal["mask", "varlen"] = HfArg(
+    attention_padding: Annotated[Literal["mask", "varlen"], MUST_MATCH] = HfArg(
         default="mask",
         help="How training attention skips padding: mask (sdpa with a mask, as transformers), or varlen "
         "(each row attends within its own tokens, no mask: FlashAttention's variable-length kernel, CUDA in "
         "fp16/bf16 only; elsewhere sdpa one sequence at a time, slow). Evaluation always masks.",
     )
-    deterministic: bool = HfArg(
+    deterministic: Annotated[bool, MUST_MATCH] = HfArg(
         default=False,
         help="Deterministic algorithms only (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, "
         "cuDNN): a GPU run repeatable bit for bit. Measured on an H100 (BERT-base, length 128, fp16): a "
