@@ -301,10 +301,18 @@ def finish_interrupted_replace(output_dir: Path) -> None:
 
 def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
     """Remove the oldest checkpoints beyond `total_limit`, each renamed first so that a crash mid-delete leaves
-    a temp folder (ignored) rather than a damaged checkpoint.
+    a temp folder (ignored) rather than a damaged checkpoint; one holding a file hfbert did not write is kept,
+    with a warning naming it.
     Not accelerate's `ProjectConfiguration(total_limit)`: it prunes only under its `checkpoint_<save count>`
     names, before the new save is written (a failed save leaves fewer), counting every folder, in place."""
     for path in find_checkpoints(output_dir)[:-total_limit]:
+        if unlisted := _unlisted_files(path):  # a user's file, written into it while the run trained
+            logger.warning(
+                f"Kept {path.name} beyond --checkpoints_total_limit {total_limit}: it holds "
+                f"{', '.join(f'{path.name}/{name}' for name in unlisted[:6])}, which hfbert did not write; move "
+                f"{'that' if len(unlisted) == 1 else 'those'} out of it, and the next rotation removes the checkpoint"
+            )
+            continue
         doomed = path.with_name(f"{PRUNED_CHECKPOINT_PREFIX}{checkpoint_step(path)}")
         os.replace(path, doomed)
         shutil.rmtree(doomed)

@@ -1,5 +1,6 @@
 import errno
 import json
+import logging
 import os
 import shutil
 from functools import partial
@@ -1130,3 +1131,18 @@ def test_a_folder_link_or_an_empty_folder_in_a_checkpoint_is_named(tmp_path):
     with pytest.raises(CheckpointError) as refused:
         check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
     assert "it also holds checkpoint-4/my_data_link, checkpoint-4/my_empty_dir: move them out" in str(refused.value)
+
+
+def test_rotation_keeps_a_checkpoint_holding_a_file_hfbert_did_not_write_and_says_so(tmp_path, caplog):
+    """The fifth attack (c7ce483), F7: a user's my_eval.txt written into checkpoint-2 while the run trained was
+    deleted with it by --checkpoints_total_limit 1, with no log line."""
+    save_steps(tmp_path, [2])
+    (tmp_path / "checkpoint-2" / "my_eval.txt").write_text("mine")
+    with caplog.at_level(logging.WARNING, logger="hfbert.checkpointing"):
+        save_steps(tmp_path, [4, 6], total_limit=1)
+    assert [path.name for path in find_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-6"]
+    assert (tmp_path / "checkpoint-2" / "my_eval.txt").read_text() == "mine"
+    assert caplog.messages[-1] == (
+        "Kept checkpoint-2 beyond --checkpoints_total_limit 1: it holds checkpoint-2/my_eval.txt, which hfbert did not "
+        "write; move that out of it, and the next rotation removes the checkpoint"
+    )
