@@ -435,6 +435,7 @@ class TokenizerTrainingArguments:
     )
 
     def __post_init__(self) -> None:
+        self.output_dir = os.path.expanduser(self.output_dir)  # the folder checked is the folder written
         # Refused at parse time, before the corpus is read (the trainer would raise OverflowError on -3).
         check_vocab_size(self.vocab_size)
         if self.min_frequency < 0:

@@ -172,6 +172,13 @@ def test_resume_refuses_a_flag_that_changes_the_updates_arithmetic(flag):
         check_resume_settings(saved, parse_args([*flags, *flag]), "ckpt", "cpu")
 
 
+def test_a_tilde_in_the_output_dir_is_the_folder_the_checks_and_the_run_both_use(tmp_path, monkeypatch):
+    """The fifth attack (c7ce483), F5: --output_dir '~/out' (quoted, or from a recipe) passed the corpus check,
+    which expanded it, and the run wrote ./~/out, inside the --train_file folder it was run from."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert parse_args(["--output_dir", "~/out", "--max_train_steps", "1"]).output.output_dir == str(tmp_path / "home" / "out")
+
+
 def test_a_flag_the_command_leaves_unset_compares_by_what_it_resolves_to():
     flags = ["--output_dir", "o", "--max_train_steps", "10"]
     saved = parse_args(flags).checkpoint_settings() | {"torch_compile": False}  # an hfbert whose default was False

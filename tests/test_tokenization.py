@@ -24,6 +24,7 @@ from hfbert.tokenization import (
     MAX_WORD_CHARS,
     SPECIAL_TOKENS,
     ParagraphBatches,
+    TokenizerTrainingArguments,
     bound_paragraphs,
     check_tokenizer_matches_config,
     load_tokenizer,
@@ -48,6 +49,13 @@ def saved_tokenizer_dir(sample_tokenizer, tmp_path_factory):
     folder = tmp_path_factory.mktemp("tokenizer") / "wordpiece"
     save_tokenizer(sample_tokenizer, folder)
     return folder
+
+
+
+def test_a_tilde_in_the_tokenizers_output_dir_is_expanded(tmp_path, monkeypatch):
+    """The fifth attack (c7ce483), F5, for train_tokenizer.py: the folder checked is the folder written."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert TokenizerTrainingArguments(output_dir="~/tok").output_dir == str(tmp_path / "home" / "tok")
 
 
 def test_special_tokens_have_bert_ids(sample_tokenizer):

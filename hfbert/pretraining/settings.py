@@ -312,6 +312,11 @@ class OutputSettings:
         "(transformers' --ddp_timeout).",
     )
 
+    def __post_init__(self) -> None:
+        # One path for the checks and the writes: a '~' that no shell expanded (quoted, or from a recipe) was
+        # checked under $HOME and written under ./~.
+        self.output_dir = os.path.expanduser(self.output_dir)
+
     @property
     def checkpoint_steps(self) -> int | None:
         """--checkpointing_steps as a number of updates (None: never, or each epoch)."""
