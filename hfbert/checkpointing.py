@@ -288,14 +288,13 @@ def finish_interrupted_replace(output_dir: Path) -> None:
         final, staged = output_dir / f"{CHECKPOINT_PREFIX}{step}", output_dir / f"{TEMP_CHECKPOINT_PREFIX}{step}"
         if not _STAGING_NAME.fullmatch(parked.name) or not parked.is_dir() or final.exists():
             continue  # the replace finished: the parked copy is a leftover of its cleanup
-        if _unlisted_files(staged) == []:  # whole: its manifest, written last, lists every file in it
-            os.replace(staged, final)
-            if _unlisted_files(parked) == []:
-                shutil.rmtree(parked)
-        elif _unlisted_files(parked) == []:
-            os.replace(parked, final)
-        else:
-            continue  # neither folder is a checkpoint hfbert wrote whole: left for the checks to name
+        # Whole: its manifest (written last) lists every file in it; neither whole: left for the checks to name.
+        staged_whole, parked_whole = _unlisted_files(staged) == [], _unlisted_files(parked) == []
+        if not (staged_whole or parked_whole):
+            continue
+        os.replace(staged if staged_whole else parked, final)
+        if staged_whole and parked_whole:
+            shutil.rmtree(parked)
         logger.warning(f"Finished the replace of {final.name} that a crash interrupted")
 
 

@@ -687,6 +687,29 @@ def check_update_revision(writer: CheckpointWriter, checkpoint: str) -> None:
     )
 
 
+def _changed_content(saved: dict[str, Any], current: dict[str, Any], settings: PretrainingSettings) -> list[str]:
+    """What changed in the files the flags name, their values alike: the corpus's content (`CORPUS_FINGERPRINT`)
+    and the --config_name file's values (`CONFIG_VALUES`). A checkpoint that records neither compares neither."""
+    changed = []
+    if saved.get(CORPUS_FINGERPRINT) not in (None, current[CORPUS_FINGERPRINT]):
+        corpus = settings.corpus
+        files = corpus.train_file or corpus.dataset_name or "the shipped sample"
+        changed.append(
+            f"the corpus ({files}{', ' + corpus.validation_file if corpus.validation_file else ''}) has changed "
+            f"since the checkpoint was written (content sha256 {saved[CORPUS_FINGERPRINT][:12]}... then, "
+            f"{str(current[CORPUS_FINGERPRINT])[:12]}... now): restore the files it was trained on"
+        )
+    then, now = saved.get(CONFIG_VALUES), current[CONFIG_VALUES]
+    if then is not None and now is not None and then != now:  # the file edited: the flag's value is the same
+        differ = sorted(name for name in then.keys() | now.keys() if then.get(name) != now.get(name))
+        changed.append(
+            f"--config_name {settings.model.config_name} holds other values than when the checkpoint was written ("
+            + "; ".join(f"{name} {then.get(name)!r} then, {now.get(name)!r} now" for name in differ[:6])
+            + "): restore the file it was trained with"
+        )
+    return changed
+
+
 def check_resume_settings(
     saved: dict[str, Any] | None, settings: PretrainingSettings, checkpoint: str, device_type: str
 ) -> list[str]:
@@ -708,22 +731,7 @@ def check_resume_settings(
         and name in saved
         and (difference := flag_difference(name, saved[name], settings, device_type)) is not None
     ]
-    if saved.get(CORPUS_FINGERPRINT) not in (None, current[CORPUS_FINGERPRINT]):
-        corpus = settings.corpus
-        files = corpus.train_file or corpus.dataset_name or "the shipped sample"
-        changed.append(
-            f"the corpus ({files}{', ' + corpus.validation_file if corpus.validation_file else ''}) has changed "
-            f"since the checkpoint was written (content sha256 {saved[CORPUS_FINGERPRINT][:12]}... then, "
-            f"{str(current[CORPUS_FINGERPRINT])[:12]}... now): restore the files it was trained on"
-        )
-    then, now = saved.get(CONFIG_VALUES), current[CONFIG_VALUES]
-    if then is not None and now is not None and then != now:  # the file edited: the flag's value is the same
-        differ = sorted(name for name in then.keys() | now.keys() if then.get(name) != now.get(name))
-        changed.append(
-            f"--config_name {settings.model.config_name} holds other values than when the checkpoint was written ("
-            + "; ".join(f"{name} {then.get(name)!r} then, {now.get(name)!r} now" for name in differ[:6])
-            + "): restore the file it was trained with"
-        )
+    changed += _changed_content(saved, current, settings)
     notes = []
     fade, schedule = settings.model.structured_attention_fade, settings.optimization.lr_scheduler_type
     for name in BUDGET_FLAGS:
