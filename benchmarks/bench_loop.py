@@ -263,8 +263,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         + ", ".join(f"{name} {how} (not timed)" if how != "eager" else f"{name} eager" for name, how in compiled.items())
         + "\n"
     )
+    print_table(args, results, flops, failed, measured_peak, datasheet_peak)
+    return results
+
+
+def print_table(
+    args: argparse.Namespace, results: dict[str, float], flops: dict[str, float], failed: dict[str, str],
+    measured_peak: float, datasheet_peak: float | None,
+) -> None:
+    """The Markdown table of every loop's tokens/s (`results`, the Trainer's among them), its model FLOP rate
+    against the datasheet and the measured peaks, and the failed variants."""
     print("| loop | flags | non-padding tokens/s | model GFLOP/s | MFU | of the measured matmul peak | vs Trainer | "
-          "share of the bare step |")  # fmt: skip
+          "share of the bare step |")
     print("|---|---|---|---|---|---|---|---|")
     variant_flags = {name: " ".join(flags) for name, flags in args.variant}
     for name, reason in failed.items():
@@ -275,10 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         bare = results.get(f"{name} bare step")
         print(
             f"| {name} | {variant_flags.get(name, '')} | {tokens:,.0f} | {model_flops / 1e9:,.0f} | {mfu} | "
-            f"{model_flops / measured_peak:.1%} | {tokens / trainer:.2f}x | "
+            f"{model_flops / measured_peak:.1%} | {tokens / results['transformers Trainer']:.2f}x | "
             f"{'' if bare is None else f'{tokens / bare:.0%}'} |"
         )
-    return results
 
 
 def variant(text: str) -> tuple[str, list[str]]:
