@@ -47,6 +47,7 @@ from hfbert.corpus_arguments import (
     CorpusError,
     DocumentBoundary,
     check_dataset_folder,
+    corpus_fingerprint,
     is_file_collection,
     links_leading_out,
     local_files,
@@ -218,6 +219,7 @@ def _load_hub_dataset(
             args.dataset_config_name,
             streaming=args.streaming,
             num_proc=None if args.streaming else num_proc,
+            cache_dir=_content_keyed_cache(args) if local and not args.streaming else None,
         )
     except ConnectionError as error:  # raised at once in offline mode when the dataset is not cached
         raise CorpusError(
@@ -226,6 +228,16 @@ def _load_hub_dataset(
         ) from error
     except FileNotFoundError as error:
         raise CorpusError(f"--dataset_name {args.dataset_name}: {error}") from error
+
+
+def _content_keyed_cache(args: CorpusArguments) -> str | None:
+    """A datasets cache of its own for a local --dataset_name folder's content: datasets keys a local file by
+    its path and mtime only, so text rewritten with its mtime kept (`cp -p`, `rsync -a`) would read the old
+    rows while the run records the new content's sha256 (`corpus_fingerprint`)."""
+    content = corpus_fingerprint(args)
+    if content is None:  # a folder datasets refuses, which its loading names
+        return None
+    return str(Path(datasets.config.HF_DATASETS_CACHE) / "hfbert-local-folders" / content[:32])
 
 
 def find_invalid_utf8(path: str | os.PathLike) -> tuple[int, int, bytes] | None:
@@ -409,10 +421,12 @@ def _group_split(
         return datasets.IterableDataset.from_generator(
             iter_documents, features=DOCUMENT_FEATURES, gen_kwargs=gen_kwargs
         )
-    # What names the rows' content: datasets' fingerprint of the source, else (streamed local files) the files'
-    # sha256: hashing the IterableDataset object itself would be slow.
+    # What names the rows' content: datasets' fingerprint of the source (which names a local folder's files by
+    # path and mtime only, so their sha256 beside it), else (streamed local files) the files' sha256: hashing
+    # the IterableDataset object itself would be slow.
     if isinstance(rows, datasets.Dataset):
-        content = rows._fingerprint  # private, kept: datasets has no public accessor (test_corpus checks it)
+        # _fingerprint: private, kept: datasets has no public accessor (test_corpus checks it)
+        content = Hasher.hash([rows._fingerprint, corpus_fingerprint(args)])
     else:
         content = Hasher.hash([(split, sha256_file(path)) for path in local_files(args)[split]])
     grouping = list(gen_kwargs.values())[1:]  # the text column, the boundary and whether rows are files

@@ -607,6 +607,21 @@ def test_a_dataset_folders_fingerprint_is_the_content_of_the_files_datasets_read
     assert corpus_fingerprint(arguments) != edited
 
 
+def test_a_dataset_folder_edited_with_its_modification_time_kept_is_read_again(hub_layout_folder):
+    """The fifth attack (c7ce483), F3: datasets keys a local folder's cache by each file's path and mtime, so
+    text rewritten with its mtime kept (`cp -p`, `rsync -a`) trained the cached rows while the run recorded
+    the new content's sha256. The cache is keyed by the content hfbert records."""
+    arguments = CorpusArguments(dataset_name=str(hub_layout_folder), dataset_config_name=HUB_CONFIG)
+    before = load_documents(arguments)["validation"]
+    validation = hub_layout_folder / HUB_CONFIG / "validation-00000-of-00001.parquet"
+    kept = validation.stat()
+    pq.write_table(pa.table({"text": ["", " = Zebras = \n", "", " zebra zebra zebra .\n"]}), validation)
+    os.utime(validation, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    after = load_documents(arguments)["validation"]
+    assert paragraphs_of(after) == [["zebra zebra zebra ."]]
+    assert after._fingerprint != before._fingerprint  # so every cache built from the rows is rebuilt too
+
+
 def test_a_file_whose_name_looks_like_a_glob_is_one_file(tmp_path):
     path = tmp_path / "notes[1].txt"
     path.write_text("One.\n\nTwo.\n")
