@@ -58,6 +58,7 @@ def test_a_checkpoint_records_the_runs_settings_tokenizer_and_config_and_the_lim
     newest = output_dir / "checkpoint-4"
     settings = json.loads((newest / RUN_SETTINGS_NAME).read_text())
     assert settings["max_train_steps"] == 4 and settings["learning_rate"] == 1e-3
+    assert settings["precision"] in ("bf16", "no")  # resolved from --mixed_precision auto: compared on resume
     assert (newest / "tokenizer.json").is_file()  # beside the weights: a checkpoint is a model folder
     config = json.loads((newest / "config.json").read_text())
     assert config["hidden_size"] == json.loads(run_inputs["config"].read_text())["hidden_size"]

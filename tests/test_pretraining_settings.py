@@ -11,7 +11,7 @@ from conftest import tiny_config
 
 from hfbert.errors import Refusal
 from hfbert.pretraining.cli import parse_args
-from hfbert.pretraining.settings import UPDATE_CHANGES, UPDATE_REVISION, check_resume_settings
+from hfbert.pretraining.settings import PRECISION, UPDATE_CHANGES, UPDATE_REVISION, check_resume_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,23 +79,23 @@ def test_resume_refuses_another_fade_or_spread_and_a_longer_budget_under_a_fade(
               "--structured_attention_fade", "0.5"]  # fmt: skip
     saved = parse_args([*fading, "--max_train_steps", "10"]).checkpoint_settings()
     with pytest.raises(ValueError, match=r"--max_train_steps 10 in the checkpoint, 20 now \(--structured_attention_fade"):
-        check_resume_settings(saved, parse_args([*fading, "--max_train_steps", "20"]), "ckpt", "cpu")
+        check_resume_settings(saved, parse_args([*fading, "--max_train_steps", "20"]), "ckpt", "cpu", "bf16")
     other = parse_args([*fading[:-1], "1", "--max_train_steps", "10"])
     with pytest.raises(ValueError, match=r"--structured_attention_fade 0.5 in the checkpoint, 1.0 now"):
-        check_resume_settings(saved, other, "ckpt", "cpu")
+        check_resume_settings(saved, other, "ckpt", "cpu", "bf16")
     spread = parse_args([*fading, "--max_train_steps", "10", "--cls_attention_spread", "1"])
     with pytest.raises(ValueError, match=r"--cls_attention_spread 0.0 in the checkpoint, 1.0 now"):
-        check_resume_settings(saved, spread, "ckpt", "cpu")
+        check_resume_settings(saved, spread, "ckpt", "cpu", "bf16")
 
 
 def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
     saved = parse_args(["--output_dir", "o", "--max_train_steps", "10"]).checkpoint_settings()
     changed = parse_args(["--output_dir", "o", "--max_train_steps", "10", "--model_size", "small"])
     with pytest.raises(ValueError, match=r"--model_size 'mini' in the checkpoint, 'small' now"):
-        check_resume_settings(saved, changed, "ckpt", "cpu")
+        check_resume_settings(saved, changed, "ckpt", "cpu", "bf16")
     longer = parse_args(["--output_dir", "o", "--max_train_steps", "20"])
     with pytest.raises(ValueError) as refused:
-        check_resume_settings(saved, longer, "ckpt", "cpu")
+        check_resume_settings(saved, longer, "ckpt", "cpu", "bf16")
     assert str(refused.value) == (
         "--resume_from_checkpoint ckpt: these flags differ from the run that wrote the checkpoint: "
         "--max_train_steps 10 in the checkpoint, 20 now (the linear learning-rate schedule is laid out over the "
@@ -105,9 +105,9 @@ def test_resume_refuses_changed_flags_and_allows_a_longer_constant_schedule():
     )
     constant = ["--output_dir", "o", "--lr_scheduler_type", "constant"]
     saved = parse_args([*constant, "--max_train_steps", "10"]).checkpoint_settings()
-    notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt", "cpu")
+    notes = check_resume_settings(saved, parse_args([*constant, "--max_train_steps", "20"]), "ckpt", "cpu", "bf16")
     assert notes == ["--max_train_steps changed from 10 to 20: training continues to the new budget"]
-    assert check_resume_settings(None, longer, "old", "cpu")[0].startswith("old records no run settings")
+    assert check_resume_settings(None, longer, "old", "cpu", "bf16")[0].startswith("old records no run settings")
 
 
 def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
@@ -115,11 +115,11 @@ def test_resume_refuses_a_corpus_whose_content_changed(tmp_path):
     corpus.write_text("First sentence here. Second one.\n")
     flags = ["--output_dir", "o", "--train_file", str(corpus), "--max_train_steps", "10"]
     saved = parse_args(flags).checkpoint_settings()
-    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu") == []
+    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "bf16") == []
     corpus.write_text("First sentence here. Second one, edited.\n")
     now = parse_args(flags).checkpoint_settings()["corpus_sha256"]
     with pytest.raises(ValueError) as refused:
-        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu")
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "bf16")
     assert (
         f"the corpus ({corpus}) has changed since the checkpoint was written (content sha256 "
         f"{saved['corpus_sha256'][:12]}... then, {now[:12]}... now): restore the files it was trained on"
@@ -134,10 +134,10 @@ def test_resume_refuses_a_local_dataset_folder_whose_files_changed(tmp_path):
         (folder / f"{split}.txt").write_text(f"The {split} text. Another sentence.\n")
     flags = ["--output_dir", "o", "--dataset_name", str(folder), "--max_train_steps", "10"]
     saved = parse_args(flags).checkpoint_settings()
-    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu") == []
+    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "bf16") == []
     (folder / "train.txt").write_text("The train text, edited.\n")
     with pytest.raises(ValueError, match=re.escape(f"the corpus ({folder}) has changed since the checkpoint was")):
-        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu")
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "bf16")
 
 
 def test_resume_refuses_a_config_name_file_whose_values_changed(tmp_path):
@@ -148,16 +148,16 @@ def test_resume_refuses_a_config_name_file_whose_values_changed(tmp_path):
     (tmp_path / "config.json").rename(config)
     flags = ["--output_dir", "o", "--config_name", str(config), "--max_train_steps", "10"]
     saved = json.loads(json.dumps(parse_args(flags).checkpoint_settings()))  # as run_settings.json gives it back
-    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu") == []
+    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "bf16") == []
     config.write_text(config.read_text().replace('"hidden_dropout_prob": 0.1', '"hidden_dropout_prob": 0.5'))
     with pytest.raises(ValueError) as refused:
-        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu")
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "bf16")
     assert (
         f"--config_name {config} holds other values than when the checkpoint was written (hidden_dropout_prob "
         "0.1 then, 0.5 now): restore the file it was trained with"
     ) in str(refused.value)
     older = {name: value for name, value in saved.items() if name != "config_values"}  # a checkpoint before it
-    assert check_resume_settings(older, parse_args(flags), "ckpt", "cpu") == []
+    assert check_resume_settings(older, parse_args(flags), "ckpt", "cpu", "bf16") == []
 
 
 @pytest.mark.parametrize(
@@ -169,7 +169,27 @@ def test_resume_refuses_a_flag_that_changes_the_updates_arithmetic(flag):
     flags = ["--output_dir", "o", "--max_train_steps", "10"]
     saved = parse_args(flags).checkpoint_settings()
     with pytest.raises(ValueError, match=re.escape(flag[0])):
-        check_resume_settings(saved, parse_args([*flags, *flag]), "ckpt", "cpu")
+        check_resume_settings(saved, parse_args([*flags, *flag]), "ckpt", "cpu", "bf16")
+
+
+def test_resume_compares_the_precision_the_run_trained_in_not_the_flag_as_given():
+    """The fifth attack (c7ce483), F6's other half: --mixed_precision auto was compared as given, so a run that
+    resolved to bf16 (a CPU with native bf16, or accelerate launch --mixed_precision bf16) resumed in fp32 (a CPU
+    without it) or fp16 (a GPU) with no word."""
+    flags = ["--output_dir", "o", "--max_train_steps", "10"]
+    saved = parse_args(flags).checkpoint_settings() | {PRECISION: "bf16"}  # as run_checkpoints records it
+    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "bf16") == []
+    with pytest.raises(ValueError) as refused:
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "no")
+    assert (
+        "the checkpoint trained in bf16 and this launch would train in fp32 (--mixed_precision auto on cpu): "
+        "pass --mixed_precision bf16"
+    ) in str(refused.value)
+    # The fix the refusal names resumes it: the same arithmetic, another way of asking for it.
+    assert check_resume_settings(saved, parse_args([*flags, "--mixed_precision", "bf16"]), "ckpt", "cpu", "bf16") == []
+    older = {name: value for name, value in saved.items() if name != PRECISION}  # a checkpoint before it: the flag
+    with pytest.raises(ValueError, match=re.escape("--mixed_precision 'auto' in the checkpoint, 'bf16' now")):
+        check_resume_settings(older, parse_args([*flags, "--mixed_precision", "bf16"]), "ckpt", "cpu", "bf16")
 
 
 def test_a_tilde_in_the_output_dir_is_the_folder_the_checks_and_the_run_both_use(tmp_path, monkeypatch):
@@ -182,14 +202,14 @@ def test_a_tilde_in_the_output_dir_is_the_folder_the_checks_and_the_run_both_use
 def test_a_flag_the_command_leaves_unset_compares_by_what_it_resolves_to():
     flags = ["--output_dir", "o", "--max_train_steps", "10"]
     saved = parse_args(flags).checkpoint_settings() | {"torch_compile": False}  # an hfbert whose default was False
-    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu") == []  # unset: eager on a CPU
+    assert check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "bf16") == []  # unset: eager on a CPU
     with pytest.raises(Refusal, match=r": --torch_compile False in the checkpoint, unset now \(True on cuda\)\. "):
-        check_resume_settings(saved, parse_args(flags), "ckpt", "cuda")
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cuda", "fp16")
     with pytest.raises(Refusal, match=r": --torch_compile False in the checkpoint, True now\. "):  # given
-        check_resume_settings(saved, parse_args([*flags, "--torch_compile"]), "ckpt", "cpu")
+        check_resume_settings(saved, parse_args([*flags, "--torch_compile"]), "ckpt", "cpu", "bf16")
     saved = saved | {"torch_compile": None, "learning_rate": 2e-4}
     with pytest.raises(Refusal, match=r": --learning_rate 0.0002 in the checkpoint, 0.0001 now\. "):  # its default
-        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu")
+        check_resume_settings(saved, parse_args(flags), "ckpt", "cpu", "bf16")
 
 
 def test_a_checkpoint_records_the_hfbert_that_wrote_it():
@@ -203,7 +223,7 @@ def test_a_checkpoint_whose_update_this_hfbert_does_not_repeat_is_refused_naming
     current = parse_args(flags).checkpoint_settings()
     writer = {"version": "0.1.0", "commit": "0123456789abcdef", "update_revision": 1}
     with pytest.raises(Refusal) as refused:
-        check_resume_settings(current | {"hfbert": writer}, parse_args(flags), "run/checkpoint-10", "cpu")
+        check_resume_settings(current | {"hfbert": writer}, parse_args(flags), "run/checkpoint-10", "cpu", "bf16")
     assert str(refused.value) == (
         "--resume_from_checkpoint run/checkpoint-10 was written by hfbert 0.1.0 at commit 0123456, whose update "
         f"this hfbert does not repeat bit for bit ({UPDATE_CHANGES[2]}): finish the run with that hfbert, or start "
@@ -211,15 +231,15 @@ def test_a_checkpoint_whose_update_this_hfbert_does_not_repeat_is_refused_naming
     )
     newer = writer | {"commit": None, "update_revision": UPDATE_REVISION + 1}
     with pytest.raises(Refusal, match=rf"by hfbert 0.1.0, whose .* \(its update's revision {UPDATE_REVISION + 1} is newer"):
-        check_resume_settings(current | {"hfbert": newer}, parse_args(flags), "ckpt", "cpu")
+        check_resume_settings(current | {"hfbert": newer}, parse_args(flags), "ckpt", "cpu", "bf16")
     # An hfbert up to 88be5f0 named no writer: one that recorded --torch_compile False for a command leaving it
     # unset had that default (before ca7ff39, the update of revision 1); the others continue bit for bit.
     legacy = {name: value for name, value in current.items() if name != "hfbert"}
-    assert check_resume_settings(legacy, parse_args(flags), "ckpt", "cpu") == []
+    assert check_resume_settings(legacy, parse_args(flags), "ckpt", "cpu", "bf16") == []
     with pytest.raises(Refusal, match=r"was written by an hfbert before commit ca7ff39 \(it names no version"):
-        check_resume_settings(legacy | {"torch_compile": False}, parse_args(flags), "ckpt", "cpu")
+        check_resume_settings(legacy | {"torch_compile": False}, parse_args(flags), "ckpt", "cpu", "bf16")
     given = parse_args([*flags, "--torch_compile", "false"])
-    assert check_resume_settings(legacy | {"torch_compile": False}, given, "ckpt", "cpu") == []
+    assert check_resume_settings(legacy | {"torch_compile": False}, given, "ckpt", "cpu", "bf16") == []
 
 
 @pytest.mark.parametrize("output", ["run", "run/checkpoint-10", "run/checkpoint-10/phase2", "run/checkpoint-10/.."])
@@ -290,7 +310,7 @@ def test_a_run_from_weights_resumes_a_checkpoint_that_recorded_the_ignored_vocab
     # hfbert before the refusal recorded the default --vocab_size of a run from weights, which it ignored
     source = ["--output_dir", "o", "--model_name_or_path", "someone/bert"]
     saved = parse_args(source).checkpoint_settings() | {"vocab_size": 30522}
-    assert check_resume_settings(saved, parse_args(source), "ckpt", "cpu") == []
+    assert check_resume_settings(saved, parse_args(source), "ckpt", "cpu", "bf16") == []
 
 
 @pytest.mark.parametrize("flag", ["--stream_window_documents", "--stream_validation_documents"])
@@ -449,16 +469,16 @@ def test_vocab_size_is_recorded_as_unset_beside_a_tokenizer_and_an_older_checkpo
     with pytest.raises(Refusal, match=r"^--vocab_size 30522 only sizes the tokenizer a run trains"):
         parse_args([*named, "--vocab_size", "30522"])  # named at its default: the user expects it to act
     older = parse_args(named).checkpoint_settings() | {"vocab_size": 30522}  # what a checkpoint recorded before
-    check_resume_settings(older, parse_args(named), "ckpt", "cpu")
+    check_resume_settings(older, parse_args(named), "ckpt", "cpu", "bf16")
     trained = parse_args(["--output_dir", "o"]).checkpoint_settings()  # a run that trains its tokenizer: compared
     with pytest.raises(Refusal, match=r"--vocab_size 30522 in the checkpoint, 8192 now"):
-        check_resume_settings(trained, parse_args(["--output_dir", "o", "--vocab_size", "8192"]), "ckpt", "cpu")
+        check_resume_settings(trained, parse_args(["--output_dir", "o", "--vocab_size", "8192"]), "ckpt", "cpu", "bf16")
 
 
 def test_a_resume_without_tokenizer_name_of_a_run_that_named_one_is_not_refused_for_the_unset_vocab_size():
     """The checkpoint of a run given --tokenizer_name records --vocab_size None; its resume without the flag (the
     checkpoint's tokenizer is the run's) left --vocab_size at its default and was refused for it."""
     saved = parse_args(["--output_dir", "o", "--tokenizer_name", "tok"]).checkpoint_settings()
-    assert check_resume_settings(saved, parse_args(["--output_dir", "o"]), "ckpt", "cpu") == []
+    assert check_resume_settings(saved, parse_args(["--output_dir", "o"]), "ckpt", "cpu", "bf16") == []
     with pytest.raises(Refusal, match=r"--vocab_size None in the checkpoint, 8192 now"):
-        check_resume_settings(saved, parse_args(["--output_dir", "o", "--vocab_size", "8192"]), "ckpt", "cpu")
+        check_resume_settings(saved, parse_args(["--output_dir", "o", "--vocab_size", "8192"]), "ckpt", "cpu", "bf16")

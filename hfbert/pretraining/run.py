@@ -79,6 +79,7 @@ from hfbert.pretraining.process_group import (
 )
 from hfbert.pretraining.settings import (
     CORPUS_FINGERPRINT,
+    PRECISION,
     PretrainingSettings,
     check_config_file,
     check_resume_settings,
@@ -110,7 +111,8 @@ def verify_data_resume(settings: PretrainingSettings, accelerator: Accelerator) 
         saved = keep_global_batch(
             saved, saved_processes, settings.optimization, accelerator.num_processes, str(checkpoint), on_cpu
         )
-    for note in check_resume_settings(saved, settings, str(checkpoint), accelerator.device.type):
+    device, precision = accelerator.device.type, accelerator.mixed_precision
+    for note in check_resume_settings(saved, settings, str(checkpoint), device, precision):
         logger.warning(note)
     if settings.corpus.streaming:
         workers = resolve_num_workers(settings.data.dataloader_num_workers, accelerator.device)
@@ -235,10 +237,12 @@ def run_summary(
     return summary
 
 
-def run_checkpoints(settings: PretrainingSettings, prepared: PreparedData) -> RunCheckpoints:
+def run_checkpoints(settings: PretrainingSettings, prepared: PreparedData, precision: str) -> RunCheckpoints:
     """Where and with what the run writes its checkpoints: its tokenizer and model config, and its settings
-    with the corpus as the data stage read it (text edited since is not what trained), compared on resume."""
-    recorded = settings.checkpoint_settings() | {CORPUS_FINGERPRINT: prepared.corpus_sha256}
+    with the corpus as the data stage read it (text edited since is not what trained) and the precision it
+    trains in, compared on resume."""
+    read = {CORPUS_FINGERPRINT: prepared.corpus_sha256, PRECISION: precision}
+    recorded = settings.checkpoint_settings() | read
     output = settings.output
     return RunCheckpoints(
         output.output_dir, output.checkpoints_total_limit, prepared.tokenizer, prepared.config,
@@ -286,7 +290,7 @@ def pretrain(settings: PretrainingSettings, model_class: ModelClass = HfBertForP
         slots = resolve_max_predictions(settings.data, optimization, device)
         peak_flops, peak_line = device_peak_flops(device, precision)  # the peak the logged MFU is against
         flops = ModelFlops(model.config, static_slots=slots, peak_flops_per_process=peak_flops)
-        checkpoints = run_checkpoints(settings, prepared)
+        checkpoints = run_checkpoints(settings, prepared, precision)
         training, eval_loader = setup_training(model, batches, eval_loader, optimization, accelerator, checkpoints, flops)
         summary = run_summary(settings, model, prepared, precision, slots, training.budget, accelerator.num_processes)
         if checkpoint is not None:  # go on from its place in the data, on this run's split

@@ -336,6 +336,10 @@ CORPUS_FINGERPRINT = "corpus_sha256"
 CONFIG_VALUES = "config_values"
 # Recorded with the settings, not a flag either: the hfbert that wrote the checkpoint (`running_hfbert`).
 WRITER = "hfbert"
+# Recorded with the settings: the precision --mixed_precision resolved to ("no", "fp16", "bf16"), compared on
+# resume in place of the flag, whose `auto` resolves by the device and the launcher.
+PRECISION = "precision"
+PRECISION_NAMES = {"no": "fp32"}  # as a message names a resolved precision
 # A change after which the same checkpoint and batches train other weights raises the update's revision, saying
 # what changed: a checkpoint of another revision cannot continue its run bit for bit, and is refused.
 UPDATE_CHANGES = {2: "since commit cdd77a1 attention computes Q, K and V in one matmul, which rounds differently"}
@@ -711,12 +715,12 @@ def _changed_content(saved: dict[str, Any], current: dict[str, Any], settings: P
 
 
 def check_resume_settings(
-    saved: dict[str, Any] | None, settings: PretrainingSettings, checkpoint: str, device_type: str
+    saved: dict[str, Any] | None, settings: PretrainingSettings, checkpoint: str, device_type: str, precision: str
 ) -> list[str]:
-    """Compare a checkpoint's recorded settings with this launch's on a `device_type` device; raise on any
-    difference that would change the run, naming each flag with both values, and on a checkpoint whose update
-    this hfbert does not repeat bit for bit, naming the hfbert that wrote it. Returns notes on deliberate changes
-    (for the log)."""
+    """Compare a checkpoint's recorded settings with this launch's on a `device_type` device training in
+    `precision` (as resolved: "no", "fp16" or "bf16"); raise on any difference that would change the run, naming
+    each flag with both values, and on a checkpoint whose update this hfbert does not repeat bit for bit, naming
+    the hfbert that wrote it. Returns notes on deliberate changes (for the log)."""
     if saved is None:
         return [f"{checkpoint} records no run settings (written by an older hfbert); flags are not checked"]
     check_update_revision(checkpoint_writer(saved, settings), checkpoint)
@@ -724,13 +728,20 @@ def check_resume_settings(
     # Flags of a model or tokenizer the run does not make (older hfbert recorded their ignored defaults): none to
     # compare.
     unused = settings.unmade_model_flags()
+    resolved = ("mixed_precision",) if PRECISION in saved else ()  # compared as what it resolved to, below
     changed = [
         difference
         for name in sorted(current)
-        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, CONFIG_VALUES, WRITER, *unused)
+        if name not in (*BUDGET_FLAGS, CORPUS_FINGERPRINT, CONFIG_VALUES, WRITER, *unused, *resolved)
         and name in saved
         and (difference := flag_difference(name, saved[name], settings, device_type)) is not None
     ]
+    if saved.get(PRECISION, precision) != precision:
+        then, now = (PRECISION_NAMES.get(value, value) for value in (saved[PRECISION], precision))
+        changed.append(
+            f"the checkpoint trained in {then} and this launch would train in {now} (--mixed_precision "
+            f"{settings.optimization.mixed_precision} on {device_type}): pass --mixed_precision {saved[PRECISION]}"
+        )
     changed += _changed_content(saved, current, settings)
     notes = []
     fade, schedule = settings.model.structured_attention_fade, settings.optimization.lr_scheduler_type
