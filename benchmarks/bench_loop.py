@@ -133,7 +133,7 @@ def hfbert_loop(args: argparse.Namespace, output_dir: str, variant_flags: list[s
     )
     static_slots = resolve_max_predictions(settings.data, optimization, device)
     flops = ModelFlops(model.config, static_slots, peak_flops_per_process=None)
-    checkpoints = run_checkpoints(settings, prepared)
+    checkpoints = run_checkpoints(settings, prepared, precision)
     training, eval_loader = setup_training(model, batches, eval_loader, optimization, accelerator, checkpoints, flops)
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     callbacks = Callbacks([*start_callbacks, ProgressBar(accelerator, training.budget)])  # as `run.pretrain` has
