@@ -13,7 +13,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import DistributedDataParallelKwargs, parse_flag_from_env
 
 from hfbert.errors import Refusal
-from hfbert.pretraining.settings import OptimizationSettings, OutputSettings
+from hfbert.pretraining.settings import OptimizationSettings, OutputSettings, precision_name
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def build_accelerator(optimization: OptimizationSettings, output: OutputSettings
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
     logger.info(
-        f"Precision: {'fp32' if precision == 'no' else precision}: {reason}; device {accelerator.device}, "
+        f"Precision: {precision_name(precision)}: {reason}; device {accelerator.device}, "
         f"{accelerator.num_processes} process(es)."
     )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

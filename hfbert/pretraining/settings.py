@@ -339,7 +339,6 @@ WRITER = "hfbert"
 # Recorded with the settings: the precision --mixed_precision resolved to ("no", "fp16", "bf16"), compared on
 # resume in place of the flag, whose `auto` resolves by the device and the launcher.
 PRECISION = "precision"
-PRECISION_NAMES = {"no": "fp32"}  # as a message names a resolved precision
 # A change after which the same checkpoint and batches train other weights raises the update's revision, saying
 # what changed: a checkpoint of another revision cannot continue its run bit for bit, and is refused.
 UPDATE_CHANGES = {2: "since commit cdd77a1 attention computes Q, K and V in one matmul, which rounds differently"}
@@ -714,6 +713,11 @@ def _changed_content(saved: dict[str, Any], current: dict[str, Any], settings: P
     return changed
 
 
+def precision_name(precision: str) -> str:
+    """A resolved precision as the log and the messages name it: accelerate's "no" is fp32."""
+    return "fp32" if precision == "no" else precision
+
+
 def check_resume_settings(
     saved: dict[str, Any] | None, settings: PretrainingSettings, checkpoint: str, device_type: str, precision: str
 ) -> list[str]:
@@ -737,7 +741,7 @@ def check_resume_settings(
         and (difference := flag_difference(name, saved[name], settings, device_type)) is not None
     ]
     if saved.get(PRECISION, precision) != precision:
-        then, now = (PRECISION_NAMES.get(value, value) for value in (saved[PRECISION], precision))
+        then, now = precision_name(saved[PRECISION]), precision_name(precision)
         changed.append(
             f"the checkpoint trained in {then} and this launch would train in {now} (--mixed_precision "
             f"{settings.optimization.mixed_precision} on {device_type}): pass --mixed_precision {saved[PRECISION]}"
