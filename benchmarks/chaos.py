@@ -637,7 +637,7 @@ def damage_newest_checkpoint(output_dir: Path, how: str, draw: random.Random) ->
         return None
     newest = output_dir / max(complete, key=complete.get)
     path = draw.choice(sorted(path for path in newest.rglob("*") if path.is_file()))
-    data = path.read_bytes()
+    data, times = path.read_bytes(), path.stat()
     if how == "truncate":
         path.write_bytes(data[: len(data) // 2])
     elif how == "delete":
@@ -645,6 +645,8 @@ def damage_newest_checkpoint(output_dir: Path, how: str, draw: random.Random) ->
     else:
         at = draw.randrange(len(data)) if data else 0
         path.write_bytes(data[:at] + bytes([data[at] ^ (1 << draw.randrange(8))]) + data[at + 1 :] if data else b"\0")
+    if how != "delete":  # as a disk's damage: the modification time kept (a file changed later is the user's edit)
+        os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
     return f"{how} {path.relative_to(output_dir)}"
 
 

@@ -834,19 +834,40 @@ def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
 
 
 def _unlisted_files(checkpoint: Path) -> list[str] | None:
-    """What in `checkpoint` its manifest does not list (relative POSIX paths: files, links, folders that hold no
-    listed file), or None where it has no readable manifest: what hfbert did not write there."""
+    """What in `checkpoint` hfbert did not write (relative POSIX paths: files, links and folders its manifest does
+    not list, and listed files changed since, '<name> (changed since hfbert wrote it)'), or None where it has no
+    readable manifest."""
+    manifest = checkpoint / MANIFEST_NAME
     try:
-        listed = {*read_manifest(checkpoint)["files"], MANIFEST_NAME}
+        recorded = read_manifest(checkpoint)["files"]
     except CheckpointError:
         return None
+    listed = {*recorded, MANIFEST_NAME}
     folders = {parent.as_posix() for name in listed for parent in PurePosixPath(name).parents}
     unlisted = []
     for path in sorted(checkpoint.rglob("*")):  # rglob does not enter a folder link
         name = path.relative_to(checkpoint).as_posix()
         if name not in (folders if path.is_dir() and not path.is_symlink() else listed):
             unlisted.append(name)
+        elif name in recorded and _changed_since(path, recorded[name], manifest.stat().st_mtime_ns):
+            unlisted.append(f"{name} (changed since hfbert wrote it)")
     return unlisted
+
+
+# The largest file whose sha256 `_changed_since` takes: the JSON and text a user edits, never the weights.
+_HASHED_EDIT_BYTES = 1 << 20
+
+
+def _changed_since(path: Path, recorded: dict[str, Any], manifest_mtime_ns: int) -> bool:
+    """Whether the listed file `path` was changed after its manifest (written last) was: modified later and no
+    longer as `recorded`. The time tells an edit from a disk's damage (which keeps it) and the record an edit from
+    a copy (`cp -r`: every file newer, none changed)."""
+    stat = path.stat()
+    if path.is_symlink() or stat.st_mtime_ns <= manifest_mtime_ns:
+        return False
+    if stat.st_size != recorded["size"]:
+        return True
+    return stat.st_size <= _HASHED_EDIT_BYTES and sha256_file(path) != recorded["sha256"]
 
 
 def _not_tokenizer_files(output_dir: Path, name: str) -> list[str]:

@@ -119,12 +119,14 @@ DAMAGES = ("truncated", "garbled")
 
 def damage(path, how: str) -> None:
     """Cut `path` to half its size ("truncated"), or overwrite 8 bytes near its start ("garbled": a JSON file
-    stops parsing, a safetensors file's header too), keeping its size."""
-    data = path.read_bytes()
+    stops parsing, a safetensors file's header too), keeping its size; its modification time kept, as a disk's
+    damage keeps it (a file changed later is the user's edit)."""
+    data, times = path.read_bytes(), path.stat()
     if how == "truncated":
         path.write_bytes(data[: len(data) // 2])
     else:
         path.write_bytes(data[:8] + b'"}]{#!@%' + data[16:])  # ends any string or object
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
 
 
 @pytest.fixture

@@ -1146,3 +1146,45 @@ def test_rotation_keeps_a_checkpoint_holding_a_file_hfbert_did_not_write_and_say
         "Kept checkpoint-2 beyond --checkpoints_total_limit 1: it holds checkpoint-2/my_eval.txt, which hfbert did not "
         "write; move that out of it, and the next rotation removes the checkpoint"
     )
+
+
+@pytest.mark.parametrize("edit", ["longer", "same size"])
+@pytest.mark.parametrize("mode", ["overwrite", "latest", "rotation"])
+def test_a_file_the_user_edited_in_a_checkpoint_is_theirs_and_never_deleted(tmp_path, caplog, mode, edit):
+    """The fifth attack (c7ce483), F8: a file the user edited in a checkpoint (checkpoint-3/config.json; here
+    checkpoint-2's training_progress.json) was judged by its name only: --overwrite_output_dir, a resume's
+    rotation and its re-save of that step deleted the edit. A listed file changed after its manifest was written
+    is the user's; a copy of the folder (`cp -r`: every file newer, none changed) and damage that leaves the
+    modification time (as a disk's does) are still hfbert's."""
+    save_steps(tmp_path, [2, 4])
+    manifest_time = (tmp_path / "checkpoint-2" / MANIFEST_NAME).stat().st_mtime_ns
+    copied = tmp_path.parent / f"{tmp_path.name}-copy"
+    shutil.copytree(tmp_path, copied)
+    for path in copied.rglob("*"):
+        os.utime(path, ns=(manifest_time + 10**9, manifest_time + 10**9 + len(path.name)))  # newer, in any order
+    check_run_folder(copied, resume_from_checkpoint="latest", overwrite_output_dir=False)
+    for how in DAMAGES:
+        damage(copied / "checkpoint-2" / "model.safetensors", how)
+        check_run_folder(copied, resume_from_checkpoint=None, overwrite_output_dir=True)
+    edited = tmp_path / "checkpoint-2" / PROGRESS_JSON
+    text = edited.read_text()
+    edited.write_text(text + " " if edit == "longer" else text.replace("2", "3", 1))
+    os.utime(edited, ns=(manifest_time + 10**9, manifest_time + 10**9))  # a file system's clock may be coarse
+    assert edit == "longer" or edited.stat().st_size == len(text.encode())
+    before = listing(tmp_path)
+    if mode == "rotation":
+        with caplog.at_level(logging.WARNING, logger="hfbert.checkpointing"):
+            save_steps(tmp_path, [6], total_limit=1)
+        assert [path.name for path in find_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-6"]
+        assert caplog.messages[-1].startswith(
+            f"Kept checkpoint-2 beyond --checkpoints_total_limit 1: it holds checkpoint-2/{PROGRESS_JSON} (changed "
+            "since hfbert wrote it), which hfbert did not write"
+        )
+    else:
+        with pytest.raises(CheckpointError) as refused:
+            check_run_folder(
+                tmp_path, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite"
+            )
+        assert f"checkpoint-2/{PROGRESS_JSON} (changed since hfbert wrote it)" in str(refused.value)
+        assert listing(tmp_path) == before
+    assert edited.read_text() != text

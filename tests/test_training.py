@@ -716,8 +716,7 @@ def test_output_dir_of_another_run_is_refused_untouched(tmp_path, run_inputs):
 @pytest.mark.slow
 def test_truncated_checkpoint_is_refused_on_resume(tmp_path, run_inputs, finished_run):
     output_dir = copy_of(finished_run, tmp_path / "run")
-    weights = output_dir / "checkpoint-4" / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:100])
+    damage(output_dir / "checkpoint-4" / "model.safetensors", "truncated")  # as a disk does: the mtime kept
     before = listing(output_dir)
     args = run_args(run_inputs, output_dir, "--max_train_steps", "6", "--resume_from_checkpoint", "latest")
     with pytest.raises(CheckpointError, match=r"model.safetensors is truncated.*checkpoint-2"):
