@@ -815,8 +815,9 @@ def _run_folder_names(output_dir: Path) -> list[str]:
 
 def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
     """What of `names` (in `output_dir`) hfbert did not write, as a refusal names it: all but its hidden folders,
-    the files its final folders published (`FINAL_RECORD`) and its checkpoints, of which a file the manifest does
-    not list ('checkpoint-8/my_eval.txt') or one without a manifest ('checkpoint-7 (no ...)')."""
+    the files its final folders published (`FINAL_RECORD`; a link or folder at such a name is the user's) and its
+    checkpoints, of which a file the manifest does not list ('checkpoint-8/my_eval.txt') or one without a manifest
+    ('checkpoint-7 (no ...)')."""
     published, foreign = recorded_final_files(output_dir), []
     for name in names:
         if _CHECKPOINT_NAME.match(name):
@@ -828,6 +829,10 @@ def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
                 foreign += [f"{name}/{file}" for file in unlisted]
         elif name == _TRAINED_TOKENIZER:
             foreign += _not_tokenizer_files(output_dir, name)
+        elif name in published and (output_dir / name).is_symlink():  # hfbert publishes regular files only
+            foreign.append(f"{name} (a link)")
+        elif name in published and (output_dir / name).is_dir():
+            foreign.append(f"{name} (a folder)")
         elif not (_RUN_MARKER.fullmatch(name) or name in published):
             foreign.append(name)
     return foreign

@@ -279,14 +279,27 @@ def upload_file_set(folder: str | os.PathLike) -> list[str]:
     checkpoints, temporary or hidden files, nor a file of the user's. A folder finished by an hfbert before that
     record (7090c6f) uploads every file but checkpoints, temporary and hidden ones."""
     recorded = recorded_final_files(folder)
-    return [name for name in _visible_files(folder) if not recorded or name.split("/")[0] in recorded]
+    return [name for name in _visible_files(folder) if not recorded or name in recorded]  # hfbert publishes files
 
 
 def _visible_files(folder: str | os.PathLike) -> list[str]:
-    """A run folder's files but checkpoints, temporary and hidden ones (relative POSIX paths, sorted)."""
+    """A run folder's files and file links but checkpoints, temporary and hidden ones (relative POSIX paths,
+    sorted)."""
     folder = Path(folder)
-    files = (path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
+    files = (path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file() or path.is_symlink())
     return sorted(filter_repo_objects(files, ignore_patterns=NOT_UPLOADED))
+
+
+def _check_no_links(folder: Path, files: list[str]) -> None:
+    """A link among the files to upload would send its target's bytes (a file outside the folder) under hfbert's
+    name: refused, naming it, before anything is read."""
+    for name in files:
+        if (folder / name).is_symlink():
+            raise Refusal(
+                f"--push_to_hub: nothing was uploaded: {folder / name} is a symbolic link (to "
+                f"{os.readlink(folder / name)}), and a push uploads no file through a link: put the file itself "
+                "there, or remove the link"
+            )
 
 
 def push_to_hub(
@@ -311,6 +324,7 @@ def push_to_hub(
             f"--push_to_hub: not uploading {', '.join(left_out)}: hfbert did not write them (its {FINAL_RECORD} "
             f"does not list them); if they belong on the Hub, upload them yourself (`hf upload {repo_id} <file>`)"
         )
+    _check_no_links(folder, files)
     try:  # every JSON and safetensors file that would be uploaded: a damaged one is named, nothing uploaded
         check_readable((folder / name for name in files), FINAL_FOLDER_FIX)
     except ValueError as error:

@@ -1188,3 +1188,27 @@ def test_a_file_the_user_edited_in_a_checkpoint_is_theirs_and_never_deleted(tmp_
         assert f"checkpoint-2/{PROGRESS_JSON} (changed since hfbert wrote it)" in str(refused.value)
         assert listing(tmp_path) == before
     assert edited.read_text() != text
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "latest"])
+def test_a_link_or_folder_at_a_published_name_is_the_users(tmp_path, mode):
+    """The sixth attack (9c5ba80), G5: README.md, published by the final folder, replaced by the user with a link
+    to their notes (or made a folder) was replaced by --overwrite_output_dir and a resume's final folder, with no
+    message: hfbert publishes regular files only, so a link or a folder at such a name is not one of them."""
+    run_dir = tmp_path / "run"
+    save_steps(run_dir, [2])
+    (run_dir / FINAL_RECORD).write_text(json.dumps(["README.md", "config.json", "samples.md"]))
+    (tmp_path / "notes.md").write_text("mine")
+    (run_dir / "README.md").symlink_to(tmp_path / "notes.md")
+    (run_dir / "samples.md").mkdir()
+    (run_dir / "config.json").write_text("{}")
+    check_folder = partial(
+        check_run_folder, run_dir, resume_from_checkpoint="latest" if mode == "latest" else None,
+        overwrite_output_dir=mode == "overwrite",
+    )  # fmt: skip
+    with pytest.raises(CheckpointError) as refused:
+        check_folder()
+    assert "README.md (a link), samples.md (a folder)" in str(refused.value)
+    (run_dir / "README.md").unlink()
+    (run_dir / "samples.md").rmdir()
+    check_folder()

@@ -299,3 +299,29 @@ def test_a_hub_model_id_without_a_namespace_is_refused_naming_the_fix(tmp_path):
         check_hub_access("hfbert-x")
     with pytest.raises(Refusal, match=message):
         push_to_hub(tmp_path, "hfbert-x")
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+@pytest.mark.parametrize("name", ["samples.md", "tokenizer.json"])
+def test_a_push_uploads_nothing_through_a_link_nor_a_folder_at_a_published_name(tmp_path, recorded, name):
+    """The sixth attack (9c5ba80), G1: samples.md replaced by a link to a secret outside the folder was uploaded
+    as samples.md (the secret's bytes), and a folder made at a published file's name uploaded its files."""
+    (tmp_path / "run").mkdir()
+    folder = make_run_folder(tmp_path / "run")
+    if recorded:
+        (folder / FINAL_RECORD).write_text(json.dumps(sorted([*FINAL_FILES, "README.md", "samples.md", "samples.png"])))
+    (tmp_path / "secret.txt").write_text("hunter2")
+    (folder / name).unlink(missing_ok=True)
+    (folder / name).symlink_to(tmp_path / "secret.txt")
+    with mock.patch.object(HfApi, "create_repo") as create_repo, pytest.raises(Refusal) as refused:
+        push_to_hub(folder, "someone/hfbert-tiny")
+    assert str(refused.value) == (
+        f"--push_to_hub: nothing was uploaded: {folder / name} is a symbolic link (to {tmp_path / 'secret.txt'}), "
+        "and a push uploads no file through a link: put the file itself there, or remove the link"
+    )
+    create_repo.assert_not_called()
+    (folder / name).unlink()
+    (folder / name).write_bytes(b"{}" if name.endswith(".json") else b"x")
+    (folder / "samples.png").mkdir()
+    (folder / "samples.png" / "x.txt").write_text("hunter2")
+    assert ("samples.png/x.txt" in upload_file_set(folder)) is not recorded  # an older folder uploads every file
