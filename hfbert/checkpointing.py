@@ -305,6 +305,13 @@ def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
     Not accelerate's `ProjectConfiguration(total_limit)`: it prunes only under its `checkpoint_<save count>`
     names, before the new save is written (a failed save leaves fewer), counting every folder, in place."""
     for path in find_checkpoints(output_dir)[:-total_limit]:
+        if original := _copied_from(path):
+            logger.warning(
+                f"Kept {path.name} beyond --checkpoints_total_limit {total_limit}: its manifest records update "
+                f"{checkpoint_step(output_dir / original)}, so it is a copy of {original} (hfbert names a checkpoint "
+                f"by its update); rename it (e.g. {path.name}-copy) or move it out of the folder"
+            )
+            continue
         if unlisted := _unlisted_files(path):  # a user's file, written into it while the run trained
             logger.warning(
                 f"Kept {path.name} beyond --checkpoints_total_limit {total_limit}: it holds "
@@ -333,7 +340,7 @@ _TRAINED_TOKENIZER = ".tokenizer"  # hfbert.pretraining.data.TRAINED_TOKENIZER_D
 _RUN_MARKER = re.compile(rf"{_LEFTOVER_NAME.pattern}|{re.escape(_TRAINED_TOKENIZER)}")
 # What hfbert.tokenization.save_tokenizer writes into the trained tokenizer's folder (a test holds the list),
 # and where it stages them.
-_TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+_TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", FINAL_RECORD}
 _TOKENIZER_PLACES = {".", FINAL_STAGING, FINAL_READY}
 
 
@@ -511,11 +518,12 @@ def _how_to_go_on(what: str, output_dir: str | os.PathLike, no_checkpoint: str, 
     )
 
 
-def last_finite_checkpoint_note(output_dir: str | os.PathLike) -> str:
+def last_finite_checkpoint_note(output_dir: str | os.PathLike, resumed_from: Path | None = None) -> str:
     """For a NaN stop: ' The last checkpoint whose weights are all finite is <path> (largest |weight| <w>).' for
-    the newest such checkpoint in `output_dir` (weights far above 1 are diverging already), else ''. Reads the
-    weights: for an error path only."""
-    for checkpoint in reversed(find_checkpoints(output_dir)):
+    the newest such checkpoint in `output_dir`, else the one the run resumed from (`resumed_from`, in another
+    folder) if finite (weights far above 1 are diverging already), else ''. Reads the weights: for an error path
+    only."""
+    for checkpoint in [*reversed(find_checkpoints(output_dir)), *([resumed_from] if resumed_from else [])]:
         tensors = [tensor for path in sorted(checkpoint.glob("*.safetensors")) for tensor in load_file(path).values()]
         if tensors and all(bool(tensor.isfinite().all()) for tensor in tensors):
             largest = max(float(tensor.abs().max()) for tensor in tensors if tensor.numel())
@@ -822,7 +830,9 @@ def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
     for name in names:
         if _CHECKPOINT_NAME.match(name):
             unlisted = _unlisted_files(output_dir / name)
-            if unlisted is None:
+            if original := _copied_from(output_dir / name):
+                foreign.append(f"{name} (a copy of {original})")
+            elif unlisted is None:
                 state = "no" if not (output_dir / name / MANIFEST_NAME).is_file() else "an unreadable"
                 foreign.append(f"{name} ({state} {MANIFEST_NAME})")
             else:
@@ -836,6 +846,19 @@ def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
         elif not (_RUN_MARKER.fullmatch(name) or name in published):
             foreign.append(name)
     return foreign
+
+
+def _copied_from(checkpoint: Path) -> str | None:
+    """The name of the checkpoint that `checkpoint` is a copy of, where its manifest records another update than
+    its name says (a user's backup, `cp -a checkpoint-4 checkpoint-2`: hfbert names a checkpoint by its update);
+    None where the two agree or it has no readable manifest."""
+    try:
+        step = read_manifest(checkpoint).get("step")
+    except CheckpointError:
+        return None
+    if not isinstance(step, int) or checkpoint.name == f"{CHECKPOINT_PREFIX}{step}":
+        return None
+    return f"{CHECKPOINT_PREFIX}{step}"
 
 
 def _unlisted_files(checkpoint: Path) -> list[str] | None:

@@ -43,14 +43,17 @@ from hfbert.corpus import describe_documents, load_documents
 from hfbert.corpus_arguments import CorpusArguments, check_output_outside_corpus
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import (
+    FINAL_RECORD,
     RUN_LOCK_NAME,
     WRITE_ERRORS,
     check_local_files,
     check_local_path_exists,
     describe_write_failure,
+    recorded_final_files,
     run_folder_lock,
     running_no_folder_code,
     staged_files,
+    write_json_atomic,
     write_tokenizer,
 )
 from hfbert.flags import RefusingHfArgumentParser
@@ -59,8 +62,10 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """BERT's special tokens; their position is their id, as in Hugging Face's BERT checkpoints."""
 _PARAGRAPHS_PER_BATCH = 1000
 _DOCUMENTS_PER_READ = 256
-# Files that make a folder a saved tokenizer (overwriting one needs no --overwrite_output_dir).
+# Files that make a folder a saved tokenizer (overwriting one hfbert wrote needs no --overwrite_output_dir).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# A saved tokenizer's files, hfbert's or another library's: those train_tokenizer.py would replace or leave beside its own.
+_SAVED_TOKENIZER_FILES = (*_TOKENIZER_FILES, "special_tokens_map.json", "added_tokens.json", "vocab.txt")
 CONTINUING_SUBWORD_PREFIX = "##"
 MAX_WORD_CHARS = 100
 """WordPiece's ``max_input_chars_per_word``: a longer word encodes as [UNK], so training leaves it out."""
@@ -379,8 +384,9 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
 
 
 def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) -> None:
-    """Refuse a run folder (its model goes with its tokenizer) always, and a non-empty ``output_dir`` that is
-    not a saved tokenizer unless ``overwrite_output_dir``."""
+    """Refuse a run folder (its model goes with its tokenizer) always, and unless ``overwrite_output_dir`` a
+    non-empty ``output_dir`` that is not a tokenizer hfbert saved (its ``FINAL_RECORD`` lists every tokenizer file
+    there)."""
     folder = Path(output_dir)
     if folder.exists() and not folder.is_dir():
         raise Refusal(f"--output_dir {folder} is a file; pass a folder path")
@@ -390,6 +396,14 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
         raise Refusal(
             f"--output_dir {folder} holds a pretraining run ({', '.join(found)}): its tokenizer belongs to that model, and "
             "a new one would silently disagree with it; pass another --output_dir"
+        )
+    theirs = [name for name in _SAVED_TOKENIZER_FILES if (folder / name).exists()]
+    theirs = [name for name in theirs if name not in recorded_final_files(folder)]
+    if theirs and not overwrite_output_dir:
+        raise Refusal(
+            f"--output_dir {folder} holds a tokenizer hfbert did not write ({', '.join(sorted(theirs))}), or one an "
+            "hfbert wrote before it recorded its files; pass --overwrite_output_dir to replace it, or another "
+            "--output_dir"
         )
     if (
         folder.is_dir()
@@ -404,11 +418,13 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike) -> None:
-    """``save_pretrained`` staged and published as one set (``hfbert.files.staged_files``): a crash never
-    leaves a half-written tokenizer, and other files in ``output_dir`` are kept."""
+    """``save_pretrained`` staged and published as one set (``hfbert.files.staged_files``), with the record of
+    its files (``FINAL_RECORD``: what a later save may replace): a crash never leaves a half-written tokenizer,
+    and other files in ``output_dir`` are kept."""
     try:
         with staged_files(output_dir, commit_file="tokenizer.json") as staging:
             write_tokenizer(tokenizer, staging)
+            write_json_atomic(staging / FINAL_RECORD, sorted(path.name for path in staging.iterdir()))
     except WRITE_ERRORS as error:
         raise Refusal(
             f"{describe_write_failure(error, output_dir)}; the tokenizer was not saved and the folder's previous "
@@ -431,7 +447,8 @@ class TokenizerTrainingArguments:
     )
     overwrite_output_dir: bool = HfArg(
         default=False,
-        help="Write into a non-empty --output_dir that does not hold a tokenizer (its files are kept).",
+        help="Write into a non-empty --output_dir that holds no tokenizer hfbert wrote (another tokenizer's files "
+        "there are replaced, other files kept).",
     )
 
     def __post_init__(self) -> None:

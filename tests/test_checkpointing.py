@@ -381,10 +381,11 @@ def test_automatic_checkpoint_naming_is_refused(tmp_path):
 
 @pytest.mark.parametrize("previous_output", ["checkpoint-5", "model.safetensors", "config.json"])
 def test_output_dir_of_another_run_is_refused(tmp_path, previous_output):
-    (tmp_path / previous_output).mkdir()
     if previous_output == "checkpoint-5":
+        (tmp_path / previous_output).mkdir()
         _write_manifest(tmp_path / previous_output, 5, 1)
-    else:  # published by a final folder
+    else:  # published by a final folder: a file
+        (tmp_path / previous_output).write_bytes(b"{}")
         (tmp_path / FINAL_RECORD).write_text(json.dumps([previous_output]))
     before = sorted(Path(tmp_path).rglob("*"))
     with pytest.raises(
@@ -1212,3 +1213,28 @@ def test_a_link_or_folder_at_a_published_name_is_the_users(tmp_path, mode):
     (run_dir / "README.md").unlink()
     (run_dir / "samples.md").rmdir()
     check_folder()
+
+
+@pytest.mark.parametrize("copy", ["checkpoint-2", "checkpoint-004"])
+@pytest.mark.parametrize("mode", ["overwrite", "latest", "rotation"])
+def test_a_users_copy_of_a_checkpoint_under_another_number_is_theirs(tmp_path, caplog, mode, copy):
+    """The sixth attack (9c5ba80), G3: a backup `cp -a checkpoint-4 checkpoint-2` (or checkpoint-004) was deleted
+    by rotation and --overwrite_output_dir with no message, though a resume from it is refused (its progress is
+    step 4's): a checkpoint is hfbert's under the name of the step its manifest records only."""
+    save_steps(tmp_path, [4])
+    shutil.copytree(tmp_path / "checkpoint-4", tmp_path / copy)
+    before = listing(tmp_path)
+    if mode == "rotation":
+        with caplog.at_level(logging.WARNING, logger="hfbert.checkpointing"):
+            save_steps(tmp_path, [6, 8], total_limit=1)
+        assert (tmp_path / copy).is_dir()
+        assert caplog.messages[-1] == (
+            f"Kept {copy} beyond --checkpoints_total_limit 1: its manifest records update 4, so it is a copy of "
+            f"checkpoint-4 (hfbert names a checkpoint by its update); rename it (e.g. {copy}-copy) or move it out "
+            "of the folder"
+        )
+        return
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(tmp_path, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite")
+    assert f"{copy} (a copy of checkpoint-4)" in str(refused.value)
+    assert listing(tmp_path) == before

@@ -166,7 +166,7 @@ def test_weights_that_are_no_longer_finite_stop_the_run_before_their_checkpoint_
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     state = SimpleNamespace(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
-                            progress=TrainingProgress(completed_steps=5))  # fmt: skip
+                            progress=TrainingProgress(completed_steps=5), resumed_from=None)  # fmt: skip
     accelerator = Accelerator(cpu=True)
     check_weights_are_finite(accelerator, state, str(tmp_path))
     with torch.no_grad():

@@ -223,6 +223,28 @@ def test_main_refuses_a_foreign_non_empty_folder(tmp_path):
 
 
 
+def test_main_replaces_only_a_tokenizer_it_wrote_itself(tmp_path, monkeypatch):
+    """The sixth attack (9c5ba80), G2: any folder holding a tokenizer.json or tokenizer_config.json was
+    overwritten with no flag and no message, a user's own tokenizer (or a Hub download) included. A retrain into
+    hfbert's own tokenizer folder needs no flag; one of anyone else's needs --overwrite_output_dir."""
+    main(["--vocab_size", "300", "--output_dir", str(tmp_path / "ours")])
+    main(["--vocab_size", "400", "--output_dir", str(tmp_path / "ours")])  # hfbert's own: replaced, no flag
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "ours")) == 400
+    theirs = tmp_path / "theirs"
+    AutoTokenizer.from_pretrained(tmp_path / "ours").save_pretrained(theirs)  # as a user's or the Hub's folder
+    (theirs / "vocab.txt").write_text("[PAD]\n[UNK]\nhello\n")
+    before = {path.name: path.read_bytes() for path in theirs.iterdir()}
+    refuse_to_read_the_corpus(monkeypatch)
+    with pytest.raises(Refusal) as refused:
+        main(["--vocab_size", "300", "--output_dir", str(theirs)])
+    assert str(refused.value) == (
+        f"--output_dir {theirs} holds a tokenizer hfbert did not write (tokenizer.json, tokenizer_config.json, "
+        "vocab.txt), or one an hfbert wrote before it recorded its files; pass --overwrite_output_dir to replace "
+        "it, or another --output_dir"
+    )
+    assert {path.name: path.read_bytes() for path in theirs.iterdir()} == before
+
+
 def test_main_refuses_an_output_dir_inside_the_corpus_folder_before_any_work(tmp_path):
     """Issue 64, item 4: the tokenizer's files would become part of the corpus it was trained on."""
     texts = tmp_path / "texts"

@@ -808,6 +808,26 @@ def test_weights_that_diverge_at_the_last_update_write_no_final_folder(tmp_path,
     assert sorted(path.name for path in output_dir.iterdir()) == ["checkpoint-3"]
 
 
+@pytest.mark.slow
+def test_a_run_resumed_into_a_new_folder_that_diverges_names_the_checkpoint_it_resumed(tmp_path, run_inputs):
+    """The sixth attack (9c5ba80), G6: resumed from another folder's checkpoint-3 into a new --output_dir, a run
+    diverging before its first checkpoint named no finite checkpoint (only the new folder was looked in)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from benchmarks.diverging_pretraining import diverge_after
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    train_in_process(run_args(run_inputs, first, "--max_train_steps", "6", "--checkpointing_steps", "3"))
+    hook = register_optimizer_step_post_hook(diverge_after(2))  # update 5, before the resumed run's checkpoint
+    try:
+        with pytest.raises(RunFailure) as stopped:
+            args = run_args(run_inputs, second, "--max_train_steps", "6", "--checkpointing_steps", "6")
+            train_in_process([*args, "--resume_from_checkpoint", str(first / "checkpoint-3")])
+    finally:
+        hook.remove()
+    assert f"The last checkpoint whose weights are all finite is {first / 'checkpoint-3'} " in str(stopped.value)
+
+
 def test_an_output_dir_that_is_a_file_is_refused_before_any_work(tmp_path, run_inputs):
     output_file = tmp_path / "run"
     output_file.write_text("not a folder")

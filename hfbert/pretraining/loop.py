@@ -164,7 +164,9 @@ def fit(training: Training, eval_loader: DataLoader, callbacks: Callback, output
                 if log_due:  # the interval's row is its one host synchronisation
                     row = training.log_row(training.batches.logged_epoch(epoch))
                     precision = accelerator.mixed_precision  # a non-finite loss names the last finite checkpoint
-                    check_loss_is_finite(row["loss"], precision, update, training.learning_rate, output.output_dir)
+                    check_loss_is_finite(
+                        row["loss"], precision, update, training.learning_rate, output.output_dir, training.resumed_from
+                    )
                     progress.log_history.append(row)
                     callbacks.on_log(row, share)
                 if is_due(update, output.eval_steps):

@@ -198,19 +198,27 @@ class NonFiniteLoss(RunFailure, FloatingPointError):
     infinite."""
 
 
-def diverged(what: str, precision: str, step: int, learning_rate: float, output_dir: str | None) -> NonFiniteLoss:
+def diverged(
+    what: str, precision: str, step: int, learning_rate: float, output_dir: str | None, resumed_from: Path | None
+) -> NonFiniteLoss:
     """The stop of a run whose `what` ("The training loss became nan") happened at `step`: the advice, and the
-    last checkpoint of `output_dir` whose weights are finite."""
+    last checkpoint of `output_dir` (else the one it `resumed_from`) whose weights are finite."""
+    note = "" if output_dir is None else last_finite_checkpoint_note(output_dir, resumed_from)
     return NonFiniteLoss(
         f"{what} at step {step} (learning rate {learning_rate:.3g}, precision {precision}). Resuming would "
         "diverge again, as a resume keeps the learning rate, warmup and clipping: start a new run (a new "
         "--output_dir, or --overwrite_output_dir) with a lower --learning_rate, more --num_warmup_steps or "
-        f"--max_grad_norm > 0.{'' if output_dir is None else last_finite_checkpoint_note(output_dir)}"
+        f"--max_grad_norm > 0.{note}"
     )
 
 
 def check_loss_is_finite(
-    loss: float, precision: str, step: int, learning_rate: float, output_dir: str | None = None
+    loss: float,
+    precision: str,
+    step: int,
+    learning_rate: float,
+    output_dir: str | None = None,
+    resumed_from: Path | None = None,
 ) -> None:
     """Stop with advice on a NaN/inf loss; under fp16 the grad scaler skips such steps, so only warn."""
     if math.isfinite(loss):
@@ -218,7 +226,7 @@ def check_loss_is_finite(
     if precision == "fp16":
         logger.warning(f"Non-finite loss ({loss}) at step {step}: the fp16 grad scaler skips this update.")
         return
-    raise diverged(f"The training loss became {loss}", precision, step, learning_rate, output_dir)
+    raise diverged(f"The training loss became {loss}", precision, step, learning_rate, output_dir, resumed_from)
 
 
 def check_weights_are_finite(accelerator: Accelerator, training: Training, output_dir: str) -> None:
@@ -235,7 +243,8 @@ def check_weights_are_finite(accelerator: Accelerator, training: Training, outpu
     where = next((name for name, parameter in named if not parameter.isfinite().all()), "another process's copy")
     what = f"The weights became non-finite ({where} holds nan or inf; no checkpoint or final folder of them is written)"
     learning_rate = training.optimizer.param_groups[0]["lr"]
-    raise diverged(what, accelerator.mixed_precision, training.progress.completed_steps, learning_rate, output_dir)
+    step = training.progress.completed_steps
+    raise diverged(what, accelerator.mixed_precision, step, learning_rate, output_dir, training.resumed_from)
 
 
 class LogInterval:
@@ -362,6 +371,7 @@ class Training:
         self.compile_time = CompileTime()
         self.interval = LogInterval(self.accelerator.device, self.progress.train_seconds)
         self.clock = time.perf_counter()  # the start of the current stretch of training time
+        self.resumed_from: Path | None = None  # the checkpoint `resume` continued from
 
     def ends_update(self) -> bool:
         """Whether the next micro-batch ends an update: the last of an accumulation, or of this process's epoch
@@ -459,6 +469,7 @@ class Training:
         and the batches' position. Call on every process."""
         self.progress.load_state_dict(load_checkpoint(self.accelerator, checkpoint))
         self.batches.resume(checkpoint, self.accelerator)
+        self.resumed_from = checkpoint
 
 
 def setup_training(
