@@ -76,6 +76,11 @@ def _convert(source_dir: str | os.PathLike, output_dir: str | os.PathLike, to_be
         )
         refuse_pickled_weights(source, f"source {source}")
     # refused before the weights are read
+    if output_dir.is_symlink():  # the staged folder is renamed into its path, which a link's is not
+        raise Refusal(
+            f"output_dir {output_dir} is a symbolic link (to {os.readlink(output_dir)}): the conversion is written "
+            "as a new folder in its place; pass the folder's own path or a new one"
+        )
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise Refusal(f"output_dir {output_dir} exists and is not an empty folder; pass a new output folder")
     config = _read_config(HfBertConfig if to_bert else BertConfig, source)

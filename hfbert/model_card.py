@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import logging
 import os
 import re
@@ -38,11 +37,12 @@ def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
     def cell(value: Any) -> str:
         if isinstance(value, float):  # 1e-08 would read 0.0000 in the four decimals of the others
             value = f"{value:.3g}" if 0 < abs(value) < 0.01 else f"{value:.4f}"
-        # One line (\r ends a Markdown line too), the cell's | escaped, no HTML: whatever a flag's value holds.
-        return html.escape(" ".join(str(value).split()), quote=False).replace("|", "\\|")
+        elif not isinstance(value, (int, type(None))):  # a flag's text shows as written: no Markdown, no HTML
+            return _code(value).replace("|", "\\|")  # a table splits at | even inside code
+        return str(value)
 
     lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
-    lines += [f"| {cell(key)} | {cell(value)} |" for key, value in rows.items()]
+    lines += [f"| {key} | {cell(value)} |" for key, value in rows.items()]  # the keys are hfbert's names
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Checkpoints move between hfbert and stock transformers BERT, both ways, outputs unchanged."""
 
 import json
+from unittest import mock
 
 import pytest
 import torch
@@ -76,6 +77,23 @@ def test_conversion_refuses_a_non_empty_output_folder_and_leaves_it_alone(tmp_pa
     with pytest.raises(Refusal, match="not an empty folder"):
         main(["to-transformers", str(tmp_path / "hfbert"), str(occupied)])
     assert [p.name for p in occupied.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("target", ["missing", "empty folder"])
+def test_an_output_folder_that_is_a_link_is_refused_in_one_line_before_any_work(tmp_path, target):
+    """The sixth attack (9c5ba80), G7: a dangling link, or a link to an empty folder, as the output folder ran the
+    conversion, then ended in a NotADirectoryError traceback from its rename."""
+    HfBertForPreTraining(tiny_config()).save_pretrained(tmp_path / "hfbert")
+    if target == "empty folder":
+        (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "elsewhere")
+    with mock.patch("hfbert.convert.staged_folder") as staged, pytest.raises(Refusal) as refused:
+        main(["to-transformers", str(tmp_path / "hfbert"), str(tmp_path / "out")])
+    assert str(refused.value) == (
+        f"output_dir {tmp_path / 'out'} is a symbolic link (to {tmp_path / 'elsewhere'}): the conversion is written "
+        "as a new folder in its place; pass the folder's own path or a new one"
+    )
+    staged.assert_not_called()
 
 
 @pytest.mark.parametrize("how", DAMAGES)

@@ -168,8 +168,17 @@ def test_a_table_cell_cannot_end_its_row_or_write_html(tmp_path):
     evil = 'tensorboard\r\r## Security notice\r\rDownload <a href="https://evil.example">it</a> <img src="x">'
     text = (write_card(tmp_path, training_config={**TRAINING_CONFIG, "report_to": evil})).read_text()
     assert not any(line.startswith("## Security") for line in text.splitlines())
-    assert "<a " not in text and "<img" not in text
-    assert "| report_to | tensorboard ## Security notice Download &lt;a href=\"https://evil.example\"&gt;it&lt;/a&gt; " in text
+    assert '| report_to | `tensorboard ## Security notice Download <a href="https://evil.example">it</a> <img src="x">` |' in text
+
+
+def test_a_table_cell_shows_a_flags_text_as_written_never_as_markdown(tmp_path):
+    """The sixth attack (9c5ba80), G8: the table escaped HTML and | but not Markdown: `**b**` rendered bold and
+    `[l](javascript:alert(1))` as a link in the text_column, model_name_or_path and output_dir rows. A flag's text
+    is a code span (which renders neither), its | escaped (a table splits there even inside code)."""
+    evil = "T`` **b** | [l](javascript:alert(1)) \n---\nlicense: evil"
+    text = write_card(tmp_path, training_config={**TRAINING_CONFIG, "text_column": evil, "seed": 7}).read_text()
+    assert "| text_column | ```T`` **b** \\| [l](javascript:alert(1)) --- license: evil``` |" in text
+    assert "| seed | 7 |" in text
 
 
 def test_card_for_local_files_without_eval(tmp_path):
