@@ -55,6 +55,9 @@ from hfbert.flags import RefusingHfArgumentParser
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
 MODEL_TYPE = "model type (config.json)"  # what a folder's own code would define, in its refusal
 REPORT_NAME = "inspect.md"
+SIMILARITY_PLOT = "similarity.png"
+# How hfbert's report begins: a folder holding one is an earlier inspection, which a rerun replaces.
+REPORT_HEADING = "# Inside "
 
 
 @dataclass
@@ -196,6 +199,9 @@ def inspect_checkpoint(
     if "fill-mask" in tasks and not 1 <= top_k <= config.vocab_size:
         raise Refusal(f"--top_k {top_k} is out of range; pass a value between 1 and {config.vocab_size}")
 
+    out = folder / "inspect" if output_dir is None else Path(output_dir)
+    names = [REPORT_NAME, *([attention_plot_name(layer, head)] if "attention" in tasks else [])]
+    check_output_folder(out, [*names, *([SIMILARITY_PLOT] if "similarity" in tasks else [])])
     analysis = load_analysis(folder, tokenizer_folder, device)
     text = None if text is None else text.replace(MASK, analysis.tokenizer.mask_token)
     check_inputs_fit(analysis, folder, tasks, text, pair, sentences)
@@ -210,8 +216,30 @@ def inspect_checkpoint(
     if "similarity" in tasks:
         inspection.similarity = analysis.similarity(sentences)
     # Everything is computed: only now touch the disk.
-    write_inspection(inspection, folder / "inspect" if output_dir is None else Path(output_dir))
+    write_inspection(inspection, out)
     return inspection
+
+
+def check_output_folder(out: Path, names: list[str]) -> None:
+    """Refuse to replace files of `names` (what the inspection writes) in `out` unless its report is hfbert's
+    (`REPORT_HEADING` first): a user's files of those names. An earlier inspection's are rewritten (a rerun)."""
+    taken = [name for name in names if (out / name).exists() or (out / name).is_symlink()]
+    report = out / REPORT_NAME
+    if not taken or (report.is_file() and not report.is_symlink() and _begins_with_heading(report)):
+        return
+    raise Refusal(
+        f"--output_dir {out} holds {', '.join(taken)}, which hfbert did not write (no {REPORT_NAME} of hfbert's "
+        "is there) and the inspection would replace: move them out of it, or pass another --output_dir"
+    )
+
+
+def _begins_with_heading(report: Path) -> bool:
+    with report.open("rb") as file:
+        return file.read(len(REPORT_HEADING.encode())) == REPORT_HEADING.encode()
+
+
+def attention_plot_name(layer: int, head: int) -> str:
+    return f"attention_layer{layer}_head{head}.png"
 
 
 def choose_tasks(
@@ -275,7 +303,7 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
     """The plots and ``inspect.md`` of a computed inspection, into `out` (their paths into `inspection.files`)."""
     folder = inspection.checkpoint
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Inside {folder}", "", f"Model: {inspection.model_summary}.", ""]
+    lines = [f"{REPORT_HEADING}{folder}", "", f"Model: {inspection.model_summary}.", ""]
     fill_mask = inspection.fill_mask
     if fill_mask is not None:  # a table per [MASK], numbered where there are several
         lines += ["## Fill-mask", "", f"Text: {code(fill_mask.text)}", ""]
@@ -289,7 +317,7 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
             lines.append("")
     if inspection.attention is not None:
         a = inspection.attention
-        name = f"attention_layer{a.layer}_head{a.head}.png"
+        name = attention_plot_name(a.layer, a.head)
         inspection.files.append(plot_attention(a, out / name, folder.name))
         lines += [
             f"## Attention, layer {a.layer}, head {a.head}",
@@ -302,8 +330,8 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
     if inspection.nsp:
         lines += ["## Next sentence prediction", "", *nsp_lines(inspection.nsp), ""]
     if inspection.similarity is not None:
-        inspection.files.append(plot_similarity(inspection.similarity, out / "similarity.png", folder.name))
-        lines += similarity_section(inspection.similarity, "similarity.png")
+        inspection.files.append(plot_similarity(inspection.similarity, out / SIMILARITY_PLOT, folder.name))
+        lines += similarity_section(inspection.similarity, SIMILARITY_PLOT)
     inspection.files.append(write_text(out / REPORT_NAME, "\n".join(lines).rstrip() + "\n"))
 
 

@@ -1282,3 +1282,23 @@ def test_a_csv_cell_longer_than_the_csv_modules_default_limit_is_read(tmp_path):
     task = load_task(FinetuneDataArguments(train_file=str(train), validation_file=str(train)))
     assert task.train["text"][0] == long_text
     assert csv.field_size_limit() == 131072  # the module's limit is as it was
+
+
+def test_results_of_the_same_name_that_hfbert_did_not_write_are_refused_before_training(tmp_path, folder, topic_files):
+    """The sixth attack (9c5ba80), G4: a user's finetune_results.json (or .png) in --output_dir was replaced by
+    the run's; a rerun into a folder holding hfbert's own results replaces them."""
+    out = tmp_path / "out"
+    with mock.patch("hfbert.finetune.run.finetune_once", return_value=fit_result(0.75)):
+        main(args_for(folder, *topic_files, out, "--seeds", "1"))
+        main(args_for(folder, *topic_files, out, "--seeds", "2"))  # hfbert's own: replaced
+    assert json.loads((out / "finetune_results.json").read_text())["seeds"] == [2]
+    for name, content in [("finetune_results.json", '{"mine": "important"}'), ("finetune_results.png", "mine")]:
+        theirs = tmp_path / f"theirs-{name}"
+        theirs.mkdir()
+        (theirs / name).write_text(content)
+        refused_before_training(
+            args_for(folder, *topic_files, theirs),
+            rf"--output_dir {theirs} holds {name}, which hfbert did not write \(no fine-tuning results of hfbert's "
+            r"are there\): move it out of the folder, or pass another --output_dir",
+        )
+        assert (theirs / name).read_text() == content

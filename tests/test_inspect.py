@@ -382,3 +382,24 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(checkpoint, tm
         "the tokenizer the model was trained with, or save that one into the folder"
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_a_users_file_of_a_name_the_inspection_writes_is_refused(checkpoint, tmp_path):
+    """The sixth attack (9c5ba80), G4: a user's inspect.md in RUN/inspect/ was replaced by the report; a rerun
+    into an earlier inspection's folder replaces it, and other files are kept."""
+    out = tmp_path / "out"
+    inspect_checkpoint(checkpoint, text=TEXT, output_dir=out)
+    inspect_checkpoint(checkpoint, text=TEXT, output_dir=out)  # hfbert's own: replaced
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "inspect.md").write_text("my own analysis")
+    with pytest.raises(Refusal) as refused:
+        inspect_checkpoint(checkpoint, text=TEXT, output_dir=theirs)
+    assert str(refused.value) == (
+        f"--output_dir {theirs} holds inspect.md, which hfbert did not write (no inspect.md of hfbert's is there) "
+        "and the inspection would replace: move them out of it, or pass another --output_dir"
+    )
+    assert [path.name for path in theirs.iterdir()] == ["inspect.md"]
+    (theirs / "inspect.md").rename(theirs / "notes.md")  # other files are kept beside the inspection
+    inspect_checkpoint(checkpoint, text=TEXT, output_dir=theirs)
+    assert (theirs / "notes.md").read_text() == "my own analysis"
