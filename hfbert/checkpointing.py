@@ -308,7 +308,7 @@ def _prune_checkpoints(output_dir: Path, total_limit: int) -> None:
         if original := _copied_from(path):
             logger.warning(
                 f"Kept {path.name} beyond --checkpoints_total_limit {total_limit}: its manifest records update "
-                f"{checkpoint_step(output_dir / original)}, so it is a copy of {original} (hfbert names a checkpoint "
+                f"{original.removeprefix(CHECKPOINT_PREFIX)}, so it is a copy of {original} (hfbert names a checkpoint "
                 f"by its update); rename it (e.g. {path.name}-copy) or move it out of the folder"
             )
             continue
