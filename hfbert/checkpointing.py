@@ -43,6 +43,8 @@ from hfbert.files import (
     FINAL_STAGING,
     RUN_LOCK_NAME,
     WRITE_ERRORS,
+    changed_published_files,
+    changed_since,
     check_readable,
     describe_write_failure,
     holds_tokenizer,
@@ -823,10 +825,12 @@ def _run_folder_names(output_dir: Path) -> list[str]:
 
 def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
     """What of `names` (in `output_dir`) hfbert did not write, as a refusal names it: all but its hidden folders,
-    the files its final folders published (`FINAL_RECORD`; a link or folder at such a name is the user's) and its
+    the files its final folders published (`FINAL_RECORD`; a link, a folder or a file changed since at such a
+    name is the user's) and its
     checkpoints, of which a file the manifest does not list ('checkpoint-8/my_eval.txt') or one without a manifest
     ('checkpoint-7 (no ...)')."""
     published, foreign = recorded_final_files(output_dir), []
+    changed = set(changed_published_files(output_dir, [name for name in names if name in published]))
     for name in names:
         if _CHECKPOINT_NAME.match(name):
             unlisted = _unlisted_files(output_dir / name)
@@ -843,6 +847,8 @@ def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
             foreign.append(f"{name} (a link)")
         elif name in published and (output_dir / name).is_dir():
             foreign.append(f"{name} (a folder)")
+        elif name in changed:
+            foreign.append(f"{name} (changed since hfbert wrote it)")
         elif not (_RUN_MARKER.fullmatch(name) or name in published):
             foreign.append(name)
     return foreign
@@ -877,25 +883,9 @@ def _unlisted_files(checkpoint: Path) -> list[str] | None:
         name = path.relative_to(checkpoint).as_posix()
         if name not in (folders if path.is_dir() and not path.is_symlink() else listed):
             unlisted.append(name)
-        elif name in recorded and _changed_since(path, recorded[name], manifest.stat().st_mtime_ns):
+        elif name in recorded and changed_since(path, recorded[name], manifest.stat().st_mtime_ns):
             unlisted.append(f"{name} (changed since hfbert wrote it)")
     return unlisted
-
-
-# The largest file whose sha256 `_changed_since` takes: the JSON and text a user edits, never the weights.
-_HASHED_EDIT_BYTES = 1 << 20
-
-
-def _changed_since(path: Path, recorded: dict[str, Any], manifest_mtime_ns: int) -> bool:
-    """Whether the listed file `path` was changed after its manifest (written last) was: modified later and no
-    longer as `recorded`. The time tells an edit from a disk's damage (which keeps it) and the record an edit from
-    a copy (`cp -r`: every file newer, none changed)."""
-    stat = path.stat()
-    if path.is_symlink() or stat.st_mtime_ns <= manifest_mtime_ns:
-        return False
-    if stat.st_size != recorded["size"]:
-        return True
-    return stat.st_size <= _HASHED_EDIT_BYTES and sha256_file(path) != recorded["sha256"]
 
 
 def _not_tokenizer_files(output_dir: Path, name: str) -> list[str]:

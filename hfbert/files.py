@@ -188,11 +188,62 @@ def staged_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> I
 
 def recorded_final_files(folder: str | os.PathLike) -> set[str]:
     """The names `FINAL_RECORD` lists in `folder` (none where it is missing or unreadable)."""
+    return set(_final_record(Path(folder)))
+
+
+def _final_record(folder: Path) -> dict[str, Any]:
+    """`FINAL_RECORD` of `folder`: name -> {"size", "sha256"} as published ({} for each name of an older
+    hfbert's record, a list of names); {} where it is missing or unreadable."""
     try:
-        names = json.loads((Path(folder) / FINAL_RECORD).read_text(encoding="utf-8"))
+        record = json.loads((folder / FINAL_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return set()
-    return {name for name in names if isinstance(name, str)} if isinstance(names, list) else set()
+        return {}
+    if isinstance(record, list):
+        return {name: {} for name in record if isinstance(name, str)}
+    return {name: entry for name, entry in record.items() if isinstance(entry, dict)} if isinstance(record, dict) else {}
+
+
+def write_final_record(staging: Path, folder: Path) -> None:
+    """Record in `staging` (to be published into `folder`) what a later save, --overwrite_output_dir or push may
+    replace: each staged file's size and sha256, and what earlier saves published in `folder` that is left."""
+    earlier = {name: entry for name, entry in _final_record(folder).items() if (folder / name).exists()}
+    staged = {
+        path.name: {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        for path in sorted(staging.iterdir())
+        if path.is_file() and path.name != FINAL_RECORD
+    }
+    write_json_atomic(staging / FINAL_RECORD, dict(sorted({**earlier, **staged}.items())))
+
+
+def changed_published_files(folder: str | os.PathLike, names: Iterable[str]) -> list[str]:
+    """Which of `names`, published in `folder` by its `FINAL_RECORD`, were changed since (`changed_since`)."""
+    folder = Path(folder)
+    record = _final_record(folder)
+    try:
+        written_ns = (folder / FINAL_RECORD).stat().st_mtime_ns
+    except OSError:
+        return []
+    return [
+        name
+        for name in names
+        if record.get(name) and (folder / name).is_file() and changed_since(folder / name, record[name], written_ns)
+    ]
+
+
+# The largest file whose sha256 `changed_since` takes: the JSON and text a user edits, never the weights.
+_HASHED_EDIT_BYTES = 1 << 20
+
+
+def changed_since(path: Path, recorded: dict[str, Any], written_ns: int) -> bool:
+    """Whether the file `path`, recorded (`recorded`: its size and sha256) by a record written last at
+    `written_ns`, was changed after it: modified later and no longer as recorded. The time tells an edit from a
+    disk's damage (which keeps it), the record an edit from a copy (`cp -r`: every file newer, none changed)."""
+    stat = path.stat()
+    if path.is_symlink() or stat.st_mtime_ns <= written_ns:
+        return False
+    if stat.st_size != recorded["size"]:
+        return True
+    return stat.st_size <= _HASHED_EDIT_BYTES and sha256_file(path) != recorded["sha256"]
 
 
 def publish_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> bool:

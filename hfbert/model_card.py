@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,14 @@ CURVES_NAME = "training_curves.png"
 CARD_TAGS = ["hfbert", "bert", "fill-mask", "pretraining"]
 # Without these the uploaded folder is not a loadable model; checked before anything touches the network.
 REQUIRED_UPLOAD_FILES = ("config.json", "model.safetensors", MODEL_CARD_NAME)
+# The names an hfbert final folder publishes, for a folder whose FINAL_RECORD is lost: what it holds beside them is
+# the user's.
+FINAL_FOLDER_NAMES = (
+    "README.md", "config.json", "configuration_hfbert.py", "modeling_hfbert.py", "model.safetensors",
+    "model-*-of-*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "vocab.txt", "eval_results.json", "training_args.json", "log_history.json",
+    "run_health.json", "samples.md", "samples_*.png", "training_curves.png",
+)  # fmt: skip
 # Checkpoints, hidden files (temporary files, .tmp-checkpoint-*, caches) and bytecode, at any depth.
 NOT_UPLOADED = [f"{CHECKPOINT_PREFIX}*", ".*", "*/.*", "__pycache__/", "*/__pycache__/"]
 
@@ -276,10 +285,13 @@ Measured on the validation split at the end of training (`eval_results.json`):
 def upload_file_set(folder: str | os.PathLike) -> list[str]:
     """The files of a run folder that `push_to_hub` uploads (relative POSIX paths, sorted): what its final folder
     published, the names its `FINAL_RECORD` lists (model, tokenizer, card, eval results, curves, samples); never
-    checkpoints, temporary or hidden files, nor a file of the user's. A folder finished by an hfbert before that
-    record (7090c6f) uploads every file but checkpoints, temporary and hidden ones."""
+    checkpoints, temporary or hidden files, nor a file of the user's. A folder without that record (lost, or
+    finished by an hfbert before it, 7090c6f) uploads its top-level files of the names final folders publish
+    (`FINAL_FOLDER_NAMES`)."""
     recorded = recorded_final_files(folder)
-    return [name for name in _visible_files(folder) if not recorded or name in recorded]  # hfbert publishes files
+    if not recorded:  # lost (`cp -r run/*` leaves hidden files behind), empty, or from before it existed
+        return [name for name in _visible_files(folder) if any(fnmatch(name, name_of) for name_of in FINAL_FOLDER_NAMES)]
+    return [name for name in _visible_files(folder) if name in recorded]  # hfbert publishes files
 
 
 def _visible_files(folder: str | os.PathLike) -> list[str]:
@@ -320,9 +332,12 @@ def push_to_hub(
         )
     left_out = sorted(set(_visible_files(folder)) - set(files))
     if left_out:
+        why = f"its {FINAL_RECORD} does not list them" if recorded_final_files(folder) else (
+            f"the folder has no {FINAL_RECORD}, and a final folder publishes no file of those names"
+        )
         logger.warning(
-            f"--push_to_hub: not uploading {', '.join(left_out)}: hfbert did not write them (its {FINAL_RECORD} "
-            f"does not list them); if they belong on the Hub, upload them yourself (`hf upload {repo_id} <file>`)"
+            f"--push_to_hub: not uploading {', '.join(left_out)}: hfbert did not write them ({why}); if they "
+            f"belong on the Hub, upload them yourself (`hf upload {repo_id} <file>`)"
         )
     _check_no_links(folder, files)
     try:  # every JSON and safetensors file that would be uploaded: a damaged one is named, nothing uploaded

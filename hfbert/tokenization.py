@@ -43,9 +43,9 @@ from hfbert.corpus import describe_documents, load_documents
 from hfbert.corpus_arguments import CorpusArguments, check_output_outside_corpus
 from hfbert.errors import Refusal, run_cli
 from hfbert.files import (
-    FINAL_RECORD,
     RUN_LOCK_NAME,
     WRITE_ERRORS,
+    changed_published_files,
     check_local_files,
     check_local_path_exists,
     describe_write_failure,
@@ -53,7 +53,7 @@ from hfbert.files import (
     run_folder_lock,
     running_no_folder_code,
     staged_files,
-    write_json_atomic,
+    write_final_record,
     write_tokenizer,
 )
 from hfbert.flags import RefusingHfArgumentParser
@@ -398,7 +398,10 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
             "a new one would silently disagree with it; pass another --output_dir"
         )
     theirs = [name for name in _SAVED_TOKENIZER_FILES if (folder / name).exists()]
-    theirs = [name for name in theirs if name not in recorded_final_files(folder)]
+    recorded = recorded_final_files(folder)
+    theirs = [name for name in theirs if name not in recorded or (folder / name).is_symlink()]
+    changed = changed_published_files(folder, [name for name in _SAVED_TOKENIZER_FILES if name in recorded])
+    theirs += [f"{name} (changed since hfbert wrote it)" for name in changed]
     if theirs and not overwrite_output_dir:
         raise Refusal(
             f"--output_dir {folder} holds a tokenizer hfbert did not write ({', '.join(sorted(theirs))}), or one an "
@@ -424,7 +427,7 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.Path
     try:
         with staged_files(output_dir, commit_file="tokenizer.json") as staging:
             write_tokenizer(tokenizer, staging)
-            write_json_atomic(staging / FINAL_RECORD, sorted(path.name for path in staging.iterdir()))
+            write_final_record(staging, Path(output_dir))
     except WRITE_ERRORS as error:
         raise Refusal(
             f"{describe_write_failure(error, output_dir)}; the tokenizer was not saved and the folder's previous "

@@ -1238,3 +1238,34 @@ def test_a_users_copy_of_a_checkpoint_under_another_number_is_theirs(tmp_path, c
         check_run_folder(tmp_path, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite")
     assert f"{copy} (a copy of checkpoint-4)" in str(refused.value)
     assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "latest"])
+def test_a_published_file_the_user_edited_is_theirs(tmp_path, mode):
+    """The seventh attack (731f08a), B2: the final folder's record held names only, so a README.md the user
+    added notes to was replaced by a resume's final folder and by --overwrite_output_dir, with no message. The
+    record holds each file's size and sha256; one changed after it was written is the user's (as in a
+    checkpoint, F8)."""
+    from hfbert.files import write_final_record
+
+    run_dir = tmp_path / "run"
+    save_steps(run_dir, [2])
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    for name in ("README.md", "config.json"):
+        (staging / name).write_text(f"hfbert's {name}")
+    write_final_record(staging, run_dir)
+    for path in staging.iterdir():
+        shutil.copy2(path, run_dir / path.name)  # published as publish_files moves them: times kept
+    written = (run_dir / FINAL_RECORD).stat().st_mtime_ns
+    check_folder = partial(
+        check_run_folder, run_dir, resume_from_checkpoint="latest" if mode == "latest" else None,
+        overwrite_output_dir=mode == "overwrite",
+    )  # fmt: skip
+    check_folder()
+    (run_dir / "README.md").write_text("hfbert's README.md\n\nMy notes.")
+    os.utime(run_dir / "README.md", ns=(written + 10**9, written + 10**9))
+    with pytest.raises(CheckpointError) as refused:
+        check_folder()
+    assert "README.md (changed since hfbert wrote it)" in str(refused.value)
+    assert "My notes." in (run_dir / "README.md").read_text()

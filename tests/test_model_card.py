@@ -333,4 +333,17 @@ def test_a_push_uploads_nothing_through_a_link_nor_a_folder_at_a_published_name(
     (folder / name).write_bytes(b"{}" if name.endswith(".json") else b"x")
     (folder / "samples.png").mkdir()
     (folder / "samples.png" / "x.txt").write_text("hunter2")
-    assert ("samples.png/x.txt" in upload_file_set(folder)) is not recorded  # an older folder uploads every file
+    assert "samples.png/x.txt" not in upload_file_set(folder)
+
+
+@pytest.mark.parametrize("record", [None, "[]"])
+def test_a_folder_without_its_record_uploads_only_the_names_hfbert_publishes(tmp_path, record):
+    """The seventh attack (731f08a), B3: a folder whose record was lost (`cp -r run/* copy/` leaves the hidden
+    file behind) or empty uploaded every visible file, a user's notes and subfolders included."""
+    folder = make_run_folder(tmp_path)
+    if record is not None:
+        (folder / FINAL_RECORD).write_text(record)
+    for name in ("notes.txt", "private/keys.txt", "my_model.safetensors"):
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_text("mine")
+    assert upload_file_set(folder) == sorted([*FINAL_FILES, "README.md"])

@@ -545,3 +545,24 @@ def test_an_offline_hub_dataset_is_one_line_and_the_users_folder_stays(tmp_path,
     line = refused(["--dataset_name", "x/y", "--output_dir", str(tmp_path / "mine")], capsys)
     assert "--dataset_name x/y is not in the local datasets cache and the Hub is offline" in line
     assert [path.name for path in tmp_path.iterdir()] == ["mine"]
+
+
+@pytest.mark.parametrize("change", ["edited", "linked"])
+def test_a_tokenizer_file_changed_since_hfbert_wrote_it_is_the_users(tmp_path, monkeypatch, change):
+    """The seventh attack (731f08a), B1: hfbert's own tokenizer folder was judged by its file names, so a
+    tokenizer.json the user edited (a token added), or a link put at its name, was replaced by a retrain."""
+    main(["--vocab_size", "300", "--output_dir", str(tmp_path / "tok")])
+    tokenizer_json = tmp_path / "tok" / "tokenizer.json"
+    written = (tmp_path / "tok" / ".hfbert-final-files.json").stat().st_mtime_ns
+    if change == "edited":
+        tokenizer_json.write_text(tokenizer_json.read_text().replace('"[MASK]"', '"[MASK]", "mine"', 1))
+    else:
+        (tmp_path / "mine.json").write_bytes(tokenizer_json.read_bytes())
+        tokenizer_json.unlink()
+        tokenizer_json.symlink_to(tmp_path / "mine.json")
+    os.utime(tokenizer_json, ns=(written + 10**9, written + 10**9), follow_symlinks=change == "edited")
+    before = tokenizer_json.read_bytes()
+    refuse_to_read_the_corpus(monkeypatch)
+    with pytest.raises(Refusal, match=r"holds a tokenizer hfbert did not write \(tokenizer.json"):
+        main(["--vocab_size", "300", "--output_dir", str(tmp_path / "tok")])
+    assert tokenizer_json.read_bytes() == before and tokenizer_json.is_symlink() == (change == "linked")

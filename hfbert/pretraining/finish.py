@@ -23,7 +23,7 @@ from hfbert.checkpointing import (
     TRAINING_ARGS_NAME,
     write_on_every_process,
 )
-from hfbert.files import FINAL_RECORD, recorded_final_files, staged_files, write_json_atomic, write_tokenizer
+from hfbert.files import staged_files, write_final_record, write_json_atomic, write_tokenizer
 from hfbert.model_card import CURVES_NAME, MODEL_CARD_NAME, build_model_card, push_to_hub
 from hfbert.plotting import plot_training_curves
 from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
@@ -85,9 +85,7 @@ def write_final_folder(
             hub_model_id=output.hub_model_id,
         )
         card.save(staging / MODEL_CARD_NAME)  # staged: published with the rest of the folder
-        # What a later --overwrite_output_dir may replace: this set, and what earlier runs published that is left.
-        earlier = {name for name in recorded_final_files(output_dir) if (output_dir / name).exists()}
-        write_json_atomic(staging / FINAL_RECORD, sorted({path.name for path in staging.iterdir()} | earlier))
+        write_final_record(staging, Path(output_dir))  # what a later save or --overwrite_output_dir may replace
     return FinalFolder(output_dir, staged.fill_mask)
 
 
