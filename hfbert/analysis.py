@@ -19,6 +19,7 @@ from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 import hfbert  # noqa: F401  (registers model_type "hfbert" with the Auto classes)
 from hfbert.files import atomic_path
+from hfbert.markdown import cell, code
 from hfbert.plotting import plt, save_figure  # pyplot, with the headless backend chosen
 
 # How a text given to fill-mask marks a word to predict (replaced by the tokenizer's own mask token).
@@ -210,18 +211,10 @@ def plot_similarity(result: SimilarityResult, path: Path, title: str) -> Path:
     return save_figure(figure, path, **SAVEFIG)
 
 
-def cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def code(text: str) -> str:
-    return f"`{text}`" if "`" not in text else f"`` {text} ``"
-
-
 def similarity_section(result: SimilarityResult, image: str) -> list[str]:
     """The markdown section of a similarity result: the sentences, both tables and the plot saved as `image`."""
     n = len(result.sentences)
-    lines = ["## Sentence similarity", "", *(f"- s{i + 1}: {cell(s)}" for i, s in enumerate(result.sentences))]
+    lines = ["## Sentence similarity", "", *(f"- s{i + 1}: {code(s)}" for i, s in enumerate(result.sentences))]
     for name, matrix in (("[CLS] vector", result.cls), ("mean-pooled (non-padding tokens)", result.mean)):
         lines += ["", f"Cosine similarity, {name}:", ""]
         lines.append("| | " + " | ".join(f"s{j + 1}" for j in range(n)) + " |")

@@ -31,7 +31,6 @@ from hfbert.analysis import (
     ModelAnalysis,
     NspResult,
     SimilarityResult,
-    code,
     nsp_lines,
     plot_attention,
     plot_similarity,
@@ -51,6 +50,7 @@ from hfbert.files import (
     running_no_folder_code,
 )
 from hfbert.flags import RefusingHfArgumentParser
+from hfbert.markdown import code
 
 TASKS = ("attention", "fill-mask", "nsp", "similarity")
 MODEL_TYPE = "model type (config.json)"  # what a folder's own code would define, in its refusal

@@ -22,6 +22,7 @@ from hfbert.files import (
     check_readable,
     recorded_final_files,
 )
+from hfbert.markdown import cell, code
 
 MODEL_CARD_NAME = "README.md"
 CURVES_NAME = "training_curves.png"
@@ -43,25 +44,16 @@ logger = logging.getLogger(__name__)
 
 
 def _table(rows: dict[str, Any], header: tuple[str, str]) -> str:
-    def cell(value: Any) -> str:
+    def table_cell(value: Any) -> str:
         if isinstance(value, float):  # 1e-08 would read 0.0000 in the four decimals of the others
             value = f"{value:.3g}" if 0 < abs(value) < 0.01 else f"{value:.4f}"
         elif not isinstance(value, (int, type(None))):  # a flag's text shows as written: no Markdown, no HTML
-            return _code(value).replace("|", "\\|")  # a table splits at | even inside code
+            return cell(value)
         return str(value)
 
     lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
-    lines += [f"| {key} | {cell(value)} |" for key, value in rows.items()]  # the keys are hfbert's names
+    lines += [f"| {key} | {table_cell(value)} |" for key, value in rows.items()]  # the keys are hfbert's names
     return "\n".join(lines)
-
-
-def _code(value: Any) -> str:
-    """`value` as one Markdown code span, whatever it holds: its whitespace runs (newlines, a blank line that would
-    end the paragraph) as one space, fenced by more backticks than its longest run of them."""
-    text = " ".join(str(value).split())
-    fence = "`" * (max(map(len, re.findall(r"`+", text)), default=0) + 1)
-    padding = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{padding}{text}{padding}{fence}"
 
 
 def _metric_values(eval_results: dict[str, Any]) -> dict[str, float]:
@@ -145,16 +137,16 @@ def build_model_card(
 def corpus_description(dataset_name: str | None, dataset_config_name: str | None, training_config: dict[str, Any]) -> str:
     """The card's words for where the training text came from: a Hub dataset, a local dataset folder, local
     files (--train_file) or, with none of them, the sample shipped with hfbert."""
-    configuration = f" (configuration {_code(dataset_config_name)})" if dataset_config_name else ""
+    configuration = f" (configuration {code(dataset_config_name)})" if dataset_config_name else ""
     if dataset_name and _is_hub_id(dataset_name):
-        return f"the Hub dataset [{_code(dataset_name)}](https://huggingface.co/datasets/{dataset_name}){configuration}"
+        return f"the Hub dataset [{code(dataset_name)}](https://huggingface.co/datasets/{dataset_name}){configuration}"
     if dataset_name:
-        return f"the local dataset folder {_code(dataset_name)}{configuration}"
+        return f"the local dataset folder {code(dataset_name)}{configuration}"
     if training_config.get("train_file"):
         validation = training_config.get("validation_file")
         files = "files" if is_file_collection(training_config["train_file"]) else "file"
-        return f"the local {files} {_code(training_config['train_file'])}" + (
-            f" (validation: {_code(validation)})" if validation else ""
+        return f"the local {files} {code(training_config['train_file'])}" + (
+            f" (validation: {code(validation)})" if validation else ""
         )
     return (
         "the WikiText-2 sample shipped with hfbert (articles of "
@@ -247,7 +239,7 @@ def card_body(
     """The card's markdown below the metadata: what the model is, how to load it (from `hub_model_id`, else
     `model_name`), its numbers and config."""
     base_model = training_config.get("model_name_or_path")  # the weights the run started from, if any
-    start = f"from {_code(base_model)}" if base_model else "from scratch"
+    start = f"from {code(base_model)}" if base_model else "from scratch"
     objectives = _OBJECTIVES[training_config.get("objective", "mlm+nsp")]
     eval_section = (
         _table(metrics, ("metric", "value")) if metrics else "No evaluation was run (no validation split)."

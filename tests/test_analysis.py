@@ -30,3 +30,17 @@ def test_weights_without_a_head_say_so(sample_tokenizer):
     masked_lm = HfBertForMaskedLM(tiny_config())
     analysis = ModelAnalysis.of_weights(masked_lm.config, masked_lm.state_dict(), sample_tokenizer)
     assert analysis.has_mlm_head and not analysis.has_nsp_head
+
+
+def test_corpus_text_in_the_reports_shows_as_written_never_as_markdown_or_html():
+    """The seventh attack (731f08a), B5: samples.md (pushed, linked from the card) held validation sentences raw
+    in the NSP table and the similarity list, and the fill-mask code span was always fenced by two backticks, so
+    a sentence holding `` closed it early: an image tag, a link and bold text rendered."""
+    from hfbert.analysis import NspResult, SimilarityResult, nsp_lines, similarity_section
+    from hfbert.markdown import code
+
+    evil = "the best `` <img src=x onerror=alert(1)> [click here](http://evil.example) **LOUD** | `` end ."
+    assert code(evil) == f"```{evil}```"  # a fence longer than any run of backticks inside
+    assert nsp_lines([NspResult(evil, "b", 0.5)])[-1] == f"| {code(evil).replace('|', chr(92) + '|')} | `b` | 0.500 |"
+    similarity = similarity_section(SimilarityResult([evil, "b"], [[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]), "s.png")
+    assert f"- s1: {code(evil)}" in similarity

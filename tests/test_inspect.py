@@ -260,7 +260,7 @@ def test_write_samples(checkpoint, tmp_path):
         assert heading in text
     assert text.count("[MASK]") >= 4 and text.count("true word **") == 4  # one masked word per sentence
     # Frequent words, a different one per sentence where possible: the, of, and, in ...
-    assert "true word **the**" in text and "true word **in**" in text
+    assert "true word **`the`**" in text and "true word **`in`**" in text
     assert "| real (B is the next sentence) |" in text and "| random (B is another document) |" in text
     assert "![cosine similarity](samples_similarity.png)" in text
     for name in ("samples_similarity.png", "samples_attention.png"):

@@ -12,7 +12,6 @@ from typing import Any
 from hfbert.analysis import (
     MASK,
     ModelAnalysis,
-    code,
     nsp_lines,
     plot_attention,
     plot_similarity,
@@ -20,6 +19,7 @@ from hfbert.analysis import (
     write_text,
 )
 from hfbert.errors import Refusal
+from hfbert.markdown import code
 from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
 
 SAMPLES_NAME = "samples.md"
@@ -153,12 +153,12 @@ def fill_mask_section(analysis: ModelAnalysis, sentences: Sequence[str], top_k: 
         cells = []
         for p, hit in zip(predictions, hits, strict=True):
             word = p["token_str"].strip()
-            cells.append(f"**{word}** {p['score']:.3f}" if hit else f"{word} {p['score']:.3f}")
+            cells.append(f"**{code(word)}** {p['score']:.3f}" if hit else f"{code(word)} {p['score']:.3f}")
         if any(hits):
-            verdict = f"true word **{true_token}** is number {hits.index(True) + 1} of the top {top_k}"
+            verdict = f"true word **{code(true_token)}** is number {hits.index(True) + 1} of the top {top_k}"
         else:
             score = analysis.fill_mask_pipeline(text, targets=[true_token], top_k=1)[0]["score"]
-            verdict = f"true word **{true_token}** is not in the top {top_k} (probability {score:.3f})"
+            verdict = f"true word **{code(true_token)}** is not in the top {top_k} (probability {score:.3f})"
         lines += [f"{len(used)}. {code(masked)}: {verdict}", "", f"   top {top_k}: " + " · ".join(cells), ""]
         if len(used) == limit:
             break
