@@ -215,6 +215,18 @@ def write_final_record(staging: Path, folder: Path) -> None:
     write_json_atomic(staging / FINAL_RECORD, dict(sorted({**earlier, **staged}.items())))
 
 
+def not_as_published(folder: str | os.PathLike, names: Iterable[str]) -> list[str]:
+    """Which of `names` in `folder` are not, byte for byte, the files its `FINAL_RECORD` records (size, then
+    sha256; names an older record lists without them are taken as they are)."""
+    folder, record = Path(folder), _final_record(Path(folder))
+    return [
+        name
+        for name in names
+        if record.get(name)
+        and ((folder / name).stat().st_size != record[name]["size"] or sha256_file(folder / name) != record[name]["sha256"])
+    ]
+
+
 def changed_published_files(folder: str | os.PathLike, names: Iterable[str]) -> list[str]:
     """Which of `names`, published in `folder` by its `FINAL_RECORD`, were changed since (`changed_since`)."""
     folder = Path(folder)

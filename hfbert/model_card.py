@@ -20,6 +20,7 @@ from hfbert.files import (
     FINAL_FOLDER_FIX,
     FINAL_RECORD,
     check_readable,
+    not_as_published,
     recorded_final_files,
 )
 from hfbert.markdown import cell, code
@@ -332,6 +333,13 @@ def push_to_hub(
             f"belong on the Hub, upload them yourself (`hf upload {repo_id} <file>`)"
         )
     _check_no_links(folder, files)
+    changed = not_as_published(folder, [name for name in files if name != MODEL_CARD_NAME])  # users edit the card
+    if changed:  # e.g. a hard link to a file from outside the folder at a published name
+        raise Refusal(
+            f"--push_to_hub: nothing was uploaded: {folder / changed[0]} is not the file the run published there "
+            f"(another size or sha256 than its {FINAL_RECORD} records): put back the run's file, or leave it out of "
+            f"the folder and upload it yourself (`hf upload {repo_id} <file>`)"
+        )
     try:  # every JSON and safetensors file that would be uploaded: a damaged one is named, nothing uploaded
         check_readable((folder / name for name in files), FINAL_FOLDER_FIX)
     except ValueError as error:

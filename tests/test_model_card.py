@@ -1,5 +1,6 @@
 import json
 import logging
+import os
 from unittest import mock
 
 import pytest
@@ -347,3 +348,27 @@ def test_a_folder_without_its_record_uploads_only_the_names_hfbert_publishes(tmp
         (folder / name).parent.mkdir(exist_ok=True)
         (folder / name).write_text("mine")
     assert upload_file_set(folder) == sorted([*FINAL_FILES, "README.md"])
+
+
+def test_a_push_uploads_only_the_bytes_the_final_folder_published_but_the_card(tmp_path):
+    """The seventh attack (731f08a), B4: samples.md replaced by a hard link to a secret outside the folder was
+    uploaded (a symbolic link is refused, a hard link is a plain file). Every file but the card, which users edit
+    before a push, must be as the final folder's record has it."""
+    from hfbert.files import write_final_record
+
+    (tmp_path / "run").mkdir()
+    folder = make_run_folder(tmp_path / "run")
+    (folder / "samples.md").write_text("hfbert's samples")
+    write_final_record(folder, folder)
+    (tmp_path / "secret.txt").write_text("hunter2")
+    (folder / "samples.md").unlink()
+    os.link(tmp_path / "secret.txt", folder / "samples.md")
+    (folder / "README.md").write_text((folder / "README.md").read_text() + "\nMy own words about the model.\n")
+    with mock.patch.object(HfApi, "create_repo") as create_repo, pytest.raises(Refusal) as refused:
+        push_to_hub(folder, "someone/hfbert-tiny")
+    assert str(refused.value) == (
+        f"--push_to_hub: nothing was uploaded: {folder / 'samples.md'} is not the file the run published there "
+        f"(another size or sha256 than its {FINAL_RECORD} records): put back the run's file, or leave it out of "
+        "the folder and upload it yourself (`hf upload someone/hfbert-tiny <file>`)"
+    )
+    create_repo.assert_not_called()
