@@ -221,21 +221,30 @@ def inspect_checkpoint(
 
 
 def check_output_folder(out: Path, names: list[str]) -> None:
-    """Refuse to replace files of `names` (what the inspection writes) in `out` unless its report is hfbert's
-    (`REPORT_HEADING` first): a user's files of those names. An earlier inspection's are rewritten (a rerun)."""
-    taken = [name for name in names if (out / name).exists() or (out / name).is_symlink()]
+    """Refuse to replace files of `names` (what the inspection writes) in `out` that an earlier report of
+    hfbert's (`REPORT_HEADING` first) there is not, or does not show: a user's files of those names. An earlier
+    inspection's are rewritten (a rerun)."""
     report = out / REPORT_NAME
-    if not taken or (report.is_file() and not report.is_symlink() and _begins_with_heading(report)):
-        return
-    raise Refusal(
-        f"--output_dir {out} holds {', '.join(taken)}, which hfbert did not write (no {REPORT_NAME} of hfbert's "
-        "is there) and the inspection would replace: move them out of it, or pass another --output_dir"
-    )
+    earlier = _earlier_report(report)
+    theirs = [
+        name
+        for name in names
+        if ((out / name).exists() or (out / name).is_symlink())
+        and (earlier is None or (name != REPORT_NAME and f"]({name})" not in earlier))
+    ]
+    if theirs:
+        raise Refusal(
+            f"--output_dir {out} holds {', '.join(theirs)}, which hfbert did not write (no {REPORT_NAME} of hfbert's "
+            "there shows it) and the inspection would replace: move them out of it, or pass another --output_dir"
+        )
 
 
-def _begins_with_heading(report: Path) -> bool:
-    with report.open("rb") as file:
-        return file.read(len(REPORT_HEADING.encode())) == REPORT_HEADING.encode()
+def _earlier_report(report: Path) -> str | None:
+    """The text of an earlier inspection's report at `report`, or None where there is none of hfbert's."""
+    if not report.is_file() or report.is_symlink():
+        return None
+    text = report.read_bytes().decode("utf-8", "replace")
+    return text if text.startswith(REPORT_HEADING) else None
 
 
 def attention_plot_name(layer: int, head: int) -> str:

@@ -396,10 +396,18 @@ def test_a_users_file_of_a_name_the_inspection_writes_is_refused(checkpoint, tmp
     with pytest.raises(Refusal) as refused:
         inspect_checkpoint(checkpoint, text=TEXT, output_dir=theirs)
     assert str(refused.value) == (
-        f"--output_dir {theirs} holds inspect.md, which hfbert did not write (no inspect.md of hfbert's is there) "
-        "and the inspection would replace: move them out of it, or pass another --output_dir"
+        f"--output_dir {theirs} holds inspect.md, which hfbert did not write (no inspect.md of hfbert's there "
+        "shows it) and the inspection would replace: move them out of it, or pass another --output_dir"
     )
     assert [path.name for path in theirs.iterdir()] == ["inspect.md"]
     (theirs / "inspect.md").rename(theirs / "notes.md")  # other files are kept beside the inspection
     inspect_checkpoint(checkpoint, text=TEXT, output_dir=theirs)
     assert (theirs / "notes.md").read_text() == "my own analysis"
+    # The seventh attack (731f08a), B6: a user's attention_layer0_head0.png beside an earlier report of layer 1
+    # was replaced by a rerun at layer 0: only what the earlier report shows is hfbert's.
+    inspect_checkpoint(checkpoint, text=TEXT, output_dir=theirs, layer=1)
+    (theirs / "attention_layer0_head0.png").unlink(missing_ok=True)
+    (theirs / "attention_layer0_head0.png").write_text("mine")
+    with pytest.raises(Refusal, match=r"holds attention_layer0_head0.png, which hfbert did not write"):
+        inspect_checkpoint(checkpoint, text=TEXT, output_dir=theirs, layer=0)
+    assert (theirs / "attention_layer0_head0.png").read_text() == "mine"
