@@ -434,11 +434,16 @@ def holds_weights(folder: str | os.PathLike) -> bool:
 
 
 def refuse_pickled_weights(folder: str | os.PathLike, where: str) -> None:
-    """Refuse a folder whose weights are a pickle only (`PICKLED_WEIGHT_FILES`, no safetensors beside them):
-    transformers' loader unpickles it (torch's restricted unpickler, whose refusals are tracebacks), and
-    unpickling a hostile file can run its code. Every command that loads weights asks this first."""
+    """Refuse a folder whose weights are a pickle only (`PICKLED_WEIGHT_FILES`, no safetensors beside them), or
+    whose safetensors index names a shard that is no safetensors file in it: transformers' loader unpickles such a
+    file (torch's restricted unpickler, whose refusals are tracebacks), and unpickling a hostile file can run its
+    code. Every command that loads weights asks this first."""
     folder = Path(folder)
-    if any((folder / name).is_file() for name in SAFETENSORS_WEIGHT_FILES):
+    if (folder / "model.safetensors").is_file():
+        return
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        _refuse_unsafe_shards(index, where)
         return
     pickled = next((name for name in PICKLED_WEIGHT_FILES if (folder / name).is_file()), None)
     if pickled is not None:
@@ -447,6 +452,23 @@ def refuse_pickled_weights(folder: str | os.PathLike, where: str) -> None:
             "unpickling a file can run any code it holds; convert it to model.safetensors where you trust it "
             "(from_pretrained with the model's class, then save_pretrained), or download the model's safetensors"
         )
+
+
+def _refuse_unsafe_shards(index: Path, where: str) -> None:
+    """A safetensors index whose weight_map names a shard that is no safetensors file in its folder (a pickle,
+    which transformers' loader would unpickle, or a path out of the folder) is refused, naming it."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # unreadable: transformers refuses it, and no shard is named to load
+    for shard in shards:
+        if not isinstance(shard, str) or not shard.endswith(".safetensors") or Path(shard).name != shard:
+            raise Refusal(
+                f"{where}: its {index.name} names {shard} as a weight shard, which is no safetensors file beside "
+                "it: hfbert loads weights only from safetensors files in the folder; download the model's "
+                "safetensors shards, or save it again with save_pretrained where you trust it"
+            )
 
 
 def holds_model(folder: str | os.PathLike) -> bool:

@@ -4,6 +4,7 @@ handed over, and the lock of one run per folder."""
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -401,6 +402,22 @@ def test_a_folder_whose_weights_are_only_a_pickle_is_refused_naming_the_safetens
     )
     (tmp_path / "model.safetensors").write_bytes(b"")  # beside safetensors, the pickle is never read
     refuse_pickled_weights(tmp_path, "--flag x")
+
+
+@pytest.mark.parametrize("shard", ["evil.bin", "../outside.safetensors", "sub/model.safetensors"])
+def test_a_safetensors_index_naming_a_pickle_or_a_file_outside_the_folder_is_refused(tmp_path, shard):
+    """The eighth attack (2b53043), K1: a model.safetensors.index.json whose weight_map named a torch.save shard
+    (evil.bin) passed the pickle check, and transformers unpickled the shard (weights_only)."""
+    (tmp_path / "config.json").write_text("{}")
+    index = {"metadata": {}, "weight_map": {"a.weight": "model-00001-of-00002.safetensors", "b.weight": shard}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(Refusal) as error:
+        refuse_pickled_weights(tmp_path, "--flag x")
+    assert str(error.value) == (
+        f"--flag x: its model.safetensors.index.json names {shard} as a weight shard, which is no safetensors "
+        "file beside it: hfbert loads weights only from safetensors files in the folder; download the model's "
+        "safetensors shards, or save it again with save_pretrained where you trust it"
+    )
 
 
 # ----------------------------------------------------------------------------------------------- one run per folder
