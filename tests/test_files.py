@@ -418,6 +418,9 @@ def test_a_safetensors_index_naming_a_pickle_or_a_file_outside_the_folder_is_ref
         "file beside it: hfbert loads weights only from safetensors files in the folder; download the model's "
         "safetensors shards, or save it again with save_pretrained where you trust it"
     )
+    index["weight_map"]["b.weight"] = "model-00002-of-00002.safetensors"  # as save_pretrained shards: passes
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    refuse_pickled_weights(tmp_path, "--flag x")
 
 
 # ----------------------------------------------------------------------------------------------- one run per folder
