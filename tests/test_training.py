@@ -1420,3 +1420,19 @@ def test_cuda_graphs_train_evaluate_checkpoint_and_resume_as_the_default_compile
         weights = final_weights(other)
         for name, tensor in final_weights(graphs).items():
             assert_close(weights[name], tensor, rtol=2e-3, atol=2e-3, msg=f"{other.name}: {name}")
+
+
+def test_every_file_a_final_folder_publishes_is_recorded_byte_for_byte_and_named_for_a_lost_record(finished_run):
+    """The record (`FINAL_RECORD`) holds each published file's size and sha256 (what a push uploads and a resume
+    may replace), and `FINAL_FOLDER_NAMES` (what a folder whose record was lost pushes) names every one of them:
+    the list is kept by the final folder itself."""
+    from fnmatch import fnmatch
+
+    from hfbert.files import FINAL_RECORD, not_as_published, recorded_final_files
+    from hfbert.model_card import FINAL_FOLDER_NAMES
+
+    record = json.loads((finished_run / FINAL_RECORD).read_text())
+    assert set(record) == recorded_final_files(finished_run) and {"model.safetensors", "README.md"} <= set(record)
+    assert all(set(entry) == {"size", "sha256"} for entry in record.values())
+    assert not_as_published(finished_run, record) == []
+    assert [name for name in record if not any(fnmatch(name, pattern) for pattern in FINAL_FOLDER_NAMES)] == []
