@@ -188,27 +188,27 @@ def staged_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> I
 
 def recorded_final_files(folder: str | os.PathLike) -> set[str]:
     """The names `FINAL_RECORD` lists in `folder` (none where it is missing or unreadable)."""
-    return set(_final_record(Path(folder)))
+    return set(_read_record(Path(folder) / FINAL_RECORD))
 
 
-def _final_record(folder: Path) -> dict[str, Any]:
-    """`FINAL_RECORD` of `folder`: name -> {"size", "sha256"} as published ({} for each name of an older
-    hfbert's record, a list of names); {} where it is missing or unreadable."""
-    try:
-        record = json.loads((folder / FINAL_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if isinstance(record, list):
-        return {name: {} for name in record if isinstance(name, str)}
-    return {name: entry for name, entry in record.items() if isinstance(entry, dict)} if isinstance(record, dict) else {}
+def _recorded_entry(path: Path) -> dict[str, Any]:
+    """What a record holds of the file `path`: its size and sha256."""
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def _as_recorded(path: Path, entry: dict[str, Any] | None) -> bool:
+    """Whether `path` is a plain file, byte for byte the one `entry` (`_recorded_entry`; None: unrecorded) holds."""
+    if not entry or path.is_symlink() or not path.is_file():
+        return False
+    return path.stat().st_size == entry.get("size") and sha256_file(path) == entry.get("sha256")
 
 
 def write_final_record(staging: Path, folder: Path) -> None:
     """Record in `staging` (to be published into `folder`) what a later save, --overwrite_output_dir or push may
     replace: each staged file's size and sha256, and what earlier saves published in `folder` that is left."""
-    earlier = {name: entry for name, entry in _final_record(folder).items() if (folder / name).exists()}
+    earlier = {name: entry for name, entry in _read_record(folder / FINAL_RECORD).items() if (folder / name).exists()}
     staged = {
-        path.name: {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        path.name: _recorded_entry(path)
         for path in sorted(staging.iterdir())
         if path.is_file() and path.name != FINAL_RECORD
     }
@@ -218,19 +218,58 @@ def write_final_record(staging: Path, folder: Path) -> None:
 def not_as_published(folder: str | os.PathLike, names: Iterable[str]) -> list[str]:
     """Which of `names` in `folder` are not, byte for byte, the files its `FINAL_RECORD` records (size, then
     sha256; names an older record lists without them are taken as they are)."""
-    folder, record = Path(folder), _final_record(Path(folder))
-    return [
+    folder, record = Path(folder), _read_record(Path(folder) / FINAL_RECORD)
+    return [name for name in names if record.get(name) and not _as_recorded(folder / name, record[name])]
+
+
+# The record of the reports and results that hfbert's tools (inspect, finetune) wrote in a folder: what a rerun
+# may replace. Hidden, so never pushed; a user's file, or hfbert's edited since, is not as recorded.
+REPORTS_RECORD = ".hfbert-reports.json"
+
+
+def check_reports_replaceable(folder: Path, names: Iterable[str], flag: str, writer: str) -> None:
+    """Refuse, before any work, to let `writer` ("the inspection") replace files of `names` in `folder` that are
+    not as `REPORTS_RECORD` records them: a user's file of that name, a link, or hfbert's own edited since."""
+    record = _read_record(folder / REPORTS_RECORD)
+    theirs = [
         name
         for name in names
-        if record.get(name)
-        and ((folder / name).stat().st_size != record[name]["size"] or sha256_file(folder / name) != record[name]["sha256"])
+        if ((folder / name).exists() or (folder / name).is_symlink()) and not _as_recorded(folder / name, record.get(name))
     ]
+    if theirs:
+        raise Refusal(
+            f"{flag} {folder} holds {', '.join(theirs)}, which {writer} would replace and which hfbert did not "
+            f"write as {'they are' if len(theirs) > 1 else 'it is'} (a file of yours, or one changed since: "
+            f"{REPORTS_RECORD} there records what hfbert wrote): move {'them' if len(theirs) > 1 else 'it'} out of "
+            "the folder, or pass another --output_dir"
+        )
+
+
+def record_reports(folder: Path, paths: Iterable[Path]) -> None:
+    """Add the files `paths` (just written in `folder`) to its `REPORTS_RECORD`, keeping entries of files still
+    there as recorded."""
+    record = _read_record(folder / REPORTS_RECORD)
+    kept = {name: entry for name, entry in record.items() if _as_recorded(folder / name, entry)}
+    written = {path.name: _recorded_entry(path) for path in paths}
+    write_json_atomic(folder / REPORTS_RECORD, dict(sorted({**kept, **written}.items())))
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """A record of files at `path` (`FINAL_RECORD`, `REPORTS_RECORD`): name -> `_recorded_entry` ({} for each name
+    of an older hfbert's names-only record, a list); {} where it is missing, unreadable or not one."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if isinstance(record, list):
+        return {name: {} for name in record if isinstance(name, str)}
+    return {name: entry for name, entry in record.items() if isinstance(entry, dict)} if isinstance(record, dict) else {}
 
 
 def changed_published_files(folder: str | os.PathLike, names: Iterable[str]) -> list[str]:
     """Which of `names`, published in `folder` by its `FINAL_RECORD`, were changed since (`changed_since`)."""
     folder = Path(folder)
-    record = _final_record(folder)
+    record = _read_record(folder / FINAL_RECORD)
     try:
         written_ns = (folder / FINAL_RECORD).stat().st_mtime_ns
     except OSError:
@@ -238,7 +277,7 @@ def changed_published_files(folder: str | os.PathLike, names: Iterable[str]) -> 
     return [
         name
         for name in names
-        if record.get(name) and (folder / name).is_file() and changed_since(folder / name, record[name], written_ns)
+        if name in record and (folder / name).is_file() and changed_since(folder / name, record[name], written_ns)
     ]
 
 
@@ -249,13 +288,15 @@ _HASHED_EDIT_BYTES = 1 << 20
 def changed_since(path: Path, recorded: dict[str, Any], written_ns: int) -> bool:
     """Whether the file `path`, recorded (`recorded`: its size and sha256) by a record written last at
     `written_ns`, was changed after it: modified later and no longer as recorded. The time tells an edit from a
-    disk's damage (which keeps it), the record an edit from a copy (`cp -r`: every file newer, none changed)."""
+    disk's damage (which keeps it), the record an edit from a copy (`cp -r`: every file newer, none changed).
+    A names-only record (an older hfbert's, `recorded` is {}) cannot tell an edit from a copy: modified later is
+    changed, and the user moves or deletes the file if it is a copy's."""
     stat = path.stat()
     if path.is_symlink() or stat.st_mtime_ns <= written_ns:
         return False
-    if stat.st_size != recorded["size"]:
+    if "size" not in recorded or stat.st_size != recorded["size"]:
         return True
-    return stat.st_size <= _HASHED_EDIT_BYTES and sha256_file(path) != recorded["sha256"]
+    return stat.st_size <= _HASHED_EDIT_BYTES and sha256_file(path) != recorded.get("sha256")
 
 
 def publish_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> bool:
@@ -640,7 +681,33 @@ def _not_a_lock_file(lock_path: Path) -> str | None:
     if not lock_path.is_file():
         return "no plain file"
     links = lock_path.stat().st_nlink
-    return f"a file with {links} links (a hard link)" if links > 1 else None
+    if links > 1:
+        return f"a file with {links} links (a hard link)"
+    return None if _holds_a_run_lock(lock_path) else (
+        "a file that holds no run lock (hfbert writes its pid, host and start time there)"
+    )
+
+
+def _holds_a_run_lock(lock_path: Path) -> bool:
+    """Whether the plain file `lock_path` is one `run_folder_lock` wrote: empty (a holder that has not written
+    yet, or died first) or naming its holder; a user's file of that name is never emptied or removed."""
+    try:
+        with lock_path.open("rb") as file:
+            text = file.read(4096 + 1)
+    except FileNotFoundError:
+        return True
+    if not text.strip():
+        return True
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(holder, dict) and set(holder) == set(_lock_holder())
+
+
+def _lock_holder() -> dict[str, Any]:
+    """What a run writes in its lock file: who holds the folder (as the refusal of a second run names it)."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
 def _missing_folders(folder: Path) -> list[Path]:
@@ -693,8 +760,7 @@ def run_folder_lock(output_dir: str | os.PathLike, first: Callable[[Path], Any] 
         # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.
         release.callback(lock_path.unlink, missing_ok=True)
         # Written in place, not via a renamed temporary file: the flock belongs to this file's inode.
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(holder) + "\n").encode("utf-8"))
+        os.write(fd, (json.dumps(_lock_holder()) + "\n").encode("utf-8"))
         first(output_dir)  # the holder's first act: a crashed holder may have left work half done
         yield

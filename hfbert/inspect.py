@@ -43,9 +43,11 @@ from hfbert.files import (
     FINAL_FOLDER_FIX,
     LOAD_CHECKED,
     check_folder_readable,
+    check_reports_replaceable,
     check_weights_loaded,
     holds_model,
     holds_tokenizer,
+    record_reports,
     refuse_pickled_weights,
     running_no_folder_code,
 )
@@ -56,8 +58,6 @@ TASKS = ("attention", "fill-mask", "nsp", "similarity")
 MODEL_TYPE = "model type (config.json)"  # what a folder's own code would define, in its refusal
 REPORT_NAME = "inspect.md"
 SIMILARITY_PLOT = "similarity.png"
-# How hfbert's report begins: a folder holding one is an earlier inspection, which a rerun replaces.
-REPORT_HEADING = "# Inside "
 
 
 @dataclass
@@ -201,7 +201,8 @@ def inspect_checkpoint(
 
     out = folder / "inspect" if output_dir is None else Path(output_dir)
     names = [REPORT_NAME, *([attention_plot_name(layer, head)] if "attention" in tasks else [])]
-    check_output_folder(out, [*names, *([SIMILARITY_PLOT] if "similarity" in tasks else [])])
+    written = [*names, *([SIMILARITY_PLOT] if "similarity" in tasks else [])]
+    check_reports_replaceable(out, written, "--output_dir", "the inspection")
     analysis = load_analysis(folder, tokenizer_folder, device)
     text = None if text is None else text.replace(MASK, analysis.tokenizer.mask_token)
     check_inputs_fit(analysis, folder, tasks, text, pair, sentences)
@@ -218,33 +219,6 @@ def inspect_checkpoint(
     # Everything is computed: only now touch the disk.
     write_inspection(inspection, out)
     return inspection
-
-
-def check_output_folder(out: Path, names: list[str]) -> None:
-    """Refuse to replace files of `names` (what the inspection writes) in `out` that an earlier report of
-    hfbert's (`REPORT_HEADING` first) there is not, or does not show: a user's files of those names. An earlier
-    inspection's are rewritten (a rerun)."""
-    report = out / REPORT_NAME
-    earlier = _earlier_report(report)
-    theirs = [
-        name
-        for name in names
-        if ((out / name).exists() or (out / name).is_symlink())
-        and (earlier is None or (name != REPORT_NAME and f"]({name})" not in earlier))
-    ]
-    if theirs:
-        raise Refusal(
-            f"--output_dir {out} holds {', '.join(theirs)}, which hfbert did not write (no {REPORT_NAME} of hfbert's "
-            "there shows it) and the inspection would replace: move them out of it, or pass another --output_dir"
-        )
-
-
-def _earlier_report(report: Path) -> str | None:
-    """The text of an earlier inspection's report at `report`, or None where there is none of hfbert's."""
-    if not report.is_file() or report.is_symlink():
-        return None
-    text = report.read_bytes().decode("utf-8", "replace")
-    return text if text.startswith(REPORT_HEADING) else None
 
 
 def attention_plot_name(layer: int, head: int) -> str:
@@ -312,7 +286,7 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
     """The plots and ``inspect.md`` of a computed inspection, into `out` (their paths into `inspection.files`)."""
     folder = inspection.checkpoint
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"{REPORT_HEADING}{folder}", "", f"Model: {inspection.model_summary}.", ""]
+    lines = [f"# Inside {folder}", "", f"Model: {inspection.model_summary}.", ""]
     fill_mask = inspection.fill_mask
     if fill_mask is not None:  # a table per [MASK], numbered where there are several
         lines += ["## Fill-mask", "", f"Text: {code(fill_mask.text)}", ""]
@@ -342,6 +316,7 @@ def write_inspection(inspection: Inspection, out: Path) -> None:
         inspection.files.append(plot_similarity(inspection.similarity, out / SIMILARITY_PLOT, folder.name))
         lines += similarity_section(inspection.similarity, SIMILARITY_PLOT)
     inspection.files.append(write_text(out / REPORT_NAME, "\n".join(lines).rstrip() + "\n"))
+    record_reports(out, inspection.files)  # what a rerun may replace
 
 
 def build_parser() -> argparse.ArgumentParser:

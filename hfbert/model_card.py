@@ -297,13 +297,19 @@ def _visible_files(folder: str | os.PathLike) -> list[str]:
 
 def _check_no_links(folder: Path, files: list[str]) -> None:
     """A link among the files to upload would send its target's bytes (a file outside the folder) under hfbert's
-    name: refused, naming it, before anything is read."""
-    for name in files:
-        if (folder / name).is_symlink():
+    name: refused, naming it, before anything is read. A hard link too, whatever the record says (there may be
+    none, or one without sizes, and the card is the user's to edit): hfbert's files have one name."""
+    for path in (folder / name for name in files):
+        if path.is_symlink():
             raise Refusal(
-                f"--push_to_hub: nothing was uploaded: {folder / name} is a symbolic link (to "
-                f"{os.readlink(folder / name)}), and a push uploads no file through a link: put the file itself "
-                "there, or remove the link"
+                f"--push_to_hub: nothing was uploaded: {path} is a symbolic link (to {os.readlink(path)}), and a "
+                "push uploads no file through a link: put the file itself there, or remove the link"
+            )
+        if (names := path.stat().st_nlink) > 1:
+            raise Refusal(
+                f"--push_to_hub: nothing was uploaded: {path} is a hard link (a file with {names} names, one of "
+                "them maybe outside the folder), and a push uploads only files hfbert wrote, which have one name: "
+                f"put a copy of the file there (`cp {path} {path}.copy && mv {path}.copy {path}`), or remove it"
             )
 
 

@@ -1198,11 +1198,11 @@ def test_a_link_or_folder_at_a_published_name_is_the_users(tmp_path, mode):
     message: hfbert publishes regular files only, so a link or a folder at such a name is not one of them."""
     run_dir = tmp_path / "run"
     save_steps(run_dir, [2])
+    (run_dir / "config.json").write_text("{}")  # published before its record
     (run_dir / FINAL_RECORD).write_text(json.dumps(["README.md", "config.json", "samples.md"]))
     (tmp_path / "notes.md").write_text("mine")
     (run_dir / "README.md").symlink_to(tmp_path / "notes.md")
     (run_dir / "samples.md").mkdir()
-    (run_dir / "config.json").write_text("{}")
     check_folder = partial(
         check_run_folder, run_dir, resume_from_checkpoint="latest" if mode == "latest" else None,
         overwrite_output_dir=mode == "overwrite",
@@ -1269,3 +1269,29 @@ def test_a_published_file_the_user_edited_is_theirs(tmp_path, mode):
         check_folder()
     assert "README.md (changed since hfbert wrote it)" in str(refused.value)
     assert "My notes." in (run_dir / "README.md").read_text()
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "latest"])
+def test_a_published_file_edited_since_a_names_only_record_is_theirs(tmp_path, mode):
+    """The eighth attack (2b53043), K2: a record an older hfbert wrote lists names only, so a README.md the user
+    edited since was replaced. Without sizes, a file modified after its record was written may be an edit: it is
+    the user's (files as published, times kept, stay hfbert's)."""
+    run_dir = tmp_path / "run"
+    save_steps(run_dir, [2])
+    for name in ("README.md", "config.json"):
+        (run_dir / name).write_text(f"hfbert's {name}")
+    (run_dir / FINAL_RECORD).write_text(json.dumps(["README.md", "config.json"]))
+    written = (run_dir / FINAL_RECORD).stat().st_mtime_ns
+    for name in ("README.md", "config.json"):
+        os.utime(run_dir / name, ns=(written - 10**9, written - 10**9))  # published before the record
+    check_folder = partial(
+        check_run_folder, run_dir, resume_from_checkpoint="latest" if mode == "latest" else None,
+        overwrite_output_dir=mode == "overwrite",
+    )  # fmt: skip
+    check_folder()
+    (run_dir / "README.md").write_text("hfbert's README.md\n\nMy notes.")
+    os.utime(run_dir / "README.md", ns=(written + 10**9, written + 10**9))
+    with pytest.raises(CheckpointError) as refused:
+        check_folder()
+    assert "README.md (changed since hfbert wrote it)" in str(refused.value)
+    assert "config.json" not in str(refused.value)

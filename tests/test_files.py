@@ -426,18 +426,25 @@ def test_a_safetensors_index_naming_a_pickle_or_a_file_outside_the_folder_is_ref
 # ----------------------------------------------------------------------------------------------- one run per folder
 
 
-@pytest.mark.parametrize("kind", ["link", "folder", "hard link"])
+@pytest.mark.parametrize("kind", ["link", "folder", "hard link", "user's file"])
 def test_a_lock_file_that_is_a_link_or_no_file_is_refused_and_nothing_is_written_through_it(tmp_path, kind):
     """The fourth attack (aca973c), F1: .hfbert-run.lock as a link to a file outside the folder: the lock opened it
-    following the link, emptied it, wrote the holder into it and removed the link, before the run was refused."""
+    following the link, emptied it, wrote the holder into it and removed the link, before the run was refused.
+    The eighth (2b53043), K5: a user's own file of that name was emptied and deleted."""
     output_dir, precious = tmp_path / "run", tmp_path / "precious.txt"
     output_dir.mkdir()
     precious.write_text("PRECIOUS DATA\n")
     lock = output_dir / RUN_LOCK_NAME
-    {"link": lock.symlink_to, "hard link": lock.hardlink_to}.get(kind, lambda _: lock.mkdir())(precious)
+    if kind == "user's file":
+        precious = precious.rename(lock)
+    else:
+        {"link": lock.symlink_to, "hard link": lock.hardlink_to}.get(kind, lambda _: lock.mkdir())(precious)
     with pytest.raises(CheckpointError) as refused, run_folder_lock(output_dir):
         pass
-    shown = {"link": "a link", "hard link": "a file with 2 links (a hard link)"}.get(kind, "no plain file")
+    shown = {
+        "link": "a link", "hard link": "a file with 2 links (a hard link)",
+        "user's file": "a file that holds no run lock (hfbert writes its pid, host and start time there)",
+    }.get(kind, "no plain file")  # fmt: skip
     assert str(refused.value) == (
         f"--output_dir {output_dir}: {lock} is {shown}, where hfbert keeps its run lock (a plain file it writes and "
         "removes): remove it, then rerun"

@@ -1298,7 +1298,28 @@ def test_results_of_the_same_name_that_hfbert_did_not_write_are_refused_before_t
         (theirs / name).write_text(content)
         refused_before_training(
             args_for(folder, *topic_files, theirs),
-            rf"--output_dir {theirs} holds {name}, which hfbert did not write \(no fine-tuning results of hfbert's "
-            r"are there\): move it out of the folder, or pass another --output_dir",
+            rf"--output_dir {theirs} holds {name}, which the fine-tuning would replace and which hfbert did not "
+            r"write as it is \(a file of yours",
         )
         assert (theirs / name).read_text() == content
+
+
+@pytest.mark.parametrize("edit", ["results edited", "plot replaced"])
+def test_a_rerun_keeps_results_the_user_edited(tmp_path, folder, topic_files, edit):
+    """The eighth attack (2b53043), K4: a rerun replaced hfbert's own finetune_results.json after the user edited
+    it, and a plot of the user's beside hfbert's results. Only files as the run wrote them (its record: size and
+    sha256) are replaced."""
+    out = tmp_path / "out"
+    with mock.patch("hfbert.finetune.run.finetune_once", return_value=fit_result(0.75)):
+        main(args_for(folder, *topic_files, out, "--seeds", "1"))
+    name = "finetune_results.json" if edit == "results edited" else "finetune_results.png"
+    results = json.loads((out / "finetune_results.json").read_text())
+    mine = json.dumps({**results, "note": "mine"}) if name.endswith(".json") else "my plot"
+    (out / name).write_text(mine)
+    refused_before_training(
+        args_for(folder, *topic_files, out),
+        rf"--output_dir {out} holds {name}, which the fine-tuning would replace and which hfbert did not write as "
+        r"it is \(a file of yours, or one changed since: .hfbert-reports.json there records what hfbert wrote\): "
+        r"move it out of the folder, or pass another --output_dir",
+    )
+    assert (out / name).read_text() == mine

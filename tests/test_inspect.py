@@ -68,6 +68,7 @@ def test_cli_writes_pngs_and_report(checkpoint, tmp_path, capsys):
     argv += ["--pair", *PAIR, "--sentences", *SENTENCES, "--output_dir", str(out)]
     inspection = main(argv)
     assert sorted(p.name for p in out.iterdir()) == [
+        ".hfbert-reports.json",  # what a rerun may replace
         "attention_layer1_head2.png",
         "inspect.md",
         "similarity.png",
@@ -105,6 +106,7 @@ def test_defaults_follow_the_inputs_and_write_into_the_checkpoint(checkpoint, sa
         assert all(len(top) == 5 for top in inspection.fill_mask.predictions)
         assert inspection.nsp == [] and inspection.similarity is None
         assert sorted(p.name for p in (checkpoint / "inspect").iterdir()) == [
+            ".hfbert-reports.json",
             "attention_layer1_head0.png",
             "inspect.md",
         ]
@@ -396,8 +398,9 @@ def test_a_users_file_of_a_name_the_inspection_writes_is_refused(checkpoint, tmp
     with pytest.raises(Refusal) as refused:
         inspect_checkpoint(checkpoint, text=TEXT, output_dir=theirs)
     assert str(refused.value) == (
-        f"--output_dir {theirs} holds inspect.md, which hfbert did not write (no inspect.md of hfbert's there "
-        "shows it) and the inspection would replace: move them out of it, or pass another --output_dir"
+        f"--output_dir {theirs} holds inspect.md, which the inspection would replace and which hfbert did not "
+        "write as it is (a file of yours, or one changed since: .hfbert-reports.json there records what hfbert "
+        "wrote): move it out of the folder, or pass another --output_dir"
     )
     assert [path.name for path in theirs.iterdir()] == ["inspect.md"]
     (theirs / "inspect.md").rename(theirs / "notes.md")  # other files are kept beside the inspection
@@ -408,6 +411,22 @@ def test_a_users_file_of_a_name_the_inspection_writes_is_refused(checkpoint, tmp
     inspect_checkpoint(checkpoint, text=TEXT, output_dir=theirs, layer=1)
     (theirs / "attention_layer0_head0.png").unlink(missing_ok=True)
     (theirs / "attention_layer0_head0.png").write_text("mine")
-    with pytest.raises(Refusal, match=r"holds attention_layer0_head0.png, which hfbert did not write"):
+    with pytest.raises(Refusal, match=r"holds attention_layer0_head0.png, which the inspection would replace"):
         inspect_checkpoint(checkpoint, text=TEXT, output_dir=theirs, layer=0)
     assert (theirs / "attention_layer0_head0.png").read_text() == "mine"
+
+
+def test_an_inspection_rerun_keeps_a_report_the_user_edited(checkpoint, tmp_path):
+    """The eighth attack (2b53043), K4: a rerun replaced hfbert's own inspect.md after the user added notes to
+    it. Only files as the inspection wrote them (its record: size and sha256) are replaced."""
+    out = tmp_path / "out"
+    inspect_checkpoint(checkpoint, text=TEXT, output_dir=out)
+    (out / "inspect.md").write_text((out / "inspect.md").read_text() + "\nMy notes.\n")
+    with pytest.raises(Refusal) as refused:
+        inspect_checkpoint(checkpoint, text=TEXT, output_dir=out)
+    assert str(refused.value) == (
+        f"--output_dir {out} holds inspect.md, which the inspection would replace and which hfbert did not write "
+        "as it is (a file of yours, or one changed since: .hfbert-reports.json there records what hfbert wrote): "
+        "move it out of the folder, or pass another --output_dir"
+    )
+    assert "My notes." in (out / "inspect.md").read_text()

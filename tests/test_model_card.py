@@ -1,6 +1,7 @@
 import json
 import logging
 import os
+import shutil
 from unittest import mock
 
 import pytest
@@ -353,7 +354,8 @@ def test_a_folder_without_its_record_uploads_only_the_names_hfbert_publishes(tmp
 def test_a_push_uploads_only_the_bytes_the_final_folder_published_but_the_card(tmp_path):
     """The seventh attack (731f08a), B4: samples.md replaced by a hard link to a secret outside the folder was
     uploaded (a symbolic link is refused, a hard link is a plain file). Every file but the card, which users edit
-    before a push, must be as the final folder's record has it."""
+    before a push, must be as the final folder's record has it (here a copy of the secret: a hard link is refused
+    before, by test_a_push_uploads_no_hard_link's check)."""
     from hfbert.files import write_final_record
 
     (tmp_path / "run").mkdir()
@@ -361,8 +363,7 @@ def test_a_push_uploads_only_the_bytes_the_final_folder_published_but_the_card(t
     (folder / "samples.md").write_text("hfbert's samples")
     write_final_record(folder, folder)
     (tmp_path / "secret.txt").write_text("hunter2")
-    (folder / "samples.md").unlink()
-    os.link(tmp_path / "secret.txt", folder / "samples.md")
+    shutil.copyfile(tmp_path / "secret.txt", folder / "samples.md")
     (folder / "README.md").write_text((folder / "README.md").read_text() + "\nMy own words about the model.\n")
     with mock.patch.object(HfApi, "create_repo") as create_repo, pytest.raises(Refusal) as refused:
         push_to_hub(folder, "someone/hfbert-tiny")
@@ -370,5 +371,34 @@ def test_a_push_uploads_only_the_bytes_the_final_folder_published_but_the_card(t
         f"--push_to_hub: nothing was uploaded: {folder / 'samples.md'} is not the file the run published there "
         f"(another size or sha256 than its {FINAL_RECORD} records): put back the run's file, or leave it out of "
         "the folder and upload it yourself (`hf upload someone/hfbert-tiny <file>`)"
+    )
+    create_repo.assert_not_called()
+
+
+@pytest.mark.parametrize("record", ["sizes", "names only", "none"])
+@pytest.mark.parametrize("name", ["README.md", "samples.md"])
+def test_a_push_uploads_no_hard_link(tmp_path, name, record):
+    """The eighth attack (2b53043), K3: the byte check (B4) needs a record with sizes, and spares the card, which
+    users edit: a folder with no record or a names-only one pushed a hard link to a secret outside the folder at
+    a published name, and the card itself could be one. hfbert writes files of one name: no hard link is pushed."""
+    from hfbert.files import write_final_record
+
+    (tmp_path / "run").mkdir()
+    folder = make_run_folder(tmp_path / "run")
+    (folder / "samples.md").write_text("hfbert's samples")
+    if record == "sizes":
+        write_final_record(folder, folder)
+    elif record == "names only":
+        (folder / FINAL_RECORD).write_text(json.dumps(sorted([*FINAL_FILES, "README.md", "samples.md"])))
+    (tmp_path / "secret.txt").write_text("hunter2")
+    (folder / name).unlink()
+    os.link(tmp_path / "secret.txt", folder / name)
+    with mock.patch.object(HfApi, "create_repo") as create_repo, pytest.raises(Refusal) as refused:
+        push_to_hub(folder, "someone/hfbert-tiny")
+    assert str(refused.value) == (
+        f"--push_to_hub: nothing was uploaded: {folder / name} is a hard link (a file with 2 names, one of them "
+        "maybe outside the folder), and a push uploads only files hfbert wrote, which have one name: put a copy "
+        f"of the file there (`cp {folder / name} {folder / name}.copy && mv {folder / name}.copy "
+        f"{folder / name}`), or remove it"
     )
     create_repo.assert_not_called()

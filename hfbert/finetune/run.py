@@ -5,7 +5,6 @@ fit and one line per finished fit; then write the results, the plot and (asked f
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ from tqdm.auto import tqdm
 
 from hfbert.analysis import quiet_libraries
 from hfbert.errors import Refusal, run_cli
-from hfbert.files import check_folder_writable, write_json_atomic
+from hfbert.files import check_folder_writable, check_reports_replaceable, record_reports, write_json_atomic
 from hfbert.finetune.data import TaskData, encode, load_task, stratified_folds, task_columns
 from hfbert.finetune.fit import FitResult, Stopped, finetune_once, stop_on_signals
 from hfbert.finetune.models import (
@@ -73,7 +72,10 @@ def check_before_work(settings: FinetuneSettings) -> tuple[list[Candidate], Task
         check_folder_writable(output.output_dir, "--output_dir")
     else:
         check_folder_writable(models.model_dir, "model_dir (where the results go)")
-    check_results_replaceable(Path(output.output_dir or models.model_dir), "--output_dir" if output.output_dir else "model_dir")
+    check_reports_replaceable(
+        Path(output.output_dir or models.model_dir), (RESULTS_NAME, PLOT_NAME),
+        "--output_dir" if output.output_dir else "model_dir", "the fine-tuning",
+    )  # fmt: skip
     if output.update_model_card:
         check_folder_writable(models.model_dir, "--update_model_card's model_dir")
         check_model_card(Path(models.model_dir) / "README.md")
@@ -83,26 +85,6 @@ def check_before_work(settings: FinetuneSettings) -> tuple[list[Candidate], Task
     if training.chooses_rate:  # rows too few for the folds are refused here, before any training
         stratified_folds(task.train, training.learning_rate_folds, settings.data.data_seed, task.label_names)
     return candidates, task
-
-
-def check_results_replaceable(folder: Path, flag: str) -> None:
-    """Refuse a `RESULTS_NAME` or `PLOT_NAME` in `folder` that is not fine-tuning results of hfbert's (a JSON
-    object with its "models" and "settings"): the run would replace a user's file. A rerun replaces its own."""
-    names = [name for name in (RESULTS_NAME, PLOT_NAME) if (folder / name).exists() or (folder / name).is_symlink()]
-    if not names or _holds_our_results(folder / RESULTS_NAME):
-        return
-    raise Refusal(
-        f"{flag} {folder} holds {', '.join(names)}, which hfbert did not write (no fine-tuning results of hfbert's "
-        "are there): move it out of the folder, or pass another --output_dir"
-    )
-
-
-def _holds_our_results(path: Path) -> bool:
-    try:
-        results = json.loads(path.read_text(encoding="utf-8")) if path.is_file() and not path.is_symlink() else None
-    except (OSError, ValueError):
-        return False
-    return isinstance(results, dict) and {"models", "settings"} <= results.keys()
 
 
 def run_fits(
@@ -223,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(output_dir / RESULTS_NAME, results)
         plot_results(results, output_dir / PLOT_NAME)
+        record_reports(output_dir, [output_dir / RESULTS_NAME, output_dir / PLOT_NAME])  # what a rerun may replace
         if settings.output.update_model_card:
             add_to_model_card(Path(settings.models.model_dir), results, settings.data)
     print("\n" + report_table(results))
