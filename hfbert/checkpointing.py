@@ -547,12 +547,13 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> 
     more or fewer than this run's (see `hfbert.pretraining.extras.reshard`): accelerate loads
     `random_states_<rank>.pkl` where it exists (`check_rng_states` made sure it can) and skips it where not."""
     checkpoint = Path(checkpoint)
+    listed = sorted(checkpoint / name for name in read_manifest(checkpoint)["files"])
     try:
-        check_readable(sorted(checkpoint.rglob("*")), _earlier_checkpoints_hint(checkpoint), torch_files=True)
+        check_readable(listed, _earlier_checkpoints_hint(checkpoint), torch_files=True)
     except ValueError as error:
         raise CheckpointError(f"Checkpoint {checkpoint} is damaged although it matches its manifest: {error}") from None
     try:
-        with _state_files(checkpoint) as state_folder:
+        with _state_files(checkpoint, listed) as state_folder:
             accelerator.load_state(str(state_folder))
     # Its files match the manifest (verified), so this is a checkpoint written damaged or a file that is not
     # plain data: pickle and safetensors report that as the errors below, naming no file.
@@ -567,17 +568,14 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> 
 
 
 @contextmanager
-def _state_files(checkpoint: Path) -> Iterator[Path]:
-    """The folder accelerate's load_state reads: `checkpoint`, or for one of an hfbert up to 88be5f0 a view of it
-    (links) without its pickled progress, which load_state refuses without a registered object and unpickles
-    with one."""
-    if not (checkpoint / PROGRESS_PICKLE).is_file():
-        yield checkpoint
-        return
+def _state_files(checkpoint: Path, listed: list[Path]) -> Iterator[Path]:
+    """The folder accelerate's load_state reads: a view (links) of the `listed` files of `checkpoint` (its
+    manifest's), so a file beside them (a user's `custom_checkpoint_1.pkl`) is never read, without the pickled
+    progress of an hfbert up to 88be5f0, which load_state refuses without a registered object and unpickles with
+    one."""
     with tempfile.TemporaryDirectory(prefix="hfbert-checkpoint-") as view:
-        for path in checkpoint.iterdir():
-            if path.name != PROGRESS_PICKLE:
-                (Path(view) / path.name).symlink_to(path.absolute())
+        for top in {path.relative_to(checkpoint).parts[0] for path in listed} - {PROGRESS_PICKLE}:
+            (Path(view) / top).symlink_to((checkpoint / top).absolute())
         yield Path(view)
 
 

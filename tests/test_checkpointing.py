@@ -1295,3 +1295,19 @@ def test_a_published_file_edited_since_a_names_only_record_is_theirs(tmp_path, m
         check_folder()
     assert "README.md (changed since hfbert wrote it)" in str(refused.value)
     assert "config.json" not in str(refused.value)
+
+
+@pytest.mark.parametrize("written_as", ["torch.save", "pickle"])
+def test_a_file_the_manifest_does_not_list_is_no_part_of_the_resume(tmp_path, written_as):
+    """The seventh attack (731f08a), S1: a checkpoint given by path holding an unlisted custom_checkpoint_1.pkl
+    ended in accelerate's RuntimeError traceback (torch.save) or a refusal saying it matched its manifest
+    (pickle). A checkpoint's state is the files its manifest lists: a user's file beside them is never read."""
+    import pickle
+
+    save_steps(tmp_path, [2, 4])
+    checkpoint, marker = tmp_path / "checkpoint-4", tmp_path / "ran"
+    with open(checkpoint / "custom_checkpoint_1.pkl", "wb") as file:
+        (partial(torch.save, f=file) if written_as == "torch.save" else partial(pickle.dump, file=file))(RunsCode(marker))
+    run = build_run()
+    resume(run, checkpoint)
+    assert run[5].completed_steps == 4 and not marker.exists()
