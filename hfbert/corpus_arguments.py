@@ -114,13 +114,16 @@ def links_leading_out(path: str) -> list[Path]:
 
 def _matched_files(path: str) -> tuple[list[Path], list[Path]]:
     """(the files of a folder or a glob inside it, the links among them that lead out of it), each sorted."""
-    pattern = f"{path.rstrip('/')}/**" if Path(path).is_dir() else path
+    if Path(path).is_dir():  # its name taken as it is: `notes [draft]` or `**bold**` is no pattern
+        pattern, folder = f"{glob.escape(path.rstrip('/'))}/**", Path(path).resolve()
+    else:
+        pattern = path
+        fixed = list(itertools.takewhile(lambda part: not glob.has_magic(part), Path(pattern).parts))
+        folder = Path(*fixed).resolve() if fixed else Path.cwd().resolve()
     try:
         matched = sorted(Path(name) for name in resolve_pattern(pattern, base_path=os.getcwd()))
     except FileNotFoundError:  # nothing matched
         return [], []
-    fixed = list(itertools.takewhile(lambda part: not glob.has_magic(part), Path(pattern).parts))
-    folder = Path(*fixed).resolve() if fixed else Path.cwd().resolve()
     inside: list[Path] = []
     leading_out: list[Path] = []
     for file in matched:

@@ -642,3 +642,17 @@ def test_an_unreadable_file_in_a_folder_is_named(tmp_path, monkeypatch):
         monkeypatch.setattr(hfbert.corpus, "_open_binary", refusing_b)
     with pytest.raises(CorpusError, match=rf"^--train_file {folder}: {folder}/b\.txt cannot be read \(Permission denied\)"):
         load_documents(CorpusArguments(train_file=str(folder)))
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("name", ["c9 | **bold** |", "notes [draft]", "what?"])
+def test_a_folder_whose_name_has_glob_characters_is_read_as_the_folder(tmp_path, name, streaming):
+    """The seventh attack (731f08a), S2: a --train_file folder whose name holds `**` ended in fsspec's
+    ValueError traceback (the name was read as a pattern); `[draft]` or `?` would match other folders' files."""
+    folder = write_texts(tmp_path / name, {"a.txt": "Kept.\n", "sub/b.txt": "Kept too.\n"})
+    write_texts(tmp_path / "notes d", {"other.txt": "Not this folder's.\n"})
+    documents = load_documents(CorpusArguments(train_file=str(folder), streaming=streaming))
+    assert paragraphs_of(documents["train"]) == [["Kept."], ["Kept too."]]
+    assert corpus_fingerprint(CorpusArguments(train_file=str(folder))) != corpus_fingerprint(
+        CorpusArguments(train_file=str(tmp_path / "notes d"))
+    )
