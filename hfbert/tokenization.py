@@ -49,6 +49,7 @@ from hfbert.files import (
     check_local_files,
     check_local_path_exists,
     describe_write_failure,
+    is_disk_full,
     recorded_final_files,
     run_folder_lock,
     running_no_folder_code,
@@ -397,6 +398,12 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
             f"--output_dir {folder} holds a pretraining run ({', '.join(found)}): its tokenizer belongs to that model, and "
             "a new one would silently disagree with it; pass another --output_dir"
         )
+    folders = [name for name in _SAVED_TOKENIZER_FILES if (folder / name).is_dir()]
+    if folders:  # publishing a file onto it would fail half way, whatever the flags
+        raise Refusal(
+            f"--output_dir {folder} holds a folder at {', '.join(folders)}, where the tokenizer writes a file: "
+            f"move {'it' if len(folders) == 1 else 'them'} out of the folder, or pass another --output_dir"
+        )
     theirs = [name for name in _SAVED_TOKENIZER_FILES if (folder / name).exists()]
     recorded = recorded_final_files(folder)
     theirs = [name for name in theirs if name not in recorded or (folder / name).is_symlink()]
@@ -429,9 +436,10 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.Path
             write_tokenizer(tokenizer, staging)
             write_final_record(staging, Path(output_dir))
     except WRITE_ERRORS as error:
+        space = f"free space (`df -h {output_dir}`) or " if is_disk_full(error, output_dir) else ""
         raise Refusal(
             f"{describe_write_failure(error, output_dir)}; the tokenizer was not saved and the folder's previous "
-            f"files are intact: free space (`df -h {output_dir}`) or pass another --output_dir, then rerun"
+            f"files are intact: {space}pass another --output_dir, then rerun"
         ) from error
 
 

@@ -333,13 +333,19 @@ def test_crash_while_saving_leaves_no_half_written_folder(sample_tokenizer, tmp_
 
 
 
-def test_a_full_disk_while_saving_names_the_folder(sample_tokenizer, tmp_path, monkeypatch):
-    def full_disk(self, folder, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+def test_a_failed_save_names_the_folder_and_says_free_space_only_for_a_full_disk(sample_tokenizer, tmp_path, monkeypatch, code):
+    """The seventh attack (731f08a), S3: every failed save said to free space, whatever failed."""
+    def failing(self, folder, **kwargs):
+        raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(type(sample_tokenizer), "save_pretrained", full_disk)
-    with pytest.raises(Refusal, match=rf"^no space left writing {tmp_path / 'tok'}; the tokenizer was not saved"):
+    monkeypatch.setattr(type(sample_tokenizer), "save_pretrained", failing)
+    with pytest.raises(Refusal) as refused:
         save_tokenizer(sample_tokenizer, tmp_path / "tok")
+    assert "; the tokenizer was not saved and the folder's previous files are intact: " in str(refused.value)
+    assert ("free space (`df -h" in str(refused.value)) == (code == errno.ENOSPC)
+    if code == errno.ENOSPC:
+        assert str(refused.value).startswith(f"no space left writing {tmp_path / 'tok'}; the tokenizer was not saved")
     assert list(tmp_path.iterdir()) == []
 
 @pytest.mark.slow
@@ -566,3 +572,23 @@ def test_a_tokenizer_file_changed_since_hfbert_wrote_it_is_the_users(tmp_path, m
     with pytest.raises(Refusal, match=r"holds a tokenizer hfbert did not write \(tokenizer.json"):
         main(["--vocab_size", "300", "--output_dir", str(tmp_path / "tok")])
     assert tokenizer_json.read_bytes() == before and tokenizer_json.is_symlink() == (change == "linked")
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite_output_dir"]])
+def test_main_refuses_a_folder_at_a_tokenizer_files_name_before_any_work(tmp_path, monkeypatch, overwrite):
+    """The seventh attack (731f08a), S3: a user's folder at tokenizer_config.json in hfbert's own tokenizer folder
+    failed the publish half way (tokenizer.json moved out of the top level) with a refusal saying the files were
+    intact and to free disk space. A folder (or link) where the tokenizer writes a file is the user's."""
+    main(["--vocab_size", "300", "--output_dir", str(tmp_path / "tok")])
+    (tmp_path / "tok" / "tokenizer_config.json").unlink()
+    (tmp_path / "tok" / "tokenizer_config.json").mkdir()
+    (tmp_path / "tok" / "tokenizer_config.json" / "keep.txt").write_text("mine")
+    before = sorted(path.relative_to(tmp_path).as_posix() for path in (tmp_path / "tok").rglob("*"))
+    refuse_to_read_the_corpus(monkeypatch)
+    with pytest.raises(Refusal) as refused:
+        main(["--vocab_size", "300", "--output_dir", str(tmp_path / "tok"), *overwrite])
+    assert str(refused.value) == (
+        f"--output_dir {tmp_path / 'tok'} holds a folder at tokenizer_config.json, where the tokenizer writes a "
+        "file: move it out of the folder, or pass another --output_dir"
+    )
+    assert sorted(path.relative_to(tmp_path).as_posix() for path in (tmp_path / "tok").rglob("*")) == before
