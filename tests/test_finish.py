@@ -2,6 +2,7 @@
 weights in memory, and the fill-mask section handed back instead of parsed out of samples.md."""
 
 import json
+import logging
 import math
 
 import torch
@@ -55,10 +56,17 @@ def test_the_final_folder_is_one_set_with_samples_from_the_weights_in_memory(tmp
     assert (reloaded / "samples.md").read_text().split("\n", 4)[4] == samples.split("\n", 4)[4]
 
 
-def test_without_sample_sentences_there_are_no_samples(tmp_path, sample_tokenizer):
-    final = write(tmp_path / "run", HfBertForPreTraining(tiny_config()), sample_tokenizer, sentences=([], None))
+def test_without_sample_sentences_there_are_no_samples_and_the_log_says_why(tmp_path, sample_tokenizer, caplog):
+    """The seventh attack (731f08a), S4: validation documents of one sentence each left no samples.md, and no
+    word of it."""
+    with caplog.at_level(logging.INFO, logger="hfbert.pretraining.extras.samples"):
+        final = write(tmp_path / "run", HfBertForPreTraining(tiny_config()), sample_tokenizer, sentences=([], None))
     assert final.fill_mask is None and not (final.path / "samples.md").exists()
     assert "samples.md" not in (final.path / "README.md").read_text()
+    assert caplog.messages == [
+        "No samples.md in the final folder: no validation document holds 4 consecutive sentences of 6-40 words "
+        "(samples.md shows what the model makes of them)"
+    ]
 
 
 def test_the_cards_snippets_load_the_hub_model_id_namespace_included(tmp_path, sample_tokenizer):

@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None, launcher_pid: int | None = None) -> None
             exit_now(128 + stopped.signal_number)
         raise SystemExit(128 + stopped.signal_number) from None
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"\nModel, tokenizer, model card, curves and samples: {final.path.resolve()}\n")
+        held = "card, curves and samples" if final.fill_mask is not None else "card and curves"
+        print(f"\nModel, tokenizer, model {held}: {final.path.resolve()}\n")
         if final.fill_mask is not None:
             print(final.fill_mask)
         sys.stdout.flush()

@@ -355,6 +355,7 @@ logger = logging.getLogger(__name__)
 
 TRAINED_TOKENIZER_DIR = ".tokenizer"  # hidden: never uploaded
 SAMPLE_WORDS = (6, 40)  # the final folder's samples use sentences of 6 to 40 words
+SAMPLE_COUNT = 4  # consecutive sentences of one validation document
 
 
 @dataclass(frozen=True)
@@ -675,7 +676,7 @@ def check_stream_tokenizer(data: DataSettings, checkpoint: Path | None, source: 
         )
 
 
-def sample_sentences(documents: Iterable[Sequence[str] | Mapping[str, Sequence[str]]], count: int = 4):
+def sample_sentences(documents: Iterable[Sequence[str] | Mapping[str, Sequence[str]]], count: int = SAMPLE_COUNT):
     """Pick `write_samples`' inputs from validation documents (paragraph lists, or ``{"paragraphs": ...}``).
 
     Returns (sentences, other): `count` consecutive sentences of 6-40 words from the first document that has

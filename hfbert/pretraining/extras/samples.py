@@ -4,6 +4,7 @@ next-sentence prediction, similarity, attention), computed on the run's weights 
 
 from __future__ import annotations
 
+import logging
 import string
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,9 @@ from hfbert.analysis import (
 from hfbert.errors import Refusal
 from hfbert.markdown import code
 from hfbert.pretraining.callbacks import Callback, StagedFinalFolder
+from hfbert.pretraining.data import SAMPLE_COUNT, SAMPLE_WORDS
+
+logger = logging.getLogger(__name__)
 
 SAMPLES_NAME = "samples.md"
 
@@ -119,6 +123,11 @@ class Samples(Callback):
 
     def on_final_folder(self, folder: StagedFinalFolder) -> None:
         if len(self.sentences) < 2:
+            logger.info(
+                f"No {SAMPLES_NAME} in the final folder: no validation document holds {SAMPLE_COUNT} consecutive "
+                f"sentences of {SAMPLE_WORDS[0]}-{SAMPLE_WORDS[1]} words ({SAMPLES_NAME} shows what the model "
+                "makes of them)"
+            )
             return
         analysis = ModelAnalysis.of_weights(folder.config, folder.weights, self.tokenizer)
         folder.fill_mask = write_samples(
