@@ -43,12 +43,12 @@ from hfbert.files import (
     FINAL_STAGING,
     RUN_LOCK_NAME,
     WRITE_ERRORS,
-    changed_published_files,
     changed_since,
     check_readable,
     describe_write_failure,
     holds_tokenizer,
     is_disk_full,
+    not_as_published,
     read_json,
     recorded_final_files,
     sha256_file,
@@ -828,7 +828,7 @@ def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
     checkpoints, of which a file the manifest does not list ('checkpoint-8/my_eval.txt') or one without a manifest
     ('checkpoint-7 (no ...)')."""
     published, foreign = recorded_final_files(output_dir), []
-    changed = set(changed_published_files(output_dir, [name for name in names if name in published]))
+    changed = set(not_as_published(output_dir, [name for name in names if name in published]))
     for name in names:
         if _CHECKPOINT_NAME.match(name):
             unlisted = _unlisted_files(output_dir / name)

@@ -216,10 +216,28 @@ def write_final_record(staging: Path, folder: Path) -> None:
 
 
 def not_as_published(folder: str | os.PathLike, names: Iterable[str]) -> list[str]:
-    """Which of `names` in `folder` are not, byte for byte, the files its `FINAL_RECORD` records (size, then
-    sha256; names an older record lists without them are taken as they are)."""
-    folder, record = Path(folder), _read_record(Path(folder) / FINAL_RECORD)
-    return [name for name in names if record.get(name) and not _as_recorded(folder / name, record[name])]
+    """Which of `names`, published in `folder` by its `FINAL_RECORD`, are not as published there: a file of
+    another size or sha256 than recorded, whatever its time (`mv` and `cp -p` keep an older one), so a user's file
+    or a damaged one, which the user moves out. A record an older hfbert wrote holds names only: there a file
+    modified after the record counts as changed (an edit cannot be told from a `cp -r` copy)."""
+    folder = Path(folder)
+    record = _read_record(folder / FINAL_RECORD)
+    try:
+        written_ns = (folder / FINAL_RECORD).stat().st_mtime_ns
+    except OSError:
+        return []
+    return [
+        name
+        for name in names
+        if name in record
+        and (folder / name).is_file()
+        and not (folder / name).is_symlink()
+        and (
+            not _as_recorded(folder / name, record[name])
+            if record[name]
+            else (folder / name).stat().st_mtime_ns > written_ns
+        )
+    ]
 
 
 # The record of the reports and results that hfbert's tools (inspect, finetune) wrote in a folder: what a rerun
@@ -266,21 +284,6 @@ def _read_record(path: Path) -> dict[str, Any]:
     return {name: entry for name, entry in record.items() if isinstance(entry, dict)} if isinstance(record, dict) else {}
 
 
-def changed_published_files(folder: str | os.PathLike, names: Iterable[str]) -> list[str]:
-    """Which of `names`, published in `folder` by its `FINAL_RECORD`, were changed since (`changed_since`)."""
-    folder = Path(folder)
-    record = _read_record(folder / FINAL_RECORD)
-    try:
-        written_ns = (folder / FINAL_RECORD).stat().st_mtime_ns
-    except OSError:
-        return []
-    return [
-        name
-        for name in names
-        if name in record and (folder / name).is_file() and changed_since(folder / name, record[name], written_ns)
-    ]
-
-
 # The largest file whose sha256 `changed_since` takes: the JSON and text a user edits, never the weights.
 _HASHED_EDIT_BYTES = 1 << 20
 
@@ -288,13 +291,11 @@ _HASHED_EDIT_BYTES = 1 << 20
 def changed_since(path: Path, recorded: dict[str, Any], written_ns: int) -> bool:
     """Whether the file `path`, recorded (`recorded`: its size and sha256) by a record written last at
     `written_ns`, was changed after it: modified later and no longer as recorded. The time tells an edit from a
-    disk's damage (which keeps it), the record an edit from a copy (`cp -r`: every file newer, none changed).
-    A names-only record (an older hfbert's, `recorded` is {}) cannot tell an edit from a copy: modified later is
-    changed, and the user moves or deletes the file if it is a copy's."""
+    disk's damage (which keeps it), the record an edit from a copy (`cp -r`: every file newer, none changed)."""
     stat = path.stat()
     if path.is_symlink() or stat.st_mtime_ns <= written_ns:
         return False
-    if "size" not in recorded or stat.st_size != recorded["size"]:
+    if stat.st_size != recorded["size"]:
         return True
     return stat.st_size <= _HASHED_EDIT_BYTES and sha256_file(path) != recorded.get("sha256")
 
@@ -329,8 +330,9 @@ def publish_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> 
 
 # The fix for a damaged file in a run's output folder (or a copy of one).
 FINAL_FOLDER_FIX = (
-    "rewrite the folder by rerunning the training command with --resume_from_checkpoint latest (a run resumed "
-    "at its last step goes straight to the final save), or copy or download the folder again"
+    "rewrite the folder: move the damaged file out of it, then rerun the training command with "
+    "--resume_from_checkpoint latest (a run resumed at its last step goes straight to the final save), or copy "
+    "or download the folder again"
 )
 
 
@@ -681,21 +683,25 @@ def _not_a_lock_file(lock_path: Path) -> str | None:
     if not lock_path.is_file():
         return "no plain file"
     links = lock_path.stat().st_nlink
-    if links > 1:
-        return f"a file with {links} links (a hard link)"
-    return None if _holds_a_run_lock(lock_path) else (
-        "a file that holds no run lock (hfbert writes its pid, host and start time there)"
+    return f"a file with {links} links (a hard link)" if links > 1 else None
+
+
+def _not_its_lock(lock_path: Path, problem: str) -> CheckpointError:
+    """The refusal of a run whose lock file is `problem` (`_not_a_lock_file`, `_NO_RUN_LOCK`): left as it is."""
+    return CheckpointError(
+        f"--output_dir {lock_path.parent}: {lock_path} is {problem}, where hfbert keeps its run lock (a plain file "
+        "it writes and removes): remove it, then rerun"
     )
 
 
-def _holds_a_run_lock(lock_path: Path) -> bool:
-    """Whether the plain file `lock_path` is one `run_folder_lock` wrote: empty (a holder that has not written
-    yet, or died first) or naming its holder; a user's file of that name is never emptied or removed."""
-    try:
-        with lock_path.open("rb") as file:
-            text = file.read(4096 + 1)
-    except FileNotFoundError:
-        return True
+# What a lock file holding something else is: a user's file of that name, never emptied or removed.
+_NO_RUN_LOCK = "a file that holds no run lock (hfbert writes its pid, host and start time there)"
+
+
+def _holds_a_run_lock(fd: int) -> bool:
+    """Whether the locked file `fd` is one `run_folder_lock` wrote: empty (a holder that died before writing)
+    or naming its holder. Read holding its flock, so no holder is writing it meanwhile."""
+    text = os.pread(fd, 4096 + 1, 0)
     if not text.strip():
         return True
     try:
@@ -746,17 +752,16 @@ def run_folder_lock(output_dir: str | os.PathLike, first: Callable[[Path], Any] 
     output_dir.mkdir(parents=True, exist_ok=True)
     lock_path = output_dir / RUN_LOCK_NAME
     if problem := _not_a_lock_file(lock_path):  # never written through: it may be another file's name
-        raise CheckpointError(
-            f"--output_dir {output_dir}: {lock_path} is {problem}, where hfbert keeps its run lock (a plain file "
-            "it writes and removes): remove it, then rerun"
-        )
+        raise _not_its_lock(lock_path, problem)
     with ExitStack() as release:  # undone last to first, also where taking the lock file's flock fails
         folder_fd = _lock_folder_itself(output_dir)
         if folder_fd is not None:
             release.callback(os.close, folder_fd)
         fd = _open_locked(lock_path)
-        release.callback(_remove_if_empty, created)
         release.callback(os.close, fd)
+        if not _holds_a_run_lock(fd):
+            raise _not_its_lock(lock_path, _NO_RUN_LOCK)
+        release.callback(_remove_if_empty, created)
         # Removed while still held: a run that opened it meanwhile sees another inode and locks a new file.
         release.callback(lock_path.unlink, missing_ok=True)
         # Written in place, not via a renamed temporary file: the flock belongs to this file's inode.

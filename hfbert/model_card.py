@@ -34,9 +34,10 @@ REQUIRED_UPLOAD_FILES = ("config.json", "model.safetensors", MODEL_CARD_NAME)
 # the user's.
 FINAL_FOLDER_NAMES = (
     "README.md", "config.json", "configuration_hfbert.py", "modeling_hfbert.py", "model.safetensors",
-    "model-*-of-*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "vocab.txt", "eval_results.json", "training_args.json", "log_history.json",
-    "run_health.json", "samples.md", "samples_*.png", "training_curves.png",
+    "model-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].safetensors", "model.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "eval_results.json",
+    "training_args.json", "log_history.json", "run_health.json", "samples.md", "samples_similarity.png",
+    "samples_attention.png", "training_curves.png",
 )  # fmt: skip
 # Checkpoints, hidden files (temporary files, .tmp-checkpoint-*, caches) and bytecode, at any depth.
 NOT_UPLOADED = [f"{CHECKPOINT_PREFIX}*", ".*", "*/.*", "__pycache__/", "*/__pycache__/"]
@@ -283,7 +284,11 @@ def upload_file_set(folder: str | os.PathLike) -> list[str]:
     (`FINAL_FOLDER_NAMES`)."""
     recorded = recorded_final_files(folder)
     if not recorded:  # lost (`cp -r run/*` leaves hidden files behind), empty, or from before it existed
-        return [name for name in _visible_files(folder) if any(fnmatch(name, name_of) for name_of in FINAL_FOLDER_NAMES)]
+        return [
+            name
+            for name in _visible_files(folder)
+            if "/" not in name and any(fnmatch(name, name_of) for name_of in FINAL_FOLDER_NAMES)  # top level only
+        ]
     return [name for name in _visible_files(folder) if name in recorded]  # hfbert publishes files
 
 
@@ -343,8 +348,9 @@ def push_to_hub(
     if changed:  # e.g. a hard link to a file from outside the folder at a published name
         raise Refusal(
             f"--push_to_hub: nothing was uploaded: {folder / changed[0]} is not the file the run published there "
-            f"(another size or sha256 than its {FINAL_RECORD} records): put back the run's file, or leave it out of "
-            f"the folder and upload it yourself (`hf upload {repo_id} <file>`)"
+            f"(another size or sha256 than its {FINAL_RECORD} records, or modified after a record of names only, "
+            "as an older hfbert wrote): put back the run's file, or leave it out of the folder and upload it "
+            f"yourself (`hf upload {repo_id} <file>`)"
         )
     try:  # every JSON and safetensors file that would be uploaded: a damaged one is named, nothing uploaded
         check_readable((folder / name for name in files), FINAL_FOLDER_FIX)
@@ -374,9 +380,14 @@ def card_for(folder: Path, repo_id: str) -> bytes:
     given, or the folder's name) and fine-tune a clone of it, its title is `repo_id`'s name; the folder's own file
     is left as it is."""
     text = (folder / MODEL_CARD_NAME).read_bytes().decode("utf-8", "surrogateescape")  # any bytes, kept as they are
-    text = re.sub(r'(from_pretrained\(|model=)"[^"\n]*"', rf'\1"{repo_id}"', text)
-    text = re.sub(r"(python -m hfbert\.finetune )\S+", rf"\g<1>{repo_id.split('/')[-1]}", text)
-    text = re.sub(r"^# .*$", f"# {repo_id.split('/')[-1]}", text, count=1, flags=re.MULTILINE)  # the title
+    # Only the ids training wrote (its snippets come first): a line of the user's about another model is kept.
+    if written := re.search(r'from_pretrained\("([^"\n]*)"', text):
+        for call in ("from_pretrained(", "model="):
+            text = text.replace(f'{call}"{written[1]}"', f'{call}"{repo_id}"')
+    if written := re.search(r"python -m hfbert\.finetune (\S+)", text):
+        name, new_name = re.escape(written[1]), repo_id.split("/")[-1]
+        text = re.sub(rf"(python -m hfbert\.finetune ){name}(?=\s)", rf"\g<1>{new_name}", text)
+        text = re.sub(rf"^# {name}$", f"# {new_name}", text, count=1, flags=re.MULTILINE)  # the title
     return text.encode("utf-8", "surrogateescape")
 
 

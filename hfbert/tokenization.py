@@ -45,11 +45,11 @@ from hfbert.errors import Refusal, run_cli
 from hfbert.files import (
     RUN_LOCK_NAME,
     WRITE_ERRORS,
-    changed_published_files,
     check_local_files,
     check_local_path_exists,
     describe_write_failure,
     is_disk_full,
+    not_as_published,
     recorded_final_files,
     run_folder_lock,
     running_no_folder_code,
@@ -407,7 +407,7 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
     theirs = [name for name in _SAVED_TOKENIZER_FILES if (folder / name).exists()]
     recorded = recorded_final_files(folder)
     theirs = [name for name in theirs if name not in recorded or (folder / name).is_symlink()]
-    changed = changed_published_files(folder, [name for name in _SAVED_TOKENIZER_FILES if name in recorded])
+    changed = not_as_published(folder, [name for name in _SAVED_TOKENIZER_FILES if name in recorded])
     theirs += [f"{name} (changed since hfbert wrote it)" for name in changed]
     if theirs and not overwrite_output_dir:
         raise Refusal(

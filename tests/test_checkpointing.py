@@ -1311,3 +1311,27 @@ def test_a_file_the_manifest_does_not_list_is_no_part_of_the_resume(tmp_path, wr
     run = build_run()
     resume(run, checkpoint)
     assert run[5].completed_steps == 4 and not marker.exists()
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "latest"])
+def test_a_users_file_moved_in_with_an_older_time_at_a_published_name_is_theirs(tmp_path, mode):
+    """The ninth attack (16a18ca), A: a user's README.md moved over the card (`mv`, `cp -p` and `rsync -a` keep
+    its older time) was taken as hfbert's and replaced: the time was asked before the record's sha256."""
+    from hfbert.files import write_final_record
+
+    run_dir = tmp_path / "run"
+    save_steps(run_dir, [2])
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "README.md").write_text("hfbert's README.md")
+    write_final_record(staging, run_dir)
+    for path in staging.iterdir():
+        shutil.copy2(path, run_dir / path.name)
+    (tmp_path / "notes.md").write_text("MY PRECIOUS NOTES")
+    os.utime(tmp_path / "notes.md", (946684800, 946684800))  # 2000-01-01
+    (tmp_path / "notes.md").rename(run_dir / "README.md")
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(
+            run_dir, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite"
+        )
+    assert "README.md (changed since hfbert wrote it)" in str(refused.value)

@@ -369,8 +369,9 @@ def test_a_push_uploads_only_the_bytes_the_final_folder_published_but_the_card(t
         push_to_hub(folder, "someone/hfbert-tiny")
     assert str(refused.value) == (
         f"--push_to_hub: nothing was uploaded: {folder / 'samples.md'} is not the file the run published there "
-        f"(another size or sha256 than its {FINAL_RECORD} records): put back the run's file, or leave it out of "
-        "the folder and upload it yourself (`hf upload someone/hfbert-tiny <file>`)"
+        f"(another size or sha256 than its {FINAL_RECORD} records, or modified after a record of names only, as "
+        "an older hfbert wrote): put back the run's file, or leave it out of the folder and upload it yourself "
+        "(`hf upload someone/hfbert-tiny <file>`)"
     )
     create_repo.assert_not_called()
 
@@ -401,4 +402,52 @@ def test_a_push_uploads_no_hard_link(tmp_path, name, record):
         f"of the file there (`cp {folder / name} {folder / name}.copy && mv {folder / name}.copy "
         f"{folder / name}`), or remove it"
     )
+    create_repo.assert_not_called()
+
+
+def test_a_folder_without_its_record_uploads_no_file_of_a_subfolder_nor_a_name_hfbert_never_writes(tmp_path):
+    """The ninth attack (16a18ca), D: the names were matched with fnmatch, whose `*` matches `/` too, so
+    `samples_family/2024/passport.png` and `model-backups/old-of-2.safetensors` went, and so did a top-level
+    `samples_x.png`, a name no final folder publishes."""
+    folder = make_run_folder(tmp_path)
+    for name in ("samples_family/2024/passport.png", "model-backups/old-of-2.safetensors", "samples_x.png"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("mine")
+    for name in ("samples_attention.png", "model-00001-of-00002.safetensors"):
+        (folder / name).write_text("hfbert's")
+    assert upload_file_set(folder) == sorted(
+        [*FINAL_FILES, "README.md", "samples_attention.png", "model-00001-of-00002.safetensors"]
+    )
+
+
+def test_the_pushed_card_rewrites_only_the_id_training_wrote(tmp_path):
+    """The ninth attack (16a18ca), E: every `from_pretrained("...")` and `model="..."` of the card was rewritten to
+    the pushed id, the user's own lines about other models included."""
+    from hfbert.model_card import card_for
+
+    folder = make_run_folder(tmp_path)
+    mine = (
+        "\n## Compared with\n\n```python\n"
+        'baseline = AutoModel.from_pretrained("google-bert/bert-base-uncased")\n'
+        'pipe = pipeline("fill-mask", model="distilbert/distilbert-base-uncased")\n```\n'
+    )
+    (folder / "README.md").write_text((folder / "README.md").read_text() + mine)
+    card = card_for(folder, "me/pushed").decode()
+    assert card.endswith(mine)
+    assert 'from_pretrained("me/pushed")' in card and "\n# pushed\n" in card
+
+
+def test_a_push_refuses_a_file_newer_than_a_names_only_record(tmp_path):
+    """The ninth attack (16a18ca), F: with an older hfbert's names-only record, a file modified after it is the
+    user's for --overwrite_output_dir (K2) but was pushed: a push holds it to the same rule."""
+    folder = make_run_folder(tmp_path)
+    (folder / FINAL_RECORD).write_text(json.dumps(sorted([*FINAL_FILES, "README.md"])))
+    written = (folder / FINAL_RECORD).stat().st_mtime_ns
+    for name in [*FINAL_FILES, "README.md"]:
+        os.utime(folder / name, ns=(written - 10**9, written - 10**9))
+    (folder / "eval_results.json").write_text('{"my_private_api_key": "sk-123"}')
+    os.utime(folder / "eval_results.json", ns=(written + 10**9, written + 10**9))
+    with mock.patch.object(HfApi, "create_repo") as create_repo, pytest.raises(Refusal) as refused:
+        push_to_hub(folder, "someone/hfbert-tiny")
+    assert f"{folder / 'eval_results.json'} is not the file the run published there" in str(refused.value)
     create_repo.assert_not_called()

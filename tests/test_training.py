@@ -953,7 +953,8 @@ def test_resuming_into_a_folder_of_another_finished_run_is_refused_untouched(tmp
 def test_one_auto_command_starts_a_run_interrupted_during_data_preparation_and_then_resumes_it(tmp_path, run_inputs, caplog):
     output_dir = tmp_path / "run"
     (output_dir / ".tokenizer").mkdir(parents=True)  # SIGTERM while preparing data: no checkpoint yet
-    (output_dir / RUN_LOCK_NAME).write_text("{}")
+    crashed = {"pid": 999999, "host": "node-7", "started": "2026-11-24 03:16:19 UTC"}  # as a killed run left it
+    (output_dir / RUN_LOCK_NAME).write_text(json.dumps(crashed) + "\n")
     args = run_args(run_inputs, output_dir, "--max_train_steps", "2", "--checkpointing_steps", "2")
     args += ["--resume_from_checkpoint", "auto"]
     train_in_process(args)
