@@ -48,9 +48,8 @@ from hfbert.files import (
     describe_write_failure,
     holds_tokenizer,
     is_disk_full,
-    not_as_published,
+    not_replaceable,
     read_json,
-    recorded_final_files,
     sha256_file,
     write_json_atomic,
     write_tokenizer,
@@ -408,7 +407,8 @@ def save_checkpoint(
         _write_manifest(temp_folder, step, accelerator.num_processes)
 
     state = partial(accelerator.save_state, str(temp_folder), safe_serialization=True)
-    for write in (state, write_main_files if accelerator.is_main_process else None):  # each agreed on
+    in_the_way = partial(_refuse_replacing_theirs, final_folder) if accelerator.is_main_process else None
+    for write in (in_the_way, state, write_main_files if accelerator.is_main_process else None):  # each agreed on
         write_on_every_process(accelerator, write, final_folder, output_dir, staged=temp_folder)
     if accelerator.is_main_process:
         _put_in_place(temp_folder, final_folder, total_limit)
@@ -436,6 +436,19 @@ class RunCheckpoints:
             accelerator, self.output_dir, step, self.total_limit, progress=progress, tokenizer=self.tokenizer,
             model_config=self.model_config, json_files=files,
         )  # fmt: skip
+
+
+def _refuse_replacing_theirs(final_folder: Path) -> None:
+    """Refuse a save over a `checkpoint-N` that is not hfbert's, made while the run trained (a folder of notes, a
+    copy of another checkpoint): the same-step replace would delete it."""
+    if not (final_folder.exists() or final_folder.is_symlink()):
+        return
+    if theirs := _not_hfberts(final_folder.parent, [final_folder.name]):
+        raise CheckpointError(
+            f"Did not save {final_folder.name}: {final_folder} holds what hfbert did not write ({', '.join(theirs)}), "
+            f"which the save would replace; the run stops here. Move it out of {final_folder.parent}, then resume "
+            "with the same command plus --resume_from_checkpoint latest"
+        )
 
 
 def _put_in_place(temp_folder: Path, final_folder: Path, total_limit: int | None) -> None:
@@ -469,6 +482,8 @@ def write_on_every_process(
             written = write()
     except WRITE_ERRORS as error:  # the message before any cleanup frees space
         message, cause = write_failure_message(error, path, output_dir), error
+    except CheckpointError as refused:  # a write refused before it began (what is in its way is the user's)
+        message, cause = str(refused), refused
     if accelerator.num_processes > 1:
         try:
             message = next((m for m in gather_object([message]) if m is not None), None)
@@ -823,12 +838,13 @@ def _run_folder_names(output_dir: Path) -> list[str]:
 
 def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
     """What of `names` (in `output_dir`) hfbert did not write, as a refusal names it: all but its hidden folders,
-    the files its final folders published (`FINAL_RECORD`; a link, a folder or a file changed since at such a
-    name is the user's) and its
-    checkpoints, of which a file the manifest does not list ('checkpoint-8/my_eval.txt') or one without a manifest
+    the files its final folders published (`not_replaceable`) and its checkpoints, of which a file the manifest does not list ('checkpoint-8/my_eval.txt') or one without a manifest
     ('checkpoint-7 (no ...)')."""
-    published, foreign = recorded_final_files(output_dir), []
-    changed = set(not_as_published(output_dir, [name for name in names if name in published]))
+    foreign: list[str] = []
+    others = [
+        name for name in names if not (_CHECKPOINT_NAME.match(name) or name == _TRAINED_TOKENIZER or _RUN_MARKER.fullmatch(name))
+    ]
+    theirs = not_replaceable(output_dir, others)  # the final folder's names: only what it published as it is
     for name in names:
         if _CHECKPOINT_NAME.match(name):
             unlisted = _unlisted_files(output_dir / name)
@@ -841,14 +857,8 @@ def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
                 foreign += [f"{name}/{file}" for file in unlisted]
         elif name == _TRAINED_TOKENIZER:
             foreign += _not_tokenizer_files(output_dir, name)
-        elif name in published and (output_dir / name).is_symlink():  # hfbert publishes regular files only
-            foreign.append(f"{name} (a link)")
-        elif name in published and (output_dir / name).is_dir():
-            foreign.append(f"{name} (a folder)")
-        elif name in changed:
-            foreign.append(f"{name} (changed since hfbert wrote it)")
-        elif not (_RUN_MARKER.fullmatch(name) or name in published):
-            foreign.append(name)
+        elif name in theirs:
+            foreign.append(theirs[name])
     return foreign
 
 

@@ -284,6 +284,26 @@ def _read_record(path: Path) -> dict[str, Any]:
     return {name: entry for name, entry in record.items() if isinstance(entry, dict)} if isinstance(record, dict) else {}
 
 
+def not_replaceable(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, str]:
+    """Which of `names` in `folder` a save of hfbert's may not replace, each with how a refusal names it: all but
+    files its `FINAL_RECORD` lists as published there (a link or a folder at such a name, or a file not as
+    published, `not_as_published`, is the user's)."""
+    folder = Path(folder)
+    present = [name for name in names if (folder / name).exists() or (folder / name).is_symlink()]
+    published, changed = recorded_final_files(folder), set(not_as_published(folder, present))
+    theirs = {}
+    for name in present:
+        if name not in published:
+            theirs[name] = name
+        elif (folder / name).is_symlink():  # hfbert publishes regular files only
+            theirs[name] = f"{name} (a link)"
+        elif (folder / name).is_dir():
+            theirs[name] = f"{name} (a folder)"
+        elif name in changed:
+            theirs[name] = f"{name} (changed since hfbert wrote it)"
+    return theirs
+
+
 # The largest file whose sha256 `changed_since` takes: the JSON and text a user edits, never the weights.
 _HASHED_EDIT_BYTES = 1 << 20
 
@@ -311,13 +331,19 @@ def publish_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> 
     ready = folder / FINAL_READY
     if not ready.is_dir():
         return False
+    # Checked again here, not only before work: a user may have written a file at one of the names meanwhile.
+    if theirs := not_replaceable(folder, [path.name for path in ready.iterdir() if path.name != FINAL_RECORD]):
+        raise CheckpointError(
+            f"The new files are complete in {ready} but not published: {folder} holds {', '.join(theirs.values())}, which "
+            f"hfbert did not write there and publishing would replace: move {'it' if len(theirs) == 1 else 'them'} "
+            "out of the folder, then rerun the command (a training run with --resume_from_checkpoint latest), "
+            "which publishes them first"
+        )
     if (ready / commit_file).exists():
         (folder / commit_file).unlink(missing_ok=True)
-    for path in sorted(ready.iterdir(), key=lambda p: p.name == commit_file):
-        target = folder / path.name
-        if path.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-        os.replace(path, target)
+    # The record last: an interrupted publish leaves the old one, which the files still to move are as.
+    for path in sorted(ready.iterdir(), key=lambda p: (p.name == FINAL_RECORD, p.name == commit_file)):
+        os.replace(path, folder / path.name)
     ready.rmdir()
     return True
 

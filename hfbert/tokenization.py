@@ -49,8 +49,7 @@ from hfbert.files import (
     check_local_path_exists,
     describe_write_failure,
     is_disk_full,
-    not_as_published,
-    recorded_final_files,
+    not_replaceable,
     run_folder_lock,
     running_no_folder_code,
     staged_files,
@@ -404,11 +403,7 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
             f"--output_dir {folder} holds a folder at {', '.join(folders)}, where the tokenizer writes a file: "
             f"move {'it' if len(folders) == 1 else 'them'} out of the folder, or pass another --output_dir"
         )
-    theirs = [name for name in _SAVED_TOKENIZER_FILES if (folder / name).exists()]
-    recorded = recorded_final_files(folder)
-    theirs = [name for name in theirs if name not in recorded or (folder / name).is_symlink()]
-    changed = not_as_published(folder, [name for name in _SAVED_TOKENIZER_FILES if name in recorded])
-    theirs += [f"{name} (changed since hfbert wrote it)" for name in changed]
+    theirs = list(not_replaceable(folder, _SAVED_TOKENIZER_FILES).values())
     if theirs and not overwrite_output_dir:
         raise Refusal(
             f"--output_dir {folder} holds a tokenizer hfbert did not write ({', '.join(sorted(theirs))}), or one an "

@@ -1335,3 +1335,28 @@ def test_a_users_file_moved_in_with_an_older_time_at_a_published_name_is_theirs(
             run_dir, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite"
         )
     assert "README.md (changed since hfbert wrote it)" in str(refused.value)
+
+
+@pytest.mark.parametrize("made", ["notes", "copy"])
+def test_a_checkpoint_folder_the_user_made_during_the_run_is_not_replaced_by_its_save(tmp_path, made):
+    """The ninth attack (16a18ca), C: a `checkpoint-8` the user made while the run trained (a folder of notes, a
+    `cp -a checkpoint-4 checkpoint-8` backup) was parked and deleted by the save of update 8. Every process stops
+    there instead, naming it; a same-step save over hfbert's own checkpoint still replaces it."""
+    run = save_steps(tmp_path, [4, 4])  # hfbert's own, saved twice: replaced
+    if made == "notes":
+        (tmp_path / "checkpoint-8").mkdir()
+        (tmp_path / "checkpoint-8" / "notes.txt").write_text("mine")
+        shown = "checkpoint-8 (no checkpoint_manifest.json)"
+    else:
+        shutil.copytree(tmp_path / "checkpoint-4", tmp_path / "checkpoint-8")
+        shown = "checkpoint-8 (a copy of checkpoint-4)"
+    before = listing(tmp_path)
+    run[5].completed_steps = 8
+    with pytest.raises(CheckpointWriteError) as refused:  # a run failure, as a failed save is
+        save_checkpoint(run[0], tmp_path, 8, progress=run[5].state_dict())
+    assert str(refused.value) == (
+        f"Did not save checkpoint-8: {tmp_path / 'checkpoint-8'} holds what hfbert did not write ({shown}), which "
+        f"the save would replace; the run stops here. Move it out of {tmp_path}, then resume with the same "
+        "command plus --resume_from_checkpoint latest"
+    )
+    assert listing(tmp_path) == before

@@ -24,6 +24,7 @@ from hfbert.checkpointing import check_run_folder
 from hfbert.errors import CheckpointError, Refusal
 from hfbert.files import (
     FINAL_READY,
+    FINAL_RECORD,
     NEARLY_FULL_BYTES,
     RUN_LOCK_NAME,
     _folder_in_use,
@@ -82,11 +83,14 @@ def write_set(folder, tag):
 
 
 def test_final_files_replace_the_previous_set_and_keep_other_files(tmp_path):
+    from hfbert.files import write_final_record
+
     write_set(tmp_path, "old")
+    write_final_record(tmp_path, tmp_path)  # as hfbert published it
     (tmp_path / "checkpoint-4").mkdir()
     with staged_files(tmp_path) as staging:
         write_set(staging, "new")
-    assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.is_file()} == dict.fromkeys(
+    assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.is_file() and p.name != FINAL_RECORD} == dict.fromkeys(
         ("config.json", "model.safetensors", "README.md"), "new"
     )
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["checkpoint-4"]
@@ -102,7 +106,10 @@ def test_a_crash_while_staging_leaves_the_previous_set(tmp_path):
 
 
 def test_an_interrupted_publish_never_mixes_sets_and_is_finished_later(tmp_path):
+    from hfbert.files import write_final_record
+
     write_set(tmp_path, "old")
+    write_final_record(tmp_path, tmp_path)  # as hfbert published it
     moved = []
     real_replace = __import__("os").replace
 
@@ -120,7 +127,7 @@ def test_an_interrupted_publish_never_mixes_sets_and_is_finished_later(tmp_path)
     # Mid-publish: the old weights are gone, so no reader loads new config + old weights (or the reverse).
     assert not (tmp_path / "model.safetensors").exists()
     assert publish_files(tmp_path)  # the next run (or hfbert.push) finishes the job
-    assert all(p.read_text() == "new" for p in tmp_path.iterdir())
+    assert all(p.read_text() == "new" for p in tmp_path.iterdir() if p.name != FINAL_RECORD)
     assert not publish_files(tmp_path)
 
 
@@ -314,17 +321,16 @@ def test_a_safetensors_file_of_just_its_header_passes(tmp_path):
     check_safetensors(tmp_path / "model.safetensors", "FIX")
 
 
-def test_publish_moves_the_weights_last_and_replaces_whole_subfolders(tmp_path):
+def test_publish_moves_the_weights_last_and_the_record_after_them(tmp_path):
+    from hfbert.files import write_final_record
+
     write_set(tmp_path, "old")
-    (tmp_path / "tokenizer").mkdir()
-    (tmp_path / "tokenizer" / "old.txt").write_text("old")
+    write_final_record(tmp_path, tmp_path)
     ready = tmp_path / FINAL_READY
     ready.mkdir()
     for name in ("config.json", "model.safetensors", "tokenizer.json"):  # the weights sort in the middle
         (ready / name).write_text("new")
-    for sub in ("tokenizer", "onnx"):  # one replaces an older folder, one is new
-        (ready / sub).mkdir()
-        (ready / sub / "new.txt").write_text("new")
+    write_final_record(ready, tmp_path)
     targets = []
     real_replace = os.replace
 
@@ -334,9 +340,8 @@ def test_publish_moves_the_weights_last_and_replaces_whole_subfolders(tmp_path):
 
     with mock.patch("hfbert.files.os.replace", record):
         assert publish_files(tmp_path)
-    assert targets[-1] == "model.safetensors" and len(targets) == 5
-    assert [p.name for p in (tmp_path / "tokenizer").iterdir()] == ["new.txt"]
-    assert [p.name for p in (tmp_path / "onnx").iterdir()] == ["new.txt"]
+    # The record last: a publish interrupted before it leaves the old one, which the files not yet moved are as.
+    assert targets[-2:] == ["model.safetensors", FINAL_RECORD] and len(targets) == 4
     assert not ready.exists()
 
 
@@ -555,3 +560,36 @@ def test_where_a_folder_cannot_be_flocked_the_lock_file_alone_holds_it(tmp_path)
     ):
         pass
     assert not output_dir.exists()
+
+
+@pytest.mark.parametrize("made", ["written", "link", "folder"])
+def test_a_publish_replaces_no_file_written_at_its_names_since_the_last_one(tmp_path, made):
+    """The ninth attack (16a18ca), B: a README.md (or samples.md) the user wrote into the output folder while the
+    run trained was replaced by the final folder's publish, whose files were checked only before work. The
+    complete set waits in `.final-ready` instead, published by the next run once the file is moved out."""
+    from hfbert.files import write_final_record
+
+    write_set(tmp_path, "old")
+    write_final_record(tmp_path, tmp_path)  # as hfbert published the old set
+    (tmp_path / "README.md").unlink()
+    if made == "written":
+        (tmp_path / "README.md").write_text("MY NOTES written during training")
+    elif made == "link":
+        (tmp_path / "README.md").symlink_to(tmp_path / "config.json")
+    else:
+        (tmp_path / "README.md").mkdir()
+    shown = {"written": "README.md (changed since hfbert wrote it)", "link": "README.md (a link)"}.get(made, "README.md (a folder)")
+    with pytest.raises(CheckpointError) as refused, staged_files(tmp_path) as staging:
+        write_set(staging, "new")
+    assert str(refused.value) == (
+        f"The new files are complete in {tmp_path / FINAL_READY} but not published: {tmp_path} holds {shown}, which "
+        "hfbert did not write there and publishing would replace: move it out of the folder, then rerun the command "
+        "(a training run with --resume_from_checkpoint latest), which publishes them first"
+    )
+    assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.is_file() and not p.is_symlink()} == {
+        **dict.fromkeys(("config.json", "model.safetensors"), "old"), FINAL_RECORD: (tmp_path / FINAL_RECORD).read_text(),
+        **({"README.md": "MY NOTES written during training"} if made == "written" else {}),
+    }
+    (tmp_path / "README.md").unlink() if made != "folder" else (tmp_path / "README.md").rmdir()
+    assert publish_files(tmp_path)
+    assert all(p.read_text() == "new" for p in tmp_path.iterdir() if p.name != FINAL_RECORD)
