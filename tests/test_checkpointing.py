@@ -3,6 +3,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from unittest import mock
@@ -1240,29 +1241,38 @@ def test_a_users_copy_of_a_checkpoint_under_another_number_is_theirs(tmp_path, c
     assert listing(tmp_path) == before
 
 
+def published_run(tmp_path: Path, mode: str, names_only: bool = False) -> tuple[Path, int, Callable[[], None]]:
+    """A run folder with checkpoint-2 and a published README.md and config.json (times kept, as publish_files
+    moves them), recorded with sizes or, as an older hfbert did, by name only: (the folder, the record's mtime,
+    the folder check of `mode`, "overwrite" or "latest")."""
+    from hfbert.files import write_final_record
+
+    run_dir = tmp_path / "run"
+    save_steps(run_dir, [2])
+    for name in ("README.md", "config.json"):
+        (run_dir / name).write_text(f"hfbert's {name}")
+    if names_only:
+        (run_dir / FINAL_RECORD).write_text(json.dumps(["README.md", "config.json"]))
+    else:
+        write_final_record(run_dir, run_dir)
+    written = (run_dir / FINAL_RECORD).stat().st_mtime_ns
+    for name in ("README.md", "config.json"):
+        os.utime(run_dir / name, ns=(written - 10**9, written - 10**9))  # published before the record
+    check_folder = partial(
+        check_run_folder, run_dir, resume_from_checkpoint="latest" if mode == "latest" else None,
+        overwrite_output_dir=mode == "overwrite",
+    )  # fmt: skip
+    check_folder()  # as published: hfbert's
+    return run_dir, written, check_folder
+
+
 @pytest.mark.parametrize("mode", ["overwrite", "latest"])
 def test_a_published_file_the_user_edited_is_theirs(tmp_path, mode):
     """The seventh attack (731f08a), B2: the final folder's record held names only, so a README.md the user
     added notes to was replaced by a resume's final folder and by --overwrite_output_dir, with no message. The
     record holds each file's size and sha256; one changed after it was written is the user's (as in a
     checkpoint, F8)."""
-    from hfbert.files import write_final_record
-
-    run_dir = tmp_path / "run"
-    save_steps(run_dir, [2])
-    staging = tmp_path / "staging"
-    staging.mkdir()
-    for name in ("README.md", "config.json"):
-        (staging / name).write_text(f"hfbert's {name}")
-    write_final_record(staging, run_dir)
-    for path in staging.iterdir():
-        shutil.copy2(path, run_dir / path.name)  # published as publish_files moves them: times kept
-    written = (run_dir / FINAL_RECORD).stat().st_mtime_ns
-    check_folder = partial(
-        check_run_folder, run_dir, resume_from_checkpoint="latest" if mode == "latest" else None,
-        overwrite_output_dir=mode == "overwrite",
-    )  # fmt: skip
-    check_folder()
+    run_dir, written, check_folder = published_run(tmp_path, mode)
     (run_dir / "README.md").write_text("hfbert's README.md\n\nMy notes.")
     os.utime(run_dir / "README.md", ns=(written + 10**9, written + 10**9))
     with pytest.raises(CheckpointError) as refused:
@@ -1276,19 +1286,7 @@ def test_a_published_file_edited_since_a_names_only_record_is_theirs(tmp_path, m
     """The eighth attack (2b53043), K2: a record an older hfbert wrote lists names only, so a README.md the user
     edited since was replaced. Without sizes, a file modified after its record was written may be an edit: it is
     the user's (files as published, times kept, stay hfbert's)."""
-    run_dir = tmp_path / "run"
-    save_steps(run_dir, [2])
-    for name in ("README.md", "config.json"):
-        (run_dir / name).write_text(f"hfbert's {name}")
-    (run_dir / FINAL_RECORD).write_text(json.dumps(["README.md", "config.json"]))
-    written = (run_dir / FINAL_RECORD).stat().st_mtime_ns
-    for name in ("README.md", "config.json"):
-        os.utime(run_dir / name, ns=(written - 10**9, written - 10**9))  # published before the record
-    check_folder = partial(
-        check_run_folder, run_dir, resume_from_checkpoint="latest" if mode == "latest" else None,
-        overwrite_output_dir=mode == "overwrite",
-    )  # fmt: skip
-    check_folder()
+    run_dir, written, check_folder = published_run(tmp_path, mode, names_only=True)
     (run_dir / "README.md").write_text("hfbert's README.md\n\nMy notes.")
     os.utime(run_dir / "README.md", ns=(written + 10**9, written + 10**9))
     with pytest.raises(CheckpointError) as refused:
@@ -1317,23 +1315,12 @@ def test_a_file_the_manifest_does_not_list_is_no_part_of_the_resume(tmp_path, wr
 def test_a_users_file_moved_in_with_an_older_time_at_a_published_name_is_theirs(tmp_path, mode):
     """The ninth attack (16a18ca), A: a user's README.md moved over the card (`mv`, `cp -p` and `rsync -a` keep
     its older time) was taken as hfbert's and replaced: the time was asked before the record's sha256."""
-    from hfbert.files import write_final_record
-
-    run_dir = tmp_path / "run"
-    save_steps(run_dir, [2])
-    staging = tmp_path / "staging"
-    staging.mkdir()
-    (staging / "README.md").write_text("hfbert's README.md")
-    write_final_record(staging, run_dir)
-    for path in staging.iterdir():
-        shutil.copy2(path, run_dir / path.name)
+    run_dir, _, check_folder = published_run(tmp_path, mode)
     (tmp_path / "notes.md").write_text("MY PRECIOUS NOTES")
     os.utime(tmp_path / "notes.md", (946684800, 946684800))  # 2000-01-01
     (tmp_path / "notes.md").rename(run_dir / "README.md")
     with pytest.raises(CheckpointError) as refused:
-        check_run_folder(
-            run_dir, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite"
-        )
+        check_folder()
     assert "README.md (changed since hfbert wrote it)" in str(refused.value)
 
 
