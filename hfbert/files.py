@@ -19,7 +19,7 @@ import socket
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from itertools import takewhile
 from pathlib import Path
@@ -160,7 +160,9 @@ def staged_folder(folder: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def staged_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> Iterator[Path]:
+def staged_files(
+    folder: str | os.PathLike, commit_file: str = COMMIT_FILE, replacing: Collection[str] = ()
+) -> Iterator[Path]:
     """Stage a set of files (a run's model, tokenizer, card, ...; a tokenizer's files) and publish them into
     `folder` as one set, keeping the folder's other files.
 
@@ -183,7 +185,7 @@ def staged_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> I
         shutil.rmtree(staging, ignore_errors=True)
         if created and not any(folder.iterdir()):  # a failed first save leaves no empty folder behind
             folder.rmdir()
-    publish_files(folder, commit_file)
+    publish_files(folder, commit_file, replacing)
 
 
 def recorded_final_files(folder: str | os.PathLike) -> set[str]:
@@ -320,19 +322,21 @@ def changed_since(path: Path, recorded: dict[str, Any], written_ns: int) -> bool
     return stat.st_size <= _HASHED_EDIT_BYTES and sha256_file(path) != recorded.get("sha256")
 
 
-def publish_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE) -> bool:
+def publish_files(folder: str | os.PathLike, commit_file: str = COMMIT_FILE, replacing: Collection[str] = ()) -> bool:
     """Move a complete `.final-ready` set into `folder` (idempotent: also finishes an interrupted publish).
 
     The old `commit_file` is removed first and the new one moved in last, so during the moves a reader finds
-    no weights at all (a loud error), never new weights beside an old config. Returns whether anything was
-    published.
+    no weights at all (a loud error), never new weights beside an old config. A file of the user's at one of its
+    names is refused (`not_replaceable`) unless the user asked to replace files of that name (`replacing`).
+    Returns whether anything was published.
     """
     folder = Path(folder)
     ready = folder / FINAL_READY
     if not ready.is_dir():
         return False
     # Checked again here, not only before work: a user may have written a file at one of the names meanwhile.
-    if theirs := not_replaceable(folder, [path.name for path in ready.iterdir() if path.name != FINAL_RECORD]):
+    names = [path.name for path in ready.iterdir() if path.name != FINAL_RECORD and path.name not in replacing]
+    if theirs := not_replaceable(folder, names):
         raise CheckpointError(
             f"The new files are complete in {ready} but not published: {folder} holds {', '.join(theirs.values())}, which "
             f"hfbert did not write there and publishing would replace: move {'it' if len(theirs) == 1 else 'them'} "

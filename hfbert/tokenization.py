@@ -422,12 +422,14 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite_output_dir: bool) 
         )
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike) -> None:
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike, replace_any: bool = False) -> None:
     """``save_pretrained`` staged and published as one set (``hfbert.files.staged_files``), with the record of
     its files (``FINAL_RECORD``: what a later save may replace): a crash never leaves a half-written tokenizer,
-    and other files in ``output_dir`` are kept."""
+    and other files in ``output_dir`` are kept. Tokenizer files hfbert did not write there are replaced only
+    with `replace_any` (--overwrite_output_dir)."""
+    replacing = _SAVED_TOKENIZER_FILES if replace_any else ()
     try:
-        with staged_files(output_dir, commit_file="tokenizer.json") as staging:
+        with staged_files(output_dir, commit_file="tokenizer.json", replacing=replacing) as staging:
             write_tokenizer(tokenizer, staging)
             write_final_record(staging, Path(output_dir))
     except WRITE_ERRORS as error:
@@ -497,7 +499,7 @@ def train_and_save(corpus_args: CorpusArguments, training_args: TokenizerTrainin
         model_max_length=training_args.model_max_length,
     )
     seconds = time.perf_counter() - started
-    save_tokenizer(tokenizer, training_args.output_dir)
+    save_tokenizer(tokenizer, training_args.output_dir, replace_any=training_args.overwrite_output_dir)
 
     megabytes = batches.bytes_read / 1e6
     lines = [

@@ -243,6 +243,9 @@ def test_main_replaces_only_a_tokenizer_it_wrote_itself(tmp_path, monkeypatch):
         "it, or another --output_dir"
     )
     assert {path.name: path.read_bytes() for path in theirs.iterdir()} == before
+    monkeypatch.undo()
+    main(["--vocab_size", "300", "--output_dir", str(theirs), "--overwrite_output_dir"])  # replaced, as asked
+    assert len(AutoTokenizer.from_pretrained(theirs)) == 300
 
 
 def test_main_refuses_an_output_dir_inside_the_corpus_folder_before_any_work(tmp_path):
