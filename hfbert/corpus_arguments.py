@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
-import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,14 +111,22 @@ def links_leading_out(path: str) -> list[Path]:
     return _matched_files(path)[1]
 
 
+def collection_folder(path: str) -> tuple[Path, bool]:
+    """The folder a folder or a glob reads files from (resolved), and whether it reads its subfolders: a folder is
+    taken by its name as it is (`notes [draft]` or `**bold**` is no pattern) and read whole; a glob starts in the
+    folder before its first wildcard and reaches in where a wildcard part is not its last or is `**`."""
+    if Path(path).expanduser().is_dir():
+        return Path(path).expanduser().resolve(), True
+    parts = Path(path).expanduser().parts
+    first = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    pattern = parts[first:]
+    return Path(*parts[:first]).resolve(), len(pattern) > 1 or "**" in pattern
+
+
 def _matched_files(path: str) -> tuple[list[Path], list[Path]]:
     """(the files of a folder or a glob inside it, the links among them that lead out of it), each sorted."""
-    if Path(path).is_dir():  # its name taken as it is: `notes [draft]` or `**bold**` is no pattern
-        pattern, folder = f"{glob.escape(path.rstrip('/'))}/**", Path(path).resolve()
-    else:
-        pattern = path
-        fixed = list(itertools.takewhile(lambda part: not glob.has_magic(part), Path(pattern).parts))
-        folder = Path(*fixed).resolve() if fixed else Path.cwd().resolve()
+    folder, _ = collection_folder(path)
+    pattern = f"{glob.escape(path.rstrip('/'))}/**" if Path(path).is_dir() else path
     try:
         matched = sorted(Path(name) for name in resolve_pattern(pattern, base_path=os.getcwd()))
     except FileNotFoundError:  # nothing matched
@@ -153,10 +160,7 @@ def check_output_outside_corpus(args: CorpusArguments, output_dir: str | os.Path
                         ("--dataset_name", args.dataset_name)):  # fmt: skip
         if value is None or not is_file_collection(value):
             continue
-        parts = Path(value).expanduser().parts
-        first = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
-        folder, pattern = Path(*parts[:first]).resolve(), parts[first:]  # a folder: no pattern, all of it
-        reaches_in = not pattern or len(pattern) > 1 or "**" in pattern
+        folder, reaches_in = collection_folder(value)
         if output == folder or (reaches_in and folder in output.parents):
             raise CorpusError(
                 f"--output_dir {output_dir} is inside the folder {flag} {value} reads ({folder}): what the run "

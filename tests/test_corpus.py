@@ -28,6 +28,7 @@ from hfbert.corpus_arguments import (
     SHIPPED_SAMPLE_FILES,
     CorpusArguments,
     CorpusError,
+    check_output_outside_corpus,
     corpus_fingerprint,
 )
 from hfbert.errors import Refusal
@@ -656,3 +657,11 @@ def test_a_folder_whose_name_has_glob_characters_is_read_as_the_folder(tmp_path,
     assert corpus_fingerprint(CorpusArguments(train_file=str(folder))) != corpus_fingerprint(
         CorpusArguments(train_file=str(tmp_path / "notes d"))
     )
+
+
+def test_an_output_inside_a_corpus_folder_whose_name_has_glob_characters_is_refused(tmp_path):
+    """The tenth attack (47cc435): `--train_file "g[1]/"` is read as that folder (S2), but the output check took
+    `g[1]` for a pattern starting in its parent, so `--output_dir g[1]/out` wrote the run into the corpus."""
+    folder = write_texts(tmp_path / "g[1]", {"a.txt": "Kept.\n"})
+    with pytest.raises(CorpusError, match=re.escape(f"--output_dir {folder / 'out'} is inside the folder --train_file")):
+        check_output_outside_corpus(CorpusArguments(train_file=f"{folder}/"), folder / "out")
