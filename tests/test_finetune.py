@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -1323,3 +1324,29 @@ def test_a_rerun_keeps_results_the_user_edited(tmp_path, folder, topic_files, ed
         r"move it out of the folder, or pass another --output_dir",
     )
     assert (out / name).read_text() == mine
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling link", "folder"])
+def test_a_model_card_that_is_no_regular_file_is_refused_before_training(tmp_path, folder, topic_files, kind):
+    """The eleventh attack (9a79a7c), X1: --update_model_card replaced a README.md linked to a file outside the
+    folder with a regular file of that file's text plus the results (a push then sent the outside text), and a
+    dangling link silently; a folder there ended in IsADirectoryError after the whole fine-tuning."""
+    model = tmp_path / "model"
+    shutil.copytree(folder, model, ignore=shutil.ignore_patterns("README.md"))
+    secret = tmp_path / "diary.md"
+    if kind == "folder":
+        (model / "README.md").mkdir()
+    else:
+        if kind == "link":
+            secret.write_text("SECRET diary")
+        (model / "README.md").symlink_to(secret)
+    shown = "a folder" if kind == "folder" else f"a symbolic link (to {secret})"
+    refused_before_training(
+        args_for(model, *topic_files, tmp_path / "out", "--update_model_card"),
+        re.escape(
+            f"--update_model_card: {model / 'README.md'} is {shown}, and the card is written as a regular file "
+            "in its place: put the card itself there, or remove it and a new one is written"
+        ),
+    )
+    assert (model / "README.md").is_dir() if kind == "folder" else (model / "README.md").is_symlink()
+    assert kind != "link" or secret.read_text() == "SECRET diary"

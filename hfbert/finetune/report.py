@@ -4,6 +4,7 @@ paired per seed with how sure it is, a per-seed plot, and the model card's `mode
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -143,6 +144,12 @@ def check_model_card(card_path: Path) -> None:
     import yaml
     from huggingface_hub import ModelCard
 
+    if card_path.is_symlink() or card_path.is_dir():  # written as a file in its place: the link's text, gone
+        shown = f"a symbolic link (to {os.readlink(card_path)})" if card_path.is_symlink() else "a folder"
+        raise Refusal(
+            f"--update_model_card: {card_path} is {shown}, and the card is written as a regular file in its "
+            "place: put the card itself there, or remove it and a new one is written"
+        )
     if not card_path.is_file():
         return
     try:
