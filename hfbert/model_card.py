@@ -380,14 +380,15 @@ def card_for(folder: Path, repo_id: str) -> bytes:
     given, or the folder's name) and fine-tune a clone of it, its title is `repo_id`'s name; the folder's own file
     is left as it is."""
     text = (folder / MODEL_CARD_NAME).read_bytes().decode("utf-8", "surrogateescape")  # any bytes, kept as they are
-    # Only the ids training wrote (its snippets come first): a line of the user's about another model is kept.
-    if written := re.search(r'from_pretrained\("([^"\n]*)"', text):
-        for call in ("from_pretrained(", "model="):
-            text = text.replace(f'{call}"{written[1]}"', f'{call}"{repo_id}"')
-    if written := re.search(r"python -m hfbert\.finetune (\S+)", text):
-        name, new_name = re.escape(written[1]), repo_id.split("/")[-1]
-        text = re.sub(rf"(python -m hfbert\.finetune ){name}(?=\s)", rf"\g<1>{new_name}", text)
-        text = re.sub(rf"^# {name}$", f"# {new_name}", text, count=1, flags=re.MULTILINE)  # the title
+    # Only the ids training wrote, not a line of the user's about another model: its title's name is the model's
+    # name, which its snippets load (under the --hub_model_id namespace, if any) and fine-tune.
+    if not (title := re.search(r"^# (.+)$", text, flags=re.MULTILINE)):
+        return text.encode("utf-8", "surrogateescape")
+    name, new_name = title[1], repo_id.split("/")[-1]
+    for call in ("from_pretrained(", "model="):
+        text = re.sub(rf'{re.escape(call)}"(?:[^"/\n]+/)?{re.escape(name)}"', f'{call}"{repo_id}"', text)
+    text = re.sub(rf"(python -m hfbert\.finetune ){re.escape(name)}(?=\s)", rf"\g<1>{new_name}", text)
+    text = text[: title.start()] + f"# {new_name}" + text[title.end() :]
     return text.encode("utf-8", "surrogateescape")
 
 

@@ -451,3 +451,22 @@ def test_a_push_refuses_a_file_newer_than_a_names_only_record(tmp_path):
         push_to_hub(folder, "someone/hfbert-tiny")
     assert f"{folder / 'eval_results.json'} is not the file the run published there" in str(refused.value)
     create_repo.assert_not_called()
+
+
+def test_the_pushed_card_rewrites_hfberts_snippets_not_a_users_line_above_them(tmp_path):
+    """The twelfth attack (cb90694), Z1: the push rewrote the first `from_pretrained("...")` and the first
+    `python -m hfbert.finetune X` of the card, so a user's line naming another model above hfbert's snippets was
+    rewritten and the snippets kept the folder's name. The ids training wrote are the title's name (or that name
+    under a namespace)."""
+    from hfbert.model_card import card_for
+
+    folder = make_run_folder(tmp_path)
+    card = (folder / "README.md").read_text()
+    title = next(line for line in card.splitlines() if line.startswith("# "))
+    mine = '\nCompare `AutoModel.from_pretrained("google-bert/bert-base-uncased")` and `python -m hfbert.finetune other`.\n'
+    (folder / "README.md").write_text(card.replace(title + "\n", title + "\n" + mine, 1))
+    pushed = card_for(folder, "me/pushed").decode()
+    assert mine in pushed and "\n# pushed\n" in pushed
+    assert 'from_pretrained("me/pushed")' in pushed and "python -m hfbert.finetune pushed" in pushed
+    assert 'from_pretrained("someone/hfbert-tiny"' not in pushed and 'model="someone/hfbert-tiny"' not in pushed
+    assert "hfbert.finetune someone/hfbert-tiny" not in pushed
