@@ -838,8 +838,8 @@ def _run_folder_names(output_dir: Path) -> list[str]:
 
 def _not_hfberts(output_dir: Path, names: list[str]) -> list[str]:
     """What of `names` (in `output_dir`) hfbert did not write, as a refusal names it: all but its hidden folders,
-    the files its final folders published (`not_replaceable`) and its checkpoints, of which a file the manifest does not list ('checkpoint-8/my_eval.txt') or one without a manifest
-    ('checkpoint-7 (no ...)')."""
+    the files its final folders published as they are (`not_replaceable`) and its checkpoints, of which a file
+    the manifest does not list ('checkpoint-8/my_eval.txt') or one without a manifest ('checkpoint-7 (no ...)')."""
     foreign: list[str] = []
     others = [
         name for name in names if not (_CHECKPOINT_NAME.match(name) or name == _TRAINED_TOKENIZER or _RUN_MARKER.fullmatch(name))
