@@ -647,6 +647,12 @@ def damage_newest_checkpoint(output_dir: Path, how: str, draw: random.Random) ->
         path.write_bytes(data[:at] + bytes([data[at] ^ (1 << draw.randrange(8))]) + data[at + 1 :] if data else b"\0")
     if how != "delete":  # as a disk's damage: the modification time kept (a file changed later is the user's edit)
         os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+        # and the change time no later than the manifest's: a disk's damage leaves it, a write sets it, so the
+        # manifest's time is moved up to it instead
+        manifest = newest / MANIFEST_NAME
+        if path != manifest:
+            changed = max(manifest.stat().st_mtime_ns, path.stat().st_ctime_ns)
+            os.utime(manifest, ns=(changed, changed))
     return f"{how} {path.relative_to(output_dir)}"
 
 

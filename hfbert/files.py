@@ -312,10 +312,12 @@ _HASHED_EDIT_BYTES = 1 << 20
 
 def changed_since(path: Path, recorded: dict[str, Any], written_ns: int) -> bool:
     """Whether the file `path`, recorded (`recorded`: its size and sha256) by a record written last at
-    `written_ns`, was changed after it: modified later and no longer as recorded. The time tells an edit from a
-    disk's damage (which keeps it), the record an edit from a copy (`cp -r`: every file newer, none changed)."""
+    `written_ns`, was changed after it: its inode changed later and it is no longer as recorded. The change time
+    tells a user's edit or file put in place (an edit, `mv`, `cp -p` and `ln` all set it, even where they keep an
+    older modification time) from a disk's damage (which leaves it), the record an edit from a copy (`cp -r`:
+    every file newer, none changed)."""
     stat = path.stat()
-    if path.is_symlink() or stat.st_mtime_ns <= written_ns:
+    if path.is_symlink() or stat.st_ctime_ns <= written_ns:
         return False
     if stat.st_size != recorded["size"]:
         return True

@@ -20,6 +20,7 @@ import torch
 from accelerate.state import AcceleratorState, GradientState
 
 from hfbert import HfBertConfig
+from hfbert.checkpointing import MANIFEST_NAME
 
 TINY_VOCAB_SIZE = 1000
 
@@ -119,14 +120,22 @@ DAMAGES = ("truncated", "garbled")
 
 def damage(path, how: str) -> None:
     """Cut `path` to half its size ("truncated"), or overwrite 8 bytes near its start ("garbled": a JSON file
-    stops parsing, a safetensors file's header too), keeping its size; its modification time kept, as a disk's
-    damage keeps it (a file changed later is the user's edit)."""
+    stops parsing, a safetensors file's header too), keeping its size, as a disk's damage would: its modification
+    time kept and, in a checkpoint, its change time no later than the manifest's time (a disk's damage leaves the
+    change time as hfbert left it, but a write sets it, so the manifest's time is moved up to it instead; a file
+    changed later is the user's)."""
+    path = Path(path)
     data, times = path.read_bytes(), path.stat()
     if how == "truncated":
         path.write_bytes(data[: len(data) // 2])
     else:
         path.write_bytes(data[:8] + b'"}]{#!@%' + data[16:])  # ends any string or object
     os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    for manifest in (folder / MANIFEST_NAME for folder in path.parents):
+        if manifest.is_file() and manifest != path:
+            changed = max(manifest.stat().st_mtime_ns, path.stat().st_ctime_ns)
+            os.utime(manifest, ns=(changed, changed))
+            break
 
 
 @pytest.fixture

@@ -1156,18 +1156,22 @@ def test_a_file_the_user_edited_in_a_checkpoint_is_theirs_and_never_deleted(tmp_
     """The fifth attack (c7ce483), F8: a file the user edited in a checkpoint (checkpoint-3/config.json; here
     checkpoint-2's training_progress.json) was judged by its name only: --overwrite_output_dir, a resume's
     rotation and its re-save of that step deleted the edit. A listed file changed after its manifest was written
-    is the user's; a copy of the folder (`cp -r`: every file newer, none changed) and damage that leaves the
-    modification time (as a disk's does) are still hfbert's."""
+    is the user's; a copy of the folder (`cp -r`: every file changed later, none other than recorded) and damage
+    that leaves the change time (as a disk's does) are still hfbert's."""
     save_steps(tmp_path, [2, 4])
-    manifest_time = (tmp_path / "checkpoint-2" / MANIFEST_NAME).stat().st_mtime_ns
+    manifest = tmp_path / "checkpoint-2" / MANIFEST_NAME
+    manifest_time = manifest.stat().st_mtime_ns - 10**9  # a second before the edit: a file system's clock may be coarse
+    os.utime(manifest, ns=(manifest_time, manifest_time))
     copied = tmp_path.parent / f"{tmp_path.name}-copy"
     shutil.copytree(tmp_path, copied)
     for path in copied.rglob("*"):
         os.utime(path, ns=(manifest_time + 10**9, manifest_time + 10**9 + len(path.name)))  # newer, in any order
+    for copied_manifest in copied.rglob(MANIFEST_NAME):  # every file of the copy changed after its manifest
+        os.utime(copied_manifest, ns=(manifest_time - 10**9, manifest_time - 10**9))
     check_run_folder(copied, resume_from_checkpoint="latest", overwrite_output_dir=False)
     for how in DAMAGES:
-        damage(copied / "checkpoint-2" / "model.safetensors", how)
-        check_run_folder(copied, resume_from_checkpoint=None, overwrite_output_dir=True)
+        damage(tmp_path / "checkpoint-4" / "model.safetensors", how)
+        check_run_folder(tmp_path, resume_from_checkpoint=None, overwrite_output_dir=True)
     edited = tmp_path / "checkpoint-2" / PROGRESS_JSON
     text = edited.read_text()
     edited.write_text(text + " " if edit == "longer" else text.replace("2", "3", 1))
@@ -1190,6 +1194,42 @@ def test_a_file_the_user_edited_in_a_checkpoint_is_theirs_and_never_deleted(tmp_
         assert f"checkpoint-2/{PROGRESS_JSON} (changed since hfbert wrote it)" in str(refused.value)
         assert listing(tmp_path) == before
     assert edited.read_text() != text
+
+
+@pytest.mark.parametrize("move", ["mv", "cp -p"])
+@pytest.mark.parametrize("mode", ["overwrite", "latest", "rotation"])
+def test_a_users_file_moved_into_a_checkpoint_with_an_older_time_is_theirs(tmp_path, caplog, mode, move):
+    """The twelfth attack (cb90694), Y1: a file of the user's moved onto a name a checkpoint's manifest lists,
+    keeping its older modification time (`mv`, `cp -p`), was taken as hfbert's, the time being asked first:
+    --overwrite_output_dir deleted it, a resume's rotation too. Both set its change time, which a disk's damage
+    leaves as it was."""
+    save_steps(tmp_path, [2, 4])
+    manifest = tmp_path / "checkpoint-2" / MANIFEST_NAME
+    written = manifest.stat().st_mtime_ns - 10**9  # a second before the move: a file system's clock may be coarse
+    os.utime(manifest, ns=(written, written))
+    theirs = tmp_path.parent / "my_progress.json"
+    theirs.write_text('{"mine": true}')
+    os.utime(theirs, (946684800, 946684800))  # 2000-01-01, long before the run
+    target = tmp_path / "checkpoint-2" / PROGRESS_JSON
+    if move == "mv":
+        os.replace(theirs, target)
+    else:
+        shutil.copy2(theirs, target)
+    assert target.stat().st_mtime_ns < written
+    before = listing(tmp_path)
+    if mode == "rotation":
+        with caplog.at_level(logging.WARNING, logger="hfbert.checkpointing"):
+            save_steps(tmp_path, [6], total_limit=1)
+        assert [path.name for path in find_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-6"]
+        assert f"checkpoint-2/{PROGRESS_JSON} (changed since hfbert wrote it)" in caplog.messages[-1]
+    else:
+        with pytest.raises(CheckpointError) as refused:
+            check_run_folder(
+                tmp_path, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite"
+            )
+        assert f"checkpoint-2/{PROGRESS_JSON} (changed since hfbert wrote it)" in str(refused.value)
+        assert listing(tmp_path) == before
+    assert target.read_text() == '{"mine": true}'
 
 
 @pytest.mark.parametrize("mode", ["overwrite", "latest"])
