@@ -1150,6 +1150,28 @@ def test_rotation_keeps_a_checkpoint_holding_a_file_hfbert_did_not_write_and_say
     )
 
 
+def assert_progress_kept_as_the_users(run_dir: Path, caplog, mode: str) -> None:
+    """checkpoint-2's training progress, changed by the user, is named as theirs and kept: by a rotation to one
+    checkpoint (with a warning), or by --overwrite_output_dir or a resume of the folder (refused, nothing
+    touched)."""
+    before = listing(run_dir)
+    changed = f"checkpoint-2/{PROGRESS_JSON} (changed since hfbert wrote it)"
+    if mode == "rotation":
+        with caplog.at_level(logging.WARNING, logger="hfbert.checkpointing"):
+            save_steps(run_dir, [6], total_limit=1)
+        assert [path.name for path in find_checkpoints(run_dir)] == ["checkpoint-2", "checkpoint-6"]
+        assert caplog.messages[-1].startswith(
+            f"Kept checkpoint-2 beyond --checkpoints_total_limit 1: it holds {changed}, which hfbert did not write"
+        )
+        return
+    with pytest.raises(CheckpointError) as refused:
+        check_run_folder(
+            run_dir, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite"
+        )
+    assert changed in str(refused.value)
+    assert listing(run_dir) == before
+
+
 @pytest.mark.parametrize("edit", ["longer", "same size"])
 @pytest.mark.parametrize("mode", ["overwrite", "latest", "rotation"])
 def test_a_file_the_user_edited_in_a_checkpoint_is_theirs_and_never_deleted(tmp_path, caplog, mode, edit):
@@ -1177,22 +1199,7 @@ def test_a_file_the_user_edited_in_a_checkpoint_is_theirs_and_never_deleted(tmp_
     edited.write_text(text + " " if edit == "longer" else text.replace("2", "3", 1))
     os.utime(edited, ns=(manifest_time + 10**9, manifest_time + 10**9))  # a file system's clock may be coarse
     assert edit == "longer" or edited.stat().st_size == len(text.encode())
-    before = listing(tmp_path)
-    if mode == "rotation":
-        with caplog.at_level(logging.WARNING, logger="hfbert.checkpointing"):
-            save_steps(tmp_path, [6], total_limit=1)
-        assert [path.name for path in find_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-6"]
-        assert caplog.messages[-1].startswith(
-            f"Kept checkpoint-2 beyond --checkpoints_total_limit 1: it holds checkpoint-2/{PROGRESS_JSON} (changed "
-            "since hfbert wrote it), which hfbert did not write"
-        )
-    else:
-        with pytest.raises(CheckpointError) as refused:
-            check_run_folder(
-                tmp_path, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite"
-            )
-        assert f"checkpoint-2/{PROGRESS_JSON} (changed since hfbert wrote it)" in str(refused.value)
-        assert listing(tmp_path) == before
+    assert_progress_kept_as_the_users(tmp_path, caplog, mode)
     assert edited.read_text() != text
 
 
@@ -1216,19 +1223,7 @@ def test_a_users_file_moved_into_a_checkpoint_with_an_older_time_is_theirs(tmp_p
     else:
         shutil.copy2(theirs, target)
     assert target.stat().st_mtime_ns < written
-    before = listing(tmp_path)
-    if mode == "rotation":
-        with caplog.at_level(logging.WARNING, logger="hfbert.checkpointing"):
-            save_steps(tmp_path, [6], total_limit=1)
-        assert [path.name for path in find_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-6"]
-        assert f"checkpoint-2/{PROGRESS_JSON} (changed since hfbert wrote it)" in caplog.messages[-1]
-    else:
-        with pytest.raises(CheckpointError) as refused:
-            check_run_folder(
-                tmp_path, resume_from_checkpoint="latest" if mode == "latest" else None, overwrite_output_dir=mode == "overwrite"
-            )
-        assert f"checkpoint-2/{PROGRESS_JSON} (changed since hfbert wrote it)" in str(refused.value)
-        assert listing(tmp_path) == before
+    assert_progress_kept_as_the_users(tmp_path, caplog, mode)
     assert target.read_text() == '{"mine": true}'
 
 
